@@ -1,0 +1,61 @@
+"""The `launcher` command line: a thin Typer layer over the library.
+
+Each command parses options, calls one core function and renders its Result.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from launcher import __version__
+from launcher.cli import images_cmds, recipe_cmds, run_cmds, verify_cmds
+from launcher.cli.common import Options
+
+app = typer.Typer(
+    name="launcher",
+    help=(
+        "Reproducible ML training runs, proven.\n\n"
+        "Lock your Python dependencies (`launcher lock`), build a digest-pinned image "
+        "(`launcher build`), run a recipe on the local Docker engine or a GPU VM over SSH "
+        "with every determinism switch injected (`launcher run RECIPE --host IP`), then "
+        "compare the results bit for bit (`launcher verify checksums`)."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"launcher {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    workspace: Annotated[Path | None, typer.Option(
+        "--workspace", "-w", help="Workspace directory (holds lockfiles/, dockerfiles/, recipes/). "
+        "Default: the current directory or the nearest parent that is one.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print a versioned JSON result on stdout.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    ctx.obj = Options(workspace=workspace, json=json_out, debug=debug, quiet=quiet)
+
+
+images_cmds.register(app)
+recipe_cmds.register(app)
+run_cmds.register(app)
+verify_cmds.register(app)
+
+
+def main() -> None:
+    app()

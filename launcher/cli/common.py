@@ -1,0 +1,181 @@
+"""What every command shares: the global options, rendering of results, and the one
+place where a LauncherError becomes a line on stderr and an exit code."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TransferSpeedColumn,
+)
+
+from launcher.errors import ExitCode, LauncherError
+from launcher.progress import NullReporter, Reporter, Task
+from launcher.result import Result, error_envelope
+from launcher.workspace import Workspace
+
+
+@dataclass
+class Options:
+    workspace: Path | None = None
+    json: bool = False
+    debug: bool = False
+    quiet: bool = False
+
+
+class _RichTask:
+    def __init__(self, progress: Progress, task_id: Any) -> None:
+        self._p, self._id = progress, task_id
+
+    def advance(self, amount: float = 1) -> None:
+        self._p.advance(self._id, amount)
+
+    def update(self, *, completed: float | None = None, total: float | None = None,
+               description: str | None = None) -> None:
+        kw: dict[str, Any] = {}
+        if completed is not None:
+            kw["completed"] = completed
+        if total is not None:
+            kw["total"] = total
+        if description is not None:
+            kw["description"] = description
+        self._p.update(self._id, **kw)
+
+    def close(self) -> None:
+        task = self._p.tasks[self._p.task_ids.index(self._id)]
+        if task.total is not None:
+            self._p.update(self._id, completed=task.total)
+        self._p.stop_task(self._id)
+
+
+class RichReporter:
+    """Progress bars on stderr, so stdout stays clean for --json."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self._progress: Progress | None = None
+
+    def _ensure(self) -> Progress:
+        if self._progress is None:
+            self._progress = Progress(
+                SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                MofNCompleteColumn(), DownloadColumn(), TransferSpeedColumn(), TimeElapsedColumn(),
+                console=self.console, transient=False,
+            )
+            self._progress.start()
+        return self._progress
+
+    def task(self, description: str, total: float | None = None, unit: str = "") -> Task:
+        p = self._ensure()
+        return _RichTask(p, p.add_task(description, total=total))
+
+    def note(self, message: str) -> None:
+        if self._progress is not None:
+            self._progress.console.print(message, highlight=False)
+        else:
+            self.console.print(message, highlight=False)
+
+    def stop(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+
+def options(ctx: typer.Context) -> Options:
+    obj = ctx.find_root().obj
+    return obj if isinstance(obj, Options) else Options()
+
+
+def workspace_of(ctx: typer.Context) -> Workspace:
+    opts = options(ctx)
+    if opts.workspace is not None:
+        return Workspace.discover(opts.workspace)
+    return Workspace.discover()
+
+
+stdout = Console(highlight=False, soft_wrap=True)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+@contextmanager
+def reporter(ctx: typer.Context) -> Iterator[Reporter]:
+    opts = options(ctx)
+    if opts.quiet or not stderr.is_terminal and opts.json:
+        yield NullReporter()
+        return
+    rep = RichReporter(stderr)
+    try:
+        yield rep
+    finally:
+        rep.stop()
+
+
+def render(ctx: typer.Context, result: Result, text: Callable[[Result], None] | None = None) -> None:
+    """Print a result as the versioned JSON envelope or as text, then exit with its code."""
+    opts = options(ctx)
+    if opts.json:
+        sys.stdout.write(json.dumps(result.envelope(), indent=2, sort_keys=True, default=str) + "\n")
+    elif text is not None:
+        text(result)
+    elif result.summary:
+        stdout.print(result.summary)
+    if result.exit_code != ExitCode.OK:
+        raise typer.Exit(int(result.exit_code))
+
+
+def fail(ctx: typer.Context | None, command: str, exc: LauncherError) -> None:
+    opts = options(ctx) if ctx is not None else Options()
+    line = exc.one_line()
+    if opts.json:
+        sys.stdout.write(json.dumps(error_envelope(command, exc.exit_code, line), indent=2) + "\n")
+    stderr.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True)
+
+
+def guarded(command: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Wrap a command: LauncherError -> one line on stderr + its exit code; tracebacks only with --debug."""
+
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        import functools
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            ctx = next((a for a in [*args, *kwargs.values()] if isinstance(a, typer.Context)), None)
+            debug = options(ctx).debug if ctx is not None else False
+            try:
+                return fn(*args, **kwargs)
+            except (typer.Exit, typer.Abort):
+                raise
+            except LauncherError as exc:
+                if debug:
+                    raise
+                fail(ctx, command, exc)
+                raise typer.Exit(int(exc.exit_code)) from None
+            except KeyboardInterrupt:
+                stderr.print("[bold red]error:[/] interrupted; nothing was marked complete")
+                raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
+            except Exception as exc:
+                if debug:
+                    raise
+                err = LauncherError(f"internal error in `launcher {command}`: {type(exc).__name__}: {exc}",
+                                    "rerun with --debug for the traceback and report it")
+                fail(ctx, command, err)
+                raise typer.Exit(int(ExitCode.FAILURE)) from None
+
+        return wrapper
+
+    return deco

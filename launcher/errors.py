@@ -1,0 +1,134 @@
+"""One base exception and named exit codes.
+
+The CLI turns a :class:`LauncherError` into one line (problem, then fix) and its exit
+code in exactly one place; the core raises and never prints or exits.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    FAILURE = 1  # an unexpected internal error: a bug in launcher
+    USAGE = 2  # wrong arguments or options
+    NOT_REPRODUCIBLE = 3  # the comparison ran and the results differ
+    BUILD_FAILED = 4
+    HOST_UNREACHABLE = 5
+    RUN_FAILED = 6  # the recipe ran and exited non-zero
+    LOCK_FAILED = 7
+    PIN_MISMATCH = 8  # an image reference without a digest, or one that disagrees with images.lock
+    ENGINE_UNAVAILABLE = 9
+    REGISTRY_UNAVAILABLE = 10
+    NOT_FOUND = 11  # a missing file, run, recipe, variant or image
+    HOST_KEY_REJECTED = 12
+    CORRUPT = 13  # a file whose hash or content does not match what was recorded
+    DISK_FULL = 14
+    SCHEMA_TOO_NEW = 15
+    INCOMPATIBLE = 16  # e.g. comparing runs of two different recipes
+    BAD_DATA = 17
+    BAD_RECIPE = 18
+    AUTH_FAILED = 19
+    HOST_NOT_READY = 20  # Docker missing on the host, no GPU for --variant gpu
+    UNSAFE_PATH = 21  # a remote entry that escapes the run directory
+    INTERRUPTED = 130
+
+
+class LauncherError(Exception):
+    """An expected failure: a message naming the problem and a hint naming the fix."""
+
+    exit_code: ExitCode = ExitCode.FAILURE
+
+    def __init__(self, message: str, hint: str | None = None, *, exit_code: ExitCode | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+    def one_line(self) -> str:
+        text = self.message.rstrip(".")
+        if self.hint:
+            text += f"; fix: {self.hint}"
+        return " ".join(text.split())
+
+
+class UsageError(LauncherError):
+    exit_code = ExitCode.USAGE
+
+
+class NotFound(LauncherError):
+    exit_code = ExitCode.NOT_FOUND
+
+
+class LockFailed(LauncherError):
+    exit_code = ExitCode.LOCK_FAILED
+
+
+class BuildFailed(LauncherError):
+    exit_code = ExitCode.BUILD_FAILED
+
+
+class PinMismatch(LauncherError):
+    exit_code = ExitCode.PIN_MISMATCH
+
+
+class EngineUnavailable(LauncherError):
+    exit_code = ExitCode.ENGINE_UNAVAILABLE
+
+
+class RegistryUnavailable(LauncherError):
+    exit_code = ExitCode.REGISTRY_UNAVAILABLE
+
+
+class HostUnreachable(LauncherError):
+    exit_code = ExitCode.HOST_UNREACHABLE
+
+
+class HostKeyRejected(LauncherError):
+    exit_code = ExitCode.HOST_KEY_REJECTED
+
+
+class AuthFailed(LauncherError):
+    exit_code = ExitCode.AUTH_FAILED
+
+
+class HostNotReady(LauncherError):
+    exit_code = ExitCode.HOST_NOT_READY
+
+
+class RunFailed(LauncherError):
+    exit_code = ExitCode.RUN_FAILED
+
+
+class Corrupt(LauncherError):
+    exit_code = ExitCode.CORRUPT
+
+
+class DiskFull(LauncherError):
+    exit_code = ExitCode.DISK_FULL
+
+
+class SchemaTooNew(LauncherError):
+    exit_code = ExitCode.SCHEMA_TOO_NEW
+
+
+class Incompatible(LauncherError):
+    exit_code = ExitCode.INCOMPATIBLE
+
+
+class BadData(LauncherError):
+    exit_code = ExitCode.BAD_DATA
+
+
+class BadRecipe(LauncherError):
+    exit_code = ExitCode.BAD_RECIPE
+
+
+class UnsafePath(LauncherError):
+    exit_code = ExitCode.UNSAFE_PATH
+
+
+class NotReproducible(LauncherError):
+    exit_code = ExitCode.NOT_REPRODUCIBLE

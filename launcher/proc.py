@@ -1,0 +1,102 @@
+"""Every subprocess launcher starts goes through this module (argv lists, never a shell)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.errors import ExitCode, LauncherError, NotFound
+
+
+@dataclass(frozen=True)
+class Completed:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+
+    @property
+    def out(self) -> str:
+        return self.stdout.decode("utf-8", "replace")
+
+    @property
+    def err(self) -> str:
+        return self.stderr.decode("utf-8", "replace")
+
+    def last_error_line(self) -> str:
+        for text in (self.err, self.out):
+            lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+            if lines:
+                return lines[-1]
+        return f"exit status {self.returncode}"
+
+
+class CommandFailed(LauncherError):
+    exit_code = ExitCode.FAILURE
+
+    def __init__(self, completed: Completed, message: str | None = None, hint: str | None = None) -> None:
+        super().__init__(message or f"{completed.argv[0]} failed: {completed.last_error_line()}", hint)
+        self.completed = completed
+
+
+def merged_env(env: Mapping[str, str] | None, *, drop_prefixes: Sequence[str] = ()) -> dict[str, str]:
+    base = {k: v for k, v in os.environ.items() if not any(k.startswith(p) for p in drop_prefixes)}
+    if env:
+        base.update(env)
+    return base
+
+
+def run(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    input: bytes | None = None,
+    env: Mapping[str, str] | None = None,
+    drop_env_prefixes: Sequence[str] = (),
+    cwd: Path | None = None,
+    timeout: float | None = None,
+    check: bool = True,
+) -> Completed:
+    args = tuple(os.fspath(a) for a in argv)
+    try:
+        cp = subprocess.run(
+            args,
+            input=input,
+            capture_output=True,
+            env=merged_env(env, drop_prefixes=drop_env_prefixes),
+            cwd=cwd,
+            timeout=timeout,
+            check=False,
+        )
+    except FileNotFoundError as exc:
+        raise NotFound(f"program not found: {args[0]}", f"install {args[0]} and make sure it is on PATH") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise LauncherError(f"{args[0]} did not finish within {timeout:.0f} s",
+                            "check that the service it talks to is up") from exc
+    done = Completed(args, cp.returncode, cp.stdout or b"", cp.stderr or b"")
+    if check and done.returncode != 0:
+        raise CommandFailed(done)
+    return done
+
+
+def popen(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    env: Mapping[str, str] | None = None,
+    drop_env_prefixes: Sequence[str] = (),
+    cwd: Path | None = None,
+    stdin: int | None = None,
+    stdout: int | None = subprocess.PIPE,
+    stderr: int | None = subprocess.PIPE,
+) -> subprocess.Popen[bytes]:
+    """Start a process for streaming (image save/load, log following)."""
+    args = tuple(os.fspath(a) for a in argv)
+    try:
+        return subprocess.Popen(
+            args, env=merged_env(env, drop_prefixes=drop_env_prefixes), cwd=cwd,
+            stdin=stdin, stdout=stdout, stderr=stderr,
+        )
+    except FileNotFoundError as exc:
+        raise NotFound(f"program not found: {args[0]}", f"install {args[0]} and make sure it is on PATH") from exc

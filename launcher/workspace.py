@@ -1,0 +1,94 @@
+"""A workspace: the directory holding lockfiles/, dockerfiles/ and recipes/.
+
+Everything launcher writes for a project lives under its workspace (runs/, reports/,
+.launcher/ for build records and host fact sheets); downloads shared between
+workspaces live in the cache directory.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.errors import NotFound
+
+MARKERS = ("lockfiles", "dockerfiles")
+VARIANTS = ("cpu", "gpu")
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("LAUNCHER_CACHE")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "launcher"
+
+
+@dataclass(frozen=True)
+class Workspace:
+    root: Path
+    cache_dir: Path
+
+    @classmethod
+    def at(cls, root: Path, cache_dir: Path | None = None) -> Workspace:
+        return cls(root.resolve(), (cache_dir or default_cache_dir()).resolve())
+
+    @classmethod
+    def discover(cls, start: Path | None = None, cache_dir: Path | None = None) -> Workspace:
+        here = (start or Path.cwd()).resolve()
+        for candidate in (here, *here.parents):
+            if all((candidate / m).is_dir() for m in MARKERS):
+                return cls.at(candidate, cache_dir)
+        raise NotFound(
+            f"no launcher workspace at or above {here} (a workspace holds lockfiles/ and dockerfiles/)",
+            "cd into your project, pass --workspace DIR, or create one with `launcher init DIR`",
+        )
+
+    @property
+    def lockfiles(self) -> Path:
+        return self.root / "lockfiles"
+
+    @property
+    def dockerfiles(self) -> Path:
+        return self.root / "dockerfiles"
+
+    @property
+    def recipes(self) -> Path:
+        return self.root / "recipes"
+
+    @property
+    def runs(self) -> Path:
+        return self.root / "runs"
+
+    @property
+    def reports(self) -> Path:
+        return self.root / "reports"
+
+    @property
+    def state(self) -> Path:
+        return self.root / ".launcher"
+
+    @property
+    def images_lock(self) -> Path:
+        return self.lockfiles / "images.lock"
+
+    def lock_in(self, variant: str) -> Path:
+        return self.lockfiles / f"{variant}.in"
+
+    def lock_txt(self, variant: str) -> Path:
+        return self.lockfiles / f"{variant}.txt"
+
+    def dockerfile(self, variant: str) -> Path:
+        return self.dockerfiles / f"{variant}.Dockerfile"
+
+    def build_record(self, variant: str) -> Path:
+        return self.state / "builds" / f"{variant}.json"
+
+    def host_facts(self, host_name: str) -> Path:
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in host_name)
+        return self.state / "hosts" / f"{safe}.json"
+
+    @property
+    def wheelhouse(self) -> Path:
+        return self.cache_dir / "wheels"
