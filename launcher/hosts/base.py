@@ -1,0 +1,207 @@
+"""The Host interface: run argv, stream a process, move files, list a directory with hashes.
+
+Two implementations: :class:`launcher.hosts.local.LocalHost` (the local Docker engine, no
+SSH) and :class:`launcher.hosts.ssh.SSHHost` (paramiko for control, the OpenSSH client for
+bulk data where it is installed). Commands are always argv lists; the SSH host quotes them
+in one place.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+from launcher.proc import CommandFailed, Completed
+
+# Runs on the host with python3 and the stdlib only: lstat every entry under a directory,
+# hashing regular files unless asked for sizes only. One JSON object per line.
+LIST_SCRIPT = r"""
+import hashlib, json, os, stat, sys
+root, want_hash = sys.argv[1], sys.argv[2] == "1"
+if not os.path.isdir(root):
+    sys.exit(3)
+for dirpath, dirnames, filenames in os.walk(root):
+    dirnames.sort()
+    for name in sorted(dirnames + filenames):
+        full = os.path.join(dirpath, name)
+        rel = os.path.relpath(full, root)
+        st = os.lstat(full)
+        rec = {"path": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        if stat.S_ISLNK(st.st_mode):
+            rec["kind"] = "symlink"
+            rec["target"] = os.readlink(full)
+        elif stat.S_ISDIR(st.st_mode):
+            rec["kind"] = "dir"
+        elif stat.S_ISREG(st.st_mode):
+            rec["kind"] = "file"
+            if want_hash:
+                h = hashlib.sha256()
+                with open(full, "rb") as f:
+                    for block in iter(lambda: f.read(1 << 20), b""):
+                        h.update(block)
+                rec["sha256"] = "sha256:" + h.hexdigest()
+        else:
+            rec["kind"] = "other"
+        sys.stdout.write(json.dumps(rec) + "\n")
+"""
+
+
+@dataclass(frozen=True)
+class RemoteEntry:
+    path: str
+    kind: str  # file | dir | symlink | other
+    size: int = 0
+    mtime_ns: int = 0
+    sha256: str | None = None
+    target: str | None = None
+
+    @classmethod
+    def from_json(cls, rec: dict[str, Any]) -> RemoteEntry:
+        return cls(
+            path=str(rec["path"]),
+            kind=str(rec["kind"]),
+            size=int(rec.get("size", 0)),
+            mtime_ns=int(rec.get("mtime_ns", 0)),
+            sha256=rec.get("sha256"),
+            target=rec.get("target"),
+        )
+
+
+def parse_listing(text: str) -> list[RemoteEntry]:
+    return [RemoteEntry.from_json(json.loads(line)) for line in text.splitlines() if line.strip()]
+
+
+class HostProcess(Protocol):
+    """A command running on a host with its stdin and stdout as byte streams."""
+
+    @property
+    def stdin(self) -> IO[bytes]: ...
+
+    @property
+    def stdout(self) -> IO[bytes]: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def stderr_text(self) -> str: ...
+
+    def kill(self) -> None: ...
+
+
+class Host(ABC):
+    name: str
+    kind: str
+    python: str = "python3"
+
+    @abstractmethod
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        input: bytes | None = None,
+        check: bool = True,
+        timeout: float | None = None,
+    ) -> Completed:
+        """Run argv on the host and wait for it."""
+
+    @abstractmethod
+    def start(self, argv: Sequence[str], *, bulk: bool = False, merge_stderr: bool = False) -> HostProcess:
+        """Start argv on the host with piped stdin/stdout; bulk=True picks the fastest data path."""
+
+    @abstractmethod
+    def put_file(self, local: Path, remote: str) -> None:
+        """Copy a local file to a path on the host."""
+
+    @abstractmethod
+    def get_file(self, remote: str, local: Path) -> None:
+        """Copy a file on the host to a local path (not verified: see launcher.transfer)."""
+
+    @abstractmethod
+    def home(self) -> str:
+        """The absolute home directory of the user on the host."""
+
+    @abstractmethod
+    def runs_root(self) -> str:
+        """The directory on the host holding one directory per run."""
+
+    def run_dir(self, run_id: str) -> str:
+        return f"{self.runs_root()}/{run_id}"
+
+    def close(self) -> None:  # noqa: B027 - most hosts hold nothing to release
+        pass
+
+    def __enter__(self) -> Host:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind}
+
+    def check(self, argv: Sequence[str], *, input: bytes | None = None, timeout: float | None = None) -> str:
+        return self.run(argv, input=input, timeout=timeout).out
+
+    def list_dir(self, remote_dir: str, *, hashes: bool = True) -> list[RemoteEntry]:
+        """Every entry under remote_dir (lstat, never following links), files hashed on the host."""
+        done = self.run([self.python, "-c", LIST_SCRIPT, remote_dir, "1" if hashes else "0"], check=False)
+        if done.returncode == 3:
+            return []
+        if done.returncode != 0:
+            raise CommandFailed(done, f"could not list {remote_dir} on {self.name}: {done.last_error_line()}")
+        return parse_listing(done.out)
+
+    def exists(self, path: str) -> bool:
+        return self.run(["test", "-e", path], check=False).returncode == 0
+
+    def read_text(self, path: str) -> str | None:
+        done = self.run(["cat", path], check=False)
+        return done.out if done.returncode == 0 else None
+
+    def makedirs(self, path: str) -> None:
+        self.run(["mkdir", "-p", path])
+
+    def free_bytes(self, path: str) -> int:
+        """Free space on the filesystem holding path (its nearest existing parent)."""
+        out = self.run(["df", "-Pk", path]).out.splitlines()
+        return int(out[-1].split()[3]) * 1024
+
+    def iter_lines(self, argv: Sequence[str]) -> Iterator[str]:
+        proc = self.start(argv, merge_stderr=True)
+        proc.stdin.close()
+        try:
+            for raw in iter(proc.stdout.readline, b""):
+                yield raw.decode("utf-8", "replace")
+        finally:
+            proc.kill()
+            proc.wait()
+
+
+def open_host(
+    spec: str | None,
+    *,
+    trust_new_host: bool = False,
+    identity: Path | None = None,
+    port: int | None = None,
+    workspace_root: Path | None = None,
+    ssh_config: Path | None = None,
+    known_hosts: Path | None = None,
+) -> Host:
+    """None (or "local") is the local Docker engine; anything else is an SSH destination."""
+    if spec is None or spec == "local":
+        from launcher.hosts.local import LocalHost
+
+        return LocalHost(workspace_root=workspace_root)
+    from launcher.hosts.ssh import SSHHost
+
+    return SSHHost.connect(
+        spec,
+        trust_new_host=trust_new_host,
+        identity=identity,
+        port=port,
+        ssh_config=ssh_config,
+        known_hosts=known_hosts,
+    )

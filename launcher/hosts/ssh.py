@@ -1,0 +1,469 @@
+"""A host reached over SSH.
+
+paramiko carries control (short commands, listings); the system OpenSSH client, with the
+same known_hosts file and StrictHostKeyChecking=yes, carries bulk data where it is
+installed, because paramiko moves bytes at well under half its speed. Every remote command
+string is made by :func:`remote_command` and nowhere else.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import select
+import shlex
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import paramiko
+
+from launcher import proc
+from launcher.errors import AuthFailed, HostKeyRejected, HostUnreachable, LauncherError, UsageError
+from launcher.hosts.base import Host
+from launcher.proc import CommandFailed, Completed
+
+KEEPALIVE_S = 15
+CONNECT_TIMEOUT_S = 10.0
+
+
+def remote_command(argv: Sequence[str]) -> str:
+    """The one place an argv becomes a string for a remote shell."""
+    if not argv:
+        raise ValueError("empty command")
+    return " ".join(shlex.quote(str(a)) for a in argv)
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    """The OpenSSH-style SHA256 fingerprint that `ssh-keygen -l` prints."""
+    import hashlib
+
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def known_hosts_name(hostname: str, port: int) -> str:
+    return hostname if port == 22 else f"[{hostname}]:{port}"
+
+
+@dataclass(frozen=True)
+class SSHTarget:
+    """Where to connect, after ~/.ssh/config and the command-line options are applied."""
+
+    spec: str
+    hostname: str
+    user: str
+    port: int
+    identities: tuple[str, ...] = ()
+    known_hosts: Path = field(default_factory=lambda: Path.home() / ".ssh" / "known_hosts")
+    proxy_command: str | None = None
+
+    @property
+    def destination(self) -> str:
+        return f"{self.user}@{self.hostname}"
+
+
+def _split_spec(spec: str) -> tuple[str | None, str, int | None]:
+    text = spec.removeprefix("ssh://")
+    user, _, hostport = text.rpartition("@")
+    host, port = hostport, None
+    if hostport.startswith("["):
+        inner, _, rest = hostport[1:].partition("]")
+        host = inner
+        if rest.startswith(":"):
+            port = _port(rest[1:], spec)
+    elif hostport.count(":") == 1:
+        host, _, p = hostport.partition(":")
+        port = _port(p, spec)
+    if not host:
+        raise UsageError(f"no host name in {spec!r}", "write the host as HOST, USER@HOST or USER@HOST:PORT")
+    return (user or None), host, port
+
+
+def _port(text: str, spec: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise UsageError(f"bad port in {spec!r}", "a port is a number from 1 to 65535")
+    return int(text)
+
+
+def resolve_target(
+    spec: str,
+    *,
+    port: int | None = None,
+    identity: Path | None = None,
+    ssh_config: Path | None = None,
+    known_hosts: Path | None = None,
+) -> SSHTarget:
+    """Apply ~/.ssh/config (aliases, User, Port, IdentityFile, UserKnownHostsFile) to spec."""
+    user, alias, spec_port = _split_spec(spec)
+    config_path = ssh_config if ssh_config is not None else Path.home() / ".ssh" / "config"
+    conf: dict[str, Any] = {}
+    if config_path.is_file():
+        conf = dict(paramiko.SSHConfig.from_path(str(config_path)).lookup(alias))
+    identities = (
+        [str(identity)] if identity else [os.path.expanduser(p) for p in conf.get("identityfile", [])]
+    )
+    kh = known_hosts
+    if kh is None and conf.get("userknownhostsfile"):
+        kh = Path(os.path.expanduser(str(conf["userknownhostsfile"]).split()[0]))
+    return SSHTarget(
+        spec=spec,
+        hostname=str(conf.get("hostname", alias)),
+        user=user or str(conf.get("user") or os.environ.get("USER") or "root"),
+        port=port or spec_port or int(conf.get("port", 22)),
+        identities=tuple(identities),
+        known_hosts=kh or Path.home() / ".ssh" / "known_hosts",
+        proxy_command=conf.get("proxycommand"),
+    )
+
+
+class _KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
+    """Unknown key: refuse with its fingerprint, or record it when the user said --trust-new-host."""
+
+    def __init__(self, target: SSHTarget, trust_new_host: bool) -> None:
+        self.target, self.trust = target, trust_new_host
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        name = known_hosts_name(self.target.hostname, self.target.port)
+        fp = fingerprint(key)
+        if not self.trust:
+            raise HostKeyRejected(
+                f"the host key of {name} is not in {self.target.known_hosts} ({key.get_name()} {fp})",
+                "check the fingerprint with the host's owner, then rerun with --trust-new-host to record it",
+            )
+        path = self.target.known_hosts
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            os.chmod(path, 0o600)
+            f.write(f"{name} {key.get_name()} {key.get_base64()}\n")
+
+
+class _ChannelProcess:
+    """A paramiko exec channel with the HostProcess interface."""
+
+    def __init__(self, chan: paramiko.Channel) -> None:
+        self._chan = chan
+        self._stdin = chan.makefile_stdin("wb")
+        self._stdout = chan.makefile("rb")
+
+    @property
+    def stdin(self) -> IO[bytes]:
+        return self._stdin  # type: ignore[return-value]
+
+    @property
+    def stdout(self) -> IO[bytes]:
+        return self._stdout  # type: ignore[return-value]
+
+    def wait(self, timeout: float | None = None) -> int:
+        if timeout is not None and not self._chan.status_event.wait(timeout):
+            raise TimeoutError("remote command still running")
+        return self._chan.recv_exit_status()
+
+    def stderr_text(self) -> str:
+        chunks = []
+        while self._chan.recv_stderr_ready():
+            chunks.append(self._chan.recv_stderr(65536))
+        return b"".join(chunks).decode("utf-8", "replace")
+
+    def kill(self) -> None:
+        self._chan.close()
+
+
+class _OpenSSHProcess:
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self._p = popen
+
+    @property
+    def stdin(self) -> IO[bytes]:
+        assert self._p.stdin is not None
+        return self._p.stdin
+
+    @property
+    def stdout(self) -> IO[bytes]:
+        assert self._p.stdout is not None
+        return self._p.stdout
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self._p.wait(timeout)
+
+    def stderr_text(self) -> str:
+        if self._p.stderr is None:
+            return ""
+        try:
+            return self._p.stderr.read().decode("utf-8", "replace")
+        except ValueError:
+            return ""
+
+    def kill(self) -> None:
+        if self._p.poll() is None:
+            self._p.kill()
+
+
+class SSHHost(Host):
+    kind = "ssh"
+
+    def __init__(
+        self, target: SSHTarget, client: paramiko.SSHClient, *, use_openssh: bool | None = None
+    ) -> None:
+        self.target = target
+        self.name = target.spec
+        self._client = client
+        self._home: str | None = None
+        self._sftp: paramiko.SFTPClient | None = None
+        have = shutil.which("ssh") is not None and shutil.which("scp") is not None
+        self.use_openssh = have if use_openssh is None else (use_openssh and have)
+
+    @classmethod
+    def connect(
+        cls,
+        spec: str,
+        *,
+        trust_new_host: bool = False,
+        identity: Path | None = None,
+        port: int | None = None,
+        ssh_config: Path | None = None,
+        known_hosts: Path | None = None,
+        use_openssh: bool | None = None,
+    ) -> SSHHost:
+        target = resolve_target(
+            spec, port=port, identity=identity, ssh_config=ssh_config, known_hosts=known_hosts
+        )
+        if identity is not None and not identity.is_file():
+            raise UsageError(
+                f"identity file {identity} does not exist", "pass the private key with --identity"
+            )
+        client = paramiko.SSHClient()
+        if target.known_hosts.is_file():
+            client.load_system_host_keys(str(target.known_hosts))
+        client.set_missing_host_key_policy(_KnownHostsPolicy(target, trust_new_host))
+        where = f"{target.destination}:{target.port}"
+        sock = paramiko.ProxyCommand(target.proxy_command) if target.proxy_command else None
+        try:
+            client.connect(
+                target.hostname,
+                port=target.port,
+                username=target.user,
+                key_filename=list(target.identities) or None,
+                look_for_keys=not target.identities,
+                allow_agent=True,
+                timeout=CONNECT_TIMEOUT_S,
+                banner_timeout=CONNECT_TIMEOUT_S,
+                auth_timeout=CONNECT_TIMEOUT_S,
+                sock=sock,  # type: ignore[arg-type]
+            )
+        except LauncherError:
+            client.close()
+            raise
+        except paramiko.BadHostKeyException as exc:
+            client.close()
+            raise HostKeyRejected(
+                f"the host key of {known_hosts_name(target.hostname, target.port)} CHANGED: "
+                f"{target.known_hosts} has {fingerprint(exc.expected_key)}, the host offers "
+                f"{exc.key.get_name()} {fingerprint(exc.key)}",
+                "if the host was rebuilt on purpose, remove its old line with "
+                f"`ssh-keygen -R {known_hosts_name(target.hostname, target.port)} -f {target.known_hosts}`",
+            ) from None
+        except (paramiko.AuthenticationException, paramiko.PasswordRequiredException) as exc:
+            client.close()
+            keys = ", ".join(target.identities) or "the agent and default keys"
+            raise AuthFailed(
+                f"{where} refused the key ({keys}): {exc}",
+                "pass the right private key with --identity, or add it to the agent",
+            ) from None
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            client.close()
+            reason = str(exc) or type(exc).__name__
+            raise HostUnreachable(
+                f"cannot reach {where}: {reason}",
+                "check the address and port (--port), and that sshd runs there",
+            ) from None
+        transport = client.get_transport()
+        assert transport is not None
+        transport.set_keepalive(KEEPALIVE_S)
+        return cls(target, client, use_openssh=use_openssh)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "hostname": self.target.hostname,
+            "user": self.target.user,
+            "port": self.target.port,
+        }
+
+    def _transport(self) -> paramiko.Transport:
+        t = self._client.get_transport()
+        if t is None or not t.is_active():
+            raise HostUnreachable(
+                f"the SSH connection to {self.target.destination} was lost",
+                "check the network; the run keeps going on the host: `launcher pull RUN`",
+            )
+        return t
+
+    def _channel(self, argv: Sequence[str]) -> paramiko.Channel:
+        try:
+            chan = self._transport().open_session(timeout=CONNECT_TIMEOUT_S)
+            chan.exec_command(remote_command(argv))
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise HostUnreachable(
+                f"the SSH connection to {self.target.destination} failed: {exc}",
+                "check the network; a started run keeps going on the host",
+            ) from None
+        return chan
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        input: bytes | None = None,
+        check: bool = True,
+        timeout: float | None = None,
+    ) -> Completed:
+        chan = self._channel(argv)
+        out: list[bytes] = []
+        err: list[bytes] = []
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            if input:
+                chan.sendall(input)
+            chan.shutdown_write()
+            while True:
+                if chan.recv_ready():
+                    out.append(chan.recv(65536))
+                elif chan.recv_stderr_ready():
+                    err.append(chan.recv_stderr(65536))
+                elif chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    break
+                elif chan.closed or not self._transport().is_active():
+                    break
+                else:
+                    select.select([chan], [], [], 0.5)
+                if deadline is not None and time.monotonic() > deadline:
+                    raise LauncherError(f"`{argv[0]}` on {self.name} did not finish within {timeout:.0f} s")
+            code = chan.recv_exit_status() if chan.exit_status_ready() else -1
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise HostUnreachable(
+                f"the SSH connection to {self.target.destination} failed: {exc}",
+                "check the network; a started run keeps going on the host",
+            ) from None
+        finally:
+            chan.close()
+        if code == -1:
+            self._transport()
+        done = Completed(tuple(argv), code, b"".join(out), b"".join(err))
+        if check and code != 0:
+            raise CommandFailed(done, f"`{argv[0]}` failed on {self.name}: {done.last_error_line()}")
+        return done
+
+    def openssh_options(self, *, scp: bool = False) -> list[str]:
+        """Options that make the OpenSSH client verify the host exactly as paramiko did."""
+        opts = [
+            "-F",
+            "/dev/null",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            f"UserKnownHostsFile={self.target.known_hosts}",
+            "-o",
+            "GlobalKnownHostsFile=/dev/null",
+            "-o",
+            f"ServerAliveInterval={KEEPALIVE_S}",
+            "-o",
+            "ServerAliveCountMax=4",
+            "-o",
+            f"ConnectTimeout={int(CONNECT_TIMEOUT_S)}",
+            "-o",
+            "Compression=no",
+            "-o",
+            f"User={self.target.user}",
+            ("-P" if scp else "-p"),
+            str(self.target.port),
+        ]
+        for ident in self.target.identities:
+            opts += ["-i", ident, "-o", "IdentitiesOnly=yes"]
+        if self.target.proxy_command:
+            opts += ["-o", f"ProxyCommand={self.target.proxy_command}"]
+        return opts
+
+    def openssh_argv(self, argv: Sequence[str]) -> list[str]:
+        return [
+            "ssh",
+            *self.openssh_options(),
+            "-e",
+            "none",
+            "-T",
+            self.target.hostname,
+            "--",
+            remote_command(argv),
+        ]
+
+    def start(self, argv: Sequence[str], *, bulk: bool = False, merge_stderr: bool = False) -> Any:
+        if bulk and self.use_openssh:
+            return _OpenSSHProcess(
+                proc.popen(
+                    self.openssh_argv(argv),
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+                )
+            )
+        chan = self._channel(argv)
+        if merge_stderr:
+            chan.set_combine_stderr(True)
+        return _ChannelProcess(chan)
+
+    def sftp(self) -> paramiko.SFTPClient:
+        if self._sftp is None:
+            self._sftp = self._client.open_sftp()
+        return self._sftp
+
+    def _remote(self, path: str) -> str:
+        return (
+            f"{self.target.hostname}:{path}"
+            if ":" not in self.target.hostname
+            else f"[{self.target.hostname}]:{path}"
+        )
+
+    def put_file(self, local: Path, remote: str) -> None:
+        if self.use_openssh:
+            proc.run(["scp", "-q", *self.openssh_options(scp=True), "--", str(local), self._remote(remote)])
+        else:
+            self.sftp().put(str(local), remote)
+
+    def get_file(self, remote: str, local: Path) -> None:
+        if self.use_openssh:
+            proc.run(["scp", "-q", *self.openssh_options(scp=True), "--", self._remote(remote), str(local)])
+        else:
+            self.sftp().get(remote, str(local))
+
+    def home(self) -> str:
+        if self._home is None:
+            self._home = self.run(["printenv", "HOME"]).out.strip() or f"/home/{self.target.user}"
+        return self._home
+
+    def runs_root(self) -> str:
+        return f"{self.home()}/.launcher/runs"
+
+    def is_alive(self) -> bool:
+        t = self._client.get_transport()
+        return t is not None and t.is_active()
+
+    def close(self) -> None:
+        if self._sftp is not None:
+            self._sftp.close()
+        self._client.close()
+
+
+def probe(hostname: str, port: int, timeout: float = 3.0) -> bool:
+    try:
+        with socket.create_connection((hostname, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
