@@ -1,0 +1,213 @@
+"""The run manifest (``runs/<id>/manifest.json``, schema version 1): the one reader and writer.
+
+A run directory is complete only once its manifest exists; every other module reads
+manifests through :func:`load_manifest` so that schema checks live in one place.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from launcher.errors import Corrupt, NotFound, SchemaTooNew
+from launcher.hashing import atomic_write_json
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+STATUSES = ("succeeded", "failed")
+
+# field -> accepted types; only what readers rely on is required, the rest is passed through.
+_REQUIRED: dict[str, tuple[type, ...]] = {
+    "schema_version": (int,),
+    "run_id": (str,),
+    "group": (str,),
+    "recipe": (dict,),
+    "seed": (int, type(None)),
+    "determinism": (dict,),
+    "image": (dict,),
+    "host": (dict,),
+    "started_at": (str,),
+    "status": (str,),
+    "artifacts": (list,),
+}
+
+
+class ManifestMissing(NotFound):
+    """A run directory without manifest.json: the run is still going, or its pull did not finish."""
+
+
+@dataclass(frozen=True)
+class Artifact:
+    path: str  # relative to the run directory, posix, e.g. "outputs/model/canonical.npz"
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    run_dir: Path
+    data: Mapping[str, Any]
+    artifacts: tuple[Artifact, ...]
+
+    @property
+    def run_id(self) -> str:
+        return str(self.data["run_id"])
+
+    @property
+    def group(self) -> str:
+        return str(self.data["group"])
+
+    @property
+    def replicate(self) -> int:
+        value = self.data.get("replicate", 0)
+        return value if isinstance(value, int) else 0
+
+    @property
+    def recipe(self) -> Mapping[str, Any]:
+        return self.data["recipe"]  # type: ignore[no-any-return]
+
+    @property
+    def recipe_name(self) -> str:
+        return str(self.recipe.get("name", ""))
+
+    @property
+    def seed(self) -> int | None:
+        return self.data.get("seed")
+
+    @property
+    def params(self) -> Mapping[str, Any]:
+        value = self.data.get("params")
+        return value if isinstance(value, dict) else {}
+
+    @property
+    def determinism(self) -> Mapping[str, Any]:
+        return self.data["determinism"]  # type: ignore[no-any-return]
+
+    @property
+    def image(self) -> Mapping[str, Any]:
+        return self.data["image"]  # type: ignore[no-any-return]
+
+    @property
+    def host(self) -> Mapping[str, Any]:
+        return self.data["host"]  # type: ignore[no-any-return]
+
+    @property
+    def runtime(self) -> Mapping[str, Any]:
+        value = self.data.get("runtime")
+        return value if isinstance(value, dict) else {}
+
+    @property
+    def started_at(self) -> str:
+        return str(self.data["started_at"])
+
+    @property
+    def status(self) -> str:
+        return str(self.data["status"])
+
+    @property
+    def path(self) -> Path:
+        return self.run_dir / MANIFEST_NAME
+
+    def artifact(self, rel: str) -> Artifact | None:
+        return next((a for a in self.artifacts if a.path == rel), None)
+
+    def file(self, rel: str) -> Path:
+        return self.run_dir / rel
+
+
+def manifest_path(run_dir: Path) -> Path:
+    return run_dir / MANIFEST_NAME
+
+
+def _safe_rel(rel: str) -> bool:
+    p = PurePosixPath(rel)
+    return bool(rel) and not p.is_absolute() and ".." not in p.parts and "\\" not in rel
+
+
+def validate(data: Any, source: Path) -> tuple[Artifact, ...]:
+    """Check a parsed manifest against schema 1; return its artifacts. Raises Corrupt or SchemaTooNew."""
+    if not isinstance(data, dict):
+        raise Corrupt(f"{source} is not a JSON object", "re-pull the run (`launcher pull RUN`)")
+    version = data.get("schema_version")
+    if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
+        raise SchemaTooNew(
+            f"{source} has manifest schema version {version}; this launcher reads up to {SCHEMA_VERSION}",
+            "upgrade launcher (`pip install -U launcher`) to read runs written by a newer one",
+        )
+    for key, types in _REQUIRED.items():
+        if key not in data:
+            raise Corrupt(f"{source} lacks the field {key!r}", "re-pull the run (`launcher pull RUN`)")
+        value = data[key]
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise Corrupt(f"{source}: field {key!r} has the wrong type ({type(value).__name__})",
+                          "re-pull the run (`launcher pull RUN`)")
+    if data["schema_version"] != SCHEMA_VERSION:
+        raise Corrupt(f"{source} has an unknown schema version {data['schema_version']!r}",
+                      "re-pull the run (`launcher pull RUN`)")
+    if data["status"] not in STATUSES:
+        raise Corrupt(f"{source}: status {data['status']!r} is not one of {', '.join(STATUSES)}",
+                      "re-pull the run (`launcher pull RUN`)")
+    arts: list[Artifact] = []
+    seen: set[str] = set()
+    for i, entry in enumerate(data["artifacts"]):
+        ok = (isinstance(entry, dict) and isinstance(entry.get("path"), str)
+              and isinstance(entry.get("size"), int) and not isinstance(entry.get("size"), bool)
+              and isinstance(entry.get("sha256"), str) and entry["sha256"].startswith("sha256:"))
+        if not ok:
+            raise Corrupt(f"{source}: artifacts[{i}] needs path, size and a sha256:<hex> digest",
+                          "re-pull the run (`launcher pull RUN`)")
+        if not _safe_rel(entry["path"]) or entry["path"] in seen:
+            raise Corrupt(f"{source}: artifacts[{i}] has a bad or repeated path {entry['path']!r}",
+                          "re-pull the run (`launcher pull RUN`)")
+        seen.add(entry["path"])
+        arts.append(Artifact(entry["path"], entry["size"], entry["sha256"]))
+    return tuple(arts)
+
+
+def load_manifest(run_dir: Path) -> Manifest:
+    """Read and validate ``run_dir/manifest.json``.
+
+    Raises NotFound (no such directory), ManifestMissing (an incomplete run), SchemaTooNew,
+    or Corrupt (unparsable or not schema 1).
+    """
+    if not run_dir.is_dir():
+        raise NotFound(f"no run directory {run_dir}", "list runs with `launcher runs`")
+    path = manifest_path(run_dir)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ManifestMissing(
+            f"run {run_dir.name} has no manifest.json: it is not complete "
+            "(still running, or its pull failed)",
+            f"pull it again with `launcher pull {run_dir.name}`, or verify other runs",
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise Corrupt(f"{path} is not UTF-8 text", "re-pull the run (`launcher pull RUN`)") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise Corrupt(f"{path} is not valid JSON (line {exc.lineno}: {exc.msg})",
+                      "re-pull the run (`launcher pull RUN`)") from exc
+    artifacts = validate(data, path)
+    return Manifest(run_dir=run_dir, data=data, artifacts=artifacts)
+
+
+def write_manifest(run_dir: Path, data: Mapping[str, Any]) -> Manifest:
+    """Validate and atomically write ``run_dir/manifest.json`` (the last step of a pull)."""
+    record = dict(data)
+    record.setdefault("schema_version", SCHEMA_VERSION)
+    path = manifest_path(run_dir)
+    artifacts = validate(record, path)
+    atomic_write_json(path, record)
+    return Manifest(run_dir=run_dir, data=record, artifacts=artifacts)
+
+
+def artifact_entries(run_dir: Path, rel_paths: list[str], digests: Mapping[str, str]) -> list[dict[str, Any]]:
+    """Manifest ``artifacts`` entries for files already verified (digest per relative path), sorted."""
+    return [
+        {"path": rel, "size": (run_dir / rel).stat().st_size, "sha256": digests[rel]}
+        for rel in sorted(rel_paths)
+    ]
