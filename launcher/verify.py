@@ -1,0 +1,632 @@
+"""Checksum verdicts across runs, and the explanations when they differ.
+
+``verify_checksums`` re-hashes every run's files against its own manifest (a file damaged
+after the pull is Corrupt, not a difference), compares each artifact's sha256 with the
+reference run, and for every run that differs explains where (model arrays, initial
+weights, dataset and batch fingerprints, metrics) and why (the environment diff of the two
+manifests, reduced to a one-line classification).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import Corrupt, ExitCode, Incompatible, LauncherError, NotFound, UsageError
+from launcher.hashing import sha256_file
+from launcher.manifest import Manifest, load_manifest
+from launcher.modeldiff import ModelDiff, diff_models
+from launcher.progress import NullReporter, Reporter
+from launcher.workspace import Workspace
+
+SCHEMA = "launcher.verify/v1"
+
+IDENTICAL = "identical"
+DIFFERS = "differs"
+MISSING = "missing"
+REFERENCE = "reference"
+
+# Classifications of a run compared with the reference.
+CLASS_IDENTICAL = "identical"
+CLASS_NONDETERMINISM = "nondeterminism"
+CLASS_ENVIRONMENT = "environment"
+CLASS_INPUT = "input-change"
+
+# Files that differ between bit-identical trainings by design (timestamps, timings, host
+# descriptions, zip dates in .keras): shown in the table, left out of the verdict. The
+# environment they describe is compared through the manifests instead.
+VOLATILE = (
+    "outputs/_launcher/*",
+    "outputs/logs/*",
+    "outputs/model/*.keras",
+    "outputs/model/*/saved_model.pb",  # SavedModel protos embed nondeterministic ids
+    "launch.json",
+)
+
+CANONICAL_MODEL = "outputs/model/canonical.npz"
+NATIVE_MODELS = ("outputs/model/model.weights.h5", "outputs/model/model.pt", "outputs/model/model.keras")
+DATASET = "outputs/fingerprints/dataset.json"
+INITIAL_WEIGHTS = "outputs/fingerprints/initial_weights.json"
+BATCHES = "outputs/fingerprints/batches.jsonl"
+METRICS = "outputs/metrics.jsonl"
+
+HASH_WORKERS = max(2, min(4, os.cpu_count() or 2))
+
+
+def is_volatile(path: str) -> bool:
+    return any(fnmatch.fnmatchcase(path, pat) for pat in VOLATILE)
+
+
+# ---------------------------------------------------------------- finding runs
+
+
+def _completed_manifests(ws: Workspace) -> list[Manifest]:
+    out: list[Manifest] = []
+    if not ws.runs.is_dir():
+        return out
+    for d in sorted(ws.runs.iterdir()):
+        if d.is_dir() and (d / "manifest.json").is_file():
+            try:
+                out.append(load_manifest(d))
+            except LauncherError:
+                continue  # a broken run elsewhere must not stop verifying the others; named runs still raise
+    return out
+
+
+def resolve_run(ws: Workspace, ref: str) -> Path:
+    """A run id under runs/, or a path to a run directory."""
+    candidate = ws.runs / ref
+    if "/" not in ref and candidate.is_dir():
+        return candidate
+    as_path = Path(ref)
+    if as_path.is_dir():
+        return as_path.resolve()
+    matches: list[Path] = []
+    if ws.runs.is_dir() and "/" not in ref:
+        matches = sorted(p for p in ws.runs.glob(f"{ref}*") if p.is_dir())
+    if len(matches) == 1:
+        return matches[0]
+    if len(matches) > 1:
+        raise UsageError(f"run {ref!r} is ambiguous: {', '.join(p.name for p in matches[:5])}",
+                         "give more of the run id")
+    raise NotFound(f"no run {ref!r} under {ws.runs}", "list runs with `ls runs/` or `launcher runs`")
+
+
+def group_runs(ws: Workspace, group: str) -> list[Manifest]:
+    runs = [m for m in _completed_manifests(ws) if m.group == group]
+    return sorted(runs, key=lambda m: (m.replicate, m.started_at, m.run_id))
+
+
+def latest_group(ws: Workspace) -> str:
+    runs = _completed_manifests(ws)
+    if not runs:
+        raise NotFound(f"no completed runs under {ws.runs}",
+                       "start some with `launcher run RECIPE` or `launcher experiment RECIPE --runs 2`")
+    return max(runs, key=lambda m: (m.started_at, m.run_id)).group
+
+
+# ---------------------------------------------------------------- integrity
+
+
+@dataclass(frozen=True)
+class IntegrityStats:
+    files: int
+    bytes: int
+
+
+def check_integrity(manifests: Iterable[Manifest], reporter: Reporter | None = None,
+                    workers: int = HASH_WORKERS) -> IntegrityStats:
+    """Re-hash every artifact of every run against its manifest, files hashed concurrently."""
+    jobs: list[tuple[Manifest, str, int, str]] = []
+    for m in manifests:
+        for art in m.artifacts:
+            p = m.file(art.path)
+            try:
+                size = p.stat().st_size
+            except FileNotFoundError:
+                raise Corrupt(f"run {m.run_id}: {art.path} is in its manifest but not in the run directory",
+                              f"re-pull the run (`launcher pull {m.run_id}`)") from None
+            if size != art.size:
+                raise Corrupt(f"run {m.run_id}: {art.path} is {size} bytes, its manifest says {art.size}",
+                              _repull(m))
+            jobs.append((m, art.path, art.size, art.sha256))
+    total = sum(j[2] for j in jobs)
+    task = (reporter or NullReporter()).task("checking files against their manifests", total=total, unit="B")
+
+    def one(job: tuple[Manifest, str, int, str]) -> tuple[Manifest, str, str, str]:
+        m, rel, size, want = job
+        got = sha256_file(m.file(rel))
+        task.advance(size)
+        return m, rel, want, got
+
+    # Largest first, so the pool is not left waiting on one big file at the end.
+    ordered = sorted(jobs, key=lambda j: -j[2])
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            for m, rel, want, got in pool.map(one, ordered):
+                if got != want:
+                    raise Corrupt(f"run {m.run_id}: {rel} does not match its manifest "
+                                  f"(sha256 {got[7:19]}…, recorded {want[7:19]}…)",
+                                  _repull(m))
+    finally:
+        task.close()
+    return IntegrityStats(files=len(jobs), bytes=total)
+
+
+# ---------------------------------------------------------------- explanations
+
+
+def _repull(m: Manifest) -> str:
+    return f"the file changed after the pull; re-pull the run (`launcher pull {m.run_id}`)"
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise Corrupt(f"{path} is not valid JSON ({exc})", "re-pull the run (`launcher pull RUN`)") from exc
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]] | None:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    rows: list[dict[str, Any]] = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise Corrupt(f"{path}: line {n} is not valid JSON ({exc.msg})",
+                          "re-pull the run (`launcher pull RUN`)") from exc
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def read_metrics(m: Manifest) -> list[dict[str, Any]] | None:
+    return _read_jsonl(m.file(METRICS))
+
+
+def explain_model(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
+    for rel in (CANONICAL_MODEL, *NATIVE_MODELS):
+        if ref.artifact(rel) and run.artifact(rel):
+            try:
+                diff: ModelDiff = diff_models(ref.file(rel), run.file(rel))
+            except LauncherError as exc:
+                return {"source": rel, "error": exc.one_line()}
+            out = diff.to_dict()
+            out.pop("reference")
+            out.pop("other")
+            return {"source": rel, **out}
+    return None
+
+
+def explain_initial_weights(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
+    a, b = _read_json(ref.file(INITIAL_WEIGHTS)), _read_json(run.file(INITIAL_WEIGHTS))
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return None
+    arrays_a = a.get("arrays") or {}
+    arrays_b = b.get("arrays") or {}
+    differing = [k for k in arrays_a if arrays_a.get(k) != arrays_b.get(k)]
+    differing += [k for k in arrays_b if k not in arrays_a]
+    same = a.get("digest") == b.get("digest") and not differing
+    first = differing[0] if differing else None
+    layer, _, array = first.rpartition("/") if first else ("", "", "")
+    return {
+        "same": same,
+        "reference_digest": a.get("digest"), "digest": b.get("digest"),
+        "arrays_differing": len(differing),
+        "first_difference": {"layer": layer, "array": array} if first else None,
+    }
+
+
+def explain_data(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
+    a, b = _read_json(ref.file(DATASET)), _read_json(run.file(DATASET))
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return None
+    ea, eb = a.get("entries") or {}, b.get("entries") or {}
+    differing = sorted(k for k in set(ea) | set(eb) if ea.get(k) != eb.get(k)) if isinstance(ea, dict) \
+        and isinstance(eb, dict) else []
+    return {
+        "same": a.get("digest") == b.get("digest"),
+        "reference_digest": a.get("digest"), "digest": b.get("digest"),
+        "kind": a.get("kind"),
+        "entries_differing": differing[:20],
+    }
+
+
+def explain_batches(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
+    a, b = _read_jsonl(ref.file(BATCHES)), _read_jsonl(run.file(BATCHES))
+    if a is None or b is None:
+        return None
+    by_a = {row.get("epoch"): row for row in a}
+    by_b = {row.get("epoch"): row for row in b}
+    epochs = sorted(e for e in set(by_a) | set(by_b) if isinstance(e, int))
+    differing: list[int] = []
+    first: dict[str, Any] | None = None
+    for e in epochs:
+        ra, rb = by_a.get(e), by_b.get(e)
+        if ra is not None and rb is not None and ra.get("digest") == rb.get("digest") \
+                and ra.get("batches") == rb.get("batches"):
+            continue
+        differing.append(e)
+        if first is None:
+            ba = (ra or {}).get("batches") or []
+            bb = (rb or {}).get("batches") or []
+            pairs = enumerate(zip(ba, bb, strict=False))
+            idx = next((i for i, (x, y) in pairs if x != y), min(len(ba), len(bb)))
+            first = {"epoch": e, "batch": idx}
+    return {
+        "same": not differing,
+        "epochs_compared": len(epochs),
+        "epochs_differing": differing,
+        "first_divergence": first,
+    }
+
+
+def _metric_names(rows: list[dict[str, Any]]) -> list[str]:
+    names: list[str] = []
+    for row in rows:
+        for k, v in row.items():
+            if k != "epoch" and isinstance(v, (int, float)) and not isinstance(v, bool) and k not in names:
+                names.append(k)
+    return names
+
+
+def explain_metrics(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
+    a, b = read_metrics(ref), read_metrics(run)
+    if a is None or b is None:
+        return None
+    by_a = {row.get("epoch"): row for row in a}
+    by_b = {row.get("epoch"): row for row in b}
+    epochs = sorted(e for e in set(by_a) & set(by_b) if isinstance(e, int))
+    names = _metric_names(a)
+    first: dict[str, Any] | None = None
+    for e in epochs:
+        deltas = {k: _delta(by_a[e].get(k), by_b[e].get(k)) for k in names}
+        deltas = {k: v for k, v in deltas.items() if v is not None}
+        if deltas:
+            first = {"epoch": e, "metrics": deltas}
+            break
+    final = None
+    if epochs:
+        last = epochs[-1]
+        deltas = {k: _delta(by_a[last].get(k), by_b[last].get(k)) for k in names}
+        final = {"epoch": last, "metrics": {k: v for k, v in deltas.items() if v is not None}}
+    return {
+        "same": first is None and len(a) == len(b),
+        "epochs_compared": len(epochs),
+        "epochs": (len(a), len(b)),
+        "first_divergence": first,
+        "final": final,
+    }
+
+
+def _delta(x: Any, y: Any) -> dict[str, Any] | None:
+    if x == y:
+        return None
+    out: dict[str, Any] = {"reference": x, "run": y}
+    if isinstance(x, (int, float)) and isinstance(y, (int, float)):
+        out["abs_diff"] = abs(float(y) - float(x))
+    return out
+
+
+# ---------------------------------------------------------------- environment diff
+
+# Flattened manifest keys -> category. Categories "code", "data", "seed" and "params" are
+# inputs; "hardware" and "software" are the environment; "info" never explains a difference.
+_EXACT_CATEGORY = {
+    "recipe.tree_digest": "code", "recipe.entry": "code", "recipe.framework": "software",
+    "image.git_commit": "code", "image.git_dirty": "code",
+    "seed": "seed",
+    "image.id": "software", "image.base_digest": "software", "image.lock_sha256": "software",
+    "image.variant": "hardware", "image.launcher_version": "software", "image.tag": "info",
+    "determinism.profile": "software", "determinism.threads": "software",
+    "host.name": "info", "host.kind": "info",
+}
+_SEED_ENV = ("LAUNCHER_SEED", "PYTHONHASHSEED")
+_HARDWARE_WORDS = ("cpu", "gpu", "driver", "cuda", "cudnn", "device", "arch", "machine", "model",
+                   "cores", "nproc", "memory", "mem_", "isa", "flags", "platform")
+_VOLATILE_WORDS = ("time", "_at", "date", "uptime", "free", "avail", "load", "pid", "hostname", "boot",
+                   "container", "run_id", "elapsed", "duration")
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
+    if isinstance(value, Mapping) and value:
+        for k in sorted(value):
+            _flatten(f"{prefix}.{k}" if prefix else str(k), value[k], out)
+    else:
+        out[prefix] = value
+
+
+def environment_view(m: Manifest) -> dict[str, Any]:
+    """The manifest fields that can explain a difference, flattened to dotted keys."""
+    flat: dict[str, Any] = {}
+    for key in ("recipe", "image", "determinism", "host", "runtime", "params"):
+        if key in m.data:
+            _flatten(key, m.data[key], flat)
+    flat["seed"] = m.seed
+    flat.pop("recipe.name", None)
+    return {k: v for k, v in flat.items() if not _is_volatile_key(k)}
+
+
+def _is_volatile_key(key: str) -> bool:
+    leaf = key.rsplit(".", 1)[-1].lower()
+    return any(w in leaf for w in _VOLATILE_WORDS)
+
+
+def categorize(key: str) -> str:
+    if key in _EXACT_CATEGORY:
+        return _EXACT_CATEGORY[key]
+    if key.startswith("params."):
+        return "params"
+    if key.startswith("determinism.env."):
+        return "seed" if key.rsplit(".", 1)[-1] in _SEED_ENV else "software"
+    if key.startswith(("host.facts.", "runtime.")):
+        leaf = key.lower()
+        return "hardware" if any(w in leaf for w in _HARDWARE_WORDS) else "software"
+    return "software"
+
+
+def environment_diff(ref: Manifest, run: Manifest) -> list[dict[str, Any]]:
+    a, b = environment_view(ref), environment_view(run)
+    rows = []
+    for key in sorted(set(a) | set(b)):
+        if a.get(key) != b.get(key):
+            rows.append({"key": key, "category": categorize(key), "reference": a.get(key), "run": b.get(key)})
+    return rows
+
+
+INPUT_CATEGORIES = ("code", "data", "seed", "params")
+
+
+def classify(identical: bool, env: list[dict[str, Any]], data: Mapping[str, Any] | None,
+             model: Mapping[str, Any] | None, initial: Mapping[str, Any] | None,
+             batches: Mapping[str, Any] | None) -> dict[str, Any]:
+    """One line: identical; nondeterminism in training; environment-dependent; or an input change."""
+    if identical:
+        return {"kind": CLASS_IDENTICAL, "causes": [], "line": "identical"}
+    by_cat: dict[str, list[str]] = {}
+    for row in env:
+        by_cat.setdefault(row["category"], []).append(row["key"])
+    if data is not None and not data.get("same", True):
+        by_cat.setdefault("data", []).insert(0, "dataset fingerprint")
+    inputs = [c for c in INPUT_CATEGORIES if c in by_cat]
+    if inputs:
+        parts = []
+        for c in inputs:
+            if c == "seed":
+                seed = next((r for r in env if r["key"] == "seed"), None)
+                parts.append(f"seed ({seed['reference']} -> {seed['run']})" if seed else "seed")
+            elif c == "data":
+                parts.append("data (" + ", ".join(by_cat["data"]) + ")")
+            elif c == "code":
+                parts.append("code (" + ", ".join(by_cat["code"]) + ")")
+            else:
+                names = ", ".join(k.removeprefix("params.") for k in by_cat["params"])
+                parts.append(f"params ({names})")
+        return {"kind": CLASS_INPUT, "causes": inputs,
+                "line": "differs in " + ", ".join(parts) + ": an input change"}
+    if "hardware" in by_cat:
+        keys = by_cat["hardware"][:3]
+        causes = ["hardware", "software"] if "software" in by_cat else ["hardware"]
+        return {"kind": CLASS_ENVIRONMENT, "causes": causes,
+                "line": f"differs on different hardware ({', '.join(keys)}): environment-dependent"}
+    if "software" in by_cat:
+        keys = by_cat["software"][:3]
+        return {"kind": CLASS_ENVIRONMENT, "causes": ["software"],
+                "line": f"differs in the software environment ({', '.join(keys)}): environment-dependent"}
+    where = []
+    if initial is not None:
+        where.append("initial weights " + ("identical" if initial.get("same") else "already differ"))
+    if batches is not None:
+        where.append("batches " + ("identical" if batches.get("same") else "differ"))
+    first = (model or {}).get("first_difference")
+    if first:
+        where.append(f"first differing layer {first['layer']} array {first['array']}")
+    detail = f" ({'; '.join(where)})" if where else ""
+    return {"kind": CLASS_NONDETERMINISM, "causes": ["training"],
+            "line": "differs with the same environment and seed: nondeterminism in training" + detail}
+
+
+# ---------------------------------------------------------------- the report
+
+
+@dataclass
+class RunVerdict:
+    manifest: Manifest
+    status: str  # reference | identical | differs
+    explanation: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        m = self.manifest
+        cls = self.explanation.get("classification") or {"kind": CLASS_IDENTICAL, "line": "identical"}
+        model = self.explanation.get("model") or {}
+        return {
+            "run_id": m.run_id, "group": m.group, "replicate": m.replicate, "seed": m.seed,
+            "recipe": m.recipe_name, "run_status": m.status, "status": self.status,
+            "classification": cls.get("kind") if self.status != REFERENCE else None,
+            "line": cls.get("line") if self.status != REFERENCE else "reference",
+            "first_difference": model.get("first_difference"),
+        }
+
+
+@dataclass
+class ArtifactRow:
+    path: str
+    checked: bool
+    reference_sha256: str | None
+    cells: dict[str, dict[str, Any]]  # run id -> {"status", "sha256"}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "checked": self.checked, "reference_sha256": self.reference_sha256,
+                "runs": self.cells}
+
+
+@dataclass
+class VerifyReport:
+    reference: Manifest
+    runs: list[RunVerdict]
+    artifacts: list[ArtifactRow]
+    integrity: IntegrityStats
+
+    @property
+    def identical(self) -> bool:
+        return all(r.status in (REFERENCE, IDENTICAL) for r in self.runs)
+
+    @property
+    def exit_code(self) -> ExitCode:
+        return ExitCode.OK if self.identical else ExitCode.NOT_REPRODUCIBLE
+
+    @property
+    def differing(self) -> list[RunVerdict]:
+        return [r for r in self.runs if r.status == DIFFERS]
+
+    def summary_line(self) -> str:
+        n = len(self.runs)
+        if self.identical:
+            return f"identical: all {n} runs are bit-identical to {self.reference.run_id}"
+        kinds = sorted({r.explanation["classification"]["kind"] for r in self.differing})
+        return (f"{len(self.differing)} of {n - 1} runs differ from {self.reference.run_id} "
+                f"({', '.join(kinds)})")
+
+    def checks(self) -> dict[str, Any]:
+        """Models, initial weights, training data, batches, metrics: all the same as the reference?"""
+        others = [r for r in self.runs if r.status != REFERENCE]
+        out: dict[str, Any] = {}
+        for name, key in (("models", "model"), ("initial_weights", "initial_weights"),
+                          ("data", "data"), ("batches", "batches"), ("metrics", "metrics")):
+            checked, differing = 0, []
+            for r in others:
+                exp = r.explanation.get(key)
+                if r.status == IDENTICAL:
+                    checked += 1
+                    continue
+                if exp is None or "error" in exp:
+                    continue
+                checked += 1
+                same = exp.get("identical") if key == "model" else exp.get("same")
+                if not same:
+                    differing.append(r.manifest.run_id)
+            out[name] = {"all_same": not differing, "checked": checked + 1, "of": len(self.runs),
+                         "differing": differing}
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "verdict": IDENTICAL if self.identical else DIFFERS,
+            "reference": self.reference.run_id,
+            "recipe": self.reference.recipe_name,
+            "summary": self.summary_line(),
+            "integrity": {"files": self.integrity.files, "bytes": self.integrity.bytes, "ok": True},
+            "checks": self.checks(),
+            "runs": [r.to_dict() for r in self.runs],
+            "artifacts": [a.to_dict() for a in self.artifacts],
+            "explanations": {r.manifest.run_id: r.explanation for r in self.runs if r.status == DIFFERS},
+        }
+
+
+def _load_named(ws: Workspace, refs: Iterable[str]) -> list[Manifest]:
+    out: list[Manifest] = []
+    seen: set[Path] = set()
+    for ref in refs:
+        d = resolve_run(ws, ref)
+        if d in seen:
+            continue
+        seen.add(d)
+        out.append(load_manifest(d))
+    return out
+
+
+def select_runs(ws: Workspace, run_ids: list[str] | None,
+                against: str | None) -> tuple[Manifest, list[Manifest]]:
+    """(reference, all runs including it, reference first)."""
+    if run_ids:
+        runs = _load_named(ws, run_ids)
+    else:
+        runs = group_runs(ws, latest_group(ws))
+    if against is not None:
+        ref = _load_named(ws, [against])[0]
+        runs = [ref, *(m for m in runs if m.run_dir.resolve() != ref.run_dir.resolve())]
+    if len(runs) < 2:
+        which = runs[0].run_id if runs else "nothing"
+        raise UsageError(f"nothing to compare: only {which} was selected",
+                         "name two or more runs, or add --against RUN")
+    ref = runs[0]
+    recipes = {m.recipe_name for m in runs}
+    if len(recipes) > 1:
+        other = next(m for m in runs if m.recipe_name != ref.recipe_name)
+        raise Incompatible(
+            f"runs of different recipes cannot be compared: {ref.run_id} ran {ref.recipe_name!r}, "
+            f"{other.run_id} ran {other.recipe_name!r}",
+            "verify runs of one recipe (a group from `launcher experiment`, or runs named one by one)",
+        )
+    return ref, runs
+
+
+def _compare_artifacts(ref: Manifest, runs: list[Manifest]) -> tuple[list[ArtifactRow], dict[str, bool]]:
+    paths: list[str] = [a.path for a in ref.artifacts]
+    for m in runs[1:]:
+        paths += [a.path for a in m.artifacts if a.path not in paths]
+    differs: dict[str, bool] = {m.run_id: False for m in runs[1:]}
+    rows: list[ArtifactRow] = []
+    for path in paths:
+        ra = ref.artifact(path)
+        checked = not is_volatile(path)
+        cells: dict[str, dict[str, Any]] = {ref.run_id: {"status": REFERENCE if ra else MISSING,
+                                                         "sha256": ra.sha256 if ra else None}}
+        for m in runs[1:]:
+            a = m.artifact(path)
+            if a is None or ra is None:
+                status = MISSING
+            else:
+                status = IDENTICAL if a.sha256 == ra.sha256 else DIFFERS
+            cells[m.run_id] = {"status": status, "sha256": a.sha256 if a else None}
+            if checked and status != IDENTICAL:
+                differs[m.run_id] = True
+        rows.append(ArtifactRow(path, checked, ra.sha256 if ra else None, cells))
+    return rows, differs
+
+
+def explain(ref: Manifest, run: Manifest) -> dict[str, Any]:
+    model = explain_model(ref, run)
+    initial = explain_initial_weights(ref, run)
+    data = explain_data(ref, run)
+    batches = explain_batches(ref, run)
+    metrics = explain_metrics(ref, run)
+    env = environment_diff(ref, run)
+    return {
+        "classification": classify(False, env, data, model, initial, batches),
+        "model": model, "initial_weights": initial, "data": data, "batches": batches,
+        "metrics": metrics, "environment": env,
+    }
+
+
+def verify_checksums(ws: Workspace, run_ids: list[str] | None = None, against: str | None = None,
+                     reporter: Reporter | None = None,
+                     explainer: Callable[[Manifest, Manifest], dict[str, Any]] = explain) -> VerifyReport:
+    """Compare runs bit for bit: the named runs (or the latest group) against the first or ``against``."""
+    ref, runs = select_runs(ws, run_ids, against)
+    stats = check_integrity(runs, reporter)
+    rows, differs = _compare_artifacts(ref, runs)
+    verdicts = [RunVerdict(ref, REFERENCE)]
+    for m in runs[1:]:
+        if differs[m.run_id]:
+            if reporter is not None:
+                reporter.note(f"{m.run_id} differs from {ref.run_id}: explaining")
+            verdicts.append(RunVerdict(m, DIFFERS, explainer(ref, m)))
+        else:
+            verdicts.append(RunVerdict(m, IDENTICAL))
+    return VerifyReport(reference=ref, runs=verdicts, artifacts=rows, integrity=stats)

@@ -1,0 +1,211 @@
+"""Build complete run directories (runs/<id>/ with outputs/ and a schema-1 manifest) for tests.
+
+The fake "training" is a small numpy computation driven by the seed, so runs with the same
+seed are bit-identical, runs with another seed differ from the initial weights on, and an
+unseeded dropout perturbs the trained layers (not the initial weights nor the batches), as a
+nondeterministic kernel would. Every output follows docs/design.md, so verify reads these
+runs exactly as it reads pulled ones.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from launcher.hashing import atomic_write_json, sha256_bytes, sha256_file
+from launcher.manifest import SCHEMA_VERSION, write_manifest
+from launcher.modeldiff import canonical_bytes, load_canonical
+
+LAYERS: list[tuple[str, list[tuple[int, ...]]]] = [
+    ("conv2d", [(3, 3, 1, 4), (4,)]),
+    ("dense", [(36, 16), (16,)]),
+    ("dense_1", [(16, 10), (10,)]),
+]
+
+DEFAULT_FACTS = {"cpu_model": "Intel(R) Xeon(R) CPU @ 2.20GHz", "cpu_count": 2, "gpu_model": None,
+                 "driver_version": None, "os": "Debian 12"}
+DEFAULT_RUNTIME = {"python": "3.11.2", "tensorflow": "2.21.0", "numpy": "2.1.3", "cuda_build": None,
+                   "cudnn_build": None, "devices": ["CPU:0"], "threads_applied": 2,
+                   "profile_applied": "deterministic"}
+
+
+@dataclass
+class FakeRun:
+    run_id: str
+    group: str = "g1"
+    replicate: int = 0
+    recipe: str = "mnist_convnet"
+    seed: int = 42
+    epochs: int = 3
+    batches_per_epoch: int = 5
+    unseeded_dropout: bool = False
+    dropout_entropy: int | None = None  # what an unseeded generator would have drawn
+    data_version: int = 0
+    code_version: int = 0
+    profile: str = "deterministic"
+    threads: int = 2
+    started_at: str = "2026-11-22T10:00:00Z"
+    facts: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_FACTS))
+    runtime: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_RUNTIME))
+    image_id: str = "sha256:" + "1" * 64
+    params: dict[str, Any] = field(default_factory=lambda: {"epochs": 3, "batch_size": 32})
+    layers: list[tuple[str, list[tuple[int, ...]]]] = field(default_factory=lambda: list(LAYERS))
+    extra_files: dict[str, bytes] = field(default_factory=dict)
+
+
+def _train(run: FakeRun) -> dict[str, Any]:
+    rng = np.random.default_rng(run.seed)
+    initial = [(name, [rng.standard_normal(s).astype(np.float32) * 0.1 for s in shapes])
+               for name, shapes in run.layers]
+    data_rng = np.random.default_rng(1000 + run.data_version)
+    n_samples = run.batches_per_epoch * 8
+    data = data_rng.standard_normal((n_samples, 4)).astype(np.float32)
+    weights = [(name, [a.copy() for a in arrays]) for name, arrays in initial]
+    batches: list[dict[str, Any]] = []
+    metrics: list[dict[str, Any]] = []
+    noise = np.random.default_rng(run.dropout_entropy) if run.unseeded_dropout else None
+    for epoch in range(run.epochs):
+        order = rng.permutation(n_samples)
+        digests = [sha256_bytes(order[i * 8:(i + 1) * 8].astype(np.int64).tobytes())
+                   for i in range(run.batches_per_epoch)]
+        epoch_digest = sha256_bytes("".join(digests).encode())
+        batches.append({"epoch": epoch, "digest": epoch_digest, "batches": digests})
+        step = float(data[order].mean()) + 0.001 * run.code_version
+        for li, (_, arrays) in enumerate(weights):
+            for arr in arrays:
+                arr *= np.float32(0.99)
+                arr += np.float32(step * 0.01)
+                if noise is not None and li >= 1:  # dropout sits before the dense layers
+                    arr += (noise.standard_normal(arr.shape) * 1e-6).astype(np.float32)
+        total = sum(float(np.abs(a).sum()) for _, arrs in weights for a in arrs)
+        metrics.append({"epoch": epoch, "loss": round(1.0 / (1 + epoch) + total * 1e-4, 12),
+                        "accuracy": round(min(0.99, 0.5 + 0.1 * epoch + total * 1e-5), 12)})
+    return {"initial": initial, "weights": weights, "batches": batches, "metrics": metrics,
+            "dataset": data}
+
+
+def _jsonl(rows: list[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode()
+
+
+def _determinism_env(run: FakeRun) -> dict[str, str]:
+    return {"LAUNCHER_SEED": str(run.seed), "PYTHONHASHSEED": str(run.seed), "LAUNCHER_PROFILE": run.profile,
+            "LAUNCHER_THREADS": str(run.threads), "TF_DETERMINISTIC_OPS": "1",
+            "OMP_NUM_THREADS": str(run.threads)}
+
+
+def write_run(runs_dir: Path, run: FakeRun) -> Path:
+    """Write runs_dir/<run_id>/ with outputs/ and manifest.json; return the run directory."""
+    out = _train(run)
+    d = runs_dir / run.run_id
+    o = d / "outputs"
+    files: dict[str, bytes] = {
+        "_launcher/exit.json": json.dumps({"exit_code": 0, "started_at": run.started_at,
+                                           "ended_at": run.started_at}).encode(),
+        "_launcher/runtime.json": json.dumps(run.runtime, sort_keys=True).encode(),
+        "logs/train.log": f"training {run.recipe} seed={run.seed} at {run.started_at}\n".encode(),
+        "fingerprints/dataset.json": json.dumps({
+            "digest": sha256_bytes(out["dataset"].tobytes()), "kind": "arrays",
+            "entries": {"x_train": sha256_bytes(out["dataset"].tobytes())}}, sort_keys=True).encode(),
+        "fingerprints/initial_weights.json": json.dumps(_initial_fingerprint(out["initial"]),
+                                                        sort_keys=True).encode(),
+        "fingerprints/batches.jsonl": _jsonl(out["batches"]),
+        "metrics.jsonl": _jsonl(out["metrics"]),
+        "weights/layers.json": json.dumps(_layers_json(out["weights"]), sort_keys=True).encode(),
+        "model/canonical.npz": canonical_bytes(out["weights"]),
+    }
+    files.update(run.extra_files)
+    for rel, data in files.items():
+        p = o / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    atomic_write_json(d / "launch.json", {"run_id": run.run_id, "group": run.group, "recipe": run.recipe})
+    refresh_manifest(d, manifest_data(run))
+    return d
+
+
+def _initial_fingerprint(initial: list[tuple[str, list[np.ndarray]]]) -> dict[str, Any]:
+    arrays = {f"{name}/{i}": sha256_bytes(a.tobytes()) for name, arrs in initial for i, a in enumerate(arrs)}
+    return {"digest": sha256_bytes("".join(arrays.values()).encode()), "arrays": arrays}
+
+
+def _layers_json(weights: list[tuple[str, list[np.ndarray]]]) -> dict[str, Any]:
+    return {"layers": [{"name": name, "arrays": [
+        {"index": i, "shape": list(a.shape), "dtype": str(a.dtype), "sha256": sha256_bytes(a.tobytes())}
+        for i, a in enumerate(arrs)]} for name, arrs in weights]}
+
+
+def manifest_data(run: FakeRun) -> dict[str, Any]:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": run.run_id, "group": run.group, "replicate": run.replicate,
+        "recipe": {"name": run.recipe, "tree_digest": sha256_bytes(f"recipe-{run.code_version}".encode()),
+                   "framework": "tensorflow", "entry": "train.py"},
+        "params": run.params, "seed": run.seed,
+        "determinism": {"profile": run.profile, "threads": run.threads, "env": _determinism_env(run)},
+        "image": {"id": run.image_id, "tag": "launcher/ws-cpu:0123456789ab", "variant": "cpu",
+                  "base_digest": "sha256:" + "2" * 64, "lock_sha256": "sha256:" + "3" * 64,
+                  "git_commit": "0" * 40, "git_dirty": False, "launcher_version": "0.1.0"},
+        "host": {"name": "local", "kind": "local", "facts": run.facts},
+        "runtime": run.runtime,
+        "started_at": run.started_at, "ended_at": run.started_at, "exit_code": 0, "status": "succeeded",
+        "artifacts": [],
+    }
+
+
+def refresh_manifest(run_dir: Path, data: dict[str, Any] | None = None) -> None:
+    """(Re)write the manifest with the current outputs' hashes, as a pull would."""
+    if data is None:
+        data = json.loads((run_dir / "manifest.json").read_text())
+    rels = sorted(p.relative_to(run_dir).as_posix() for p in (run_dir / "outputs").rglob("*") if p.is_file())
+    data["artifacts"] = [{"path": r, "size": (run_dir / r).stat().st_size, "sha256": sha256_file(run_dir / r)}
+                         for r in rels]
+    write_manifest(run_dir, data)
+
+
+def edit_manifest(run_dir: Path, **changes: Any) -> None:
+    """Overwrite top-level manifest fields without validation (for bad-input tests)."""
+    path = run_dir / "manifest.json"
+    data = json.loads(path.read_text())
+    data.update(changes)
+    path.write_text(json.dumps(data))
+
+
+def flip_bit(run_dir: Path, layer: str, array: int, element: int = 0, bit: int = 0,
+             update_manifest: bool = True) -> None:
+    """Flip one bit of one weight in outputs/model/canonical.npz, keeping the canonical form."""
+    path = run_dir / "outputs" / "model" / "canonical.npz"
+    layers: list[tuple[str, list[np.ndarray]]] = []
+    for wa in load_canonical(path):
+        value = wa.value
+        if wa.layer == layer and wa.array == str(array):
+            value = value.copy()
+            bits = value.reshape(-1).view(f"u{value.dtype.itemsize}")
+            bits[element] ^= np.array(1 << bit, dtype=bits.dtype)
+        if not layers or layers[-1][0] != wa.layer:
+            layers.append((wa.layer, []))
+        layers[-1][1].append(value)
+    path.write_bytes(canonical_bytes(layers))
+    if update_manifest:
+        refresh_manifest(run_dir)
+
+
+def pair(runs_dir: Path, *, group: str = "g1", **second: Any) -> tuple[Path, Path]:
+    """Two replicate runs of one group; keyword arguments change the second run only."""
+    a = write_run(runs_dir, FakeRun(run_id="20261122T100000-mnist_convnet-aaaaaa", group=group, replicate=0))
+    spec = FakeRun(run_id="20261122T100500-mnist_convnet-bbbbbb", group=group, replicate=1,
+                   started_at="2026-11-22T10:05:00Z")
+    for k, v in second.items():
+        setattr(spec, k, v)
+    b = write_run(runs_dir, spec)
+    return a, b
+
+
+def make_workspace(root: Path) -> Path:
+    for d in ("lockfiles", "dockerfiles", "recipes", "runs"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    return root

@@ -1,0 +1,194 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from runfactory import FakeRun, edit_manifest, flip_bit, make_workspace, pair, refresh_manifest, write_run
+
+from launcher.errors import Corrupt, ExitCode, Incompatible, NotFound, SchemaTooNew, UsageError
+from launcher.manifest import ManifestMissing
+from launcher.verify import (
+    CLASS_ENVIRONMENT,
+    CLASS_INPUT,
+    CLASS_NONDETERMINISM,
+    SCHEMA,
+    categorize,
+    is_volatile,
+    verify_checksums,
+)
+from launcher.workspace import Workspace
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Workspace:
+    return Workspace.at(make_workspace(tmp_path / "ws"), tmp_path / "cache")
+
+
+def test_identical_runs(ws: Workspace) -> None:
+    a, b = pair(ws.runs)
+    report = verify_checksums(ws)
+    assert report.identical and report.exit_code == ExitCode.OK
+    assert report.reference.run_id == a.name
+    data = report.to_dict()
+    assert data["schema"] == SCHEMA and data["verdict"] == "identical"
+    assert data["explanations"] == {}
+    assert all(c["all_same"] for c in data["checks"].values())
+    model_row = next(r for r in data["artifacts"] if r["path"] == "outputs/model/canonical.npz")
+    assert model_row["checked"] and model_row["runs"][b.name]["status"] == "identical"
+    # The logs carry timestamps and differ, but are not part of the verdict.
+    log_row = next(r for r in data["artifacts"] if r["path"] == "outputs/logs/train.log")
+    assert not log_row["checked"] and log_row["runs"][b.name]["status"] == "differs"
+
+
+def test_one_flipped_bit_is_named(ws: Workspace) -> None:
+    _, b = pair(ws.runs)
+    flip_bit(b, "dense", 1, element=3, bit=0)
+    report = verify_checksums(ws)
+    assert report.exit_code == ExitCode.NOT_REPRODUCIBLE
+    (run,) = report.differing
+    model = run.explanation["model"]
+    assert model["first_difference"] == {"layer": "dense", "array": "1"}
+    assert model["arrays_differing"] == 1 and model["elements_differing"] == 1
+    arr = next(x for x in model["arrays"] if x["status"] != "identical")
+    assert 0 < arr["max_abs_diff"] < 1e-6
+    # Same seed, same environment, same initial weights and batches: only training can explain it.
+    assert run.explanation["classification"]["kind"] == CLASS_NONDETERMINISM
+    assert run.to_dict()["first_difference"] == {"layer": "dense", "array": "1"}
+
+
+def test_another_seed_is_an_input_change_naming_the_seed(ws: Workspace) -> None:
+    pair(ws.runs, seed=43)
+    report = verify_checksums(ws)
+    (run,) = report.differing
+    cls = run.explanation["classification"]
+    assert cls["kind"] == CLASS_INPUT and cls["causes"] == ["seed"]
+    assert "seed (42 -> 43)" in cls["line"]
+    assert run.explanation["initial_weights"]["same"] is False
+    assert run.explanation["batches"]["first_divergence"] == {"epoch": 0, "batch": 0}
+    assert run.explanation["data"]["same"] is True
+    assert {"key": "seed", "category": "seed", "reference": 42, "run": 43} in run.explanation["environment"]
+
+
+def test_unseeded_dropout_is_nondeterminism_with_first_layer(ws: Workspace) -> None:
+    pair(ws.runs, unseeded_dropout=True, dropout_entropy=12345)
+    report = verify_checksums(ws)
+    (run,) = report.differing
+    exp = run.explanation
+    assert exp["classification"]["kind"] == CLASS_NONDETERMINISM
+    assert exp["model"]["first_difference"] == {"layer": "dense", "array": "0"}
+    assert "first differing layer dense array 0" in exp["classification"]["line"]
+    assert exp["initial_weights"]["same"] and exp["batches"]["same"] and exp["data"]["same"]
+    assert exp["environment"] == []
+    fd = exp["metrics"]["first_divergence"]
+    assert fd["epoch"] == 0 and fd["metrics"]["loss"]["abs_diff"] > 0
+    checks = report.to_dict()["checks"]
+    assert not checks["models"]["all_same"] and checks["batches"]["all_same"] and checks["data"]["all_same"]
+
+
+def test_different_hardware_is_environment_dependent(ws: Workspace) -> None:
+    facts = {"cpu_model": "AMD EPYC 7763", "cpu_count": 2, "gpu_model": None, "driver_version": None,
+             "os": "Debian 12"}
+    pair(ws.runs, facts=facts, unseeded_dropout=True, dropout_entropy=1)
+    (run,) = verify_checksums(ws).differing
+    cls = run.explanation["classification"]
+    assert cls["kind"] == CLASS_ENVIRONMENT and "hardware" in cls["line"] and "cpu_model" in cls["line"]
+
+
+def test_thread_count_is_the_software_environment(ws: Workspace) -> None:
+    pair(ws.runs, threads=1, unseeded_dropout=True, dropout_entropy=1)
+    (run,) = verify_checksums(ws).differing
+    cls = run.explanation["classification"]
+    assert cls["kind"] == CLASS_ENVIRONMENT and cls["causes"] == ["software"]
+    assert "determinism.threads" in cls["line"]
+
+
+def test_changed_data_and_code_are_named(ws: Workspace) -> None:
+    pair(ws.runs, data_version=1, code_version=1)
+    (run,) = verify_checksums(ws).differing
+    cls = run.explanation["classification"]
+    assert cls["kind"] == CLASS_INPUT and cls["causes"] == ["code", "data"]
+    assert "recipe.tree_digest" in cls["line"] and "dataset fingerprint" in cls["line"]
+    assert run.explanation["data"]["same"] is False
+
+
+def test_corrupted_local_artifact_is_caught(ws: Workspace) -> None:
+    _, b = pair(ws.runs)
+    flip_bit(b, "dense", 0, update_manifest=False)  # damaged after the pull: same size, other bytes
+    with pytest.raises(Corrupt, match=r"outputs/model/canonical.npz does not match its manifest"):
+        verify_checksums(ws)
+    (b / "outputs" / "metrics.jsonl").write_text("short\n")
+    with pytest.raises(Corrupt, match="bytes, its manifest says"):
+        verify_checksums(ws)
+    (b / "outputs" / "metrics.jsonl").unlink()
+    with pytest.raises(Corrupt, match="not in the run directory"):
+        verify_checksums(ws)
+
+
+def test_missing_artifact_differs(ws: Workspace) -> None:
+    _, b = pair(ws.runs)
+    (b / "outputs" / "weights" / "layers.json").unlink()
+    refresh_manifest(b)
+    report = verify_checksums(ws)
+    assert report.exit_code == ExitCode.NOT_REPRODUCIBLE
+    row = next(r for r in report.artifacts if r.path == "outputs/weights/layers.json")
+    assert row.cells[b.name]["status"] == "missing"
+
+
+def test_bad_inputs_have_distinct_errors(ws: Workspace) -> None:
+    a, b = pair(ws.runs)
+    (b / "manifest.json").unlink()
+    with pytest.raises(ManifestMissing):
+        verify_checksums(ws, [a.name, b.name])
+    c = write_run(ws.runs, FakeRun(run_id="20261122T110000-other-cccccc", recipe="other"))
+    with pytest.raises(Incompatible):
+        verify_checksums(ws, [a.name, c.name])
+    edit_manifest(c, schema_version=2)
+    with pytest.raises(SchemaTooNew):
+        verify_checksums(ws, [a.name, c.name])
+    with pytest.raises(NotFound):
+        verify_checksums(ws, [a.name, "no-such-run"])
+    with pytest.raises(UsageError):
+        verify_checksums(ws, [a.name])
+    codes = {ManifestMissing.exit_code, Incompatible.exit_code, SchemaTooNew.exit_code, Corrupt.exit_code}
+    assert len(codes) == 4
+
+
+def test_latest_group_and_against(ws: Workspace) -> None:
+    pair(ws.runs, group="old")
+    new1 = write_run(ws.runs, FakeRun(run_id="20261122T120000-mnist_convnet-111111", group="new",
+                                      started_at="2026-11-22T12:00:00Z"))
+    new2 = write_run(ws.runs, FakeRun(run_id="20261122T120500-mnist_convnet-222222", group="new",
+                                      replicate=1, started_at="2026-11-22T12:05:00Z", seed=7))
+    report = verify_checksums(ws)
+    assert [r.manifest.run_id for r in report.runs] == [new1.name, new2.name]
+    report = verify_checksums(ws, against=new2.name)
+    assert report.reference.run_id == new2.name
+    # A unique prefix of a run id is enough.
+    report = verify_checksums(ws, ["20261122T1200", "20261122T1205"])
+    assert report.reference.run_id == new1.name
+
+
+def test_no_runs_at_all(ws: Workspace) -> None:
+    with pytest.raises(NotFound, match="no completed runs"):
+        verify_checksums(ws)
+
+
+@pytest.mark.parametrize(("path", "volatile"), [
+    ("outputs/_launcher/exit.json", True), ("outputs/logs/train.log", True),
+    ("outputs/model/model.keras", True), ("outputs/model/canonical.npz", False),
+    ("outputs/model/model.weights.h5", False), ("outputs/metrics.jsonl", False),
+])
+def test_volatile_files(path: str, volatile: bool) -> None:
+    assert is_volatile(path) is volatile
+
+
+@pytest.mark.parametrize(("key", "category"), [
+    ("seed", "seed"), ("determinism.env.PYTHONHASHSEED", "seed"),
+    ("determinism.env.OMP_NUM_THREADS", "software"),
+    ("recipe.tree_digest", "code"), ("image.git_commit", "code"), ("params.lr", "params"),
+    ("host.facts.gpu_model", "hardware"), ("runtime.cudnn_build", "hardware"),
+    ("runtime.tensorflow", "software"),
+    ("image.lock_sha256", "software"), ("host.name", "info"),
+])
+def test_categories(key: str, category: str) -> None:
+    assert categorize(key) == category
