@@ -1,0 +1,106 @@
+"""`launcher verify checksums` in-process through the real app, plus one subprocess smoke test."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from runfactory import FakeRun, edit_manifest, flip_bit, make_workspace, pair, write_run
+from typer.testing import CliRunner
+
+from launcher.cli import app
+from launcher.errors import ExitCode
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return make_workspace(tmp_path / "ws")
+
+
+def _invoke(root: Path, *args: str) -> tuple[int, str, str]:
+    r = runner.invoke(app, ["--workspace", str(root), "--quiet", *args])
+    return r.exit_code, r.stdout, r.stderr
+
+
+def test_identical_exit_0_and_table(root: Path) -> None:
+    pair(root / "runs")
+    code, out, _ = _invoke(root, "verify", "checksums")
+    assert code == ExitCode.OK
+    assert "outputs/model/canonical.npz" in out and "identical" in out
+    assert "Models all the same: True" in out and "Batches all the same: True" in out
+
+
+def test_flipped_bit_exit_3_names_layer(root: Path) -> None:
+    _, b = pair(root / "runs")
+    flip_bit(b, "conv2d", 0, element=5, bit=3)
+    code, out, _ = _invoke(root, "verify", "checksums")
+    assert code == ExitCode.NOT_REPRODUCIBLE == 3
+    assert "Models all the same: False" in out
+    assert "first differing: layer conv2d array 0: 1 of 36 elements" in out
+    assert "nondeterminism in training" in out
+
+
+def test_json_schema(root: Path) -> None:
+    a, b = pair(root / "runs", seed=43)
+    code, out, _ = _invoke(root, "--json", "verify", "checksums", a.name, b.name)
+    assert code == ExitCode.NOT_REPRODUCIBLE
+    env = json.loads(out)
+    assert env["schema"] == "launcher.result/v1" and env["command"] == "verify checksums"
+    assert env["exit_code"] == 3 and env["ok"] is False
+    data = env["data"]
+    assert data["schema"] == "launcher.verify/v1"
+    assert set(data) == {"schema", "verdict", "reference", "recipe", "summary", "integrity", "checks", "runs",
+                         "artifacts", "explanations"}
+    assert data["verdict"] == "differs" and data["reference"] == a.name
+    assert set(data["checks"]) == {"models", "initial_weights", "data", "batches", "metrics"}
+    run = data["runs"][1]
+    assert set(run) == {"run_id", "group", "replicate", "seed", "recipe", "run_status", "status",
+                        "classification", "line", "first_difference"}
+    assert run["classification"] == "input-change" and "seed" in run["line"]
+    exp = data["explanations"][b.name]
+    assert set(exp) == {"classification", "model", "initial_weights", "data", "batches", "metrics",
+                        "environment"}
+    for row in data["artifacts"]:
+        assert set(row) == {"path", "checked", "reference_sha256", "runs"}
+        assert set(row["runs"]) == {a.name, b.name}
+
+
+@pytest.mark.parametrize(("setup", "code", "words"), [
+    ("no-manifest", ExitCode.NOT_FOUND, "not complete"),
+    ("newer-schema", ExitCode.SCHEMA_TOO_NEW, "schema version 2"),
+    ("two-recipes", ExitCode.INCOMPATIBLE, "different recipes"),
+    ("corrupt", ExitCode.CORRUPT, "does not match its manifest"),
+    ("unknown-run", ExitCode.NOT_FOUND, "no run"),
+])
+def test_bad_input_one_line_error(root: Path, setup: str, code: ExitCode, words: str) -> None:
+    a, b = pair(root / "runs")
+    names = [a.name, b.name]
+    if setup == "no-manifest":
+        (b / "manifest.json").unlink()
+    elif setup == "newer-schema":
+        edit_manifest(b, schema_version=2)
+    elif setup == "two-recipes":
+        c = write_run(root / "runs", FakeRun(run_id="20261122T110000-other-cccccc", recipe="other"))
+        names = [a.name, c.name]
+    elif setup == "corrupt":
+        flip_bit(b, "dense", 0, update_manifest=False)
+    else:
+        names = [a.name, "nope"]
+    exit_code, out, err = _invoke(root, "verify", "checksums", *names)
+    assert exit_code == code
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and words in lines[0]
+    assert "Traceback" not in out + err
+
+
+def test_subprocess_smoke(root: Path) -> None:
+    pair(root / "runs")
+    p = subprocess.run([sys.executable, "-m", "launcher", "--workspace", str(root), "--json", "verify",
+                        "checksums"], capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["data"]["verdict"] == "identical"
