@@ -1,0 +1,90 @@
+"""Determinism profiles: the exact environment a run gets, and nothing else.
+
+The runtime inside the container (``launcher.runtime``) reads these variables and applies
+them before the recipe's code runs; the manifest records the same dict.
+
+- ``deterministic`` (the default): seeds, op determinism (TF, cuDNN, cuBLAS, XLA) and a fixed,
+  recorded thread count. The thread count changes the bits, so it belongs to the environment:
+  two hosts with different core counts then still agree.
+- ``strict``: the same with one thread (the seeds' advice; slower).
+- ``seeded``: seeds only (the seeds' ``fast_n_close``): repeatable on some hardware, not promised.
+- ``off``: nothing is set; the recipe runs as it would without launcher.
+"""
+
+from __future__ import annotations
+
+from launcher.errors import UsageError
+
+PROFILES: tuple[str, ...] = ("strict", "deterministic", "seeded", "off")
+DEFAULT_PROFILE = "deterministic"
+DEFAULT_SEED = 42
+MAX_SEED = 2**32 - 1  # numpy's legacy seeding accepts no more
+_DEFAULT_THREADS = 2
+
+DESCRIPTIONS: dict[str, str] = {
+    "strict": "seeds, op determinism, 1 thread (slow)",
+    "deterministic": "seeds, op determinism, a fixed recorded thread count (default)",
+    "seeded": "seeds only, no op determinism, threads left to the framework",
+    "off": "nothing injected",
+}
+
+
+def default_threads() -> int:
+    """The thread count of the `deterministic` profile: fixed, so results do not depend on core count."""
+    return _DEFAULT_THREADS
+
+
+def check_profile(profile: str) -> str:
+    if profile not in PROFILES:
+        raise UsageError(f"unknown determinism profile {profile!r}",
+                         f"use one of: {', '.join(PROFILES)}")
+    return profile
+
+
+def _check_seed(seed: int | None) -> int:
+    if seed is None:
+        return DEFAULT_SEED
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise UsageError(f"bad seed {seed!r}", f"give an integer from 0 to {MAX_SEED}")
+    return seed
+
+
+def _check_threads(profile: str, threads: int | None) -> int:
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise UsageError(f"bad thread count {threads!r}", "give a whole number of at least 1")
+    if profile == "strict":
+        if threads not in (None, 1):
+            raise UsageError(f"the strict profile runs on 1 thread, not {threads}",
+                             "drop --threads, or use --profile deterministic --threads N")
+        return 1
+    return threads if threads is not None else default_threads()
+
+
+def profile_env(profile: str, seed: int | None = None, threads: int | None = None) -> dict[str, str]:
+    """The exact environment variables injected into a run for this profile."""
+    check_profile(profile)
+    if profile == "off":
+        if threads is not None:
+            _check_threads(profile, threads)
+        return {"LAUNCHER_PROFILE": "off"}
+    s = str(_check_seed(seed))
+    env = {"LAUNCHER_PROFILE": profile, "LAUNCHER_SEED": s, "PYTHONHASHSEED": s}
+    if profile == "seeded":
+        if threads is not None:
+            _check_threads(profile, threads)
+        return env
+    n = str(_check_threads(profile, threads))
+    env.update({
+        "LAUNCHER_THREADS": n,
+        "TF_DETERMINISTIC_OPS": "1",
+        "TF_CUDNN_DETERMINISTIC": "1",
+        "TF_NUM_INTRAOP_THREADS": n,
+        "TF_NUM_INTEROP_THREADS": n,
+        "OMP_NUM_THREADS": n,
+        "MKL_NUM_THREADS": n,
+        "OPENBLAS_NUM_THREADS": n,
+        # cuBLAS needs a fixed workspace for reproducible GEMMs (CUDA >= 10.2; torch checks it).
+        "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+        "XLA_FLAGS": "--xla_gpu_deterministic_ops=true",
+    })
+    return dict(sorted(env.items()))

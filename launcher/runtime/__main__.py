@@ -1,0 +1,5 @@
+import sys
+
+from launcher.runtime.runner import main
+
+sys.exit(main())

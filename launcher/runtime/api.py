@@ -1,0 +1,101 @@
+"""The small helper API a recipe may use (none of it is required).
+
+```python
+from launcher.runtime import api
+
+p = api.params({"epochs": 12})      # the run's params over these defaults
+data = api.data_dir()               # --data, or None
+api.record_dataset({"x": x, "y": y})   # fingerprint arrays made in code; checked against recipe.toml
+raise api.BadData("train.csv: expected 3 columns")   # a clear data error, exit code 17
+```
+
+A Keras recipe that calls ``model.fit`` on arrays needs nothing else: the runtime records the
+initial weights, batches, metrics and final model itself. A PyTorch recipe has no fit() to hook,
+so it reports those with :func:`record_initial_weights`, :func:`record_epoch` and
+:func:`save_final`, and seeds its DataLoader with :func:`torch_generator`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from launcher.runtime import fingerprints as fp
+from launcher.runtime.record import BadData, recorder
+
+__all__ = ["BadData", "data_dir", "out_dir", "params", "profile", "record_dataset", "record_epoch",
+           "record_initial_weights", "save_final", "seed", "threads", "torch_generator", "torch_layers"]
+
+
+def params(defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    merged = dict(defaults or {})
+    merged.update(json.loads(os.environ.get("LAUNCHER_PARAMS", "{}")))
+    return merged
+
+
+def data_dir() -> Path | None:
+    raw = os.environ.get("LAUNCHER_DATA")
+    return Path(raw) if raw else None
+
+
+def out_dir() -> Path:
+    return recorder().out
+
+
+def seed() -> int | None:
+    raw = os.environ.get("LAUNCHER_SEED")
+    return int(raw) if raw else None
+
+
+def profile() -> str:
+    return os.environ.get("LAUNCHER_PROFILE", "off")
+
+
+def threads() -> int | None:
+    raw = os.environ.get("LAUNCHER_THREADS")
+    return int(raw) if raw else None
+
+
+def record_dataset(arrays: dict[str, Any]) -> str:
+    """Fingerprint a dataset held in arrays; raises BadData if recipe.toml expects another one."""
+    return str(recorder().record_dataset_arrays(arrays)["digest"])
+
+
+def torch_layers(model: Any) -> fp.Layers:
+    """(module name, [parameters and buffers]) in registration order, from a torch module."""
+    layers: dict[str, list[Any]] = {}
+    for key, value in model.state_dict().items():
+        name, _, _ = key.rpartition(".")
+        layers.setdefault(name or "_", []).append(value)
+    return list(layers.items())
+
+
+def record_initial_weights(layers: fp.Layers) -> None:
+    recorder().record_initial_weights(layers)
+
+
+def record_epoch(epoch: int, batches: Sequence[Any], metrics: dict[str, Any]) -> None:
+    """One epoch: the sample IDs of each batch in the order trained, and the epoch's metrics."""
+    rec = recorder()
+    rec.record_batches(epoch, [fp.batch_digest(ids) for ids in batches])
+    rec.record_metrics(epoch, metrics)
+
+
+def save_final(layers: fp.Layers) -> None:
+    recorder().record_final(layers)
+
+
+def torch_generator() -> Any:
+    """A torch.Generator for DataLoader(shuffle=True, generator=...): seeded from the run's seed."""
+    import torch
+
+    g = torch.Generator()
+    s = seed()
+    if s is None:
+        g.seed()
+    else:
+        g.manual_seed(s)
+    return g

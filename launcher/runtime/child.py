@@ -1,0 +1,40 @@
+"""The recipe's interpreter: `python -m launcher.runtime.child ENTRY [ARGS...]`.
+
+Applies the determinism profile and the recording hooks (:mod:`launcher.runtime.hooks`)
+before a line of the recipe runs, then runs the entry as ``__main__``.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+from pathlib import Path
+
+from launcher.runtime import hooks
+from launcher.runtime.record import EXIT_BAD_DATA, BadData
+
+
+def main(argv: list[str]) -> int:
+    entry = Path(argv[0]).resolve()
+    framework = os.environ.get("LAUNCHER_FRAMEWORK", "auto")
+    if framework == "auto":
+        framework = hooks.detect_framework(entry.read_text(encoding="utf-8", errors="replace"))
+    hooks.install(framework)
+    sys.argv = [str(entry), *argv[1:]]
+    sys.path.insert(0, str(entry.parent))
+    try:
+        runpy.run_path(str(entry), run_name="__main__")
+    except BadData as exc:
+        print(f"launcher: bad data: {exc}", file=sys.stderr, flush=True)
+        return EXIT_BAD_DATA
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return int(exc.code or 0)
+        print(exc.code, file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

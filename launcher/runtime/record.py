@@ -1,0 +1,134 @@
+"""What a run writes for a later comparison, under the outputs folder.
+
+One :class:`Recorder` per process, configured from the environment the runner gives the child
+(``LAUNCHER_OUT``, ``LAUNCHER_DATASET``, ``LAUNCHER_SEED``, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from launcher.runtime import fingerprints as fp
+
+# Exit codes the runtime uses for its own failures; they mirror launcher.errors.ExitCode,
+# which is not copied into images.
+EXIT_USAGE = 2
+EXIT_BAD_DATA = 17
+EXIT_BAD_RECIPE = 18
+
+
+class BadData(Exception):
+    """The data is not what the recipe reads or expects; the message names the file."""
+
+
+class Recorder:
+    def __init__(self, out: Path, expected: dict[str, Any] | None = None, seed: int | None = None) -> None:
+        self.out = out
+        self.expected = expected
+        self.seed = seed
+        self.fits = 0
+        self.initial_recorded = False
+        self.metric_epochs = 0
+
+    @classmethod
+    def from_env(cls) -> Recorder:
+        out = Path(os.environ.get("LAUNCHER_OUT", "out"))
+        raw = os.environ.get("LAUNCHER_DATASET")
+        seed = os.environ.get("LAUNCHER_SEED")
+        return cls(out, json.loads(raw) if raw else None, int(seed) if seed else None)
+
+    def path(self, rel: str) -> Path:
+        return self.out / rel
+
+    # dataset -----------------------------------------------------------------------------------
+    def record_dataset_arrays(self, arrays: dict[str, Any], *, check: bool = True) -> dict[str, Any]:
+        """Fingerprint the arrays a recipe built; checked against the recipe's expected fingerprint.
+
+        When the run read files (``--data``), those are the dataset: the arrays go to
+        ``fingerprints/arrays.json`` beside it.
+        """
+        doc = fp.arrays_fingerprint(arrays)
+        dataset_json = self.path("fingerprints/dataset.json")
+        if dataset_json.exists() and json.loads(dataset_json.read_text()).get("kind") == "files":
+            fp.write_json(self.path("fingerprints/arrays.json"), doc)
+            return doc
+        fp.write_json(dataset_json, doc)
+        if check and self.expected is not None:
+            problem = expected_mismatch(self.expected, doc, "the arrays")
+            if problem:
+                raise BadData(problem)
+        return doc
+
+    def record_train_data(self, arrays: dict[str, Any]) -> None:
+        """The exact arrays one fit() trains on (after any validation split), before shuffling."""
+        name = "train_data.json" if self.fits <= 1 else f"train_data.{self.fits - 1}.json"
+        fp.write_json(self.path(f"fingerprints/{name}"), fp.arrays_fingerprint(arrays))
+        if not self.path("fingerprints/dataset.json").exists():
+            fp.write_json(self.path("fingerprints/dataset.json"), fp.arrays_fingerprint(arrays))
+
+    # weights -----------------------------------------------------------------------------------
+    def record_initial_weights(self, layers: fp.Layers) -> None:
+        if self.initial_recorded:
+            return
+        fp.write_json(self.path("fingerprints/initial_weights.json"), fp.weights_fingerprint(layers))
+        self.initial_recorded = True
+
+    def record_final(self, layers: fp.Layers) -> None:
+        fp.write_json(self.path("weights/layers.json"), fp.layers_document(layers))
+        fp.write_atomic(self.path("model/canonical.npz"), fp.canonical_npz_bytes(layers))
+
+    # epochs ------------------------------------------------------------------------------------
+    def record_batches(self, epoch: int, batch_digests: list[str] | None, reason: str = "") -> None:
+        if batch_digests is None:
+            rec: dict[str, Any] = {"epoch": epoch, "digest": None, "batches": [], "unrecorded": reason}
+        else:
+            rec = fp.epoch_record(epoch, batch_digests)
+        if self.fits > 1:
+            rec["fit"] = self.fits - 1
+        fp.append_jsonl(self.path("fingerprints/batches.jsonl"), rec)
+
+    def record_metrics(self, epoch: int, metrics: dict[str, Any]) -> None:
+        rec: dict[str, Any] = {"epoch": epoch}
+        for key, value in metrics.items():
+            try:
+                rec[key] = float(value)
+            except (TypeError, ValueError):
+                rec[key] = str(value)
+        if self.fits > 1:
+            rec["fit"] = self.fits - 1
+        fp.append_jsonl(self.path("metrics.jsonl"), rec)
+        self.metric_epochs += 1
+
+
+def expected_mismatch(expected: dict[str, Any], doc: dict[str, Any], where: str) -> str | None:
+    """None when the fingerprint matches the recipe's dataset entry, else a line naming what differs."""
+    name = expected.get("name", "?")
+    entries = doc.get("entries", {})
+    for rel, want in sorted((expected.get("files") or {}).items()):
+        got = entries.get(rel)
+        got_digest = got.get("sha256") if isinstance(got, dict) else got
+        if got_digest is None:
+            return f"dataset {name!r}: {where} lack {rel}, which recipe.toml expects"
+        if got_digest != want:
+            return (f"dataset {name!r}: {rel} in {where} has {got_digest}, recipe.toml expects {want} "
+                    "(a different version or a corrupt copy of the file)")
+    want_all = expected.get("fingerprint")
+    if want_all and doc["digest"] != want_all:
+        listing = ", ".join(f"{k}" for k in sorted(entries)[:5])
+        return (f"dataset {name!r}: fingerprint of {where} is {doc['digest']}, "
+                f"recipe.toml expects {want_all} "
+                f"(entries: {listing}{', ...' if len(entries) > 5 else ''})")
+    return None
+
+
+_recorder: Recorder | None = None
+
+
+def recorder() -> Recorder:
+    global _recorder
+    if _recorder is None:
+        _recorder = Recorder.from_env()
+    return _recorder

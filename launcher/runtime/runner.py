@@ -1,0 +1,173 @@
+"""`python -m launcher.runtime run`: the container's command (see docs/design.md).
+
+Reads the recipe, checks the data against what the recipe expects, starts the recipe in a
+child interpreter with the hooks applied, tees its output to ``logs/train.log`` and writes
+``_launcher/exit.json``. The exit status is the recipe's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, Any
+
+import launcher
+from launcher.runtime import fingerprints as fp
+from launcher.runtime import spec as recipe_spec
+from launcher.runtime.record import EXIT_BAD_DATA, EXIT_BAD_RECIPE, EXIT_USAGE, expected_mismatch
+
+LAUNCHER_ROOT = Path(launcher.__file__).resolve().parent.parent
+
+
+class RunError(Exception):
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m launcher.runtime",
+        description="Run a recipe with determinism applied and fingerprints recorded.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a recipe folder or a plain script")
+    what = run.add_mutually_exclusive_group(required=True)
+    what.add_argument("--recipe", type=Path, help="a recipe folder (holds recipe.toml)")
+    what.add_argument("--script", type=Path, help="a plain Python script")
+    run.add_argument("--out", type=Path, required=True, help="the outputs folder")
+    run.add_argument("--data", type=Path, help="the dataset folder (read only)")
+    run.add_argument("--params", default="{}", help="params as a JSON object")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    return parser
+
+
+class Tee:
+    def __init__(self, log: IO[bytes]) -> None:
+        self.log = log
+
+    def write(self, data: bytes) -> None:
+        self.log.write(data)
+        self.log.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+
+    def say(self, line: str) -> None:
+        self.write(f"launcher: {line}\n".encode())
+
+
+def prepare(args: argparse.Namespace, tee: Tee) -> tuple[recipe_spec.RecipeSpec, dict[str, str]]:
+    """The recipe to run and the environment for its interpreter; raises RunError."""
+    try:
+        given = json.loads(args.params)
+    except json.JSONDecodeError as exc:
+        raise RunError(f"--params is not JSON: {exc}", EXIT_USAGE) from None
+    if not isinstance(given, dict):
+        raise RunError("--params must be a JSON object", EXIT_USAGE)
+    try:
+        if args.recipe is not None:
+            spec = recipe_spec.load_spec(args.recipe.resolve())
+        else:
+            script = args.script.resolve()
+            if not script.is_file():
+                raise RunError(f"no script at {script}", EXIT_USAGE)
+            spec = recipe_spec.adhoc_spec(script, framework="auto")
+        params = recipe_spec.merge_params(spec, given)
+    except recipe_spec.SpecError as exc:
+        raise RunError(str(exc), EXIT_BAD_RECIPE) from None
+    dataset = recipe_spec.select_dataset(spec, params)
+    env = dict(os.environ)
+    if args.data is not None:
+        data = args.data.resolve()
+        if not data.is_dir():
+            raise RunError(f"--data {data} is not a folder", EXIT_BAD_DATA)
+        if dataset is not None and dataset.source == "builtin":
+            raise RunError(f"--data was given but {dataset.param}={dataset.name} selects built-in data; "
+                           f"choose a files dataset with --param {dataset.param}=...", EXIT_USAGE)
+        doc = fp.files_fingerprint(data)
+        fp.write_json(args.out / "fingerprints/dataset.json", doc)
+        tee.say(f"dataset {data}: {len(doc['entries'])} files, {doc['digest']}")
+        if dataset is not None:
+            problem = expected_mismatch(dataset.as_dict(), doc, str(data))
+            if problem:
+                raise RunError(problem, EXIT_BAD_DATA)
+        env["LAUNCHER_DATA"] = str(data)
+    elif dataset is not None and dataset.source == "files":
+        raise RunError(f"{dataset.param}={dataset.name} reads files ({dataset.format or 'see recipe.toml'}) "
+                       "but no --data folder was given", EXIT_BAD_DATA)
+    if dataset is not None:
+        env["LAUNCHER_DATASET"] = json.dumps(dataset.as_dict(), sort_keys=True)
+    env.update({
+        "LAUNCHER_OUT": str(args.out.resolve()),
+        "LAUNCHER_PARAMS": recipe_spec.params_json(params),
+        "LAUNCHER_RECIPE": spec.name,
+        "LAUNCHER_FRAMEWORK": spec.framework,
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(LAUNCHER_ROOT), env.get("PYTHONPATH", "")) if p),
+    })
+    tee.say(f"recipe {spec.name} ({spec.framework}), params {recipe_spec.params_json(params)}")
+    tee.say(f"profile {env.get('LAUNCHER_PROFILE', 'off')}, seed {env.get('LAUNCHER_SEED', '-')}, "
+            f"threads {env.get('LAUNCHER_THREADS', '-')}")
+    return spec, env
+
+
+def run_child(spec: recipe_spec.RecipeSpec, env: dict[str, str], args: argparse.Namespace, tee: Tee) -> int:
+    extra = [a for a in args.args if a != "--"]
+    cmd = [sys.executable, "-m", "launcher.runtime.child", str(spec.entry_path), *extra]
+    proc = subprocess.Popen(cmd, env=env, cwd=str(args.out.resolve()), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+
+    def forward(signum: int, _frame: Any) -> None:
+        proc.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        assert proc.stdout is not None
+        for chunk in iter(lambda: proc.stdout.readline(), b""):  # type: ignore[union-attr]
+            tee.write(chunk)
+        rc = proc.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return 128 - rc if rc < 0 else rc
+
+
+def run(args: argparse.Namespace) -> int:
+    out: Path = args.out
+    started = _now()
+    for sub in ("logs", "_launcher", "fingerprints"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    rc = 1
+    with open(out / "logs/train.log", "wb") as log:
+        tee = Tee(log)
+        try:
+            spec, env = prepare(args, tee)
+            rc = run_child(spec, env, args, tee)
+        except RunError as exc:
+            tee.say(f"error: {exc}")
+            rc = exc.code
+        finally:
+            if not (out / "_launcher/runtime.json").exists():
+                fp.write_json(out / "_launcher/runtime.json", {
+                    "profile": os.environ.get("LAUNCHER_PROFILE", "off"), "framework": None,
+                    "python": {"version": platform.python_version()},
+                    "note": "the recipe's interpreter did not start"})
+            fp.write_json(out / "_launcher/exit.json",
+                          {"exit_code": rc, "started_at": started, "ended_at": _now()})
+        tee.say(f"exit code {rc}")
+    return rc
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run(args)
