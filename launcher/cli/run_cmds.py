@@ -1,9 +1,327 @@
-"""Commands registered on the root app (filled in per capability)."""
+"""`launcher provision`, `run`, `ps`, `logs`, `attach`, `pull`, `stop`."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+from rich.table import Table
+
+from launcher.cli.common import guarded, options, render, reporter, stdout, workspace_of
+from launcher.errors import ExitCode
+from launcher.result import Result
+
+HostOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--host",
+        "-H",
+        help="SSH destination: HOST, USER@HOST, USER@HOST:PORT or a ~/.ssh/config alias. "
+        "Default: the local Docker engine.",
+    ),
+]
+TrustOpt = Annotated[
+    bool,
+    typer.Option(
+        "--trust-new-host",
+        help="Record the host key of a host not yet in known_hosts (check its fingerprint first).",
+    ),
+]
+IdentityOpt = Annotated[Path | None, typer.Option("--identity", "-i", help="Private key file for SSH.")]
+PortOpt = Annotated[
+    int | None, typer.Option("--port", "-p", help="SSH port (default: from ~/.ssh/config, else 22).")
+]
+SSHConfigOpt = Annotated[
+    Path | None, typer.Option("--ssh-config", help="SSH config file (default ~/.ssh/config).")
+]
+KnownHostsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--known-hosts",
+        help="known_hosts file (default: UserKnownHostsFile from the SSH config, else ~/.ssh/known_hosts).",
+    ),
+]
+
+
+def _host_kw(
+    identity: Path | None, port: int | None, ssh_config: Path | None, known_hosts: Path | None
+) -> dict[str, Any]:
+    return {"identity": identity, "port": port, "ssh_config": ssh_config, "known_hosts": known_hosts}
+
+
+def _open(ctx: typer.Context, host: str | None, trust: bool, kw: dict[str, Any]) -> Any:
+    from launcher.hosts import open_host
+
+    root = workspace_of(ctx).root if host is None else None
+    return open_host(host, trust_new_host=trust, workspace_root=root, **kw)
+
+
+def _size(n: int | None) -> str:
+    if not n:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.1f} {unit}" if unit != "B" else f"{int(value)} B"
+        value /= 1024
+    return str(n)
+
+
+def _facts_text(result: Result) -> None:
+    f = result.data["facts"]
+    d, nv = f.get("docker", {}), f.get("nvidia", {})
+    t = Table(show_header=False, box=None)
+    t.add_row("host", result.data["host"])
+    t.add_row("os", f"{f.get('os')} ({f.get('arch')}, kernel {f.get('kernel')})")
+    t.add_row("cpu", f"{f.get('cpu_model')} x {f.get('cpu_cores')}")
+    t.add_row("ram", _size(f.get("ram_bytes")))
+    t.add_row("free disk", _size(f.get("disk_free_bytes")))
+    docker = (
+        f"{d.get('server_version')}, usable by {f.get('user')}"
+        if d.get("usable")
+        else ("installed, NOT usable: " + str(d.get("error", "")) if d.get("installed") else "not installed")
+    )
+    t.add_row("docker", docker)
+    gpus = ", ".join(g["name"] for g in nv.get("gpus", [])) or "none"
+    t.add_row("gpu", f"{gpus} (driver {nv.get('driver')})" if nv.get("gpus") else gpus)
+    t.add_row("nvidia runtime", "yes" if d.get("nvidia_runtime") else "no")
+    stdout.print(t)
+    plan = result.data["plan"]
+    if plan:
+        stdout.print(
+            "\nto install:" if result.data["dry_run"] or not result.data["executed"] else "\ninstalled:"
+        )
+        for step in plan:
+            stdout.print(f"  # {step['why']}\n  {step['command']}")
+    stdout.print(result.summary)
+
+
+def provision_cmd(
+    ctx: typer.Context,
+    host: HostOpt = None,
+    gpu: Annotated[
+        bool, typer.Option("--gpu", help="Also plan the NVIDIA driver, Container Toolkit and runtime.")
+    ] = False,
+    install: Annotated[bool, typer.Option("--install", help="Install what is missing (idempotent).")] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the exact install commands; change nothing.")
+    ] = False,
+    trust_new_host: TrustOpt = False,
+    identity: IdentityOpt = None,
+    port: PortOpt = None,
+    ssh_config: SSHConfigOpt = None,
+    known_hosts: KnownHostsOpt = None,
+) -> None:
+    """Inspect a host (OS, CPU, RAM, disk, Docker, GPU) and install Docker / the NVIDIA toolkit."""
+    from launcher import provision
+
+    ws = workspace_of(ctx)
+    with _open(ctx, host, trust_new_host, _host_kw(identity, port, ssh_config, known_hosts)) as h:
+        done = provision.provision(ws, h, gpu=gpu, install=install, dry_run=dry_run)
+    ready = done.facts["docker"].get("usable") and (not gpu or done.facts["docker"].get("nvidia_runtime"))
+    if dry_run:
+        summary = f"dry run: {len(done.plan)} steps would run" if done.plan else "nothing to install"
+    elif install:
+        summary = f"installed {len(done.executed)} steps" if done.executed else "nothing to install"
+    else:
+        summary = "ready" if ready else "not ready: " + ("; ".join(s.why for s in done.plan) or "see above")
+    data = {"host": h.name, **done.to_dict(), "ready": bool(ready), "facts_file": str(ws.host_facts(h.name))}
+    render(ctx, Result("provision", data, summary=summary), _facts_text)
+
+
+def _run_text(result: Result) -> None:
+    for r in result.data["runs"]:
+        if result.data["detached"]:
+            stdout.print(f"{r['run_id']}  started on {r['host']['name']} (detached)")
+        else:
+            n = len(r.get("artifacts", []))
+            stdout.print(f"{r['run_id']}  {r['status']} (exit {r['exit_code']}), {n} artifacts verified")
+    stdout.print(result.summary)
+
+
+def run_cmd(
+    ctx: typer.Context,
+    recipe: Annotated[str, typer.Argument(help="A recipe name (recipes/NAME) or a path to a .py script.")],
+    host: HostOpt = None,
+    variant: Annotated[str, typer.Option("--variant", help="Image variant: cpu or gpu.")] = "cpu",
+    seed: Annotated[list[int] | None, typer.Option("--seed", help="Seed; repeat for several seeds.")] = None,
+    determinism: Annotated[
+        str, typer.Option("--determinism", "--profile", help="strict | deterministic | seeded | off")
+    ] = "deterministic",
+    threads: Annotated[
+        int | None, typer.Option("--threads", help="Fixed intra/inter-op thread count.")
+    ] = None,
+    data: Annotated[
+        str | None, typer.Option("--data", help="Dataset folder on the host, mounted read-only.")
+    ] = None,
+    param: Annotated[list[str] | None, typer.Option("--param", help="KEY=VALUE; repeatable.")] = None,
+    runs_n: Annotated[int, typer.Option("--runs", help="Replicates per seed, grouped for verify.")] = 1,
+    detach: Annotated[
+        bool, typer.Option("--detach", "-d", help="Start and return; `launcher pull` later.")
+    ] = False,
+    group: Annotated[str | None, typer.Option("--group", help="Group name (default: generated).")] = None,
+    trust_new_host: TrustOpt = False,
+    identity: IdentityOpt = None,
+    port: PortOpt = None,
+    ssh_config: SSHConfigOpt = None,
+    known_hosts: KnownHostsOpt = None,
+) -> None:
+    """Run a recipe in its pinned image on the local engine or a host over SSH, determinism injected."""
+    from launcher import runs
+
+    ws = workspace_of(ctx)
+    spec = runs.RunSpec(
+        recipe=recipe,
+        variant=variant,
+        seed=(seed or [None])[0],
+        profile=determinism,
+        threads=threads,
+        data=data,
+        params=runs.parse_params(param or []),
+        group=group,
+        detach=detach,
+    )
+    runs.load_recipe(ws, recipe)
+    kw = _host_kw(identity, port, ssh_config, known_hosts)
+    opts = options(ctx)
+    sink = (
+        None if opts.json or opts.quiet else (lambda line: stdout.print(line, markup=False, highlight=False))
+    )
+    with _open(ctx, host, trust_new_host, kw) as h, reporter(ctx) as rep:
+        outcome = runs.run_recipe(
+            ws,
+            spec,
+            h,
+            rep,
+            runs=runs_n,
+            seeds=seed or [],
+            on_log=sink,
+            host_opts=runs.host_options(host, **kw),
+        )
+    failed = outcome.failed
+    code = ExitCode.RUN_FAILED if failed else ExitCode.OK
+    if outcome.detached:
+        summary = f"group {outcome.group}: {len(outcome.runs)} runs started; `launcher pull RUN` when done"
+    elif failed:
+        summary = (
+            f"group {outcome.group}: {len(failed)} of {len(outcome.runs)} runs failed "
+            f"(exit {failed[0]['exit_code']}); logs in runs/{failed[0]['run_id']}/outputs/logs/train.log"
+        )
+    else:
+        summary = f"group {outcome.group}: {len(outcome.runs)} runs succeeded"
+    data_out = {"group": outcome.group, "detached": outcome.detached, "runs": outcome.runs}
+    render(ctx, Result("run", data_out, exit_code=code, summary=summary), _run_text)
+
+
+def ps_cmd(
+    ctx: typer.Context,
+    host: HostOpt = None,
+    trust_new_host: TrustOpt = False,
+    identity: IdentityOpt = None,
+    port: PortOpt = None,
+    ssh_config: SSHConfigOpt = None,
+    known_hosts: KnownHostsOpt = None,
+) -> None:
+    """List runs: the workspace's run directories and, with --host, that host's run containers."""
+    from launcher import runs
+
+    ws = workspace_of(ctx)
+    if host is None:
+        rows = runs.list_runs(ws)
+    else:
+        with _open(ctx, host, trust_new_host, _host_kw(identity, port, ssh_config, known_hosts)) as h:
+            rows = runs.list_runs(ws, h)
+
+    def text(result: Result) -> None:
+        t = Table("run", "recipe", "host", "status", "container")
+        for r in result.data["runs"]:
+            t.add_row(
+                r["run_id"],
+                r.get("recipe") or "-",
+                r.get("host") or "-",
+                r["status"],
+                r.get("container_status") or "-",
+            )
+        stdout.print(t)
+
+    render(ctx, Result("ps", {"runs": rows}, summary=f"{len(rows)} runs"), text)
+
+
+def _sink(ctx: typer.Context, lines: list[str]) -> Any:
+    if options(ctx).json:
+        return lines.append
+    return lambda line: stdout.print(line, markup=False, highlight=False)
+
+
+def logs_cmd(
+    ctx: typer.Context,
+    run_id: Annotated[str, typer.Argument(metavar="RUN")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the run ends.")] = False,
+) -> None:
+    """Print a run's logs (from its container while it exists, else the pulled train.log)."""
+    from launcher import runs
+
+    lines: list[str] = []
+    runs.logs(workspace_of(ctx), run_id, _sink(ctx, lines), follow=follow)
+    render(ctx, Result("logs", {"run_id": run_id, "lines": lines}), lambda r: None)
+
+
+def attach_cmd(ctx: typer.Context, run_id: Annotated[str, typer.Argument(metavar="RUN")]) -> None:
+    """Follow a detached run's logs to its end, then pull its outputs."""
+    from launcher import runs
+
+    lines: list[str] = []
+    with reporter(ctx) as rep:
+        manifest = runs.attach(workspace_of(ctx), run_id, _sink(ctx, lines), rep)
+    code = ExitCode.OK if manifest.get("status") == "succeeded" else ExitCode.RUN_FAILED
+    render(
+        ctx,
+        Result(
+            "attach",
+            {"manifest": manifest, "lines": lines},
+            exit_code=code,
+            summary=f"{run_id}: {manifest.get('status')} (exit {manifest.get('exit_code')})",
+        ),
+    )
+
+
+def pull_cmd(
+    ctx: typer.Context,
+    run_id: Annotated[str, typer.Argument(metavar="RUN")],
+    watch: Annotated[
+        float | None, typer.Option("--watch", help="Copy back every SECONDS while the run goes, then finish.")
+    ] = None,
+) -> None:
+    """Copy a run's outputs back, verified (resumable: verified files are skipped)."""
+    from launcher import runs
+
+    with reporter(ctx) as rep:
+        out = runs.pull_run(workspace_of(ctx), run_id, reporter=rep, watch=watch)
+    if out.get("status") == "running":
+        summary = f"{run_id} is still running; pulled {out['pulled']['transferred']} files so far"
+        code = ExitCode.OK
+    else:
+        code = ExitCode.OK if out["status"] == "succeeded" else ExitCode.RUN_FAILED
+        summary = (
+            f"{run_id}: {out['status']} (exit {out['exit_code']}), {len(out['artifacts'])} artifacts verified"
+        )
+    render(ctx, Result("pull", {"run": out}, exit_code=code, summary=summary))
+
+
+def stop_cmd(ctx: typer.Context, run_id: Annotated[str, typer.Argument(metavar="RUN")]) -> None:
+    """Stop a run's container (its outputs so far stay on the host: `launcher pull RUN`)."""
+    from launcher import runs
+
+    out = runs.stop(workspace_of(ctx), run_id)
+    render(ctx, Result("stop", out, summary=f"stopped {run_id} (exit {out.get('exit_code')})"))
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("provision")(guarded("provision")(provision_cmd))
+    app.command("run")(guarded("run")(run_cmd))
+    app.command("ps")(guarded("ps")(ps_cmd))
+    app.command("logs")(guarded("logs")(logs_cmd))
+    app.command("attach")(guarded("attach")(attach_cmd))
+    app.command("pull")(guarded("pull")(pull_cmd))
+    app.command("stop")(guarded("stop")(stop_cmd))

@@ -1,0 +1,651 @@
+"""Runs: start a recipe in a container on a host, follow it, pull its outputs, write the manifest.
+
+A run directory ``runs/<run-id>/`` gets ``launch.json`` when the container starts, the
+verified ``outputs/`` as they are pulled, and ``manifest.json`` last, so a directory
+without a manifest is never mistaken for a finished run.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from launcher import __version__, transfer
+from launcher.errors import (
+    BadData,
+    BadRecipe,
+    DiskFull,
+    HostNotReady,
+    HostUnreachable,
+    LauncherError,
+    NotFound,
+    UnsafePath,
+    UsageError,
+)
+from launcher.hashing import atomic_write_json
+from launcher.hosts.base import Host, open_host
+from launcher.progress import NullReporter, Reporter
+from launcher.workspace import VARIANTS, Workspace
+
+LAUNCH_FILE = "launch.json"
+MANIFEST_FILE = "manifest.json"
+RUN_LABEL = "org.launcher.run"
+CONTAINER_OUT = "/launcher/out"
+CONTAINER_DATA = "/launcher/data"
+CONTAINER_CODE = "/launcher/code"
+IMAGE_RECIPES = "/opt/launcher/recipes"
+MIN_FREE_BYTES = 512 << 20
+_RUN_ID = re.compile(r"^[0-9]{8}T[0-9]{6}-[A-Za-z0-9_.-]+-[0-9a-f]{6}$")
+
+LogSink = Callable[[str], None]
+
+
+@dataclass
+class RunSpec:
+    recipe: str
+    variant: str = "cpu"
+    seed: int | None = None
+    profile: str = "deterministic"
+    threads: int | None = None
+    data: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    group: str | None = None
+    replicate: int = 0
+    detach: bool = False
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    path: Path
+    framework: str
+    entry: str
+    tree_digest: str
+    defaults: Mapping[str, Any]
+    script: bool = False
+
+
+@dataclass
+class RunOutcome:
+    group: str
+    runs: list[dict[str, Any]]  # manifests, or launch records for detached runs
+    detached: bool = False
+
+    @property
+    def failed(self) -> list[dict[str, Any]]:
+        return [r for r in self.runs if r.get("status") == "failed"]
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def new_run_id(recipe: str) -> str:
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", recipe)[:40] or "run"
+    return f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}-{safe}-{secrets.token_hex(3)}"
+
+
+def parse_params(pairs: Sequence[str]) -> dict[str, Any]:
+    """KEY=VALUE strings -> typed values (JSON numbers, booleans, else the string itself)."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key = key.strip()
+        if not sep or not key or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]*", key):
+            raise UsageError(f"malformed --param {pair!r}", "write it as KEY=VALUE, e.g. --param epochs=3")
+        value: Any = raw
+        if raw in ("true", "false"):
+            value = raw == "true"
+        else:
+            try:
+                num = json.loads(raw)
+                if isinstance(num, int | float) and not isinstance(num, bool):
+                    value = num
+            except ValueError:
+                pass
+        out[key] = value
+    return out
+
+
+def load_recipe(ws: Workspace, ref: str) -> Recipe:
+    """A recipe folder in the workspace (by name or path), or a plain .py script."""
+    from launcher.hashing import sha256_file, tree_digest
+    from launcher.runtime import spec as rspec
+
+    script = Path(ref)
+    if ref.endswith(".py") and script.is_file():
+        s = rspec.adhoc_spec(script.resolve())
+        return Recipe(s.name, s.path, s.framework, s.entry, sha256_file(script), {}, script=True)
+    try:
+        from launcher import recipes as recipes_mod
+
+        loaded = recipes_mod.load_recipe(ws, ref)  # type: ignore[attr-defined]
+        return Recipe(
+            str(loaded.name),
+            Path(loaded.path),
+            str(loaded.framework),
+            str(loaded.entry),
+            str(loaded.tree_digest),
+            dict(getattr(loaded, "params", {}) or {}),
+        )
+    except (ImportError, AttributeError):
+        pass
+    folder = ws.recipes / ref if not Path(ref).is_dir() else Path(ref)
+    if not (folder / rspec.RECIPE_FILE).is_file():
+        known = (
+            sorted(p.name for p in ws.recipes.iterdir() if (p / rspec.RECIPE_FILE).is_file())
+            if ws.recipes.is_dir()
+            else []
+        )
+        raise NotFound(
+            f"unknown recipe {ref!r}" + (f" (known: {', '.join(known)})" if known else ""),
+            "list them with `launcher recipes list`, or pass a path to a .py script",
+        )
+    try:
+        s = rspec.load_spec(folder)
+    except rspec.SpecError as exc:
+        raise BadRecipe(str(exc), "fix the recipe.toml") from None
+    return Recipe(s.name, folder.resolve(), s.framework, s.entry, tree_digest(folder), dict(s.params))
+
+
+def check_params(recipe: Recipe, given: Mapping[str, Any]) -> dict[str, Any]:
+    if not recipe.script:
+        unknown = sorted(set(given) - set(recipe.defaults))
+        if unknown:
+            raise UsageError(
+                f"recipe {recipe.name} has no param {unknown[0]!r}",
+                f"its params are: {', '.join(sorted(recipe.defaults)) or 'none'}",
+            )
+    return dict(given)
+
+
+def image_record(ws: Workspace, variant: str) -> dict[str, Any]:
+    if variant not in VARIANTS:
+        raise UsageError(f"unknown variant {variant!r}", f"use one of: {', '.join(VARIANTS)}")
+    path = ws.build_record(variant)
+    try:
+        rec = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise NotFound(
+            f"no {variant} image has been built in this workspace",
+            f"build it with `launcher build {variant}`",
+        ) from None
+    except ValueError:
+        raise LauncherError(f"{path} is not valid JSON", f"rebuild with `launcher build {variant}`") from None
+    labels = rec.get("labels") or {}
+    return {
+        "id": rec["image_id"],
+        "tag": rec.get("tag"),
+        "variant": variant,
+        "base_digest": labels.get("org.launcher.base-digest"),
+        "lock_sha256": labels.get("org.launcher.lock-sha256"),
+        "git_commit": labels.get("org.launcher.git-commit"),
+        "git_dirty": str(labels.get("org.launcher.git-dirty", "")).lower() in ("1", "true", "yes"),
+        "launcher_version": labels.get("org.launcher.version") or __version__,
+    }
+
+
+def container_name(run_id: str) -> str:
+    return f"launcher-{run_id}"
+
+
+def run_dir(ws: Workspace, run_id: str) -> Path:
+    if not _RUN_ID.match(run_id):
+        raise UsageError(f"{run_id!r} is not a run id", "see `launcher ps` for run ids")
+    return ws.runs / run_id
+
+
+def docker_run_argv(
+    *,
+    run_id: str,
+    image_id: str,
+    env: Mapping[str, str],
+    host_out: str,
+    recipe: Recipe,
+    params: Mapping[str, Any],
+    data: str | None = None,
+    gpu: bool = False,
+    host_code: str | None = None,
+) -> list[str]:
+    """The container contract of design.md, as an argv."""
+    argv = ["docker", "run", "-d", "--name", container_name(run_id), "--label", f"{RUN_LABEL}={run_id}"]
+    for key, value in sorted(env.items()):
+        argv += ["-e", f"{key}={value}"]
+    argv += ["-v", f"{host_out}:{CONTAINER_OUT}"]
+    if data:
+        argv += ["-v", f"{data}:{CONTAINER_DATA}:ro"]
+    if host_code:
+        argv += ["-v", f"{host_code}:{CONTAINER_CODE}:ro"]
+    if gpu:
+        argv += ["--gpus", "all"]
+    argv += [image_id, "python", "-m", "launcher.runtime", "run"]
+    if recipe.script:
+        argv += ["--script", f"{CONTAINER_CODE}/{recipe.path.name}"]
+    else:
+        argv += ["--recipe", f"{IMAGE_RECIPES}/{recipe.name}"]
+    argv += ["--out", CONTAINER_OUT]
+    if data:
+        argv += ["--data", CONTAINER_DATA]
+    argv += ["--params", json.dumps(dict(params), sort_keys=True, separators=(",", ":"))]
+    return argv
+
+
+def host_options(spec: str | None, **opts: Any) -> dict[str, Any]:
+    return {
+        "spec": spec,
+        **{k: (str(v) if isinstance(v, Path) else v) for k, v in opts.items() if v is not None},
+    }
+
+
+def reopen_host(ws: Workspace, launch: Mapping[str, Any]) -> Host:
+    opts = dict(launch.get("host_options") or {"spec": None})
+    spec = opts.pop("spec", None)
+    kw = {k: (Path(v) if k in ("identity", "ssh_config", "known_hosts") else v) for k, v in opts.items()}
+    return open_host(spec, workspace_root=ws.root, **kw)
+
+
+def _gpu_ready(host: Host) -> None:
+    runtimes = host.run(["docker", "info", "--format", "{{json .Runtimes}}"], check=False).out
+    smi = host.run(["nvidia-smi", "-L"], check=False)
+    if smi.returncode != 0 or "GPU" not in smi.out:
+        raise HostNotReady(
+            f"{host.name} has no NVIDIA GPU that nvidia-smi can see, so --variant gpu cannot run",
+            "use --variant cpu, or a GPU host with its driver installed",
+        )
+    if "nvidia" not in runtimes:
+        raise HostNotReady(
+            f"Docker on {host.name} has no NVIDIA runtime",
+            f"run `launcher provision --host {host.name} --gpu --install`",
+        )
+
+
+def start_run(
+    ws: Workspace,
+    spec: RunSpec,
+    host: Host,
+    reporter: Reporter | None = None,
+    *,
+    host_opts: Mapping[str, Any] | None = None,
+    facts: Mapping[str, Any] | None = None,
+    recipe: Recipe | None = None,
+    cache_dir: Path | None = None,
+) -> dict[str, Any]:
+    """Check everything, ship the image, start the container detached; return the launch record."""
+    from launcher import determinism
+
+    rep = reporter or NullReporter()
+    recipe = recipe or load_recipe(ws, spec.recipe)
+    params = check_params(recipe, spec.params)
+    env = determinism.profile_env(spec.profile, spec.seed, spec.threads)
+    image = image_record(ws, spec.variant)
+    transfer.require_docker(host)
+    if spec.variant == "gpu":
+        _gpu_ready(host)
+    root = host.runs_root()
+    host.makedirs(root)
+    free = host.free_bytes(root)
+    if free < MIN_FREE_BYTES:
+        raise DiskFull(
+            f"{host.name} has only {free >> 20} MiB free under {root}; a run needs at least "
+            f"{MIN_FREE_BYTES >> 20} MiB",
+            "free space on the host and retry",
+        )
+    if spec.data and not host.exists(spec.data):
+        raise BadData(
+            f"the data path {spec.data} does not exist on {host.name}",
+            "give a path on the host that runs the recipe",
+        )
+    shipped = transfer.ship_image(
+        host, image["id"], tag=image.get("tag"), reporter=rep, cache_dir=cache_dir or ws.cache_dir
+    )
+    run_id = new_run_id(recipe.name)
+    group = spec.group or run_id
+    remote = host.run_dir(run_id)
+    host.makedirs(f"{remote}/out")
+    host_code = None
+    if recipe.script:
+        host_code = f"{remote}/code"
+        host.makedirs(host_code)
+        host.put_file(recipe.path, f"{host_code}/{recipe.path.name}")
+    data = str(PurePosixPath(spec.data)) if spec.data else None
+    argv = docker_run_argv(
+        run_id=run_id,
+        image_id=image["id"],
+        env=env,
+        host_out=f"{remote}/out",
+        recipe=recipe,
+        params=params,
+        data=data,
+        gpu=spec.variant == "gpu",
+        host_code=host_code,
+    )
+    launch = {
+        "run_id": run_id,
+        "group": group,
+        "replicate": spec.replicate,
+        "host": host.describe(),
+        "host_options": dict(host_opts or host_options(None)),
+        "container": container_name(run_id),
+        "remote_dir": remote,
+        "recipe": {
+            "name": recipe.name,
+            "tree_digest": recipe.tree_digest,
+            "framework": recipe.framework,
+            "entry": recipe.entry,
+            "script": recipe.script,
+        },
+        "params": params,
+        "seed": int(env["LAUNCHER_SEED"]) if "LAUNCHER_SEED" in env else spec.seed,
+        "determinism": {
+            "profile": spec.profile,
+            "threads": int(env["LAUNCHER_THREADS"]) if "LAUNCHER_THREADS" in env else spec.threads,
+            "env": env,
+        },
+        "image": image,
+        "data": data,
+        "variant": spec.variant,
+        "facts": dict(facts or {}),
+        "ship": shipped.to_dict(),
+        "launched_at": utc_now(),
+        "argv": argv,
+    }
+    local = ws.runs / run_id
+    atomic_write_json(local / LAUNCH_FILE, launch)
+    started = host.run(argv, check=False)
+    if started.returncode != 0:
+        launch["start_error"] = started.last_error_line()
+        atomic_write_json(local / LAUNCH_FILE, launch)
+        raise LauncherError(
+            f"the container for {run_id} did not start on {host.name}: {started.last_error_line()}",
+            "check the image and Docker on the host",
+        )
+    rep.note(f"started {run_id} on {host.name}")
+    return launch
+
+
+def read_launch(ws: Workspace, run_id: str) -> dict[str, Any]:
+    path = run_dir(ws, run_id) / LAUNCH_FILE
+    try:
+        return json.loads(path.read_text())  # type: ignore[no-any-return]
+    except FileNotFoundError:
+        raise NotFound(f"no run {run_id} in {ws.runs}", "see `launcher ps` for run ids") from None
+
+
+def container_state(host: Host, name: str) -> dict[str, Any] | None:
+    done = host.run(["docker", "inspect", "--format", "{{json .State}}", name], check=False)
+    if done.returncode != 0:
+        return None
+    return json.loads(done.out)  # type: ignore[no-any-return]
+
+
+def follow_logs(host: Host, container: str, sink: LogSink) -> None:
+    for line in host.iter_lines(["docker", "logs", "--follow", container]):
+        sink(line.rstrip("\n"))
+
+
+def wait_run(
+    ws: Workspace, run_id: str, host: Host, *, on_log: LogSink | None = None, poll_s: float = 1.0
+) -> int:
+    """Wait for the container to exit (streaming its logs) and return its exit code."""
+    launch = read_launch(ws, run_id)
+    name = launch["container"]
+    if on_log is not None:
+        follow_logs(host, name, on_log)
+    while True:
+        state = container_state(host, name)
+        if state is None:
+            raise NotFound(
+                f"the container of {run_id} is gone from {host.name}",
+                "its outputs may still be there: `launcher pull RUN`",
+            )
+        if not state.get("Running") and state.get("Status") in ("exited", "dead", "created"):
+            return int(state.get("ExitCode", -1))
+        time.sleep(poll_s)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def pull_run(
+    ws: Workspace,
+    run_id: str,
+    host: Host | None = None,
+    reporter: Reporter | None = None,
+    *,
+    watch: float | None = None,
+    on_pass: Callable[[transfer.PullResult], None] | None = None,
+    remove_container: bool = True,
+) -> dict[str, Any]:
+    """Copy the run's outputs back (skipping files verified before); write the manifest once it ended.
+
+    Returns the manifest, or, while the run still goes (and watch is None), a status record.
+    """
+    launch = read_launch(ws, run_id)
+    own = host is None
+    h = host or reopen_host(ws, launch)
+    local = run_dir(ws, run_id)
+    try:
+        while True:
+            state = container_state(h, launch["container"])
+            running = bool(state and state.get("Running"))
+            result = transfer.pull_outputs(
+                h,
+                f"{launch['remote_dir']}/out",
+                local / "outputs",
+                state_file=local / transfer.STATE_FILE,
+                reporter=reporter,
+            )
+            if on_pass is not None:
+                on_pass(result)
+            if result.refused:
+                raise UnsafePath(
+                    f"run {run_id}: refused {len(result.refused)} output entries: "
+                    + "; ".join(result.refused[:3]),
+                    "nothing was written outside runs/; inspect the outputs on the host",
+                )
+            if not running:
+                break
+            if watch is None:
+                return {"run_id": run_id, "status": "running", "pulled": result.to_dict()}
+            time.sleep(watch)
+        if state is None and not result.files:
+            raise NotFound(
+                f"run {run_id} has neither a container nor outputs on {h.name}",
+                "it may have been removed on the host",
+            )
+        manifest = _finish(ws, launch, h, result, state)
+        if remove_container and state is not None:
+            h.run(["docker", "rm", launch["container"]], check=False)
+        return manifest
+    finally:
+        if own:
+            h.close()
+
+
+def _finish(
+    ws: Workspace,
+    launch: Mapping[str, Any],
+    host: Host,
+    result: transfer.PullResult,
+    state: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    from launcher.manifest import write_manifest
+
+    local = run_dir(ws, launch["run_id"])
+    outputs = local / "outputs"
+    exit_rec = _read_json(outputs / "_launcher" / "exit.json")
+    exit_code = exit_rec.get("exit_code")
+    if not isinstance(exit_code, int):
+        exit_code = int(state.get("ExitCode", -1)) if state else -1
+    artifacts = [
+        {"path": f"outputs/{rel}", "size": rec["size"], "sha256": rec["sha256"]}
+        for rel, rec in sorted(result.files.items())
+    ]
+    data = {
+        "schema_version": 1,
+        "run_id": launch["run_id"],
+        "group": launch["group"],
+        "replicate": launch.get("replicate", 0),
+        "recipe": {k: launch["recipe"][k] for k in ("name", "tree_digest", "framework", "entry")},
+        "params": launch.get("params", {}),
+        "seed": launch.get("seed"),
+        "determinism": launch["determinism"],
+        "image": launch["image"],
+        "host": {**launch["host"], "facts": launch.get("facts", {})},
+        "runtime": _read_json(outputs / "_launcher" / "runtime.json"),
+        "started_at": str(
+            exit_rec.get("started_at") or (state or {}).get("StartedAt") or launch["launched_at"]
+        ),
+        "ended_at": str(exit_rec.get("ended_at") or (state or {}).get("FinishedAt") or utc_now()),
+        "exit_code": exit_code,
+        "status": "succeeded" if exit_code == 0 else "failed",
+        "data": launch.get("data"),
+        "artifacts": artifacts,
+    }
+    write_manifest(local, data)
+    return data
+
+
+def run_recipe(
+    ws: Workspace,
+    spec: RunSpec,
+    host: Host,
+    reporter: Reporter | None = None,
+    *,
+    runs: int = 1,
+    seeds: Sequence[int] = (),
+    on_log: LogSink | None = None,
+    host_opts: Mapping[str, Any] | None = None,
+    facts: Mapping[str, Any] | None = None,
+    cache_dir: Path | None = None,
+) -> RunOutcome:
+    """Run the recipe `runs` times for each seed (one group), waiting and pulling unless detached."""
+    if runs < 1:
+        raise UsageError(f"--runs must be at least 1, not {runs}", "drop --runs or give a positive number")
+    recipe = load_recipe(ws, spec.recipe)
+    check_params(recipe, spec.params)
+    seed_list = list(seeds) or [spec.seed]
+    group = (
+        spec.group
+        or f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}-{recipe.name}-g{secrets.token_hex(3)}"
+    )
+    if facts is None:
+        from launcher import provision
+
+        facts = provision.facts_for_run(ws, host)
+    out: list[dict[str, Any]] = []
+    replicate = 0
+    for seed in seed_list:
+        for _ in range(runs):
+            one = RunSpec(**{**asdict(spec), "seed": seed, "group": group, "replicate": replicate})
+            launch = start_run(
+                ws, one, host, reporter, host_opts=host_opts, facts=facts, recipe=recipe, cache_dir=cache_dir
+            )
+            replicate += 1
+            if spec.detach:
+                out.append(launch)
+                continue
+            wait_run(ws, launch["run_id"], host, on_log=on_log)
+            out.append(pull_run(ws, launch["run_id"], host, reporter))
+    return RunOutcome(group=group, runs=out, detached=spec.detach)
+
+
+def list_runs(ws: Workspace, host: Host | None = None) -> list[dict[str, Any]]:
+    """Local run directories with their state; with a host, also its launcher containers."""
+    rows: dict[str, dict[str, Any]] = {}
+    if ws.runs.is_dir():
+        for d in sorted(ws.runs.iterdir()):
+            launch = _read_json(d / LAUNCH_FILE)
+            if not launch:
+                continue
+            manifest = _read_json(d / MANIFEST_FILE)
+            rows[d.name] = {
+                "run_id": d.name,
+                "recipe": launch.get("recipe", {}).get("name"),
+                "group": launch.get("group"),
+                "host": launch.get("host", {}).get("name"),
+                "status": manifest.get("status") or "incomplete",
+                "launched_at": launch.get("launched_at"),
+            }
+    if host is not None:
+        fmt = '{{.Label "' + RUN_LABEL + '"}}\t{{.State}}\t{{.Status}}'
+        done = host.run(
+            ["docker", "ps", "-a", "--filter", f"label={RUN_LABEL}", "--format", fmt], check=False
+        )
+        for line in done.out.splitlines():
+            rid, _, rest = line.partition("\t")
+            st, _, status = rest.partition("\t")
+            row = rows.setdefault(rid, {"run_id": rid, "host": host.name, "status": "unknown here"})
+            row["container"] = st
+            row["container_status"] = status
+    return sorted(rows.values(), key=lambda r: r["run_id"])
+
+
+def logs(ws: Workspace, run_id: str, sink: LogSink, *, follow: bool = False) -> None:
+    """The recipe's output: from the container while it exists, else from the pulled train.log."""
+    launch = read_launch(ws, run_id)
+    pulled = run_dir(ws, run_id) / "outputs" / "logs" / "train.log"
+    try:
+        host = reopen_host(ws, launch)
+    except (HostUnreachable, LauncherError):
+        if pulled.is_file():
+            host = None
+        else:
+            raise
+    try:
+        if host is not None and container_state(host, launch["container"]) is not None:
+            argv = ["docker", "logs", *(["--follow"] if follow else []), launch["container"]]
+            for line in host.iter_lines(argv):
+                sink(line.rstrip("\n"))
+            return
+        if pulled.is_file():
+            with open(pulled, encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    sink(line.rstrip("\n"))
+            return
+        raise NotFound(
+            f"no logs for {run_id}: the container is gone and nothing was pulled", "run `launcher pull RUN`"
+        )
+    finally:
+        if host is not None:
+            host.close()
+
+
+def attach(ws: Workspace, run_id: str, sink: LogSink, reporter: Reporter | None = None) -> dict[str, Any]:
+    """Follow a detached run to its end, then pull it."""
+    launch = read_launch(ws, run_id)
+    host = reopen_host(ws, launch)
+    try:
+        if container_state(host, launch["container"]) is not None:
+            wait_run(ws, run_id, host, on_log=sink)
+        return pull_run(ws, run_id, host, reporter)
+    finally:
+        host.close()
+
+
+def stop(ws: Workspace, run_id: str) -> dict[str, Any]:
+    launch = read_launch(ws, run_id)
+    host = reopen_host(ws, launch)
+    try:
+        done = host.run(["docker", "stop", "-t", "10", launch["container"]], check=False)
+        if done.returncode != 0:
+            raise NotFound(
+                f"run {run_id} has no container on {host.name}: {done.last_error_line()}",
+                "it may have finished already: `launcher pull RUN`",
+            )
+        state = container_state(host, launch["container"]) or {}
+        return {"run_id": run_id, "stopped": True, "exit_code": state.get("ExitCode")}
+    finally:
+        host.close()
