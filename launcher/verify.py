@@ -246,33 +246,56 @@ def explain_data(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
     }
 
 
+def _by_epoch(rows: list[dict[str, Any]]) -> dict[tuple[int, int], dict[str, Any]]:
+    """Rows keyed by (fit, epoch): a recipe that calls fit() twice numbers its epochs from 0 again."""
+    out: dict[tuple[int, int], dict[str, Any]] = {}
+    for row in rows:
+        e, fit = row.get("epoch"), row.get("fit", 0)
+        if isinstance(e, int) and isinstance(fit, int):
+            out[(fit, e)] = row
+    return out
+
+
+def _where(key: tuple[int, int], **extra: Any) -> dict[str, Any]:
+    fit, epoch = key
+    return {"epoch": epoch, **({"fit": fit} if fit else {}), **extra}
+
+
 def explain_batches(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
     a, b = _read_jsonl(ref.file(BATCHES)), _read_jsonl(run.file(BATCHES))
     if a is None or b is None:
         return None
-    by_a = {row.get("epoch"): row for row in a}
-    by_b = {row.get("epoch"): row for row in b}
-    epochs = sorted(e for e in set(by_a) | set(by_b) if isinstance(e, int))
+    by_a, by_b = _by_epoch(a), _by_epoch(b)
     differing: list[int] = []
+    unrecorded: list[str] = []
+    compared = 0
     first: dict[str, Any] | None = None
-    for e in epochs:
-        ra, rb = by_a.get(e), by_b.get(e)
+    for key in sorted(set(by_a) | set(by_b)):
+        ra, rb = by_a.get(key), by_b.get(key)
+        if (ra and "unrecorded" in ra) or (rb and "unrecorded" in rb):
+            unrecorded.append(str((ra or {}).get("unrecorded") or (rb or {}).get("unrecorded")))
+            continue
+        compared += 1
         if ra is not None and rb is not None and ra.get("digest") == rb.get("digest") \
                 and ra.get("batches") == rb.get("batches"):
             continue
-        differing.append(e)
+        differing.append(key[1])
         if first is None:
             ba = (ra or {}).get("batches") or []
             bb = (rb or {}).get("batches") or []
             pairs = enumerate(zip(ba, bb, strict=False))
             idx = next((i for i, (x, y) in pairs if x != y), min(len(ba), len(bb)))
-            first = {"epoch": e, "batch": idx}
-    return {
-        "same": not differing,
-        "epochs_compared": len(epochs),
+            first = _where(key, batch=idx)
+    out: dict[str, Any] = {
+        # None: the batch order could not be recorded (e.g. a tf.data pipeline), so nothing is known.
+        "same": (not differing) if compared else None,
+        "epochs_compared": compared,
         "epochs_differing": differing,
         "first_divergence": first,
     }
+    if unrecorded:
+        out["unrecorded"] = sorted(set(unrecorded))
+    return out
 
 
 def _metric_names(rows: list[dict[str, Any]]) -> list[str]:
@@ -288,22 +311,21 @@ def explain_metrics(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
     a, b = read_metrics(ref), read_metrics(run)
     if a is None or b is None:
         return None
-    by_a = {row.get("epoch"): row for row in a}
-    by_b = {row.get("epoch"): row for row in b}
-    epochs = sorted(e for e in set(by_a) & set(by_b) if isinstance(e, int))
+    by_a, by_b = _by_epoch(a), _by_epoch(b)
+    epochs = sorted(set(by_a) & set(by_b))
     names = _metric_names(a)
     first: dict[str, Any] | None = None
-    for e in epochs:
-        deltas = {k: _delta(by_a[e].get(k), by_b[e].get(k)) for k in names}
+    for key in epochs:
+        deltas = {k: _delta(by_a[key].get(k), by_b[key].get(k)) for k in names}
         deltas = {k: v for k, v in deltas.items() if v is not None}
         if deltas:
-            first = {"epoch": e, "metrics": deltas}
+            first = _where(key, metrics=deltas)
             break
     final = None
     if epochs:
         last = epochs[-1]
         deltas = {k: _delta(by_a[last].get(k), by_b[last].get(k)) for k in names}
-        final = {"epoch": last, "metrics": {k: v for k, v in deltas.items() if v is not None}}
+        final = _where(last, metrics={k: v for k, v in deltas.items() if v is not None})
     return {
         "same": first is None and len(a) == len(b),
         "epochs_compared": len(epochs),
@@ -336,8 +358,11 @@ _EXACT_CATEGORY = {
     "host.name": "info", "host.kind": "info",
 }
 _SEED_ENV = ("LAUNCHER_SEED", "PYTHONHASHSEED")
-_HARDWARE_WORDS = ("cpu", "gpu", "driver", "cuda", "cudnn", "device", "arch", "machine", "model",
-                   "cores", "nproc", "memory", "mem_", "isa", "flags", "platform")
+_HARDWARE_WORDS = ("cpu", "gpu", "driver", "cuda", "cudnn", "device", "arch", "machine", "cores", "nproc",
+                   "isa")
+# Host facts that describe access and capacity, not what computes the bits.
+_INFO_FACTS = ("user", "is_root", "sudo", "docker", "ram_bytes", "disk", "root_dir", "container_toolkit",
+               "nvidia.smi")
 _VOLATILE_WORDS = ("time", "_at", "date", "uptime", "free", "avail", "load", "pid", "hostname", "boot",
                    "container", "run_id", "elapsed", "duration")
 
@@ -371,11 +396,17 @@ def categorize(key: str) -> str:
         return _EXACT_CATEGORY[key]
     if key.startswith("params."):
         return "params"
-    if key.startswith("determinism.env."):
+    if key.startswith(("determinism.env.", "runtime.env.")):
         return "seed" if key.rsplit(".", 1)[-1] in _SEED_ENV else "software"
-    if key.startswith(("host.facts.", "runtime.")):
-        leaf = key.lower()
-        return "hardware" if any(w in leaf for w in _HARDWARE_WORDS) else "software"
+    if key == "runtime.seed":
+        return "seed"
+    if key.startswith("host.") and not key.startswith("host.facts."):
+        return "info"
+    lower = key.lower()
+    if key.startswith("host.facts.") and any(w in lower for w in _INFO_FACTS):
+        return "info"
+    if key.startswith(("host.facts.", "runtime.")) and any(w in lower for w in _HARDWARE_WORDS):
+        return "hardware"
     return "software"
 
 
@@ -430,8 +461,8 @@ def classify(identical: bool, env: list[dict[str, Any]], data: Mapping[str, Any]
     where = []
     if initial is not None:
         where.append("initial weights " + ("identical" if initial.get("same") else "already differ"))
-    if batches is not None:
-        where.append("batches " + ("identical" if batches.get("same") else "differ"))
+    if batches is not None and batches.get("same") is not None:
+        where.append("batches " + ("identical" if batches["same"] else "differ"))
     first = (model or {}).get("first_difference")
     if first:
         where.append(f"first differing layer {first['layer']} array {first['array']}")
@@ -513,14 +544,15 @@ class VerifyReport:
                 if r.status == IDENTICAL:
                     checked += 1
                     continue
-                if exp is None or "error" in exp:
+                same = None if exp is None else exp.get("identical") if key == "model" else exp.get("same")
+                if same is None:  # not recorded, or could not be read
                     continue
                 checked += 1
-                same = exp.get("identical") if key == "model" else exp.get("same")
                 if not same:
                     differing.append(r.manifest.run_id)
-            out[name] = {"all_same": not differing, "checked": checked + 1, "of": len(self.runs),
-                         "differing": differing}
+            # all_same is None when no run besides the reference could be checked.
+            out[name] = {"all_same": (not differing) if checked else None, "checked": checked + 1,
+                         "of": len(self.runs), "differing": differing}
         return out
 
     def to_dict(self) -> dict[str, Any]:

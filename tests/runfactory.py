@@ -26,11 +26,16 @@ LAYERS: list[tuple[str, list[tuple[int, ...]]]] = [
     ("dense_1", [(16, 10), (10,)]),
 ]
 
-DEFAULT_FACTS = {"cpu_model": "Intel(R) Xeon(R) CPU @ 2.20GHz", "cpu_count": 2, "gpu_model": None,
-                 "driver_version": None, "os": "Debian 12"}
-DEFAULT_RUNTIME = {"python": "3.11.2", "tensorflow": "2.21.0", "numpy": "2.1.3", "cuda_build": None,
-                   "cudnn_build": None, "devices": ["CPU:0"], "threads_applied": 2,
-                   "profile_applied": "deterministic"}
+# Shaped like launcher.provision's facts and the runtime's _launcher/runtime.json.
+DEFAULT_FACTS: dict[str, Any] = {
+    "os": "Debian GNU/Linux 12 (bookworm)", "os_id": "debian", "kernel": "6.1.0-26-amd64", "arch": "x86_64",
+    "user": "root", "is_root": True, "cpu_model": "Intel(R) Xeon(R) CPU @ 2.20GHz", "cpu_cores": 2,
+    "ram_bytes": 25_000_000_000, "disk_free_bytes": 40_000_000_000,
+    "docker": {"installed": True, "usable": True, "server_version": "20.10.24"},
+    "nvidia": {"smi": False, "gpus": [], "driver": None, "container_toolkit": False},
+}
+DEFAULT_FRAMEWORK: dict[str, Any] = {"name": "tensorflow", "version": "2.21.0", "keras": "3.12.0",
+                                     "cuda": None, "cudnn": None, "devices": ["CPU:/physical_device:CPU:0"]}
 
 
 @dataclass
@@ -49,8 +54,8 @@ class FakeRun:
     profile: str = "deterministic"
     threads: int = 2
     started_at: str = "2026-11-22T10:00:00Z"
-    facts: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_FACTS))
-    runtime: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_RUNTIME))
+    facts: dict[str, Any] = field(default_factory=lambda: json.loads(json.dumps(DEFAULT_FACTS)))
+    framework: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_FRAMEWORK))
     image_id: str = "sha256:" + "1" * 64
     params: dict[str, Any] = field(default_factory=lambda: {"epochs": 3, "batch_size": 32})
     layers: list[tuple[str, list[tuple[int, ...]]]] = field(default_factory=lambda: list(LAYERS))
@@ -98,6 +103,15 @@ def _determinism_env(run: FakeRun) -> dict[str, str]:
             "OMP_NUM_THREADS": str(run.threads)}
 
 
+def runtime_doc(run: FakeRun) -> dict[str, Any]:
+    return {"profile": run.profile, "seed": run.seed, "threads": run.threads,
+            "framework": {**run.framework, "threads": {"intra_op": run.threads, "inter_op": run.threads}},
+            "python": {"version": "3.11.2", "implementation": "CPython",
+                       "executable": "/opt/venv/bin/python"},
+            "platform": {"system": "Linux", "machine": "x86_64", "release": "6.1.0-26-amd64", "cpu_count": 2},
+            "env": _determinism_env(run)}
+
+
 def write_run(runs_dir: Path, run: FakeRun) -> Path:
     """Write runs_dir/<run_id>/ with outputs/ and manifest.json; return the run directory."""
     out = _train(run)
@@ -106,7 +120,7 @@ def write_run(runs_dir: Path, run: FakeRun) -> Path:
     files: dict[str, bytes] = {
         "_launcher/exit.json": json.dumps({"exit_code": 0, "started_at": run.started_at,
                                            "ended_at": run.started_at}).encode(),
-        "_launcher/runtime.json": json.dumps(run.runtime, sort_keys=True).encode(),
+        "_launcher/runtime.json": json.dumps(runtime_doc(run), sort_keys=True).encode(),
         "logs/train.log": f"training {run.recipe} seed={run.seed} at {run.started_at}\n".encode(),
         "fingerprints/dataset.json": json.dumps({
             "digest": sha256_bytes(out["dataset"].tobytes()), "kind": "arrays",
@@ -151,7 +165,7 @@ def manifest_data(run: FakeRun) -> dict[str, Any]:
                   "base_digest": "sha256:" + "2" * 64, "lock_sha256": "sha256:" + "3" * 64,
                   "git_commit": "0" * 40, "git_dirty": False, "launcher_version": "0.1.0"},
         "host": {"name": "local", "kind": "local", "facts": run.facts},
-        "runtime": run.runtime,
+        "runtime": runtime_doc(run),
         "started_at": run.started_at, "ended_at": run.started_at, "exit_code": 0, "status": "succeeded",
         "artifacts": [],
     }

@@ -1,9 +1,20 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
-from runfactory import FakeRun, edit_manifest, flip_bit, make_workspace, pair, refresh_manifest, write_run
+from runfactory import (
+    DEFAULT_FACTS,
+    DEFAULT_FRAMEWORK,
+    FakeRun,
+    edit_manifest,
+    flip_bit,
+    make_workspace,
+    pair,
+    refresh_manifest,
+    write_run,
+)
 
 from launcher.errors import Corrupt, ExitCode, Incompatible, NotFound, SchemaTooNew, UsageError
 from launcher.manifest import ManifestMissing
@@ -86,12 +97,30 @@ def test_unseeded_dropout_is_nondeterminism_with_first_layer(ws: Workspace) -> N
 
 
 def test_different_hardware_is_environment_dependent(ws: Workspace) -> None:
-    facts = {"cpu_model": "AMD EPYC 7763", "cpu_count": 2, "gpu_model": None, "driver_version": None,
-             "os": "Debian 12"}
+    facts = {**DEFAULT_FACTS, "cpu_model": "AMD EPYC 7763", "user": "alice", "disk_free_bytes": 1}
     pair(ws.runs, facts=facts, unseeded_dropout=True, dropout_entropy=1)
     (run,) = verify_checksums(ws).differing
     cls = run.explanation["classification"]
     assert cls["kind"] == CLASS_ENVIRONMENT and "hardware" in cls["line"] and "cpu_model" in cls["line"]
+    env = {r["key"]: r["category"] for r in run.explanation["environment"]}
+    # Who ran it is shown but explains nothing; free disk space is not even shown.
+    assert env == {"host.facts.cpu_model": "hardware", "host.facts.user": "info"}
+
+
+def test_another_gpu_and_driver(ws: Workspace) -> None:
+    gpu = {"smi": True, "gpus": [{"name": "NVIDIA H100", "driver": "550.54", "memory": "80 GiB"}],
+           "driver": "550.54", "container_toolkit": True}
+    other = {**gpu, "gpus": [{"name": "NVIDIA A100", "driver": "535.1", "memory": "40 GiB"}],
+             "driver": "535.1"}
+    framework = {**DEFAULT_FRAMEWORK, "cuda": "12.3", "cudnn": "8.9"}
+    write_run(ws.runs, FakeRun(run_id="r1", facts={**DEFAULT_FACTS, "nvidia": gpu}, framework=framework))
+    write_run(ws.runs, FakeRun(run_id="r2", replicate=1, facts={**DEFAULT_FACTS, "nvidia": other},
+                               framework={**framework, "cudnn": "9.1"}, unseeded_dropout=True))
+    (run,) = verify_checksums(ws, ["r1", "r2"]).differing
+    cls = run.explanation["classification"]
+    assert cls["kind"] == CLASS_ENVIRONMENT and cls["causes"] == ["hardware"]
+    keys = {r["key"] for r in run.explanation["environment"]}
+    assert {"host.facts.nvidia.driver", "host.facts.nvidia.gpus", "runtime.framework.cudnn"} <= keys
 
 
 def test_thread_count_is_the_software_environment(ws: Workspace) -> None:
@@ -188,7 +217,32 @@ def test_volatile_files(path: str, volatile: bool) -> None:
     ("recipe.tree_digest", "code"), ("image.git_commit", "code"), ("params.lr", "params"),
     ("host.facts.gpu_model", "hardware"), ("runtime.cudnn_build", "hardware"),
     ("runtime.tensorflow", "software"),
-    ("image.lock_sha256", "software"), ("host.name", "info"),
+    ("image.lock_sha256", "software"), ("host.name", "info"), ("host.address", "info"),
+    ("runtime.seed", "seed"), ("runtime.env.LAUNCHER_SEED", "seed"),
+    ("runtime.framework.version", "software"),
+    ("host.facts.nvidia.gpus", "hardware"), ("host.facts.docker.server_version", "info"),
+    ("host.facts.kernel", "software"), ("runtime.platform.machine", "hardware"),
 ])
 def test_categories(key: str, category: str) -> None:
     assert categorize(key) == category
+
+
+def test_unrecorded_batches_and_second_fit(ws: Workspace) -> None:
+    _, b = pair(ws.runs, unseeded_dropout=True, dropout_entropy=3)
+    a = ws.runs / "20261122T100000-mnist_convnet-aaaaaa"
+    for d in (a, b):
+        lines = [
+            {"epoch": 0, "digest": None, "batches": [], "unrecorded": "a tf.data pipeline"},
+        ]
+        (d / "outputs/fingerprints/batches.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        # A second fit() restarts its epochs at 0; only the second one differs.
+        rows = [{"epoch": 0, "loss": 1.0}, {"epoch": 0, "fit": 1, "loss": 0.5 if d == a else 0.25}]
+        (d / "outputs/metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
+        refresh_manifest(d)
+    report = verify_checksums(ws)
+    exp = report.differing[0].explanation
+    assert exp["batches"]["same"] is None and exp["batches"]["unrecorded"] == ["a tf.data pipeline"]
+    assert exp["metrics"]["first_divergence"]["fit"] == 1
+    assert exp["metrics"]["first_divergence"]["metrics"]["loss"] == {"reference": 0.5, "run": 0.25,
+                                                                     "abs_diff": 0.25}
+    assert report.checks()["batches"]["all_same"] is None

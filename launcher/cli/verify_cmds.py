@@ -29,7 +29,9 @@ def _full(x: Any) -> str:
     return f"{x:.10g}" if isinstance(x, float) else str(x)
 
 
-def _yes(flag: bool) -> str:
+def _yes(flag: bool | None) -> str:
+    if flag is None:
+        return "[yellow]unknown[/] (not recorded)"
     return "[green]True[/]" if flag else "[bold red]False[/]"
 
 
@@ -72,7 +74,9 @@ def explanation_lines(exp: dict[str, Any]) -> list[str]:
                      "training data: differs (" + (", ".join(data["entries_differing"]) or "digest") + ")")
     batches = exp.get("batches")
     if batches is not None:
-        if batches["same"]:
+        if batches["same"] is None:
+            lines.append("batches: not recorded (" + "; ".join(batches.get("unrecorded", [])) + ")")
+        elif batches["same"]:
             lines.append(f"batches: identical in all {batches['epochs_compared']} epochs")
         else:
             fd = batches["first_divergence"]
