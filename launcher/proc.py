@@ -7,6 +7,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from launcher.errors import ExitCode, LauncherError, NotFound
 
@@ -53,6 +54,7 @@ def run(
     argv: Sequence[str | os.PathLike[str]],
     *,
     input: bytes | None = None,
+    stdin: IO[bytes] | None = None,
     env: Mapping[str, str] | None = None,
     drop_env_prefixes: Sequence[str] = (),
     cwd: Path | None = None,
@@ -64,6 +66,7 @@ def run(
         cp = subprocess.run(
             args,
             input=input,
+            stdin=stdin,
             capture_output=True,
             env=merged_env(env, drop_prefixes=drop_env_prefixes),
             cwd=cwd,

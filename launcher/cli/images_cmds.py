@@ -1,9 +1,196 @@
-"""Commands registered on the root app (filled in per capability)."""
+"""`launcher init`, `lock`, `base resolve|bootstrap`, `build`, `rebuild`."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated
+
 import typer
+from rich.table import Table
+
+from launcher import bootstrap as bootstrap_mod
+from launcher import build as build_mod
+from launcher import images, registry
+from launcher import lock as lock_mod
+from launcher.cli.common import guarded, render, reporter, stdout, workspace_of
+from launcher.errors import ExitCode
+from launcher.result import Result
+from launcher.scaffold import init_workspace
+from launcher.workspace import Workspace
+
+CA_HELP = "CA bundle for TLS to the package index (behind an intercepting proxy). Default: pip's own settings."
+Variant = Annotated[str, typer.Argument(help="Image variant: cpu or gpu.")]
+
+base_app = typer.Typer(help="Pin base images by digest in lockfiles/images.lock.", no_args_is_help=True)
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("init", help="Create a workspace (lockfiles/, dockerfiles/, recipes/) in DIR.")(init_cmd)
+    app.command("lock")(lock_cmd)
+    app.add_typer(base_app, name="base")
+    app.command("build")(build_cmd)
+    app.command("rebuild")(rebuild_cmd)
+
+
+@guarded("init")
+def init_cmd(
+    ctx: typer.Context,
+    directory: Annotated[Path, typer.Argument(help="Where to create the workspace.")] = Path("."),
+    from_workspace: Annotated[Path | None, typer.Option(
+        "--from", help="Copy the locks, Dockerfiles and recipes of this workspace instead of the templates.")] = None,
+) -> None:
+    src = Workspace.discover(from_workspace) if from_workspace else None
+    res = init_workspace(directory, from_workspace=src)
+    result = Result("init", {"root": str(res.root), "created": res.created, "skipped": res.skipped},
+                    summary=f"workspace ready at {res.root} ({len(res.created)} files created, "
+                            f"{len(res.skipped)} kept)")
+    render(ctx, result)
+
+
+@guarded("lock")
+def lock_cmd(
+    ctx: typer.Context,
+    variant: Annotated[str, typer.Option("--variant", help="cpu, gpu or all.")] = "all",
+    upgrade: Annotated[bool, typer.Option("--upgrade", help="Pick the newest allowed versions of everything.")] = False,
+    upgrade_package: Annotated[list[str] | None, typer.Option(
+        "--upgrade-package", "-P", help="Upgrade only this package (repeatable).")] = None,
+    ca_bundle: Annotated[Path | None, typer.Option("--ca-bundle", help=CA_HELP)] = None,
+) -> None:
+    """Lock Python dependencies: every package pinned with == and its sha256 hashes.
+
+    The lock is resolved for the base image's interpreter and platform (recorded in
+    lockfiles/images.lock), and locking again with nothing changed rewrites nothing.
+    """
+    ws = workspace_of(ctx)
+    if variant != "all":
+        images.check_variant(variant)
+    with reporter(ctx) as rep:
+        results = lock_mod.lock(ws, variant, upgrade=upgrade, upgrade_packages=tuple(upgrade_package or ()),
+                                ca_bundle=ca_bundle, reporter=rep)
+    data = {"locks": [{"variant": r.variant, "path": str(r.path), "changed": r.changed, "packages": r.packages,
+                       "sha256": r.sha256, "target": r.target} for r in results]}
+    lines = [f"{r.path.relative_to(ws.root)}: {r.packages} packages, {'updated' if r.changed else 'unchanged'} "
+             f"({r.sha256[:19]}…, target {r.target})" for r in results]
+    render(ctx, Result("lock", data, summary="\n".join(lines)))
+
+
+@base_app.command("resolve")
+@guarded("base resolve")
+def base_resolve(
+    ctx: typer.Context,
+    ref: Annotated[str, typer.Argument(help="A public image tag, e.g. python:3.11-slim-bookworm.")],
+    variant: Annotated[str, typer.Option("--variant", help="cpu, gpu or all.")] = "all",
+    python: Annotated[str, typer.Option("--python", help="The image's Python (major.minor).")] = "3.11",
+    ca_bundle: Annotated[Path | None, typer.Option("--ca-bundle", help="CA bundle for the registry's TLS.")] = None,
+) -> None:
+    """Resolve REF's tag to its registry digest and pin it in images.lock."""
+    ws = workspace_of(ctx)
+    parsed = registry.ImageRef.parse(ref)
+    digest = registry.resolve_digest(ref, ca_bundle=ca_bundle)
+    if parsed.digest and parsed.digest != digest:
+        raise images.PinMismatch(f"{ref} names {parsed.digest} but the registry serves {digest}",
+                                 "drop the @digest part to pin what the tag points to now")
+    pinned = parsed.pinned(digest)
+    variants = ["cpu", "gpu"] if variant == "all" else [images.check_variant(variant)]
+    try:
+        lock = images.load(ws)
+    except images.NotFound:
+        lock = images.ImagesLock()
+    for v in variants:
+        lock.pins[v] = images.BasePin(v, pinned, python=python)
+    changed = images.save(ws, lock)
+    render(ctx, Result("base resolve", {"ref": pinned, "digest": digest, "variants": variants, "changed": changed},
+                       summary=f"{', '.join(variants)} base pinned: {pinned}"))
+
+
+@base_app.command("bootstrap")
+@guarded("base bootstrap")
+def base_bootstrap(
+    ctx: typer.Context,
+    variant: Annotated[str, typer.Option("--variant", help="cpu, gpu or all.")] = "all",
+    registry_addr: Annotated[str, typer.Option("--registry", help="Registry to push to.")] = registry.DEFAULT_LOCAL,
+    start_registry: Annotated[bool, typer.Option(
+        "--start-registry", help="Start a local registry on --registry (loopback) if none answers.")] = False,
+    suite: Annotated[str, typer.Option("--suite", help="Debian suite.")] = bootstrap_mod.DEFAULT_SUITE,
+    mirror: Annotated[str, typer.Option("--mirror", help="Debian mirror.")] = bootstrap_mod.DEFAULT_MIRROR,
+) -> None:
+    """Build a minimal Debian + Python base with debootstrap, push it and pin its digest.
+
+    For machines without Docker Hub, and for teams that cannot use public registries.
+    """
+    ws = workspace_of(ctx)
+    variants = ["cpu", "gpu"] if variant == "all" else [images.check_variant(variant)]
+    started = None
+    if start_registry:
+        started = registry.start_local_registry(ws.cache_dir / "registry", registry_addr)
+    with reporter(ctx) as rep:
+        res = bootstrap_mod.bootstrap(ws.cache_dir, registry_address=registry_addr, suite=suite, mirror=mirror,
+                                      reporter=rep)
+    try:
+        lock = images.load(ws)
+    except images.NotFound:
+        lock = images.ImagesLock()
+    for v in variants:
+        lock.pins[v] = images.BasePin(v, res.ref, python=res.python, source="bootstrap")
+    images.save(ws, lock)
+    data = {"ref": res.ref, "digest": res.digest, "image_id": res.image_id, "python": res.python,
+            "variants": variants, "rootfs_cached": res.rootfs_cached, "registry": started}
+    render(ctx, Result("base bootstrap", data, summary=f"{', '.join(variants)} base pinned: {res.ref}"))
+
+
+@guarded("build")
+def build_cmd(
+    ctx: typer.Context,
+    variant: Variant = "cpu",
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Build every step again.")] = False,
+    ca_bundle: Annotated[Path | None, typer.Option("--ca-bundle", help=CA_HELP)] = None,
+) -> None:
+    """Build dockerfiles/<variant>.Dockerfile FROM the pinned base, installing offline from the lock.
+
+    The tag is a hash of the Dockerfile, the lockfile, the base digest and the recipes, so
+    building unchanged inputs again is a no-op. The build record lands in .launcher/builds/.
+    """
+    ws = workspace_of(ctx)
+    with reporter(ctx) as rep:
+        rec = build_mod.build(ws, variant, nocache=no_cache, ca_bundle=ca_bundle, reporter=rep)
+    data = rec.to_json() | {"noop": rec.noop}
+    data.get("extra", {}).pop("tree", None)
+    verb = "up to date" if rec.noop else f"built in {rec.seconds:.0f} s"
+    render(ctx, Result("build", data, summary=f"{rec.tag} {verb}\n  image {rec.image_id}\n  tree  {rec.tree_digest}"))
+
+
+@guarded("rebuild")
+def rebuild_cmd(
+    ctx: typer.Context,
+    variant: Variant = "cpu",
+    verify: Annotated[bool, typer.Option("--verify/--no-verify",
+                                         help="Compare with the recorded build (exit 3 if it differs).")] = True,
+    ca_bundle: Annotated[Path | None, typer.Option("--ca-bundle", help=CA_HELP)] = None,
+) -> None:
+    """Rebuild the image from scratch from the same lock and digest, and prove it is the same.
+
+    Compares the filesystem tree digest (paths, types, modes, owners, sizes, content
+    hashes, link targets; no mtimes) and the image ID with the recorded build.
+    """
+    ws = workspace_of(ctx)
+    with reporter(ctx) as rep:
+        rep_ = build_mod.rebuild(ws, variant, verify=verify, ca_bundle=ca_bundle, reporter=rep)
+    code = ExitCode.OK if rep_.tree_matches else ExitCode.NOT_REPRODUCIBLE
+    data = {"variant": variant, "tree_matches": rep_.tree_matches, "image_id_matches": rep_.id_matches,
+            "recorded_image_id": rep_.recorded_image_id, "rebuilt_image_id": rep_.rebuilt_image_id,
+            "recorded_tree": rep_.recorded_tree, "rebuilt_tree": rep_.rebuilt_tree, "changes": rep_.changes,
+            "seconds": rep_.seconds}
+
+    def text(_: Result) -> None:
+        if rep_.tree_matches:
+            stdout.print(f"[green]reproducible[/]: filesystem tree {rep_.rebuilt_tree}")
+        else:
+            table = Table("path", "change", title=f"{len(rep_.changes)} paths differ from the recorded build")
+            for c in rep_.changes[:50]:
+                table.add_row(c["path"], c["change"])
+            stdout.print(table)
+            stdout.print(f"[red]not reproducible[/]: tree {rep_.recorded_tree[:19]}… -> {rep_.rebuilt_tree[:19]}…")
+        same = "the same" if rep_.id_matches else "a different"
+        stdout.print(f"image ID: {same} ({rep_.rebuilt_image_id})")
+
+    render(ctx, Result("rebuild", data, exit_code=code), text)

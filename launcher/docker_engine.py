@@ -1,0 +1,80 @@
+"""The local Docker engine (docker-py), in one place: availability, inspect, build."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import BuildFailed, EngineUnavailable, NotFound
+
+try:
+    import docker
+    import docker.errors
+except ImportError:  # pragma: no cover - docker is a declared dependency
+    docker = None
+
+
+@lru_cache(maxsize=1)
+def client() -> Any:
+    if docker is None:
+        raise EngineUnavailable("the docker Python package is not installed", "pip install docker")
+    try:
+        c = docker.from_env(timeout=600)
+        c.ping()
+        return c
+    except Exception as exc:
+        raise EngineUnavailable(
+            f"no Docker engine answers ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})",
+            "start it (`dockerd &` or `systemctl start docker`) or set DOCKER_HOST",
+        ) from exc
+
+
+def require() -> dict[str, Any]:
+    info: dict[str, Any] = client().info()
+    return info
+
+
+def inspect(ref: str) -> dict[str, Any]:
+    try:
+        attrs: dict[str, Any] = client().api.inspect_image(ref)
+        return attrs
+    except docker.errors.ImageNotFound as exc:
+        raise NotFound(f"image {ref} is not in the local Docker engine", "build it with `launcher build`") from exc
+
+
+def image_exists(ref: str) -> bool:
+    try:
+        client().api.inspect_image(ref)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+def tag(image_id: str, repository: str, tag: str) -> None:
+    client().api.tag(image_id, repository, tag, force=True)
+
+
+def remove_image(ref: str) -> None:
+    try:
+        client().api.remove_image(ref, force=True, noprune=False)
+    except docker.errors.ImageNotFound:
+        pass
+
+
+def build(context: Path, *, dockerfile: str, tag: str | None, buildargs: Mapping[str, str],
+          labels: Mapping[str, str], nocache: bool) -> Iterator[dict[str, Any]]:
+    """Stream the engine's build events; the last one carries {"aux": {"ID": ...}}.
+
+    The build has no network: everything it installs comes from the wheelhouse.
+    """
+    try:
+        yield from client().api.build(
+            path=str(context), dockerfile=dockerfile, tag=tag, buildargs=dict(buildargs),
+            labels=dict(labels), nocache=nocache, rm=True, forcerm=True, pull=False, decode=True,
+            network_mode="none",
+        )
+    except docker.errors.APIError as exc:
+        raise BuildFailed(f"the Docker engine refused the build: {exc.explanation or exc}",
+                          "check the Dockerfile and the base image") from exc

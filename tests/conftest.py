@@ -1,0 +1,100 @@
+"""Shared real components for the suite: the Docker engine, a local registry, a base
+image bootstrapped from Debian packages and pinned by digest, and the TensorFlow CPU
+image, built once per session and shared (cached by content between sessions on the
+same machine, never relied on)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher import docker_engine, images, registry
+from launcher.bootstrap import bootstrap
+from launcher.errors import LauncherError
+from launcher.scaffold import init_workspace
+from launcher.workspace import Workspace, default_cache_dir
+
+REPO = Path(__file__).resolve().parents[1]
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def need(ok: bool, reason: str) -> None:
+    """Skip with a printed reason on a developer machine; in CI a missing component fails."""
+    if ok:
+        return
+    if IN_CI:
+        pytest.fail(f"required test component missing in CI: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def repo_workspace() -> Workspace:
+    return Workspace.at(REPO)
+
+
+@pytest.fixture(scope="session")
+def engine() -> dict[str, Any]:
+    try:
+        return docker_engine.require()
+    except LauncherError as exc:
+        need(False, f"no Docker engine: {exc.one_line()}")
+        raise
+
+
+@pytest.fixture(scope="session")
+def registry_addr(engine: dict[str, Any]) -> str:
+    addr = os.environ.get("LAUNCHER_TEST_REGISTRY", registry.DEFAULT_LOCAL)
+    try:
+        registry.start_local_registry(default_cache_dir() / "registry", addr)
+    except LauncherError as exc:
+        need(False, f"no local registry: {exc.one_line()}")
+    return addr
+
+
+@pytest.fixture(scope="session")
+def base_ref(registry_addr: str) -> str:
+    try:
+        return bootstrap(default_cache_dir(), registry_address=registry_addr).ref
+    except LauncherError as exc:
+        need(False, f"cannot bootstrap a base image: {exc.one_line()}")
+        raise
+
+
+@pytest.fixture(scope="session")
+def make_workspace(base_ref: str, repo_workspace: Workspace) -> Callable[[Path], Workspace]:
+    """A scratch copy of this repository's workspace, pinned to the bootstrapped base."""
+
+    def make(root: Path, *, recipes: bool = True) -> Workspace:
+        init_workspace(root, from_workspace=repo_workspace)
+        if not recipes:
+            shutil.rmtree(root / "recipes")
+            (root / "recipes").mkdir()
+        ws = Workspace.at(root)
+        lock = images.load(ws)
+        for v in list(lock.pins):
+            lock.pins[v] = images.BasePin(v, base_ref, python="3.11", source="bootstrap")
+        images.save(ws, lock)
+        return ws
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tf_workspace(make_workspace: Callable[[Path], Workspace], tmp_path_factory: pytest.TempPathFactory) -> Workspace:
+    return make_workspace(tmp_path_factory.mktemp("tfws") / "ws")
+
+
+@pytest.fixture(scope="session")
+def cpu_image(tf_workspace: Workspace) -> Iterator[dict[str, Any]]:
+    """The real TensorFlow CPU image, built once from the committed lock (lockfiles/cpu.txt)."""
+    from launcher.build import build
+
+    rec = build(tf_workspace, "cpu")
+    yield {"id": rec.image_id, "tag": rec.tag, "record": rec, "workspace": tf_workspace}
