@@ -582,11 +582,18 @@ def _load_named(ws: Workspace, refs: Iterable[str]) -> list[Manifest]:
     return out
 
 
-def select_runs(ws: Workspace, run_ids: list[str] | None,
-                against: str | None) -> tuple[Manifest, list[Manifest]]:
+def select_runs(ws: Workspace, run_ids: list[str] | None, against: str | None,
+                group: str | None = None) -> tuple[Manifest, list[Manifest]]:
     """(reference, all runs including it, reference first)."""
+    if run_ids and group:
+        raise UsageError("name runs or a group, not both", "drop the run ids or --group")
     if run_ids:
         runs = _load_named(ws, run_ids)
+    elif group is not None:
+        runs = group_runs(ws, group)
+        if not runs:
+            raise NotFound(f"no completed runs in group {group!r} under {ws.runs}",
+                           "check the group name in a run's manifest.json")
     else:
         runs = group_runs(ws, latest_group(ws))
     if against is not None:
@@ -647,10 +654,10 @@ def explain(ref: Manifest, run: Manifest) -> dict[str, Any]:
 
 
 def verify_checksums(ws: Workspace, run_ids: list[str] | None = None, against: str | None = None,
-                     reporter: Reporter | None = None,
+                     group: str | None = None, reporter: Reporter | None = None,
                      explainer: Callable[[Manifest, Manifest], dict[str, Any]] = explain) -> VerifyReport:
     """Compare runs bit for bit: the named runs (or the latest group) against the first or ``against``."""
-    ref, runs = select_runs(ws, run_ids, against)
+    ref, runs = select_runs(ws, run_ids, against, group)
     stats = check_integrity(runs, reporter)
     rows, differs = _compare_artifacts(ref, runs)
     verdicts = [RunVerdict(ref, REFERENCE)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -143,6 +144,8 @@ def checksums(
         help="Run ids (or run directories). Default: the runs of the most recent group.")] = None,
     against: Annotated[str | None, typer.Option(
         "--against", help="The reference run. Default: the first run.")] = None,
+    group: Annotated[str | None, typer.Option(
+        "--group", "-g", help="Verify the runs of this group (e.g. one from `launcher experiment`).")] = None,
 ) -> None:
     """Compare every artifact's sha256 across runs; explain every difference.
 
@@ -152,10 +155,106 @@ def checksums(
 
     ws = workspace_of(ctx)
     with reporter(ctx) as rep:
-        report = verify_checksums(ws, runs or None, against=against, reporter=rep)
+        report = verify_checksums(ws, runs or None, against=against, group=group, reporter=rep)
     result = Result("verify checksums", report.to_dict(), report.exit_code, report.summary_line())
     render(ctx, result, _print_verify)
 
 
+def _print_experiment(result: Result) -> None:
+    d = result.data
+    table = Table("group", "#", "seed", "host", "run", "result")
+    for r in d["runs"]:
+        outcome = "[green]ok[/]" if r["ok"] else f"[bold red]{r['error'] or 'run failed'}[/]"
+        table.add_row(r["group"], str(r["replicate"]), str(r["seed"]), r["host"] or "-",
+                      ", ".join(r["run_ids"]) or "-", outcome)
+    stdout.print(table)
+    for group in d["groups"].values():
+        stdout.print(f"verify:  launcher verify checksums --group {group}")
+    stdout.print(f"report:  launcher report {' '.join(d['groups'].values())}")
+    stdout.print(result.summary)
+
+
+def experiment_cmd(
+    ctx: typer.Context,
+    recipe: Annotated[str, typer.Argument(help="A recipe name (recipes/NAME).")],
+    runs: Annotated[int, typer.Option("--runs", "-n", help="Runs per group.")] = 5,
+    seeds: Annotated[str, typer.Option(
+        "--seeds", help="same: one seed for every run; different: a seed per run; both: one group of each.")
+    ] = "both",
+    host: Annotated[list[str] | None, typer.Option(
+        "--host", "-H", help="SSH destination; repeat to spread runs over hosts (one run per host at a "
+        "time). Default: the local Docker engine.")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="The seed of the same-seed group; the first of the "
+                                      "different-seeds group.")] = 42,
+    variant: Annotated[str, typer.Option("--variant", help="Image variant: cpu or gpu.")] = "cpu",
+    determinism: Annotated[str, typer.Option(
+        "--determinism", "--profile", help="strict | deterministic | seeded | off")] = "deterministic",
+    threads: Annotated[int | None, typer.Option(
+        "--threads", help="Fixed intra/inter-op thread count.")] = None,
+    data: Annotated[str | None, typer.Option("--data", help="Dataset folder on the hosts, mounted read-only.")
+                    ] = None,
+    param: Annotated[list[str] | None, typer.Option("--param", help="KEY=VALUE; repeatable.")] = None,
+    trust_new_host: Annotated[bool, typer.Option(
+        "--trust-new-host", help="Record the host key of a host not yet in known_hosts.")] = False,
+    identity: Annotated[Path | None, typer.Option(
+        "--identity", "-i", help="Private key file for SSH.")] = None,
+) -> None:
+    """Run replicates of a recipe in a same-seed and a different-seeds group, in parallel across hosts."""
+    from launcher import runs as runs_mod
+    from launcher.experiment import experiment
+
+    ws = workspace_of(ctx)
+    host_kw = {"trust_new_host": trust_new_host or None, "identity": identity}
+    with reporter(ctx) as rep:
+        res = experiment(ws, recipe, runs, seeds, list(host or []) or [None], base_seed=seed, variant=variant,
+                         profile=determinism, threads=threads, data=data,
+                         params=runs_mod.parse_params(param or []), host_kw=host_kw, reporter=rep)
+    n_failed = len(res.failed)
+    summary = (f"{len(res.outcomes)} runs in {len(res.groups)} groups" if not n_failed
+               else f"{n_failed} of {len(res.outcomes)} runs failed")
+    render(ctx, Result("experiment", res.to_dict(), res.exit_code, summary), _print_experiment)
+
+
+def _print_report(result: Result) -> None:
+    d = result.data
+    metrics = d["metrics"]
+    table = Table("group", "kind", "runs", *(f"{m} mean ± stdev" for m in metrics))
+    for g in d["groups"]:
+        cells = []
+        for m in metrics:
+            f = g["final"][m]
+            spread = f" ± {_num(f['stdev'])}" if f["stdev"] is not None else ""
+            cells.append(_num(f["mean"]) + spread)
+        table.add_row(g["name"], g["kind"], str(len(g["runs"])), *cells)
+    stdout.print(table)
+    spread = d.get("seed_fixed_spread")
+    if spread:
+        for m, v in spread["metrics"].items():
+            if v["stdev_ratio"] is not None:
+                stdout.print(f"{m}: with the seed fixed, {100 * v['stdev_ratio']:.1f}% of the standard "
+                             f"deviation remains ({100 * v['variance_ratio']:.1f}% of the variance)")
+    for note in d["notes"]:
+        stdout.print(f"[dim]{note}[/]")
+    stdout.print(result.summary)
+
+
+def report_cmd(
+    ctx: typer.Context,
+    groups: Annotated[list[str], typer.Argument(
+        help="Group names (from `launcher experiment` or a manifest).")],
+    name: Annotated[str | None, typer.Option("--name", help="Report folder name under reports/.")] = None,
+) -> None:
+    """Write reports/NAME/: final-metric table, seed-fixed share of the spread, plots, index.html, JSON."""
+    from launcher.report import write_report
+
+    ws = workspace_of(ctx)
+    with reporter(ctx) as rep:
+        report = write_report(ws, groups, name, rep)
+    render(ctx, Result("report", report.to_dict(), summary=f"wrote {report.directory / 'index.html'}"),
+           _print_report)
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(verify_app)
+    app.command("experiment")(guarded("experiment")(experiment_cmd))
+    app.command("report")(guarded("report")(report_cmd))
