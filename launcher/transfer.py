@@ -396,6 +396,18 @@ def _read_exact(stream: IO[bytes], n: int) -> bytes:
     return bytes(buf)
 
 
+def _json_line(line: bytes) -> dict[str, Any]:
+    if not line.endswith(b"\n"):
+        raise EOFError("stream ended inside a record")
+    try:
+        data = json.loads(line)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise Corrupt(f"the host sent a malformed record: {line[:80]!r}", "run `launcher pull RUN` again")
+    return data
+
+
 def receive_files(
     stream: IO[bytes],
     dest: Path,
@@ -408,7 +420,7 @@ def receive_files(
         line = stream.readline()
         if not line:
             return errors
-        header = json.loads(line)
+        header = _json_line(line)
         rel = str(header.get("path", ""))
         if "error" in header:
             errors.append((rel, str(header["error"])))
@@ -435,7 +447,7 @@ def receive_files(
                         size += len(block)
                         if on_bytes is not None:
                             on_bytes(len(block))
-                trailer = json.loads(stream.readline() or b"{}")
+                trailer = _json_line(stream.readline())
             except OSError as exc:
                 tmp_path.unlink(missing_ok=True)
                 if getattr(exc, "errno", None) in (28, 122):

@@ -95,6 +95,8 @@ def import_image(tarball: Path, name: str) -> str:
 
 @dataclass
 class TestHost:
+    __test__ = False  # a fixture object, not a test class
+
     container: str
     ip: str
     key: Path

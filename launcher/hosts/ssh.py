@@ -15,6 +15,7 @@ import shlex
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -328,24 +329,37 @@ class SSHHost(Host):
         out: list[bytes] = []
         err: list[bytes] = []
         deadline = None if timeout is None else time.monotonic() + timeout
+        sender = None
         try:
             if input:
-                chan.sendall(input)
-            chan.shutdown_write()
+                # a separate thread, so a command that answers while it reads cannot deadlock us
+                sender = threading.Thread(target=self._send_all, args=(chan, input), daemon=True)
+                sender.start()
+            else:
+                chan.shutdown_write()
             while True:
+                busy = False
                 if chan.recv_ready():
                     out.append(chan.recv(65536))
-                elif chan.recv_stderr_ready():
+                    busy = True
+                if chan.recv_stderr_ready():
                     err.append(chan.recv_stderr(65536))
-                elif chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    busy = True
+                if busy:
+                    continue
+                if chan.eof_received:
+                    # EOF comes after the last data (the exit status may come before it)
+                    while chan.recv_ready():
+                        out.append(chan.recv(65536))
+                    while chan.recv_stderr_ready():
+                        err.append(chan.recv_stderr(65536))
                     break
-                elif chan.closed or not self._transport().is_active():
+                if chan.closed or not self._transport().is_active():
                     break
-                else:
-                    select.select([chan], [], [], 0.5)
+                select.select([chan], [], [], 0.5)
                 if deadline is not None and time.monotonic() > deadline:
                     raise LauncherError(f"`{argv[0]}` on {self.name} did not finish within {timeout:.0f} s")
-            code = chan.recv_exit_status() if chan.exit_status_ready() else -1
+            code = chan.recv_exit_status() if chan.status_event.wait(CONNECT_TIMEOUT_S) else -1
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise HostUnreachable(
                 f"the SSH connection to {self.target.destination} failed: {exc}",
@@ -359,6 +373,14 @@ class SSHHost(Host):
         if check and code != 0:
             raise CommandFailed(done, f"`{argv[0]}` failed on {self.name}: {done.last_error_line()}")
         return done
+
+    @staticmethod
+    def _send_all(chan: paramiko.Channel, data: bytes) -> None:
+        try:
+            chan.sendall(data)
+            chan.shutdown_write()
+        except (OSError, EOFError, paramiko.SSHException):
+            pass  # the command ended or the connection dropped; run() reports that
 
     def openssh_options(self, *, scp: bool = False) -> list[str]:
         """Options that make the OpenSSH client verify the host exactly as paramiko did."""

@@ -1,0 +1,32 @@
+"""The local host: the same interface as SSH, with subprocesses and local paths."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from launcher.hosts import open_host
+from launcher.hosts.local import LocalHost
+
+
+def test_local_host_runs_streams_and_lists(tmp_path: Path) -> None:
+    h = open_host(None, workspace_root=tmp_path)
+    assert isinstance(h, LocalHost) and h.describe() == {"name": "local", "kind": "local"}
+    assert h.runs_root() == str(tmp_path / ".launcher" / "host-runs")
+    assert h.run_dir("r1") == str(tmp_path / ".launcher" / "host-runs" / "r1")
+    assert h.run(["printf", "%s", "a b $HOME"]).out == "a b $HOME"
+    p = h.start(["cat"])
+    p.stdin.write(b"streamed")
+    p.stdin.close()
+    assert p.stdout.read() == b"streamed" and p.wait() == 0
+    (tmp_path / "d" / "sub").mkdir(parents=True)
+    (tmp_path / "d" / "sub" / "f").write_bytes(b"abc")
+    (tmp_path / "d" / "link").symlink_to("/etc/passwd")
+    entries = {e.path: e for e in h.list_dir(str(tmp_path / "d"))}
+    assert entries["sub"].kind == "dir" and entries["link"].kind == "symlink"
+    assert entries["link"].target == "/etc/passwd"
+    assert entries["sub/f"].sha256 == "sha256:" + hashlib.sha256(b"abc").hexdigest()
+    assert h.free_bytes(str(tmp_path)) > 0
+    h.put_file(tmp_path / "d" / "sub" / "f", str(tmp_path / "e" / "g"))
+    assert (tmp_path / "e" / "g").read_bytes() == b"abc"
+    assert list(h.iter_lines(["sh", "-c", "echo one; echo two >&2"])) == ["one\n", "two\n"]
