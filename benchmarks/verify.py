@@ -1,0 +1,114 @@
+"""Benchmarks for `launcher verify`.
+
+1. Verifying two runs holding 1 GB of artifacts in all, as a ratio of `sha256sum` over the same
+   files measured in the same process (target <= 1.2). Both read from the page cache: the
+   files are read once before timing.
+2. A deep diff of a 25M-parameter model (every element differs: the slow path), target <= 3 s,
+   also printed as a ratio of `sha256sum` over the two model files.
+
+Usage: python benchmarks/verify.py [--gib 1.0] [--params 25000000] [--repeat 3] [--dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from runfactory import FakeRun, make_workspace, refresh_manifest, write_run
+
+from launcher.modeldiff import canonical_bytes, diff_models
+from launcher.verify import verify_checksums
+from launcher.workspace import Workspace
+
+
+def best_of(repeat: int, fn: Callable[[], object]) -> float:
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def sha256sum(paths: list[Path]) -> None:
+    subprocess.run(["sha256sum", *map(str, paths)], check=True, stdout=subprocess.DEVNULL)
+
+
+def make_runs(root: Path, total_bytes: int) -> tuple[Workspace, list[Path]]:
+    """Two identical runs, each with half of total_bytes in a canonical model and a native save."""
+    ws = Workspace.at(make_workspace(root), root / "cache")
+    per_run = total_bytes // 2
+    rng = np.random.default_rng(0)
+    n = per_run // 2 // 4
+    weights = canonical_bytes([("dense", [rng.standard_normal(n, dtype=np.float32)])])
+    native = rng.integers(0, 256, per_run - len(weights), dtype=np.uint8).tobytes()
+    files: list[Path] = []
+    for i in range(2):
+        d = write_run(ws.runs, FakeRun(run_id=f"bench-{i}", replicate=i))
+        (d / "outputs/model/canonical.npz").write_bytes(weights)
+        (d / "outputs/model/model.weights.h5").write_bytes(native)
+        refresh_manifest(d)
+        files += [p for p in (d / "outputs").rglob("*") if p.is_file()]
+    return ws, files
+
+
+def bench_verify(root: Path, gib: float, repeat: int) -> float:
+    ws, files = make_runs(root / "ws", int(gib * (1 << 30)))
+    size = sum(p.stat().st_size for p in files)
+    sha256sum(files)  # warm the page cache for both
+    ref = best_of(repeat, lambda: sha256sum(files))
+    report = verify_checksums(ws)
+    assert report.identical
+    ours = best_of(repeat, lambda: verify_checksums(ws))
+    ratio = ours / ref
+    print(f"verify, 2 runs, {size / (1 << 30):.2f} GiB in {len(files)} files: {ours:.2f} s; "
+          f"sha256sum: {ref:.2f} s; ratio {ratio:.2f} (target <= 1.2) {'OK' if ratio <= 1.2 else 'SLOW'}")
+    return ratio
+
+
+def bench_modeldiff(root: Path, params: int, repeat: int) -> float:
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal(params - 1000, dtype=np.float32)
+    head = rng.standard_normal(1000, dtype=np.float32)
+    pa, pb = root / "a.npz", root / "b.npz"
+    pa.write_bytes(canonical_bytes([("dense", [a]), ("out", [head])]))
+    pb.write_bytes(canonical_bytes([("dense", [a + np.float32(1e-3)]), ("out", [head])]))
+    sha256sum([pa, pb])
+    ref = best_of(repeat, lambda: sha256sum([pa, pb]))
+    diff = diff_models(pa, pb)
+    assert diff.first_difference is not None and diff.first_difference.layer == "dense"
+    ours = best_of(repeat, lambda: diff_models(pa, pb))
+    print(f"deep model diff, {params / 1e6:.0f}M parameters (all of one layer differ): {ours:.2f} s "
+          f"(target <= 3 s) {'OK' if ours <= 3 else 'SLOW'}; sha256sum of the two files: {ref:.2f} s; "
+          f"ratio {ours / ref:.2f}")
+    return ours
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gib", type=float, default=1.0, help="artifact bytes over both runs, in GiB")
+    ap.add_argument("--params", type=int, default=25_000_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temporary one)")
+    args = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="launcher-bench-", dir=args.dir))
+    try:
+        ratio = bench_verify(root, args.gib, args.repeat)
+        seconds = bench_modeldiff(root, args.params, args.repeat)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0 if ratio <= 1.2 and seconds <= 3 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
