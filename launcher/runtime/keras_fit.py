@@ -203,7 +203,7 @@ def install(keras: Any, tf: Any, rec: Recorder) -> Callable[..., Any]:
         callbacks.insert(0, callbacks.pop())
         kw = {k: v for k, v in a.items() if k not in ("x", "y", "sample_weight", "batch_size", "shuffle",
                                                       "steps_per_epoch", "callbacks")}
-        history = original(self, ds, callbacks=callbacks, **kw, **extra)
+        history = original(self, ds, callbacks=callbacks, shuffle=False, **kw, **extra)
         _save_final(rec, self)
         return history
 
