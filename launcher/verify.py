@@ -329,7 +329,7 @@ def explain_metrics(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
     return {
         "same": first is None and len(a) == len(b),
         "epochs_compared": len(epochs),
-        "epochs": (len(a), len(b)),
+        "epochs": {"reference": len(a), "run": len(b)},
         "first_divergence": first,
         "final": final,
     }

@@ -104,3 +104,32 @@ def test_subprocess_smoke(root: Path) -> None:
                         "checksums"], capture_output=True, text=True, timeout=120, check=False)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["data"]["verdict"] == "identical"
+
+
+def _keys(obj: object, out: set[str]) -> set[str]:
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            # Dynamic keys: run ids, metric names and check names are data, not schema.
+            if not (k.startswith("2026") or k in ("loss", "accuracy")):
+                out.add(k)
+            _keys(v, out)
+    elif isinstance(obj, list):
+        for v in obj:
+            _keys(v, out)
+    return out
+
+
+def test_every_json_field_is_documented(root: Path) -> None:
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "verify-json.md").read_text()
+    assert "launcher.verify/v1" in doc
+    seen: set[str] = set()
+    for kw in ({"seed": 43}, {"unseeded_dropout": True, "dropout_entropy": 1}, {"data_version": 1}):
+        for d in (root / "runs").iterdir():
+            for p in sorted(d.rglob("*"), reverse=True):
+                p.unlink() if p.is_file() else p.rmdir()
+            d.rmdir()
+        pair(root / "runs", **kw)
+        _, out, _ = _invoke(root, "--json", "verify", "checksums")
+        _keys(json.loads(out), seen)
+    undocumented = sorted(k for k in seen if f"`{k}`" not in doc)
+    assert undocumented == [], undocumented
