@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from runfactory import FakeRun, make_workspace, refresh_manifest, write_run
 
-from launcher.modeldiff import canonical_bytes, diff_models
+from launcher.modeldiff import diff_models
+from launcher.runtime.fingerprints import canonical_npz_bytes
 from launcher.verify import verify_checksums
 from launcher.workspace import Workspace
 
@@ -50,7 +51,7 @@ def make_runs(root: Path, total_bytes: int) -> tuple[Workspace, list[Path]]:
     per_run = total_bytes // 2
     rng = np.random.default_rng(0)
     n = per_run // 2 // 4
-    weights = canonical_bytes([("dense", [rng.standard_normal(n, dtype=np.float32)])])
+    weights = canonical_npz_bytes([("dense", [rng.standard_normal(n, dtype=np.float32)])])
     native = rng.integers(0, 256, per_run - len(weights), dtype=np.uint8).tobytes()
     files: list[Path] = []
     for i in range(2):
@@ -81,8 +82,8 @@ def bench_modeldiff(root: Path, params: int, repeat: int) -> float:
     a = rng.standard_normal(params - 1000, dtype=np.float32)
     head = rng.standard_normal(1000, dtype=np.float32)
     pa, pb = root / "a.npz", root / "b.npz"
-    pa.write_bytes(canonical_bytes([("dense", [a]), ("out", [head])]))
-    pb.write_bytes(canonical_bytes([("dense", [a + np.float32(1e-3)]), ("out", [head])]))
+    pa.write_bytes(canonical_npz_bytes([("dense", [a]), ("out", [head])]))
+    pb.write_bytes(canonical_npz_bytes([("dense", [a + np.float32(1e-3)]), ("out", [head])]))
     sha256sum([pa, pb])
     ref = best_of(repeat, lambda: sha256sum([pa, pb]))
     diff = diff_models(pa, pb)

@@ -1,10 +1,11 @@
 """Load model weights from their saved forms and diff them array by array.
 
 Forms: the runtime's canonical ``model/canonical.npz`` (a stored zip of ``NNN.<layer>/<i>.npy``
-entries), Keras ``.weights.h5`` and ``.keras`` (needs h5py), PyTorch state dicts ``.pt``/``.pth``
-(needs torch). Arrays are compared bit for bit; for those that differ the count of differing
-elements and the largest absolute and relative differences are computed with whole-array numpy
-operations, so a 25M-parameter model diffs in about a second.
+entries, written by ``launcher.runtime.fingerprints.canonical_npz_bytes``), Keras 3
+``.weights.h5`` and ``.keras`` and Keras 2 ``.h5`` (need h5py), PyTorch state dicts
+``.pt``/``.pth`` (need torch). Arrays are compared bit for bit; for those that differ the count
+of differing elements and the largest absolute and relative differences are computed with
+whole-array numpy operations, slice by slice, so a 25M-parameter model diffs in about a second.
 """
 
 from __future__ import annotations
@@ -174,31 +175,52 @@ def _import_h5py() -> Any:
     return h5py
 
 
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _keras2_arrays(handle: Any) -> list[WeightArray] | None:
+    """Keras 2 HDF5 (``model.save`` / ``save_weights`` to .h5): layer and weight order are attributes."""
+    group = handle["model_weights"] if "model_weights" in handle else handle
+    names = group.attrs.get("layer_names")
+    if names is None:
+        return None
+    arrays: list[WeightArray] = []
+    for raw in names:
+        layer = _text(raw)
+        lg = group[layer]
+        for i, wname in enumerate(lg.attrs.get("weight_names", [])):
+            arrays.append(WeightArray(layer, str(i), np.asarray(lg[_text(wname)][()])))
+    return arrays
+
+
+_KERAS3_SEGMENTS = {"layers", "_layer_checkpoint_dependencies", "vars"}
+
+
 def _h5_arrays(handle: Any, source: Path) -> list[WeightArray]:
     h5py = _import_h5py()
-    found: list[tuple[str, np.ndarray]] = []
+    arrays = _keras2_arrays(handle)
+    if arrays is None:
+        # Keras 3 (.weights.h5, and inside .keras): layers/<name>/vars/<i>, nested models
+        # as layers/<model>/layers/<name>/vars/<i>. Groups come in name order, not model order.
+        found: list[tuple[str, np.ndarray]] = []
 
-    def visit(name: str, obj: Any) -> None:
-        if isinstance(obj, h5py.Dataset):
-            found.append((name, np.asarray(obj[()])))
+        def visit(name: str, obj: Any) -> None:
+            if isinstance(obj, h5py.Dataset):
+                found.append((name, np.asarray(obj[()])))
 
-    handle.visititems(visit)
-    arrays: list[WeightArray] = []
-    counters: dict[str, int] = {}
-    for name, value in found:
-        parent, _, leaf = name.rpartition("/")
-        layer = parent
-        # Keras 3 stores layers/<name>/vars/<i>; Keras 2 stores <layer>/<layer>/<weight>:0.
-        if layer.endswith("/vars") or layer == "vars":
-            layer = layer[: -len("vars")].rstrip("/")
-        if layer.startswith("layers/"):
-            layer = layer[len("layers/"):]
-        if leaf.isdigit():
-            index = leaf
-        else:
-            index = str(counters.get(layer, 0))
-            counters[layer] = counters.get(layer, 0) + 1
-        arrays.append(WeightArray(layer or "/", index, value))
+        handle.visititems(visit)
+        arrays = []
+        counters: dict[str, int] = {}
+        for name, value in found:
+            parent, _, leaf = name.rpartition("/")
+            layer = "/".join(p for p in parent.split("/") if p not in _KERAS3_SEGMENTS)
+            if leaf.isdigit():
+                index = leaf
+            else:
+                index = str(counters.get(layer, 0))
+                counters[layer] = counters.get(layer, 0) + 1
+            arrays.append(WeightArray(layer or "/", index, value))
     if not arrays:
         raise BadData(f"{source} holds no weight arrays")
     return arrays
@@ -364,30 +386,3 @@ def diff_weights(ref: Weights, other: Weights) -> ModelDiff:
 
 def diff_models(ref_path: Path, other_path: Path) -> ModelDiff:
     return diff_weights(load_weights(ref_path), load_weights(other_path))
-
-
-# ---------------------------------------------------------------- writing (the canonical form)
-
-_ZIP_DATE = (1980, 1, 1, 0, 0, 0)
-
-
-def canonical_name(order: int, layer: str, index: int | str) -> str:
-    return f"{order:03d}.{layer}/{index}.npy"
-
-
-def canonical_bytes(layers: list[tuple[str, list[np.ndarray]]]) -> bytes:
-    """The canonical zip for (layer name, arrays) in model order: the same weights, the same bytes."""
-    buf = io.BytesIO()
-    names: list[tuple[str, np.ndarray]] = []
-    for order, (layer, arrays) in enumerate(layers):
-        for i, arr in enumerate(arrays):
-            names.append((canonical_name(order, layer, i), arr))
-    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
-        for name, arr in sorted(names, key=lambda t: t[0]):
-            npy = io.BytesIO()
-            np.lib.format.write_array(npy, np.ascontiguousarray(arr), allow_pickle=False)
-            info = zipfile.ZipInfo(name, date_time=_ZIP_DATE)
-            info.external_attr = 0o644 << 16
-            info.create_system = 3
-            zf.writestr(info, npy.getvalue())
-    return buf.getvalue()

@@ -3,8 +3,8 @@
 The fake "training" is a small numpy computation driven by the seed, so runs with the same
 seed are bit-identical, runs with another seed differ from the initial weights on, and an
 unseeded dropout perturbs the trained layers (not the initial weights nor the batches), as a
-nondeterministic kernel would. Every output follows docs/design.md, so verify reads these
-runs exactly as it reads pulled ones.
+nondeterministic kernel would. Every output is written with the runtime's own functions
+(launcher.runtime.fingerprints), so verify reads these runs exactly as it reads pulled ones.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import numpy as np
 
 from launcher.hashing import atomic_write_json, sha256_bytes, sha256_file
 from launcher.manifest import SCHEMA_VERSION, write_manifest
-from launcher.modeldiff import canonical_bytes, load_canonical
+from launcher.modeldiff import load_canonical
+from launcher.runtime import fingerprints as fp
 
 LAYERS: list[tuple[str, list[tuple[int, ...]]]] = [
     ("conv2d", [(3, 3, 1, 4), (4,)]),
@@ -75,10 +76,8 @@ def _train(run: FakeRun) -> dict[str, Any]:
     noise = np.random.default_rng(run.dropout_entropy) if run.unseeded_dropout else None
     for epoch in range(run.epochs):
         order = rng.permutation(n_samples)
-        digests = [sha256_bytes(order[i * 8:(i + 1) * 8].astype(np.int64).tobytes())
-                   for i in range(run.batches_per_epoch)]
-        epoch_digest = sha256_bytes("".join(digests).encode())
-        batches.append({"epoch": epoch, "digest": epoch_digest, "batches": digests})
+        digests = [fp.batch_digest(order[i * 8:(i + 1) * 8]) for i in range(run.batches_per_epoch)]
+        batches.append(fp.epoch_record(epoch, digests))
         step = float(data[order].mean()) + 0.001 * run.code_version
         for li, (_, arrays) in enumerate(weights):
             for arr in arrays:
@@ -94,7 +93,11 @@ def _train(run: FakeRun) -> dict[str, Any]:
 
 
 def _jsonl(rows: list[dict[str, Any]]) -> bytes:
-    return "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode()
+    return "".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in rows).encode()
+
+
+def _json(data: Any) -> bytes:
+    return fp.canonical_json(data).encode()
 
 
 def _determinism_env(run: FakeRun) -> dict[str, str]:
@@ -118,19 +121,16 @@ def write_run(runs_dir: Path, run: FakeRun) -> Path:
     d = runs_dir / run.run_id
     o = d / "outputs"
     files: dict[str, bytes] = {
-        "_launcher/exit.json": json.dumps({"exit_code": 0, "started_at": run.started_at,
-                                           "ended_at": run.started_at}).encode(),
-        "_launcher/runtime.json": json.dumps(runtime_doc(run), sort_keys=True).encode(),
+        "_launcher/exit.json": _json({"exit_code": 0, "started_at": run.started_at,
+                                      "ended_at": run.started_at}),
+        "_launcher/runtime.json": _json(runtime_doc(run)),
         "logs/train.log": f"training {run.recipe} seed={run.seed} at {run.started_at}\n".encode(),
-        "fingerprints/dataset.json": json.dumps({
-            "digest": sha256_bytes(out["dataset"].tobytes()), "kind": "arrays",
-            "entries": {"x_train": sha256_bytes(out["dataset"].tobytes())}}, sort_keys=True).encode(),
-        "fingerprints/initial_weights.json": json.dumps(_initial_fingerprint(out["initial"]),
-                                                        sort_keys=True).encode(),
+        "fingerprints/dataset.json": _json(fp.arrays_fingerprint({"x_train": out["dataset"]})),
+        "fingerprints/initial_weights.json": _json(fp.weights_fingerprint(out["initial"])),
         "fingerprints/batches.jsonl": _jsonl(out["batches"]),
         "metrics.jsonl": _jsonl(out["metrics"]),
-        "weights/layers.json": json.dumps(_layers_json(out["weights"]), sort_keys=True).encode(),
-        "model/canonical.npz": canonical_bytes(out["weights"]),
+        "weights/layers.json": _json(fp.layers_document(out["weights"])),
+        "model/canonical.npz": fp.canonical_npz_bytes(out["weights"]),
     }
     files.update(run.extra_files)
     for rel, data in files.items():
@@ -140,17 +140,6 @@ def write_run(runs_dir: Path, run: FakeRun) -> Path:
     atomic_write_json(d / "launch.json", {"run_id": run.run_id, "group": run.group, "recipe": run.recipe})
     refresh_manifest(d, manifest_data(run))
     return d
-
-
-def _initial_fingerprint(initial: list[tuple[str, list[np.ndarray]]]) -> dict[str, Any]:
-    arrays = {f"{name}/{i}": sha256_bytes(a.tobytes()) for name, arrs in initial for i, a in enumerate(arrs)}
-    return {"digest": sha256_bytes("".join(arrays.values()).encode()), "arrays": arrays}
-
-
-def _layers_json(weights: list[tuple[str, list[np.ndarray]]]) -> dict[str, Any]:
-    return {"layers": [{"name": name, "arrays": [
-        {"index": i, "shape": list(a.shape), "dtype": str(a.dtype), "sha256": sha256_bytes(a.tobytes())}
-        for i, a in enumerate(arrs)]} for name, arrs in weights]}
 
 
 def manifest_data(run: FakeRun) -> dict[str, Any]:
@@ -203,7 +192,7 @@ def flip_bit(run_dir: Path, layer: str, array: int, element: int = 0, bit: int =
         if not layers or layers[-1][0] != wa.layer:
             layers.append((wa.layer, []))
         layers[-1][1].append(value)
-    path.write_bytes(canonical_bytes(layers))
+    path.write_bytes(fp.canonical_npz_bytes(layers))
     if update_manifest:
         refresh_manifest(run_dir)
 

@@ -14,13 +14,13 @@ from launcher.modeldiff import (
     IDENTICAL,
     MISSING,
     SHAPE,
-    canonical_bytes,
     diff_arrays,
     diff_models,
     diff_weights,
     load_canonical,
     load_weights,
 )
+from launcher.runtime.fingerprints import canonical_npz_bytes
 
 
 def _layers(seed: int = 0) -> list[tuple[str, list[np.ndarray]]]:
@@ -31,7 +31,7 @@ def _layers(seed: int = 0) -> list[tuple[str, list[np.ndarray]]]:
 
 
 def test_canonical_bytes_are_stable_and_round_trip(tmp_path: Path) -> None:
-    a, b = canonical_bytes(_layers()), canonical_bytes(_layers())
+    a, b = canonical_npz_bytes(_layers()), canonical_npz_bytes(_layers())
     assert a == b
     with zipfile.ZipFile(io.BytesIO(a)) as zf:
         names = zf.namelist()
@@ -49,7 +49,7 @@ def test_canonical_bytes_are_stable_and_round_trip(tmp_path: Path) -> None:
 def test_more_than_ten_arrays_keep_model_order(tmp_path: Path) -> None:
     layers = [("block", [np.full(2, i, np.float32) for i in range(12)])]
     p = tmp_path / "c.npz"
-    p.write_bytes(canonical_bytes(layers))
+    p.write_bytes(canonical_npz_bytes(layers))
     assert [x.array for x in load_canonical(p)] == [str(i) for i in range(12)]
 
 
@@ -79,8 +79,8 @@ def test_diff_weights_names_the_first_differing_layer(tmp_path: Path) -> None:
     ref, other = _layers(), _layers()
     other[1][1][1] = other[1][1][1] + np.float32(0.5)
     pa, pb = tmp_path / "a.npz", tmp_path / "b.npz"
-    pa.write_bytes(canonical_bytes(ref))
-    pb.write_bytes(canonical_bytes([*other, ("extra", [np.zeros(1, np.float32)])]))
+    pa.write_bytes(canonical_npz_bytes(ref))
+    pb.write_bytes(canonical_npz_bytes([*other, ("extra", [np.zeros(1, np.float32)])]))
     d = diff_models(pa, pb)
     assert not d.identical
     assert d.first_difference is not None
@@ -111,8 +111,10 @@ def test_keras_h5_and_keras_archive(tmp_path: Path) -> None:
         f.create_dataset("layers/conv/vars/0", data=np.ones((2, 2), np.float32))
         f.create_dataset("layers/conv/vars/1", data=np.zeros(2, np.float32))
         f.create_dataset("layers/dense/vars/0", data=np.ones(3, np.float32))
+        f.create_dataset("layers/functional/layers/dense_2/vars/0", data=np.ones(1, np.float32))
     w = load_weights(p)
-    assert [(x.layer, x.array) for x in w] == [("conv", "0"), ("conv", "1"), ("dense", "0")]
+    assert [(x.layer, x.array) for x in w] == [("conv", "0"), ("conv", "1"), ("dense", "0"),
+                                               ("functional/dense_2", "0")]
     k = tmp_path / "model.keras"
     with zipfile.ZipFile(k, "w") as zf:
         zf.writestr("config.json", "{}")
@@ -122,10 +124,37 @@ def test_keras_h5_and_keras_archive(tmp_path: Path) -> None:
         f.create_dataset("layers/conv/vars/0", data=np.ones((2, 2), np.float32))
         f.create_dataset("layers/conv/vars/1", data=np.zeros(2, np.float32))
         f.create_dataset("layers/dense/vars/0", data=np.array([1, 1, 2], np.float32))
+        f.create_dataset("layers/functional/layers/dense_2/vars/0", data=np.ones(1, np.float32))
     d = diff_weights(load_weights(k), load_weights(q))
     assert d.first_difference is not None
     first = d.first_difference
     assert (first.layer, first.array, first.differing) == ("dense", "0", 1)
+
+
+def test_keras2_h5_follows_layer_order_attributes(tmp_path: Path) -> None:
+    h5py = pytest.importorskip("h5py", reason="h5py is an optional dependency (launcher[report])")
+
+    def save(path: Path, bias: float) -> None:
+        with h5py.File(path, "w") as f:
+            g = f.create_group("model_weights")
+            g.attrs["layer_names"] = [b"input_1", b"conv2d_1", b"dense_1"]
+            g.create_group("input_1").attrs["weight_names"] = []
+            conv = g.create_group("conv2d_1")
+            conv.attrs["weight_names"] = [b"conv2d_1/kernel:0", b"conv2d_1/bias:0"]
+            conv.create_dataset("conv2d_1/kernel:0", data=np.ones((3, 3, 1, 2), np.float32))
+            conv.create_dataset("conv2d_1/bias:0", data=np.full(2, bias, np.float32))
+            dense = g.create_group("dense_1")
+            dense.attrs["weight_names"] = [b"dense_1/kernel:0"]
+            dense.create_dataset("dense_1/kernel:0", data=np.ones((2, 2), np.float32))
+            f.create_dataset("optimizer_weights/iterations:0", data=np.int64(7))
+
+    save(tmp_path / "a.h5", 0.0)
+    save(tmp_path / "b.h5", 0.5)
+    w = load_weights(tmp_path / "a.h5")
+    assert [(x.layer, x.array) for x in w] == [("conv2d_1", "0"), ("conv2d_1", "1"), ("dense_1", "0")]
+    d = diff_models(tmp_path / "a.h5", tmp_path / "b.h5")
+    assert d.first_difference is not None
+    assert (d.first_difference.layer, d.first_difference.array) == ("conv2d_1", "1")
 
 
 def test_torch_state_dict(tmp_path: Path) -> None:
@@ -145,9 +174,9 @@ def test_25m_parameters_diff_within_budget(tmp_path: Path) -> None:
     big = [("dense", [rng.standard_normal((5000, 5000)).astype(np.float32)]),
            ("out", [rng.standard_normal(1000).astype(np.float32)])]
     pa, pb = tmp_path / "a.npz", tmp_path / "b.npz"
-    pa.write_bytes(canonical_bytes(big))
+    pa.write_bytes(canonical_npz_bytes(big))
     big[0][1][0][::7] += np.float32(1e-3)  # many differing elements: the slow path
-    pb.write_bytes(canonical_bytes(big))
+    pb.write_bytes(canonical_npz_bytes(big))
     t = time.perf_counter()
     d = diff_models(pa, pb)
     elapsed = time.perf_counter() - t
