@@ -212,3 +212,24 @@ def make_workspace(root: Path) -> Path:
     for d in ("lockfiles", "dockerfiles", "recipes", "runs"):
         (root / d).mkdir(parents=True, exist_ok=True)
     return root
+
+
+def adopt_outputs(runs_dir: Path, run_id: str, outputs: Path, *, recipe: str, seed: int | None,
+                  group: str = "g1", replicate: int = 0, params: dict[str, Any] | None = None,
+                  profile: str = "deterministic", threads: int = 2, env: dict[str, str] | None = None,
+                  started_at: str = "2026-11-22T10:00:00Z") -> Path:
+    """Make runs_dir/<run_id>/ from an outputs folder a real runtime wrote, as a pull would."""
+    d = runs_dir / run_id
+    d.mkdir(parents=True)
+    outputs.rename(d / "outputs")
+    spec = FakeRun(run_id=run_id, group=group, replicate=replicate, recipe=recipe,
+                   seed=seed if seed is not None else 0, profile=profile, threads=threads,
+                   started_at=started_at, params=dict(params or {}))
+    data = manifest_data(spec)
+    data["seed"] = seed
+    data["determinism"]["env"] = dict(env or {})
+    data["recipe"]["framework"] = "none"
+    runtime = d / "outputs" / "_launcher" / "runtime.json"
+    data["runtime"] = json.loads(runtime.read_text()) if runtime.exists() else {}
+    refresh_manifest(d, data)
+    return d
