@@ -98,6 +98,29 @@ def resolve_run(ws: Workspace, ref: str) -> Path:
     raise NotFound(f"no run {ref!r} under {ws.runs}", "list runs with `ls runs/` or `launcher runs`")
 
 
+def skipped_in_group(ws: Workspace, group: str) -> list[dict[str, str]]:
+    """Runs of the group (by their launch.json) that verify leaves out: no manifest yet, or unreadable."""
+    out: list[dict[str, str]] = []
+    if not ws.runs.is_dir():
+        return out
+    for d in sorted(ws.runs.iterdir()):
+        launch = _read_json_quiet(d / "launch.json")
+        if not isinstance(launch, dict) or launch.get("group") != group:
+            continue
+        try:
+            load_manifest(d)
+        except LauncherError as exc:
+            out.append({"run_id": d.name, "reason": exc.one_line()})
+    return out
+
+
+def _read_json_quiet(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
 def group_runs(ws: Workspace, group: str) -> list[Manifest]:
     runs = [m for m in _completed_manifests(ws) if m.group == group]
     return sorted(runs, key=lambda m: (m.replicate, m.started_at, m.run_id))
@@ -511,6 +534,7 @@ class VerifyReport:
     runs: list[RunVerdict]
     artifacts: list[ArtifactRow]
     integrity: IntegrityStats
+    skipped: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def identical(self) -> bool:
@@ -567,6 +591,7 @@ class VerifyReport:
             "runs": [r.to_dict() for r in self.runs],
             "artifacts": [a.to_dict() for a in self.artifacts],
             "explanations": {r.manifest.run_id: r.explanation for r in self.runs if r.status == DIFFERS},
+            "skipped": self.skipped,
         }
 
 
@@ -658,6 +683,7 @@ def verify_checksums(ws: Workspace, run_ids: list[str] | None = None, against: s
                      explainer: Callable[[Manifest, Manifest], dict[str, Any]] = explain) -> VerifyReport:
     """Compare runs bit for bit: the named runs (or the latest group) against the first or ``against``."""
     ref, runs = select_runs(ws, run_ids, against, group)
+    skipped = [] if run_ids else skipped_in_group(ws, runs[-1].group if group is None else group)
     stats = check_integrity(runs, reporter)
     rows, differs = _compare_artifacts(ref, runs)
     verdicts = [RunVerdict(ref, REFERENCE)]
@@ -668,4 +694,4 @@ def verify_checksums(ws: Workspace, run_ids: list[str] | None = None, against: s
             verdicts.append(RunVerdict(m, DIFFERS, explainer(ref, m)))
         else:
             verdicts.append(RunVerdict(m, IDENTICAL))
-    return VerifyReport(reference=ref, runs=verdicts, artifacts=rows, integrity=stats)
+    return VerifyReport(reference=ref, runs=verdicts, artifacts=rows, integrity=stats, skipped=skipped)

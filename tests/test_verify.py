@@ -246,3 +246,15 @@ def test_unrecorded_batches_and_second_fit(ws: Workspace) -> None:
     assert exp["metrics"]["first_divergence"]["metrics"]["loss"] == {"reference": 0.5, "run": 0.25,
                                                                      "abs_diff": 0.25}
     assert report.checks()["batches"]["all_same"] is None
+
+
+def test_incomplete_runs_of_the_group_are_left_out_and_named(ws: Workspace) -> None:
+    pair(ws.runs)
+    c = write_run(ws.runs, FakeRun(run_id="20261122T101000-mnist_convnet-cccccc", replicate=2,
+                                   started_at="2026-11-22T10:10:00Z"))
+    (c / "manifest.json").unlink()  # still running: launch.json only
+    report = verify_checksums(ws)
+    assert report.identical and len(report.runs) == 2
+    assert [s["run_id"] for s in report.skipped] == [c.name]
+    assert "not complete" in report.skipped[0]["reason"]
+    assert report.to_dict()["skipped"] == report.skipped

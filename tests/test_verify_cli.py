@@ -55,7 +55,7 @@ def test_json_schema(root: Path) -> None:
     data = env["data"]
     assert data["schema"] == "launcher.verify/v1"
     assert set(data) == {"schema", "verdict", "reference", "recipe", "summary", "integrity", "checks", "runs",
-                         "artifacts", "explanations"}
+                         "artifacts", "explanations", "skipped"}
     assert data["verdict"] == "differs" and data["reference"] == a.name
     assert set(data["checks"]) == {"models", "initial_weights", "data", "batches", "metrics"}
     run = data["runs"][1]

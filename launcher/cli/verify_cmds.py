@@ -132,6 +132,8 @@ def _print_verify(result: Result) -> None:
         stdout.print(f"\n[bold]run #{r['replicate']} {r['run_id']}[/]: {r['line']}")
         for line in explanation_lines(d["explanations"][r["run_id"]]):
             stdout.print(f"  {line}", markup=False)
+    for skipped in d["skipped"]:
+        stdout.print(f"\n[yellow]left out {skipped['run_id']}[/]: {skipped['reason']}", markup=True)
     style = "green" if result.ok else "bold red"
     stdout.print(f"\n[{style}]{result.summary}[/]")
 
@@ -223,8 +225,8 @@ def _print_report(result: Result) -> None:
         cells = []
         for m in metrics:
             f = g["final"][m]
-            spread = f" ± {_num(f['stdev'])}" if f["stdev"] is not None else ""
-            cells.append(_num(f["mean"]) + spread)
+            plus_minus = f" ± {_num(f['stdev'])}" if f["stdev"] is not None else ""
+            cells.append(_num(f["mean"]) + plus_minus)
         table.add_row(g["name"], g["kind"], str(len(g["runs"])), *cells)
     stdout.print(table)
     spread = d.get("seed_fixed_spread")
