@@ -33,8 +33,9 @@ def test_parse_facts_reads_every_field() -> None:
     f = parse_facts(READY)
     assert f["os_id"] == "ubuntu" and f["cpu_cores"] == 24 and f["ram_bytes"] == 232000000000
     assert f["docker"]["server_version"] == "24.0.7" and f["docker"]["nvidia_runtime"] is True
-    assert f["nvidia"]["gpus"] == [{"name": "NVIDIA A100 80GB PCIe", "driver": "535.129.03",
-                                    "memory": "81920 MiB"}]
+    assert f["nvidia"]["gpus"] == [
+        {"name": "NVIDIA A100 80GB PCIe", "driver": "535.129.03", "memory": "81920 MiB"}
+    ]
     assert f["is_root"] is False and f["sudo"] is True
 
 
@@ -43,22 +44,31 @@ def test_a_ready_host_plans_nothing_so_install_is_idempotent() -> None:
 
 
 def test_a_bare_ubuntu_gpu_vm_gets_docker_and_the_nvidia_toolkit() -> None:
-    bare = "\n".join(line for line in READY.splitlines()
-                     if not line.startswith(("docker", "nvidia_ctk"))) + "\ndocker_installed=0\nnvidia_ctk=0\n"
+    bare = (
+        "\n".join(line for line in READY.splitlines() if not line.startswith(("docker", "nvidia_ctk")))
+        + "\ndocker_installed=0\nnvidia_ctk=0\n"
+    )
     cmds = [s.command for s in install_plan(parse_facts(bare), gpu=True)]
-    assert cmds[:3] == ["sudo apt-get update",
-                        "sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y docker.io",
-                        "sudo systemctl enable --now docker"]
+    assert cmds[:3] == [
+        "sudo apt-get update",
+        "sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y docker.io",
+        "sudo systemctl enable --now docker",
+    ]
     assert "sudo usermod -aG docker azureuser" in cmds
     assert any("nvidia-container-toolkit.list" in c for c in cmds)
     assert "sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y nvidia-container-toolkit" in cmds
-    assert cmds[-2:] == ["sudo nvidia-ctk runtime configure --runtime=docker", "sudo systemctl restart docker"]
+    assert cmds[-2:] == [
+        "sudo nvidia-ctk runtime configure --runtime=docker",
+        "sudo systemctl restart docker",
+    ]
     assert not any("ubuntu-drivers" in c for c in cmds)  # the driver is there already
     assert not any("nvidia" in c for c in (s.command for s in install_plan(parse_facts(bare))))
 
 
 def test_root_gets_no_sudo_and_no_group_change() -> None:
-    facts = parse_facts(READY.replace("uid=1000", "uid=0").replace("docker_installed=1", "docker_installed=0"))
+    facts = parse_facts(
+        READY.replace("uid=1000", "uid=0").replace("docker_installed=1", "docker_installed=0")
+    )
     cmds = [s.command for s in install_plan(facts)]
     assert cmds and not any(c.startswith("sudo") or "usermod" in c for c in cmds)
 

@@ -10,7 +10,13 @@ from launcher.runs import new_run_id, parse_params
 
 def test_params_are_typed() -> None:
     assert parse_params(["epochs=3", "lr=0.01", "aug=true", "name=mnist", "empty=", "tag=007x"]) == {
-        "epochs": 3, "lr": 0.01, "aug": True, "name": "mnist", "empty": "", "tag": "007x"}
+        "epochs": 3,
+        "lr": 0.01,
+        "aug": True,
+        "name": "mnist",
+        "empty": "",
+        "tag": "007x",
+    }
 
 
 @pytest.mark.parametrize("bad", ["epochs", "=3", " =3", "1x=2", "a b=1"])

@@ -39,8 +39,9 @@ def test_trust_new_host_records_the_key_once(testhost: TestHost, tmp_path: Path)
         assert h.run(["true"]).returncode == 0
     recorded = kh.read_text()
     assert recorded.startswith(f"{testhost.ip} ssh-")
-    fp = subprocess.run(["ssh-keygen", "-l", "-E", "sha256", "-f", str(kh)], capture_output=True, text=True,
-                        check=True).stdout
+    fp = subprocess.run(
+        ["ssh-keygen", "-l", "-E", "sha256", "-f", str(kh)], capture_output=True, text=True, check=True
+    ).stdout
     assert testhost.host_key_fingerprint in fp
     with connect(testhost, known_hosts=kh) as h:  # now known: no trust needed, nothing appended
         assert h.run(["echo", "ok"]).out == "ok\n"

@@ -18,8 +18,7 @@ CASES: list[tuple[list[str], str]] = [
     (["echo", "it's"], "echo 'it'\"'\"'s'"),
     (["echo", ""], "echo ''"),
     (["printf", "%s\n", "x"], "printf '%s\n' x"),
-    (["touch", "`reboot`", "$(reboot)", "a|b", "a&&b", "*"],
-     "touch '`reboot`' '$(reboot)' 'a|b' 'a&&b' '*'"),
+    (["touch", "`reboot`", "$(reboot)", "a|b", "a&&b", "*"], "touch '`reboot`' '$(reboot)' 'a|b' 'a&&b' '*'"),
 ]
 
 
@@ -38,10 +37,16 @@ def test_docker_run_argv_survives_quoting_unchanged() -> None:
     from launcher.runs import Recipe, docker_run_argv
 
     recipe = Recipe("tiny", Path("/r/tiny"), "none", "train.py", "sha256:" + "0" * 64, {})
-    argv = docker_run_argv(run_id="20260101T000000-tiny-abcdef", image_id="sha256:" + "a" * 64,
-                           env={"XLA_FLAGS": "--xla_gpu_deterministic_ops=true", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"},
-                           host_out="/home/u/.launcher/runs/x/out", recipe=recipe,
-                           params={"msg": "it's a `test` $(x)"}, data="/data/my set", gpu=True)
+    argv = docker_run_argv(
+        run_id="20260101T000000-tiny-abcdef",
+        image_id="sha256:" + "a" * 64,
+        env={"XLA_FLAGS": "--xla_gpu_deterministic_ops=true", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"},
+        host_out="/home/u/.launcher/runs/x/out",
+        recipe=recipe,
+        params={"msg": "it's a `test` $(x)"},
+        data="/data/my set",
+        gpu=True,
+    )
     assert shlex.split(remote_command(argv)) == argv
     assert argv[:4] == ["docker", "run", "-d", "--name"]
     assert "/data/my set:/launcher/data:ro" in argv
@@ -65,11 +70,19 @@ def test_spec_forms(tmp_path: Path) -> None:
 
 def test_ssh_config_alias_user_port_identity_known_hosts(tmp_path: Path) -> None:
     conf = tmp_path / "config"
-    conf.write_text("Host gpu1\n  HostName 192.0.2.7\n  User azureuser\n  Port 2222\n"
-                    f"  IdentityFile {tmp_path}/key\n  UserKnownHostsFile {tmp_path}/kh\n")
+    conf.write_text(
+        "Host gpu1\n  HostName 192.0.2.7\n  User azureuser\n  Port 2222\n"
+        f"  IdentityFile {tmp_path}/key\n  UserKnownHostsFile {tmp_path}/kh\n"
+    )
     t = resolve_target("gpu1", ssh_config=conf)
-    assert t == SSHTarget(spec="gpu1", hostname="192.0.2.7", user="azureuser", port=2222,
-                          identities=(f"{tmp_path}/key",), known_hosts=tmp_path / "kh")
+    assert t == SSHTarget(
+        spec="gpu1",
+        hostname="192.0.2.7",
+        user="azureuser",
+        port=2222,
+        identities=(f"{tmp_path}/key",),
+        known_hosts=tmp_path / "kh",
+    )
     explicit = resolve_target("root@gpu1", ssh_config=conf, identity=tmp_path / "other", port=22)
     assert (explicit.user, explicit.port, explicit.identities) == ("root", 22, (str(tmp_path / "other"),))
 
@@ -80,8 +93,9 @@ def test_known_hosts_names_follow_openssh() -> None:
 
 
 def test_openssh_options_verify_host_keys_like_paramiko(tmp_path: Path) -> None:
-    target = SSHTarget(spec="x", hostname="192.0.2.9", user="u", port=2201, identities=("/k",),
-                       known_hosts=tmp_path / "kh")
+    target = SSHTarget(
+        spec="x", hostname="192.0.2.9", user="u", port=2201, identities=("/k",), known_hosts=tmp_path / "kh"
+    )
     host = SSHHost.__new__(SSHHost)
     host.target = target
     opts = host.openssh_options()

@@ -19,7 +19,7 @@ from launcher.transfer import chain_ids, classify, receive_files, rewrite_save_s
 def frame(path: str, data: bytes, digest: str | None = None) -> bytes:
     out = (json.dumps({"path": path}) + "\n").encode()
     for i in range(0, len(data), 5):
-        block = data[i:i + 5]
+        block = data[i : i + 5]
         out += struct.pack(">Q", len(block)) + block
     out += struct.pack(">Q", 0)
     digest = digest or "sha256:" + hashlib.sha256(data).hexdigest()
@@ -78,13 +78,20 @@ def test_a_cut_stream_leaves_no_partial_file(tmp_path: Path) -> None:
 
 
 def test_classify_refuses_symlinks_specials_and_escapes() -> None:
-    entries = [RemoteEntry("ok.txt", "file", 3), RemoteEntry("d", "dir"),
-               RemoteEntry("passwd", "symlink", target="/etc/passwd"), RemoteEntry("fifo", "other"),
-               RemoteEntry("../x", "file", 1)]
+    entries = [
+        RemoteEntry("ok.txt", "file", 3),
+        RemoteEntry("d", "dir"),
+        RemoteEntry("passwd", "symlink", target="/etc/passwd"),
+        RemoteEntry("fifo", "other"),
+        RemoteEntry("../x", "file", 1),
+    ]
     files, refused = classify(entries)
     assert [f.path for f in files] == ["ok.txt"]
-    assert refused == ["passwd (a symlink to /etc/passwd)", "fifo (not a regular file)",
-                       "../x (escapes the run directory)"]
+    assert refused == [
+        "passwd (a symlink to /etc/passwd)",
+        "fifo (not a regular file)",
+        "../x (escapes the run directory)",
+    ]
 
 
 def test_safe_relpath_accepts_plain_nested_paths() -> None:

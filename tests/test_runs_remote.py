@@ -1,0 +1,314 @@
+"""`launcher run` and friends against the real SSH test host and the local engine (tiny image)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest_testhost import make_workspace
+from testhost import TestHost
+from typer.testing import CliRunner
+
+from launcher.cli import app
+from launcher.errors import ExitCode, HostUnreachable, LauncherError
+from launcher.hosts.ssh import SSHHost
+from launcher.workspace import Workspace
+
+pytestmark = pytest.mark.testhost
+
+
+def ssh_args(th: TestHost) -> list[str]:
+    return [
+        "--host",
+        th.spec,
+        "--identity",
+        str(th.key),
+        "--known-hosts",
+        str(th.known_hosts),
+        "--ssh-config",
+        "/dev/null",
+    ]
+
+
+def cli(ws: Path, *args: str) -> tuple[int, dict[str, Any], str]:
+    result = CliRunner().invoke(app, ["--workspace", str(ws), "--json", "--quiet", *args])
+    out = result.stdout
+    if result.exit_code != 0 and not out.strip():
+        # the error envelope on stdout is the shared CLI layer's job; the one-line error is on stderr
+        return result.exit_code, {"summary": result.stderr, "exit_code": result.exit_code}, result.stderr
+    try:
+        data = json.loads(out)
+    except ValueError:
+        raise AssertionError(f"not JSON (exit {result.exit_code}): {out!r} {result.stderr!r}") from None
+    return result.exit_code, data, result.stderr
+
+
+def complete_runs(ws: Path) -> list[Path]:
+    return sorted(ws.glob("runs/*/manifest.json"))
+
+
+def test_run_ships_trains_and_pulls_what_the_host_hashed(
+    testhost: TestHost, tiny_workspace: Path, tiny_image: dict[str, Any]
+) -> None:
+    testhost.exec("docker", "rmi", "-f", tiny_image["id"], check=False)
+    code, env, err = cli(
+        tiny_workspace,
+        "run",
+        "tiny",
+        *ssh_args(testhost),
+        "--seed",
+        "7",
+        "--param",
+        "size_kb=256",
+        "--threads",
+        "3",
+    )
+    assert code == 0, err
+    manifest = env["data"]["runs"][0]
+    run_dir = tiny_workspace / "runs" / manifest["run_id"]
+    assert json.loads((run_dir / "manifest.json").read_text()) == manifest
+    launch = json.loads((run_dir / "launch.json").read_text())
+    assert launch["ship"]["skipped"] is False and launch["ship"]["bytes_sent"] > 0
+    assert manifest["status"] == "succeeded" and manifest["exit_code"] == 0
+    assert manifest["image"]["id"] == tiny_image["id"] and manifest["seed"] == 7
+    assert manifest["params"] == {"size_kb": 256}
+    assert manifest["host"]["kind"] == "ssh" and manifest["host"]["facts"]["docker"]["usable"] is True
+    assert manifest["host"]["facts"]["cpu_cores"] >= 1 and manifest["host"]["facts"]["ram_bytes"] > 0
+    injected = manifest["determinism"]["env"]
+    assert injected["LAUNCHER_SEED"] == "7" and injected["PYTHONHASHSEED"] == "7"
+    assert injected["TF_NUM_INTRAOP_THREADS"] == "3" and manifest["determinism"]["threads"] == 3
+    seen = json.loads((run_dir / "outputs" / "env.json").read_text())
+    assert {k: v for k, v in injected.items() if k in seen} == {k: seen[k] for k in injected if k in seen}
+    assert manifest["runtime"], "runtime.json from the container is in the manifest"
+
+    remote_out = f"/root/.launcher/runs/{manifest['run_id']}/out"
+    listing = testhost.exec("sh", "-c", f"cd {remote_out} && find . -type f -print0 | xargs -0 sha256sum")
+    host_digests = {
+        "outputs/" + line[66:].removeprefix("./"): "sha256:" + line[:64] for line in listing.splitlines()
+    }
+    assert {a["path"]: a["sha256"] for a in manifest["artifacts"]} == host_digests
+    assert "outputs/model/weights.bin" in host_digests
+
+    code, env2, err = cli(
+        tiny_workspace,
+        "run",
+        "tiny",
+        *ssh_args(testhost),
+        "--seed",
+        "7",
+        "--param",
+        "size_kb=256",
+        "--threads",
+        "3",
+    )
+    assert code == 0, err
+    second = env2["data"]["runs"][0]
+    launch2 = json.loads((tiny_workspace / "runs" / second["run_id"] / "launch.json").read_text())
+    assert launch2["ship"]["skipped"] is True
+    by_path = {a["path"]: a["sha256"] for a in second["artifacts"]}
+    assert by_path["outputs/model/weights.bin"] == host_digests["outputs/model/weights.bin"]
+
+    code, ps, _ = cli(tiny_workspace, "ps")
+    assert {r["run_id"] for r in ps["data"]["runs"]} == {manifest["run_id"], second["run_id"]}
+    assert {r["status"] for r in ps["data"]["runs"]} == {"succeeded"}
+    code, logs, _ = cli(tiny_workspace, "logs", manifest["run_id"])
+    assert code == 0 and any(line.startswith("tiny: done") for line in logs["data"]["lines"])
+
+
+def test_runs_and_seeds_make_one_group(testhost: TestHost, tiny_workspace: Path) -> None:
+    code, env, err = cli(tiny_workspace, "run", "tiny", *ssh_args(testhost), "--runs", "2", "--seed", "1")
+    assert code == 0, err
+    runs = env["data"]["runs"]
+    assert [r["replicate"] for r in runs] == [0, 1] and {r["group"] for r in runs} == {env["data"]["group"]}
+    digests = [{a["path"]: a["sha256"] for a in r["artifacts"]}["outputs/model/weights.bin"] for r in runs]
+    assert digests[0] == digests[1]
+    code, env, err = cli(tiny_workspace, "run", "tiny", *ssh_args(testhost), "--seed", "1", "--seed", "2")
+    assert code == 0, err
+    assert [r["seed"] for r in env["data"]["runs"]] == [1, 2]
+
+
+def test_a_failing_recipe_gives_a_manifest_with_its_exit_code_and_logs(
+    testhost: TestHost, tiny_workspace: Path
+) -> None:
+    code, env, err = cli(tiny_workspace, "run", "crash", *ssh_args(testhost))
+    assert code == ExitCode.RUN_FAILED
+    manifest = env["data"]["runs"][0]
+    assert manifest["status"] == "failed" and manifest["exit_code"] == 3
+    log = (tiny_workspace / "runs" / manifest["run_id"] / "outputs" / "logs" / "train.log").read_text()
+    assert "crash: about to fail" in log and "crash: this goes to stderr" in log
+    assert "outputs/logs/train.log" in {a["path"] for a in manifest["artifacts"]}
+    assert "failed" in env["summary"]
+
+
+def test_symlink_output_is_refused_and_nothing_leaves_runs(testhost: TestHost, tiny_workspace: Path) -> None:
+    before = {
+        p
+        for p in tiny_workspace.parent.rglob("*")
+        if "runs" not in p.relative_to(tiny_workspace.parent).parts
+    }
+    code, env, err = cli(tiny_workspace, "run", "evil", *ssh_args(testhost))
+    assert code == ExitCode.UNSAFE_PATH, err
+    assert "passwd" in env["summary"] and "symlink" in env["summary"]
+    assert complete_runs(tiny_workspace) == []
+    after = {
+        p
+        for p in tiny_workspace.parent.rglob("*")
+        if "runs" not in p.relative_to(tiny_workspace.parent).parts
+    }
+    new_outside = {p.relative_to(tiny_workspace).as_posix() for p in after - before}
+    assert all(p.startswith(".launcher/hosts") for p in new_outside), new_outside
+    pulled = [p.name for p in (tiny_workspace / "runs").rglob("*") if p.is_file() or p.is_symlink()]
+    assert "passwd" not in pulled and "ok.txt" in pulled
+
+
+def test_cut_connection_leaves_the_run_going_and_pull_gets_everything(
+    testhost: TestHost, tiny_workspace: Path
+) -> None:
+    from launcher import runs
+
+    ws = Workspace.at(tiny_workspace)
+    opts = {"identity": testhost.key, "known_hosts": testhost.known_hosts, "ssh_config": Path("/dev/null")}
+    host = SSHHost.connect(testhost.spec, **opts)  # type: ignore[arg-type]
+    spec = runs.RunSpec("tiny", params={"sleep": 6.0, "size_kb": 128})
+    failure: list[BaseException] = []
+
+    def attached() -> None:
+        try:
+            runs.run_recipe(
+                ws, spec, host, host_opts=runs.host_options(testhost.spec, **opts), on_log=lambda _: None
+            )
+        except BaseException as exc:
+            failure.append(exc)
+
+    worker = threading.Thread(target=attached)
+    worker.start()
+    deadline = time.monotonic() + 60
+    while "launcher-" not in testhost.exec("docker", "ps", "--format", "{{.Names}} {{.Status}}"):
+        assert time.monotonic() < deadline and worker.is_alive(), failure
+        time.sleep(0.2)
+    run_id = next((tiny_workspace / "runs").iterdir()).name
+    transport = host._client.get_transport()
+    assert transport is not None
+    transport.sock.shutdown(socket.SHUT_RDWR)  # the network goes away under the client
+    worker.join(60)
+    assert not worker.is_alive()
+    assert failure and isinstance(failure[0], HostUnreachable | LauncherError), failure
+    assert f"launcher-{run_id}" in testhost.exec("docker", "ps", "--format", "{{.Names}}")
+    assert complete_runs(tiny_workspace) == []
+
+    code, env, err = cli(tiny_workspace, "pull", run_id, "--watch", "1")
+    assert code == 0, err
+    manifest = env["data"]["run"]
+    assert manifest["status"] == "succeeded"
+    remote_out = f"/root/.launcher/runs/{run_id}/out"
+    listing = testhost.exec("sh", "-c", f"cd {remote_out} && find . -type f -print0 | xargs -0 sha256sum")
+    assert {a["path"]: a["sha256"] for a in manifest["artifacts"]} == {
+        "outputs/" + line[66:].removeprefix("./"): "sha256:" + line[:64] for line in listing.splitlines()
+    }
+    code, again, _ = cli(tiny_workspace, "pull", run_id)
+    assert code == 0 and again["data"]["run"]["artifacts"] == manifest["artifacts"]
+
+
+def test_detach_then_attach(testhost: TestHost, tiny_workspace: Path) -> None:
+    code, env, err = cli(tiny_workspace, "run", "tiny", *ssh_args(testhost), "--detach", "--param", "sleep=2")
+    assert code == 0, err
+    run_id = env["data"]["runs"][0]["run_id"]
+    assert complete_runs(tiny_workspace) == []
+    code, env, err = cli(tiny_workspace, "pull", run_id)
+    assert code == 0 and env["data"]["run"]["status"] in ("running", "succeeded")
+    code, env, err = cli(tiny_workspace, "attach", run_id)
+    assert code == 0, err
+    assert env["data"]["manifest"]["status"] == "succeeded"
+    assert any("tiny: done" in line for line in env["data"]["lines"])
+
+
+def test_stop_a_detached_run(testhost: TestHost, tiny_workspace: Path) -> None:
+    code, env, err = cli(
+        tiny_workspace, "run", "tiny", *ssh_args(testhost), "--detach", "--param", "sleep=60"
+    )
+    assert code == 0, err
+    run_id = env["data"]["runs"][0]["run_id"]
+    time.sleep(1)
+    started = time.monotonic()
+    code, env, err = cli(tiny_workspace, "stop", run_id)
+    assert code == 0, err
+    assert env["data"]["stopped"] is True and time.monotonic() - started < 30
+    code, env, _ = cli(tiny_workspace, "pull", run_id)
+    assert code == ExitCode.RUN_FAILED
+    assert env["data"]["run"]["status"] == "failed" and env["data"]["run"]["exit_code"] != 0
+
+
+def test_the_same_run_without_host_uses_the_local_engine(tiny_workspace: Path) -> None:
+    code, env, err = cli(tiny_workspace, "run", "tiny", "--seed", "7", "--param", "size_kb=16")
+    assert code == 0, err
+    manifest = env["data"]["runs"][0]
+    assert manifest["host"]["kind"] == "local" and manifest["status"] == "succeeded"
+    host_out = tiny_workspace / ".launcher" / "host-runs" / manifest["run_id"] / "out"
+    import hashlib
+
+    for a in manifest["artifacts"]:
+        rel = a["path"].removeprefix("outputs/")
+        assert a["sha256"] == "sha256:" + hashlib.sha256((host_out / rel).read_bytes()).hexdigest()
+
+
+def one_line_error(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+def test_bad_inputs_are_one_line_errors_with_distinct_codes(
+    testhost: TestHost, tiny_workspace: Path, tiny_image: dict[str, Any]
+) -> None:
+    ws = tiny_workspace
+    cases: list[tuple[list[str], ExitCode, str]] = [
+        (["run", "nosuch", *ssh_args(testhost)], ExitCode.NOT_FOUND, "unknown recipe"),
+        (["run", "tiny", "--param", "oops", *ssh_args(testhost)], ExitCode.USAGE, "malformed --param"),
+        (["run", "tiny", "--param", "nope=1", *ssh_args(testhost)], ExitCode.USAGE, "no param 'nope'"),
+        (["run", "tiny", *ssh_args(testhost), "--port", "2"], ExitCode.HOST_UNREACHABLE, "cannot reach"),
+        (
+            [
+                "run",
+                "tiny",
+                "--host",
+                testhost.spec,
+                "--identity",
+                str(testhost.key),
+                "--ssh-config",
+                "/dev/null",
+                "--known-hosts",
+                str(ws / "empty_known_hosts"),
+            ],
+            ExitCode.HOST_KEY_REJECTED,
+            "SHA256:",
+        ),
+    ]
+    make_workspace(ws, tiny_image, variant="gpu")
+    cases.append((["run", "tiny", "--variant", "gpu", *ssh_args(testhost)], ExitCode.HOST_NOT_READY, "GPU"))
+    for args, expected, text in cases:
+        code, env, err = cli(ws, *args)
+        assert code == expected, (args, err)
+        assert text in one_line_error(err) and env["exit_code"] == expected
+    assert not (ws / "runs").exists()
+
+    testhost.exec("mv", "/usr/bin/docker", "/usr/bin/docker.off")
+    try:
+        code, env, err = cli(ws, "run", "tiny", *ssh_args(testhost))
+    finally:
+        testhost.exec("mv", "/usr/bin/docker.off", "/usr/bin/docker")
+    assert code == ExitCode.HOST_NOT_READY and "Docker is not installed" in one_line_error(err)
+
+    testhost.exec("mkdir", "-p", "/root/.launcher/runs")
+    testhost.exec("mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", "/root/.launcher/runs")
+    try:
+        code, env, err = cli(ws, "run", "tiny", *ssh_args(testhost))
+    finally:
+        testhost.exec("umount", "/root/.launcher/runs")
+    assert code == ExitCode.DISK_FULL and "free" in one_line_error(err)
+    assert not (ws / "runs").exists()
