@@ -170,14 +170,15 @@ def check_integrity(manifests: Iterable[Manifest], reporter: Reporter | None = N
 
     # Largest first, so the pool is not left waiting on one big file at the end.
     ordered = sorted(jobs, key=lambda j: -j[2])
+    pool = ThreadPoolExecutor(max_workers=max(1, workers))
     try:
-        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            for m, rel, want, got in pool.map(one, ordered):
-                if got != want:
-                    raise Corrupt(f"run {m.run_id}: {rel} does not match its manifest "
-                                  f"(sha256 {got[7:19]}…, recorded {want[7:19]}…)",
-                                  _repull(m))
+        for m, rel, want, got in pool.map(one, ordered):
+            if got != want:
+                raise Corrupt(f"run {m.run_id}: {rel} does not match its manifest "
+                              f"(sha256 {got[7:19]}…, recorded {want[7:19]}…)",
+                              _repull(m))
     finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # on a mismatch, hash nothing more
         task.close()
     return IntegrityStats(files=len(jobs), bytes=total)
 
