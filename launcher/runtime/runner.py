@@ -23,6 +23,7 @@ from launcher.runtime import fingerprints as fp
 from launcher.runtime import spec as recipe_spec
 from launcher.runtime.record import EXIT_BAD_DATA, EXIT_BAD_RECIPE, EXIT_USAGE, expected_mismatch
 
+PREVIOUS_RUN = ("_launcher", "fingerprints", "metrics.jsonl", "model", "weights")
 LAUNCHER_ROOT = Path(launcher.__file__).resolve().parent.parent
 
 
@@ -48,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, required=True, help="the outputs folder")
     run.add_argument("--data", type=Path, help="the dataset folder (read only)")
     run.add_argument("--params", default="{}", help="params as a JSON object")
+    run.add_argument("--profile", help="apply this determinism profile here (host runs; a container gets "
+                     "the environment from `docker run -e`)")
+    run.add_argument("--seed", type=int, help="the seed for --profile")
+    run.add_argument("--threads", type=int, help="the thread count for --profile")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     return parser
 
@@ -64,6 +69,20 @@ class Tee:
 
     def say(self, line: str) -> None:
         self.write(f"launcher: {line}\n".encode())
+
+
+def host_profile_env(profile: str, seed: int | None, threads: int | None) -> dict[str, str]:
+    """The profile's variables, for a run started on the host (launcher.determinism is not in images)."""
+    try:
+        from launcher.determinism import profile_env
+        from launcher.errors import UsageError
+    except ImportError:
+        raise RunError("--profile needs the launcher package; in a container pass the environment with -e",
+                       EXIT_USAGE) from None
+    try:
+        return profile_env(profile, seed, threads)
+    except UsageError as exc:
+        raise RunError(exc.one_line(), EXIT_USAGE) from None
 
 
 def prepare(args: argparse.Namespace, tee: Tee) -> tuple[recipe_spec.RecipeSpec, dict[str, str]]:
@@ -87,6 +106,8 @@ def prepare(args: argparse.Namespace, tee: Tee) -> tuple[recipe_spec.RecipeSpec,
         raise RunError(str(exc), EXIT_BAD_RECIPE) from None
     dataset = recipe_spec.select_dataset(spec, params)
     env = dict(os.environ)
+    if args.profile is not None:
+        env.update(host_profile_env(args.profile, args.seed, args.threads))
     if args.data is not None:
         data = args.data.resolve()
         if not data.is_dir():
@@ -145,6 +166,11 @@ def run_child(spec: recipe_spec.RecipeSpec, env: dict[str, str], args: argparse.
 def run(args: argparse.Namespace) -> int:
     out: Path = args.out
     started = _now()
+    previous = [rel for rel in PREVIOUS_RUN if (out / rel).exists()]
+    if previous:
+        print(f"launcher: error: {out} holds a previous run's outputs ({previous[0]}); give an empty --out",
+              file=sys.stderr)
+        return EXIT_USAGE
     for sub in ("logs", "_launcher", "fingerprints"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     rc = 1
