@@ -1,9 +1,80 @@
-"""Commands registered on the root app (filled in per capability)."""
+"""`launcher recipes list|show|new`."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
+from rich.table import Table
+
+from launcher import recipes
+from launcher.cli.common import guarded, render, stdout, workspace_of
+from launcher.result import Result
+
+recipes_app = typer.Typer(name="recipes", no_args_is_help=True,
+                          help="The workspace's training recipes (recipes/<name>/recipe.toml).")
+
+
+@recipes_app.command("list")
+@guarded("recipes list")
+def list_cmd(ctx: typer.Context) -> None:
+    """List the recipes of the workspace."""
+    ws = workspace_of(ctx)
+    found = recipes.list_recipes(ws)
+    data = {"recipes": [{"name": r.name, "framework": r.framework, "description": r.spec.description,
+                         "path": str(r.path), "tree_digest": r.tree_digest} for r in found]}
+
+    def text(_: Result) -> None:
+        if not found:
+            stdout.print(f"no recipes in {ws.recipes} (create one with `launcher recipes new NAME`)")
+            return
+        table = Table("recipe", "framework", "description", box=None)
+        for r in found:
+            table.add_row(r.name, r.framework, r.spec.description)
+        stdout.print(table)
+
+    render(ctx, Result("recipes list", data, summary=f"{len(found)} recipes"), text)
+
+
+@recipes_app.command("show")
+@guarded("recipes show")
+def show_cmd(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="A recipe name, a recipe folder or a .py script.")],
+) -> None:
+    """Show a recipe: entry, params with defaults, datasets and their expected fingerprints."""
+    recipe = recipes.load_recipe(workspace_of(ctx), name)
+
+    def text(_: Result) -> None:
+        s = recipe.spec
+        stdout.print(f"[bold]{s.name}[/] ({s.framework}) {s.description}")
+        stdout.print(f"  path   {s.path}\n  entry  {s.entry}\n  tree   {recipe.tree_digest}")
+        if s.params:
+            stdout.print("  params")
+            for key, value in s.params.items():
+                stdout.print(f"    {key} = {value!r}")
+        for d in s.datasets:
+            files = ", ".join(f"{k} {v[:19]}…" for k, v in d.files.items())
+            expected = d.fingerprint or files or "not pinned"
+            stdout.print(f"  dataset {d.param}={d.name} ({d.source}): {d.format}\n    expected: {expected}")
+        if s.outputs:
+            stdout.print(f"  outputs {', '.join(s.outputs)}")
+
+    render(ctx, Result("recipes show", recipe.as_dict(), summary=f"{recipe.name}"), text)
+
+
+@recipes_app.command("new")
+@guarded("recipes new")
+def new_cmd(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="The new recipe's name (a folder under recipes/).")],
+    framework: Annotated[str, typer.Option("--framework", help="tensorflow or torch.")] = "tensorflow",
+) -> None:
+    """Scaffold recipes/NAME/ with a recipe.toml and a train.py that runs as it is."""
+    recipe = recipes.scaffold_recipe(workspace_of(ctx), name, framework)
+    render(ctx, Result("recipes new", recipe.as_dict(),
+                       summary=f"created {recipe.path} (edit train.py, then `launcher run {recipe.name}`)"))
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.add_typer(recipes_app)

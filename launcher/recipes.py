@@ -1,0 +1,282 @@
+"""The recipe format: ``recipes/<name>/recipe.toml`` beside the training code.
+
+The schema lives in :mod:`launcher.runtime.spec` (the runtime in the image reads recipes too);
+this module adds what the host needs: finding recipes in a workspace, a plain script as an
+ad-hoc recipe, params from the command line, the tree digest, and scaffolding a new recipe.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import BadRecipe, NotFound, UsageError
+from launcher.hashing import sha256_file
+from launcher.hashing import tree_digest as _tree_digest
+from launcher.runtime import spec as rspec
+from launcher.runtime.hooks import detect_framework
+from launcher.workspace import Workspace
+
+ParamValue = rspec.ParamValue
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    spec: rspec.RecipeSpec
+    tree_digest: str
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def path(self) -> Path:
+        return self.spec.path
+
+    @property
+    def framework(self) -> str:
+        return self.spec.framework
+
+    @property
+    def entry(self) -> str:
+        return self.spec.entry
+
+    @property
+    def params(self) -> dict[str, ParamValue]:
+        return dict(self.spec.params)
+
+    @property
+    def adhoc(self) -> bool:
+        return self.spec.adhoc
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.spec.as_dict(), "tree_digest": self.tree_digest}
+
+
+def _bad(exc: rspec.SpecError) -> BadRecipe:
+    hint = "fix that key in recipe.toml (the format is in the README, section Recipes)"
+    if exc.key is None:
+        hint = "see the README, section Recipes, for the format"
+    return BadRecipe(str(exc), hint)
+
+
+def tree_digest(path: Path) -> str:
+    """The digest a run records for its code: the recipe folder's tree, or a script's bytes."""
+    return sha256_file(path) if path.is_file() else _tree_digest(path)
+
+
+def load_folder(folder: Path) -> Recipe:
+    try:
+        spec = rspec.load_spec(folder.resolve())
+    except rspec.SpecError as exc:
+        raise _bad(exc) from None
+    return Recipe(spec, tree_digest(spec.path))
+
+
+def load_script(script: Path) -> Recipe:
+    """A plain .py script as a recipe: no params of its own, framework read from its imports."""
+    script = script.resolve()
+    framework = detect_framework(script.read_text(encoding="utf-8", errors="replace"))
+    return Recipe(rspec.adhoc_spec(script, framework), tree_digest(script))
+
+
+def list_recipes(ws: Workspace) -> list[Recipe]:
+    """Every recipe folder under the workspace's recipes/, by name; a broken one raises BadRecipe."""
+    if not ws.recipes.is_dir():
+        return []
+    folders = sorted(p for p in ws.recipes.iterdir() if (p / rspec.RECIPE_FILE).is_file())
+    return [load_folder(p) for p in folders]
+
+
+def known_names(ws: Workspace) -> list[str]:
+    if not ws.recipes.is_dir():
+        return []
+    return sorted(p.name for p in ws.recipes.iterdir() if (p / rspec.RECIPE_FILE).is_file())
+
+
+def load_recipe(ws: Workspace, name_or_path: str) -> Recipe:
+    """A recipe by name (recipes/<name>), a folder holding recipe.toml, or a plain .py script."""
+    given = Path(name_or_path)
+    if given.suffix == ".py":
+        if not given.is_file():
+            raise NotFound(f"no script at {given}", "check the path")
+        return load_script(given)
+    if given.is_dir() and (given / rspec.RECIPE_FILE).is_file():
+        return load_folder(given)
+    if _NAME.match(name_or_path) and (ws.recipes / name_or_path / rspec.RECIPE_FILE).is_file():
+        return load_folder(ws.recipes / name_or_path)
+    if given.is_dir():
+        raise BadRecipe(f"{given / rspec.RECIPE_FILE}: no recipe.toml in this folder",
+                        "add one (see `launcher recipes new NAME`), or run a script: "
+                        f"launcher run {given}/train.py")
+    known = known_names(ws)
+    raise NotFound(f"unknown recipe {name_or_path!r}" + (f" (known: {', '.join(known)})" if known else ""),
+                   "list them with `launcher recipes list`, or pass a folder or a .py script")
+
+
+def coerce(raw: str, like: Any = None) -> ParamValue:
+    """A command-line value as the type of the default it replaces (or the most natural type)."""
+    if isinstance(like, bool):
+        if raw.lower() in ("true", "1", "yes"):
+            return True
+        if raw.lower() in ("false", "0", "no"):
+            return False
+        raise UsageError(f"{raw!r} is not a boolean", "use true or false")
+    if isinstance(like, int):
+        try:
+            return int(raw)
+        except ValueError:
+            raise UsageError(f"{raw!r} is not an integer", f"give a whole number like {like}") from None
+    if isinstance(like, float):
+        try:
+            return float(raw)
+        except ValueError:
+            raise UsageError(f"{raw!r} is not a number", f"give a number like {like}") from None
+    if isinstance(like, str):
+        return raw
+    if raw in ("true", "false"):
+        return raw == "true"
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return raw
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else raw
+
+
+def parse_param(text: str) -> tuple[str, ParamValue]:
+    """``KEY=VALUE`` -> (key, value); the value is typed without a default to go by."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key or not re.match(r"^[A-Za-z_][A-Za-z0-9_.-]*$", key):
+        raise UsageError(f"bad param {text!r}", "write it as KEY=VALUE, e.g. --param epochs=3")
+    return key, coerce(raw)
+
+
+def resolve_params(recipe: Recipe, given: list[str] | dict[str, Any]) -> dict[str, ParamValue]:
+    """The recipe's defaults overridden by ``given``; unknown keys are refused for a recipe folder."""
+    pairs = list(given.items()) if isinstance(given, dict) else [parse_param(t) for t in given]
+    out: dict[str, ParamValue] = recipe.params
+    for key, value in pairs:
+        if not recipe.adhoc and key not in out:
+            raise UsageError(f"recipe {recipe.name} has no param {key!r}",
+                             f"its params: {', '.join(sorted(out)) or 'none'}")
+        default = out.get(key)
+        out[key] = coerce(value, default) if isinstance(value, str) else value
+    return out
+
+
+_TOML = '''name = "{name}"
+framework = "{framework}"
+entry = "train.py"
+description = "TODO: one line saying what this trains"
+outputs = ["metrics.jsonl", "model/canonical.npz"]
+
+[params]
+dataset = "builtin"         # builtin (made in train.py) | files (read from --data)
+epochs = 3
+batch_size = 32
+
+[[datasets]]
+name = "builtin"
+source = "builtin"
+format = "random arrays made with numpy from a fixed seed"
+# fingerprint = "sha256:..."   paste the digest from fingerprints/dataset.json of a first run
+
+[[datasets]]
+name = "files"
+source = "files"
+format = "data.npz with arrays x and y"
+'''
+
+_TRAIN_TF = '''"""{name}: a small Keras model trained with model.fit.
+
+The runtime applies the determinism profile before this file runs and records the dataset,
+initial weights, batch order, metrics and final weights of every model.fit on arrays.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from launcher.runtime import api
+
+keras = tf.keras
+p = api.params()
+if p["dataset"] == "files":
+    path = api.data_dir() / "data.npz"
+    if not path.is_file():
+        raise api.BadData(f"{{path}}: not found; expected data.npz with arrays x and y")
+    with np.load(path) as f:
+        x, y = f["x"], f["y"]
+else:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 8)).astype("float32")
+    y = (x.sum(axis=1) > 0).astype("int64")
+    api.record_dataset({{"x": x, "y": y}})
+
+model = keras.Sequential([keras.Input((x.shape[1],)), keras.layers.Dense(16, activation="relu"),
+                          keras.layers.Dropout(0.2), keras.layers.Dense(2, activation="softmax")])
+model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+model.fit(x, y, batch_size=p["batch_size"], epochs=p["epochs"], validation_split=0.2, verbose=2)
+'''
+
+_TRAIN_TORCH = '''"""{name}: a small PyTorch model.
+
+It reports its fingerprints through launcher.runtime.api (PyTorch has no fit() to hook).
+"""
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from launcher.runtime import api
+
+p = api.params()
+if p["dataset"] == "files":
+    path = api.data_dir() / "data.npz"
+    if not path.is_file():
+        raise api.BadData(f"{{path}}: not found; expected data.npz with arrays x and y")
+    with np.load(path) as f:
+        x, y = f["x"].astype("float32"), f["y"].astype("int64")
+else:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 8)).astype("float32")
+    y = (x.sum(axis=1) > 0).astype("int64")
+    api.record_dataset({{"x": x, "y": y}})
+data = TensorDataset(torch.from_numpy(x), torch.from_numpy(y), torch.arange(len(x)))
+loader = DataLoader(data, batch_size=p["batch_size"], shuffle=True, generator=api.torch_generator())
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+api.record_initial_weights(api.torch_layers(model))
+opt = torch.optim.Adam(model.parameters())
+for epoch in range(p["epochs"]):
+    batches, total = [], 0.0
+    for xb, yb, ids in loader:
+        batches.append(ids.numpy())
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(xb), yb)
+        loss.backward()
+        opt.step()
+        total += float(loss) * len(yb)
+    api.record_epoch(epoch, batches, {{"loss": total / len(data)}})
+api.save_final(api.torch_layers(model))
+'''
+
+
+def scaffold_recipe(ws: Workspace, name: str, framework: str = "tensorflow") -> Recipe:
+    """Create recipes/<name>/ with a recipe.toml and a train.py that runs as it is."""
+    if not _NAME.match(name):
+        raise UsageError(f"bad recipe name {name!r}",
+                         "start with a letter; use letters, digits, '_' or '-' (at most 64)")
+    if framework not in ("tensorflow", "torch"):
+        raise UsageError(f"unknown framework {framework!r}", "use tensorflow or torch")
+    folder = ws.recipes / name
+    if folder.exists():
+        raise UsageError(f"{folder} already exists", "pick another name or edit that recipe")
+    folder.mkdir(parents=True)
+    (folder / rspec.RECIPE_FILE).write_text(_TOML.format(name=name, framework=framework))
+    body = _TRAIN_TF if framework == "tensorflow" else _TRAIN_TORCH
+    (folder / "train.py").write_text(body.format(name=name))
+    return load_folder(folder)
