@@ -259,7 +259,7 @@ for epoch in range(p["epochs"]):
         loss = torch.nn.functional.cross_entropy(model(xb), yb)
         loss.backward()
         opt.step()
-        total += float(loss) * len(yb)
+        total += float(loss.detach()) * len(yb)
     api.record_epoch(epoch, batches, {{"loss": total / len(data)}})
 api.save_final(api.torch_layers(model))
 '''
