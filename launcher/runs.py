@@ -124,9 +124,9 @@ def load_recipe(ws: Workspace, ref: str) -> Recipe:
         s = rspec.adhoc_spec(script.resolve())
         return Recipe(s.name, s.path, s.framework, s.entry, sha256_file(script), {}, script=True)
     try:
-        from launcher import recipes as recipes_mod
+        import importlib
 
-        loaded = recipes_mod.load_recipe(ws, ref)  # type: ignore[attr-defined]
+        loaded: Any = importlib.import_module("launcher.recipes").load_recipe(ws, ref)
         return Recipe(
             str(loaded.name),
             Path(loaded.path),
@@ -247,7 +247,9 @@ def host_options(spec: str | None, **opts: Any) -> dict[str, Any]:
 def reopen_host(ws: Workspace, launch: Mapping[str, Any]) -> Host:
     opts = dict(launch.get("host_options") or {"spec": None})
     spec = opts.pop("spec", None)
-    kw = {k: (Path(v) if k in ("identity", "ssh_config", "known_hosts") else v) for k, v in opts.items()}
+    kw: dict[str, Any] = {
+        k: (Path(v) if k in ("identity", "ssh_config", "known_hosts") else v) for k, v in opts.items()
+    }
     return open_host(spec, workspace_root=ws.root, **kw)
 
 
@@ -373,7 +375,8 @@ def start_run(
 def read_launch(ws: Workspace, run_id: str) -> dict[str, Any]:
     path = run_dir(ws, run_id) / LAUNCH_FILE
     try:
-        return json.loads(path.read_text())  # type: ignore[no-any-return]
+        launch: dict[str, Any] = json.loads(path.read_text())
+        return launch
     except FileNotFoundError:
         raise NotFound(f"no run {run_id} in {ws.runs}", "see `launcher ps` for run ids") from None
 
@@ -382,7 +385,8 @@ def container_state(host: Host, name: str) -> dict[str, Any] | None:
     done = host.run(["docker", "inspect", "--format", "{{json .State}}", name], check=False)
     if done.returncode != 0:
         return None
-    return json.loads(done.out)  # type: ignore[no-any-return]
+    state: dict[str, Any] = json.loads(done.out)
+    return state
 
 
 def follow_logs(host: Host, container: str, sink: LogSink) -> None:
@@ -525,7 +529,7 @@ def run_recipe(
     reporter: Reporter | None = None,
     *,
     runs: int = 1,
-    seeds: Sequence[int] = (),
+    seeds: Sequence[int | None] = (),
     on_log: LogSink | None = None,
     host_opts: Mapping[str, Any] | None = None,
     facts: Mapping[str, Any] | None = None,

@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from launcher import proc
 from launcher.errors import Corrupt, DiskFull, EngineUnavailable, HostNotReady, LauncherError, UnsafePath
@@ -75,7 +75,8 @@ def local_image(image: str) -> dict[str, Any]:
             f"the local Docker engine did not answer: {done.last_error_line()}",
             "start dockerd or set DOCKER_HOST",
         )
-    return json.loads(done.out)  # type: ignore[no-any-return]
+    info: dict[str, Any] = json.loads(done.out)
+    return info
 
 
 def host_has_image(host: Host, image_id: str) -> bool:
@@ -241,9 +242,8 @@ def ship_image(
     assert save.stdout is not None
     try:
         try:
-            manifest = rewrite_save_stream(
-                _CountingReader(save.stdout, on_bytes), load.stdin, skip, on_member
-            )  # type: ignore[arg-type]
+            reader = cast(IO[bytes], _CountingReader(save.stdout, on_bytes))
+            manifest = rewrite_save_stream(reader, load.stdin, skip, on_member)
             load.stdin.close()
         except (BrokenPipeError, ConnectionError, OSError) as exc:
             load.kill()

@@ -136,7 +136,7 @@ def test_a_failing_recipe_gives_a_manifest_with_its_exit_code_and_logs(
     testhost: TestHost, tiny_workspace: Path
 ) -> None:
     code, env, err = cli(tiny_workspace, "run", "crash", *ssh_args(testhost))
-    assert code == ExitCode.RUN_FAILED
+    assert code == ExitCode.RUN_FAILED, err
     manifest = env["data"]["runs"][0]
     assert manifest["status"] == "failed" and manifest["exit_code"] == 3
     log = (tiny_workspace / "runs" / manifest["run_id"] / "outputs" / "logs" / "train.log").read_text()

@@ -16,16 +16,19 @@ pytestmark = [pytest.mark.testhost, pytest.mark.tfimage]
 
 
 def test_mnist_convnet_trains_on_the_ssh_host_and_comes_back_verified(
-        testhost: TestHost, cpu_image: dict[str, Any]) -> None:
+    testhost: TestHost, cpu_image: dict[str, Any]
+) -> None:
     ws = cpu_image["workspace"]
     opts = {"identity": testhost.key, "known_hosts": testhost.known_hosts, "ssh_config": Path("/dev/null")}
-    spec = runs.RunSpec("mnist_convnet", seed=3,
-                        params={"epochs": 1, "train_samples": 256, "test_samples": 64})
+    spec = runs.RunSpec(
+        "mnist_convnet", seed=3, params={"epochs": 1, "train_samples": 256, "test_samples": 64}
+    )
     rep = RecordingReporter()
     lines: list[str] = []
     with SSHHost.connect(testhost.spec, **opts) as host:  # type: ignore[arg-type]
-        out = runs.run_recipe(ws, spec, host, rep, host_opts=runs.host_options(testhost.spec, **opts),
-                              on_log=lines.append)
+        out = runs.run_recipe(
+            ws, spec, host, rep, host_opts=runs.host_options(testhost.spec, **opts), on_log=lines.append
+        )
     manifest = out.runs[0]
     assert manifest["status"] == "succeeded", "\n".join(lines[-30:])
     assert manifest["image"]["id"] == cpu_image["id"]
@@ -36,5 +39,6 @@ def test_mnist_convnet_trains_on_the_ssh_host_and_comes_back_verified(
         assert expected in paths
     remote_out = f"/root/.launcher/runs/{manifest['run_id']}/out"
     listing = testhost.exec("sh", "-c", f"cd {remote_out} && find . -type f -print0 | xargs -0 sha256sum")
-    assert paths == {"outputs/" + line[66:].removeprefix("./"): "sha256:" + line[:64]
-                     for line in listing.splitlines()}
+    assert paths == {
+        "outputs/" + line[66:].removeprefix("./"): "sha256:" + line[:64] for line in listing.splitlines()
+    }

@@ -174,7 +174,7 @@ def run_cmd(
     spec = runs.RunSpec(
         recipe=recipe,
         variant=variant,
-        seed=(seed or [None])[0],
+        seed=seed[0] if seed else None,
         profile=determinism,
         threads=threads,
         data=data,

@@ -154,11 +154,11 @@ class _ChannelProcess:
 
     @property
     def stdin(self) -> IO[bytes]:
-        return self._stdin  # type: ignore[return-value]
+        return self._stdin
 
     @property
     def stdout(self) -> IO[bytes]:
-        return self._stdout  # type: ignore[return-value]
+        return self._stdout
 
     def wait(self, timeout: float | None = None) -> int:
         if timeout is not None and not self._chan.status_event.wait(timeout):
@@ -255,7 +255,7 @@ class SSHHost(Host):
                 timeout=CONNECT_TIMEOUT_S,
                 banner_timeout=CONNECT_TIMEOUT_S,
                 auth_timeout=CONNECT_TIMEOUT_S,
-                sock=sock,  # type: ignore[arg-type]
+                sock=sock,
             )
         except LauncherError:
             client.close()

@@ -1,0 +1,235 @@
+"""Transfer benchmarks over SSH to a fresh test host container (see tests/testhost.py).
+
+Prints, with targets:
+- pull throughput of 1 GB of artifacts, as a ratio of OpenSSH `scp -r` on the same files (>= 0.8)
+- time to ship an unchanged image (< 2 s)
+- time to ship a rebuilt image whose recipe layer alone changed, as a ratio of shipping it whole (<= 0.1)
+- peak memory (max RSS) of the launcher process while shipping a multi-GB image and pulling 1 GB (< 200 MB)
+
+Each operation runs in a child process of this script so that its peak RSS is its own.
+Usage: python benchmarks/transfer.py [--pull-gb 1] [--image-gb 2] [--repeat 3] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))
+
+
+def child(args: argparse.Namespace) -> None:
+    """One operation, timed inside the process; prints JSON with seconds and peak RSS."""
+    from launcher import transfer
+    from launcher.hosts.ssh import SSHHost
+
+    conn = json.loads(args.child_conn)
+    t0 = time.perf_counter()
+    host = SSHHost.connect(
+        conn["spec"],
+        identity=Path(conn["key"]),
+        known_hosts=Path(conn["known_hosts"]),
+        ssh_config=Path("/dev/null"),
+    )
+    t1 = time.perf_counter()
+    out: dict[str, Any] = {"connect_s": t1 - t0}
+    if args.child == "ship":
+        res = transfer.ship_image(host, args.image, cache_dir=Path(args.cache))
+        out.update(res.to_dict())
+    else:
+        res2 = transfer.pull_outputs(host, args.remote, Path(args.dest))
+        out.update(res2.to_dict())
+    out["op_s"] = time.perf_counter() - t1
+    host.close()
+    out["maxrss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(out))
+
+
+def run_child(conn: dict[str, str], *extra: str) -> dict[str, Any]:
+    cp = subprocess.run(
+        [sys.executable, __file__, "--child-conn", json.dumps(conn), *extra],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if cp.returncode != 0:
+        raise SystemExit(f"child failed: {cp.stderr[-2000:]}")
+    return json.loads(cp.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def docker_build(ctx: Path, dockerfile: str, tag: str) -> str:
+    (ctx / "Dockerfile").write_text(dockerfile)
+    subprocess.run(["docker", "build", "-q", "-t", tag, str(ctx)], check=True, capture_output=True)
+    return subprocess.run(
+        ["docker", "image", "inspect", "--format", "{{.Id}}", tag], check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pull-gb", type=float, default=1.0)
+    ap.add_argument("--image-gb", type=float, default=2.0)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--child", choices=["ship", "pull"])
+    ap.add_argument("--child-conn")
+    ap.add_argument("--image")
+    ap.add_argument("--cache")
+    ap.add_argument("--remote")
+    ap.add_argument("--dest")
+    args = ap.parse_args()
+    if args.child_conn:
+        child(args)
+        return
+
+    import testhost as th
+
+    work = Path(tempfile.mkdtemp(prefix="launcher-bench-"))
+    tags: list[str] = []
+    host = th.start_testhost(work / "host")
+    conn = {"spec": host.spec, "key": str(host.key), "known_hosts": str(host.known_hosts)}
+    results: dict[str, Any] = {"host": host.ip}
+    try:
+        # a multi-GB image: a big "framework" layer under a small recipe layer; then the recipe changes
+        base = th.base_image()
+        run_tag = uuid.uuid4().hex[:8]
+        big_ctx = work / "big"
+        big_ctx.mkdir()
+        mb = int(args.image_gb * 1024)
+        big = f"launcher-bench/framework:{run_tag}"
+        tags.append(big)
+        docker_build(big_ctx, f"FROM {base}\nRUN head -c {mb}M /dev/urandom > /opt/framework.bin\n", big)
+        ids = {}
+        for name in ("a", "b"):
+            ctx = work / f"recipe-{name}"
+            (ctx / "recipes" / "r").mkdir(parents=True)
+            (ctx / "recipes" / "r" / "train.py").write_text(f"print('recipe {name} {uuid.uuid4()}')\n")
+            tag = f"launcher-bench/image-{name}:{run_tag}"
+            tags.append(tag)
+            ids[name] = docker_build(ctx, f"FROM {big}\nCOPY recipes /opt/launcher/recipes\n", tag)
+        size = int(
+            subprocess.run(
+                ["docker", "image", "inspect", "--format", "{{.Size}}", ids["a"]],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+        )
+        cache = str(work / "cache")
+        whole = run_child(conn, "--child", "ship", "--image", ids["a"], "--cache", cache)
+        unchanged = [
+            run_child(conn, "--child", "ship", "--image", ids["a"], "--cache", cache)
+            for _ in range(args.repeat)
+        ]
+        rebuilt = run_child(conn, "--child", "ship", "--image", ids["b"], "--cache", cache)
+        assert host.exec("docker", "run", "--rm", ids["b"], "cat", "/opt/launcher/recipes/r/train.py")
+        results["image_bytes"] = size
+        results["ship_whole"] = whole
+        results["ship_unchanged"] = unchanged
+        results["ship_rebuilt"] = rebuilt
+
+        # pull: 1 GB in 4 files, scp -r against launcher's verified pull, interleaved
+        parts = 4
+        each = int(args.pull_gb * 1024 / parts)
+        host.exec(
+            "sh",
+            "-c",
+            f"mkdir -p /root/bench/out && for i in $(seq 1 {parts}); do "
+            f"head -c {each}M /dev/urandom > /root/bench/out/part$i.bin; done",
+        )
+        from launcher.hosts.ssh import SSHHost
+
+        with SSHHost.connect(
+            host.spec, identity=host.key, known_hosts=host.known_hosts, ssh_config=Path("/dev/null")
+        ) as h:
+            scp_opts = h.openssh_options(scp=True)
+        scp_s: list[float] = []
+        pulls: list[dict[str, Any]] = []
+        for i in range(args.repeat):
+            dest = work / f"scp-{i}"
+            t = time.perf_counter()
+            subprocess.run(
+                ["scp", "-q", "-r", *scp_opts, f"{host.ip}:/root/bench/out", str(dest)], check=True
+            )
+            scp_s.append(time.perf_counter() - t)
+            shutil.rmtree(dest)
+            dest = work / f"pull-{i}" / "outputs"
+            pulls.append(
+                run_child(conn, "--child", "pull", "--remote", "/root/bench/out", "--dest", str(dest))
+            )
+            shutil.rmtree(dest.parent)
+        results["scp_s"] = scp_s
+        results["pull"] = pulls
+    finally:
+        host.stop()
+        subprocess.run(["docker", "rmi", "-f", *tags], capture_output=True, check=False)
+        shutil.rmtree(work, ignore_errors=True)
+
+    pull_s = statistics.median(p["op_s"] for p in results["pull"])
+    scp_med = statistics.median(results["scp_s"])
+    unchanged_s = statistics.median(u["op_s"] for u in results["ship_unchanged"])
+    rebuilt_ratio = results["ship_rebuilt"]["op_s"] / results["ship_whole"]["op_s"]
+    bytes_ratio = results["ship_rebuilt"]["bytes_sent"] / max(results["ship_whole"]["bytes_sent"], 1)
+    peak = max(
+        [
+            results["ship_whole"]["maxrss_mb"],
+            results["ship_rebuilt"]["maxrss_mb"],
+            *(p["maxrss_mb"] for p in results["pull"]),
+        ]
+    )
+    summary = {
+        "pull_vs_scp_ratio": scp_med / pull_s,
+        "pull_s": pull_s,
+        "scp_s": scp_med,
+        "pull_mb_per_s": args.pull_gb * 1024 / pull_s,
+        "ship_unchanged_s": unchanged_s,
+        "ship_unchanged_with_connect_s": statistics.median(
+            u["op_s"] + u["connect_s"] for u in results["ship_unchanged"]
+        ),
+        "ship_whole_s": results["ship_whole"]["op_s"],
+        "ship_rebuilt_s": results["ship_rebuilt"]["op_s"],
+        "ship_rebuilt_time_ratio": rebuilt_ratio,
+        "ship_rebuilt_bytes_ratio": bytes_ratio,
+        "peak_rss_mb": peak,
+        "image_gb": results["image_bytes"] / 1e9,
+    }
+    if args.json:
+        print(json.dumps({"summary": summary, "details": results}, indent=2))
+        return
+    ok = {True: "ok", False: "MISSED"}
+    print(f"test host {results['host']} (a container on this machine, reached over SSH at its bridge IP)")
+    print(
+        f"pull {args.pull_gb:g} GB: {pull_s:.2f} s ({summary['pull_mb_per_s']:.0f} MB/s) vs scp -r "
+        f"{scp_med:.2f} s: ratio {summary['pull_vs_scp_ratio']:.2f} (target >= 0.8: "
+        f"{ok[summary['pull_vs_scp_ratio'] >= 0.8]})"
+    )
+    print(
+        f"ship unchanged image: {unchanged_s:.2f} s, "
+        f"{summary['ship_unchanged_with_connect_s']:.2f} s with the SSH connect "
+        f"(target < 2 s: {ok[unchanged_s < 2]})"
+    )
+    print(
+        f"ship {summary['image_gb']:.2f} GB image whole: {summary['ship_whole_s']:.2f} s; "
+        f"rebuilt with only the recipe layer changed: {summary['ship_rebuilt_s']:.2f} s: "
+        f"time ratio {rebuilt_ratio:.3f} "
+        f"(target <= 0.1: {ok[rebuilt_ratio <= 0.1]}), bytes ratio {bytes_ratio:.5f}"
+    )
+    print(
+        f"peak RSS of launcher while shipping and pulling: {peak:.0f} MB (target < 200 MB: {ok[peak < 200]})"
+    )
+
+
+if __name__ == "__main__":
+    main()
