@@ -147,18 +147,24 @@ def coerce(raw: str, like: Any = None) -> ParamValue:
     return value if isinstance(value, int | float) and not isinstance(value, bool) else raw
 
 
+def split_param(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` -> (key, raw value)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_.-]*$", key):
+        raise UsageError(f"bad param {text!r}", "write it as KEY=VALUE, e.g. --param epochs=3")
+    return key, raw
+
+
 def parse_param(text: str) -> tuple[str, ParamValue]:
     """``KEY=VALUE`` -> (key, value); the value is typed without a default to go by."""
-    key, sep, raw = text.partition("=")
-    key = key.strip()
-    if not sep or not key or not re.match(r"^[A-Za-z_][A-Za-z0-9_.-]*$", key):
-        raise UsageError(f"bad param {text!r}", "write it as KEY=VALUE, e.g. --param epochs=3")
+    key, raw = split_param(text)
     return key, coerce(raw)
 
 
 def resolve_params(recipe: Recipe, given: list[str] | dict[str, Any]) -> dict[str, ParamValue]:
     """The recipe's defaults overridden by ``given``; unknown keys are refused for a recipe folder."""
-    pairs = list(given.items()) if isinstance(given, dict) else [parse_param(t) for t in given]
+    pairs: list[tuple[str, Any]] = (list(given.items()) if isinstance(given, dict)
+                                    else [split_param(t) for t in given])
     out: dict[str, ParamValue] = recipe.params
     for key, value in pairs:
         if not recipe.adhoc and key not in out:

@@ -101,9 +101,12 @@ def prepare(args: argparse.Namespace, tee: Tee) -> tuple[recipe_spec.RecipeSpec,
             if not script.is_file():
                 raise RunError(f"no script at {script}", EXIT_USAGE)
             spec = recipe_spec.adhoc_spec(script, framework="auto")
-        params = recipe_spec.merge_params(spec, given)
     except recipe_spec.SpecError as exc:
         raise RunError(str(exc), EXIT_BAD_RECIPE) from None
+    try:
+        params = recipe_spec.merge_params(spec, given)
+    except recipe_spec.SpecError as exc:
+        raise RunError(str(exc), EXIT_USAGE) from None
     dataset = recipe_spec.select_dataset(spec, params)
     env = dict(os.environ)
     if args.profile is not None:

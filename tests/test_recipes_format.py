@@ -1,0 +1,250 @@
+"""The recipe format: recipe.toml parsing, the shipped recipes, params, scaffolding, the CLI."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from launcher import recipes
+from launcher.cli import app
+from launcher.errors import BadRecipe, ExitCode, NotFound, UsageError
+from launcher.runtime import spec as rspec
+from launcher.workspace import Workspace
+
+REPO = Path(__file__).resolve().parents[1]
+SEED_RECIPES = {"mnist_convnet", "catsdogs_convnet", "mini_xception", "cifar_resnet", "pets_unet",
+                "mnist_torch"}
+GOOD = '''name = "tiny"
+framework = "none"
+entry = "train.py"
+description = "a tiny recipe"
+
+[params]
+dataset = "builtin"
+epochs = 3
+rate = 0.5
+augment = true
+
+[[datasets]]
+name = "builtin"
+source = "builtin"
+fingerprint = "sha256:{fp}"
+
+[[datasets]]
+name = "files"
+source = "files"
+files = {{ "data.npz" = "sha256:{fp}" }}
+'''.format(fp="ab" * 32)
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Workspace:
+    for d in ("lockfiles", "dockerfiles", "recipes"):
+        (tmp_path / d).mkdir()
+    return Workspace.at(tmp_path, tmp_path / "cache")
+
+
+def write_recipe(ws: Workspace, name: str, toml: str, entry: str | None = "train.py") -> Path:
+    folder = ws.recipes / name
+    folder.mkdir(parents=True)
+    (folder / "recipe.toml").write_text(toml)
+    if entry:
+        (folder / entry).write_text("print('hi')\n")
+    return folder
+
+
+def test_the_seed_recipes_are_all_there_and_valid() -> None:
+    found = {r.name: r for r in recipes.list_recipes(Workspace.at(REPO))}
+    assert SEED_RECIPES <= set(found)
+    for name in SEED_RECIPES:
+        r = found[name]
+        assert r.spec.entry_path.is_file()
+        assert r.tree_digest.startswith("sha256:")
+        assert "epochs" in r.params and "dataset" in r.params
+        sources = {d.source for d in r.spec.datasets}
+        assert sources == {"builtin", "files"}, f"{name} needs a built-in and a files dataset"
+        builtin = [d for d in r.spec.datasets if d.source == "builtin" and d.name == r.params["dataset"]]
+        assert builtin, f"{name}: the default dataset must be the built-in one"
+        assert builtin[0].fingerprint, f"{name}: the built-in dataset's fingerprint must be pinned"
+
+
+def test_seed_defaults_follow_the_listings() -> None:
+    ws = Workspace.at(REPO)
+    mnist = recipes.load_recipe(ws, "mnist_convnet").params
+    assert (mnist["batch_size"], mnist["epochs"]) == (128, 12)
+    assert recipes.load_recipe(ws, "catsdogs_convnet").params["pdim"] == 180
+    assert recipes.load_recipe(ws, "cifar_resnet").params["depth"] == 29
+    pets = recipes.load_recipe(ws, "pets_unet").params
+    assert (pets["backbone"], pets["batch_size"], pets["epochs"]) == ("mobilenetv2", 60, 12)
+    assert pets["backbone_weights"] == ""  # nothing is downloaded by default
+    assert recipes.load_recipe(ws, "mnist_torch").framework == "torch"
+
+
+def test_a_good_recipe_loads_with_its_datasets(ws: Workspace) -> None:
+    write_recipe(ws, "tiny", GOOD)
+    r = recipes.load_recipe(ws, "tiny")
+    assert (r.name, r.framework, r.entry) == ("tiny", "none", "train.py")
+    assert r.params == {"dataset": "builtin", "epochs": 3, "rate": 0.5, "augment": True}
+    assert [d.name for d in r.spec.datasets] == ["builtin", "files"]
+    assert rspec.select_dataset(r.spec, {"dataset": "files"}).files == {"data.npz": "sha256:" + "ab" * 32}
+    assert rspec.select_dataset(r.spec, {"dataset": "other"}) is None
+
+
+@pytest.mark.parametrize(("toml", "key"), [
+    ('colour = "red"\n' + GOOD, "colour"),
+    (GOOD.replace('entry = "train.py"\n', ""), "entry"),
+    (GOOD.replace('framework = "none"', 'framework = "jax"'), "framework"),
+    (GOOD + '\n[[datasets]]\nname = "x"\nsauce = "y"\n', "datasets[2].sauce"),
+    (GOOD + '\n[[datasets]]\nname = "x"\nparam = "nope"\n', "datasets[2].param"),
+    (GOOD.replace('fingerprint = "sha256:' + "ab" * 32 + '"', 'fingerprint = "md5:12"'),
+     "datasets[0].fingerprint"),
+    (GOOD.replace('source = "files"', 'source = "web"'), "datasets[1].source"),
+    (GOOD.replace('entry = "train.py"', 'entry = "../train.py"'), "entry"),
+    (GOOD.replace('epochs = 3', 'epochs = [3]'), "params.epochs"),
+])
+def test_a_bad_key_is_named_with_the_file(ws: Workspace, toml: str, key: str) -> None:
+    folder = write_recipe(ws, "bad", toml)
+    with pytest.raises(BadRecipe) as info:
+        recipes.load_recipe(ws, "bad")
+    assert str(folder / "recipe.toml") in info.value.message
+    assert f"key {key!r}" in info.value.message
+    assert info.value.exit_code == ExitCode.BAD_RECIPE
+
+
+def test_missing_entry_file_and_broken_toml(ws: Workspace) -> None:
+    write_recipe(ws, "noentry", GOOD, entry=None)
+    with pytest.raises(BadRecipe, match=r"entry point train\.py does not exist"):
+        recipes.load_recipe(ws, "noentry")
+    write_recipe(ws, "broken", "name = \n")
+    with pytest.raises(BadRecipe, match="not valid TOML"):
+        recipes.load_recipe(ws, "broken")
+
+
+def test_unknown_recipe_lists_the_known_ones(ws: Workspace) -> None:
+    write_recipe(ws, "tiny", GOOD)
+    with pytest.raises(NotFound, match=r"unknown recipe 'nope' \(known: tiny\)"):
+        recipes.load_recipe(ws, "nope")
+
+
+def test_a_folder_path_and_a_plain_script_are_recipes(ws: Workspace, tmp_path: Path) -> None:
+    folder = write_recipe(ws, "tiny", GOOD)
+    assert recipes.load_recipe(ws, str(folder)).name == "tiny"
+    script = tmp_path / "train_mine.py"
+    script.write_text("import torch\nprint(torch.__version__)\n")
+    r = recipes.load_recipe(ws, str(script))
+    assert (r.name, r.framework, r.adhoc, r.params) == ("train_mine", "torch", True, {})
+    assert r.tree_digest == "sha256:" + __import__("hashlib").sha256(script.read_bytes()).hexdigest()
+    with pytest.raises(NotFound):
+        recipes.load_recipe(ws, str(tmp_path / "missing.py"))
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(BadRecipe, match=r"no recipe\.toml"):
+        recipes.load_recipe(ws, str(tmp_path / "plain"))
+
+
+def test_tree_digest_follows_the_code_not_the_mtimes(ws: Workspace) -> None:
+    folder = write_recipe(ws, "tiny", GOOD)
+    before = recipes.load_recipe(ws, "tiny").tree_digest
+    (folder / "train.py").touch()
+    assert recipes.load_recipe(ws, "tiny").tree_digest == before
+    (folder / "train.py").write_text("print('changed')\n")
+    assert recipes.load_recipe(ws, "tiny").tree_digest != before
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("epochs=3", ("epochs", 3)),
+    ("rate=0.25", ("rate", 0.25)),
+    ("augment=false", ("augment", False)),
+    ("dataset=files", ("dataset", "files")),
+    ("name=", ("name", "")),
+    ("expr=a=b", ("expr", "a=b")),
+    ("dropout_seed=none", ("dropout_seed", "none")),
+])
+def test_parse_param(text: str, expected: tuple[str, object]) -> None:
+    assert recipes.parse_param(text) == expected
+
+
+@pytest.mark.parametrize("text", ["epochs", "=3", " =3", "9x=1", ""])
+def test_malformed_param_is_a_usage_error(text: str) -> None:
+    with pytest.raises(UsageError, match="bad param") as info:
+        recipes.parse_param(text)
+    assert "KEY=VALUE" in (info.value.hint or "")
+
+
+def test_params_take_the_type_of_their_default(ws: Workspace) -> None:
+    write_recipe(ws, "tiny", GOOD)
+    r = recipes.load_recipe(ws, "tiny")
+    got = recipes.resolve_params(r, ["epochs=5", "rate=1", "augment=0", "dataset=7"])
+    assert got == {"epochs": 5, "rate": 1.0, "augment": False, "dataset": "7"}
+    assert isinstance(got["rate"], float)
+    with pytest.raises(UsageError, match="has no param 'epoch'"):
+        recipes.resolve_params(r, ["epoch=5"])
+    with pytest.raises(UsageError, match="not an integer"):
+        recipes.resolve_params(r, ["epochs=many"])
+    with pytest.raises(UsageError, match="not a boolean"):
+        recipes.resolve_params(r, ["augment=maybe"])
+
+
+def test_scaffold_makes_a_recipe_that_loads(ws: Workspace) -> None:
+    for framework in ("tensorflow", "torch"):
+        r = recipes.scaffold_recipe(ws, f"new_{framework}", framework)
+        assert r.framework == framework
+        assert (r.path / "train.py").is_file()
+        compile((r.path / "train.py").read_text(), "train.py", "exec")
+    with pytest.raises(UsageError, match="already exists"):
+        recipes.scaffold_recipe(ws, "new_torch", "torch")
+    with pytest.raises(UsageError, match="bad recipe name"):
+        recipes.scaffold_recipe(ws, "../escape")
+    with pytest.raises(UsageError, match="unknown framework"):
+        recipes.scaffold_recipe(ws, "other", "jax")
+
+
+runner = CliRunner()
+
+
+def test_cli_recipes_list_and_show_json(ws: Workspace) -> None:
+    write_recipe(ws, "tiny", GOOD)
+    res = runner.invoke(app, ["--workspace", str(ws.root), "--json", "recipes", "list"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)["data"]
+    assert [r["name"] for r in data["recipes"]] == ["tiny"]
+    res = runner.invoke(app, ["--workspace", str(ws.root), "--json", "recipes", "show", "tiny"])
+    assert res.exit_code == 0, res.output
+    shown = json.loads(res.stdout)["data"]
+    assert shown["params"]["epochs"] == 3
+    assert shown["datasets"][1]["files"] == {"data.npz": "sha256:" + "ab" * 32}
+    assert shown["tree_digest"].startswith("sha256:")
+
+
+def test_cli_text_output_and_errors(ws: Workspace) -> None:
+    write_recipe(ws, "tiny", GOOD)
+    res = runner.invoke(app, ["--workspace", str(ws.root), "recipes", "show", "tiny"])
+    assert "epochs = 3" in res.stdout and "dataset=files (files)" in res.stdout
+    res = runner.invoke(app, ["--workspace", str(ws.root), "recipes", "show", "nope"])
+    assert res.exit_code == ExitCode.NOT_FOUND
+    write_recipe(ws, "broken", GOOD + "colour = 1\n")
+    res = runner.invoke(app, ["--workspace", str(ws.root), "recipes", "list"])
+    assert res.exit_code == ExitCode.BAD_RECIPE
+    assert "colour" in res.output
+
+
+def test_cli_recipes_new(ws: Workspace) -> None:
+    res = runner.invoke(app, ["--workspace", str(ws.root), "recipes", "new", "mine", "--framework", "torch"])
+    assert res.exit_code == 0, res.output
+    assert (ws.recipes / "mine" / "recipe.toml").is_file()
+    res = runner.invoke(app, ["--workspace", str(ws.root), "recipes", "new", "mine"])
+    assert res.exit_code == ExitCode.USAGE
+
+
+def test_the_shipped_recipes_copy_cleanly(tmp_path: Path) -> None:
+    # a workspace made from this one carries the recipes with the same tree digests
+    dst = tmp_path / "ws"
+    for d in ("lockfiles", "dockerfiles"):
+        (dst / d).mkdir(parents=True)
+    shutil.copytree(REPO / "recipes", dst / "recipes", ignore=shutil.ignore_patterns("__pycache__"))
+    here = {r.name: r.tree_digest for r in recipes.list_recipes(Workspace.at(REPO))}
+    there = {r.name: r.tree_digest for r in recipes.list_recipes(Workspace.at(dst))}
+    assert here == there
