@@ -9,7 +9,8 @@ ARG SOURCE_DATE_EPOCH
 COPY lock.txt /tmp/lock.txt
 COPY wheels/ /tmp/wheels/
 RUN python3 -m venv --without-pip /opt/venv \
- && python3 /tmp/wheels/pip-*.whl/pip --python /opt/venv/bin/python install \
+ && set -- /tmp/wheels/pip-*.whl \
+ && python3 "$1/pip" --python /opt/venv/bin/python install \
       --no-index --find-links /tmp/wheels --require-hashes --no-deps --no-cache-dir \
       --disable-pip-version-check --root-user-action=ignore -r /tmp/lock.txt
 

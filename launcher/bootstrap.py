@@ -90,7 +90,10 @@ def bootstrap(
         raise BuildFailed(f"docker import failed: {imported.last_error_line()}", "check the Docker engine")
     # `docker import` stamps the current time into the config; a fixed date makes the
     # same rootfs give the same image ID and so the same pinned digest.
-    imagetree.normalize(imported.out.strip(), tag=tag, base_diff_ids=[])
+    raw_id = imported.out.strip()
+    norm = imagetree.normalize(raw_id, tag=tag, base_diff_ids=[])
+    if norm.image_id != raw_id:
+        docker_engine.remove_image(raw_id)
     pushed = proc.run(["docker", "push", tag], check=False)
     if pushed.returncode != 0:
         raise RegistryUnavailable(f"docker push {tag} failed: {pushed.last_error_line()}",

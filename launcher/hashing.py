@@ -81,6 +81,9 @@ def atomic_path(target: Path) -> Iterator[Path]:
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
     os.close(fd)
     tmp_path = Path(tmp)
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp_path.chmod(0o666 & ~umask)  # mkstemp's 0600 would leak into lockfiles and artifacts
     try:
         yield tmp_path
         os.replace(tmp_path, target)

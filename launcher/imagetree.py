@@ -63,7 +63,8 @@ class Tree:
                 for p in [p for p in self.entries if p == victim or p.startswith(victim + "/")]:
                     del self.entries[p]
                 continue
-            if e.kind != "d":
+            old = self.entries.get(e.path)
+            if old is not None and old.kind == "d" and e.kind != "d":  # a directory replaced by a file
                 for p in [p for p in self.entries if p.startswith(e.path + "/")]:
                     del self.entries[p]
             self.entries[e.path] = e
@@ -319,7 +320,7 @@ def _load(tag: str, cfg_bytes: bytes, image_id: str, layer_files: list[Path | No
     man = [{"Config": f"{image_id[7:]}.json", "RepoTags": [tag], "Layers": names}]
     try:
         with tarfile.open(fileobj=p.stdin, mode="w|", format=tarfile.PAX_FORMAT) as out:
-            for name, path in zip(names, layer_files):
+            for name, path in zip(names, layer_files, strict=True):
                 info = tarfile.TarInfo(name)
                 if path is None:  # the engine has this layer already: an empty file is enough
                     info.size = 0

@@ -113,7 +113,7 @@ def lock_variant(ws: Workspace, variant: str, *, upgrade: bool = False, upgrade_
     images.check_variant(variant)
     src = ws.lock_in(variant)
     if not src.is_file():
-        raise NotFound(f"{src} is missing", f"create it with one requirement per line (see `launcher init`)")
+        raise NotFound(f"{src} is missing", "create it with one requirement per line (see `launcher init`)")
     pin = images.load(ws).get(variant)
     py, plat = host_target()
     if (py, plat) != (pin.python, pin.platform):
@@ -147,13 +147,14 @@ def lock_variant(ws: Workspace, variant: str, *, upgrade: bool = False, upgrade_
         names = {r.name for r in reqs}
         missing = {"pip", "setuptools"} - names
         if missing:
-            raise LockFailed(f"{src.name} must list {', '.join(sorted(missing))} so the image's installer is locked too",
-                             f"add {', '.join(sorted(missing))} to {src}")
+            names_missing = ", ".join(sorted(missing))
+            raise LockFailed(f"{src.name} must list {names_missing} so the image's installer is locked too",
+                             f"add {names_missing} to {src}")
     changed = not (out.is_file() and out.read_text() == text)
     if changed:
         atomic_write_text(out, text)
     task.close()
-    return LockResult(variant, out, changed, len(reqs), sha256_file(out), f"cp{pin.python} {pin.platform}")
+    return LockResult(variant, out, changed, len(reqs), sha256_file(out), f"CPython {pin.python} {pin.platform}")
 
 
 def lock(ws: Workspace, variant: str = "all", **kw: object) -> list[LockResult]:

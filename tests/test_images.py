@@ -47,7 +47,7 @@ def test_dockerfile_with_unpinned_from_is_refused(tmp_path: Path) -> None:
 def test_dockerfile_with_other_digest_is_refused(tmp_path: Path) -> None:
     df = tmp_path / "cpu.Dockerfile"
     df.write_text(f"FROM python:3.11-slim@{OTHER}\n")
-    with pytest.raises(PinMismatch, match="disagrees with images.lock"):
+    with pytest.raises(PinMismatch, match=r"disagrees with images\.lock"):
         images.check_dockerfile(df, pin())
 
 

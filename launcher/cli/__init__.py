@@ -5,6 +5,7 @@ Each command parses options, calls one core function and renders its Result.
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Annotated
 
@@ -57,5 +58,12 @@ run_cmds.register(app)
 verify_cmds.register(app)
 
 
+def _terminate(signum: int, frame: object) -> None:
+    # Turn SIGTERM into the same path as Ctrl-C so temporary files are cleaned up and
+    # nothing is left looking complete.
+    raise KeyboardInterrupt
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _terminate)
     app()

@@ -194,3 +194,18 @@ def rebuild_cmd(
         stdout.print(f"image ID: {same} ({rep_.rebuilt_image_id})")
 
     render(ctx, Result("rebuild", data, exit_code=code), text)
+
+
+@base_app.command("registry")
+@guarded("base registry")
+def base_registry(
+    ctx: typer.Context,
+    address: Annotated[str, typer.Option("--address", help="Loopback address to listen on.")] = registry.DEFAULT_LOCAL,
+    storage: Annotated[Path | None, typer.Option("--storage", help="Where blobs live. Default: the cache dir.")] = None,
+) -> None:
+    """Start a local registry (Debian's docker-registry) on loopback, if none answers there."""
+    from launcher.workspace import default_cache_dir
+
+    info = registry.start_local_registry(storage or default_cache_dir() / "registry", address)
+    verb = "started" if info.get("started") else "already running"
+    render(ctx, Result("base registry", dict(info), summary=f"registry {verb} on {address}"))

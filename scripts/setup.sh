@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Set up a Debian/Ubuntu machine for launcher: Docker engine, local registry tools,
+# debootstrap, OpenSSH, and a virtualenv with launcher installed. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_pkgs=()
+for pair in dockerd:docker.io debootstrap:debootstrap docker-registry:docker-registry skopeo:skopeo \
+            sshd:openssh-server ssh:openssh-client scp:openssh-client iptables:iptables; do
+  cmd=${pair%%:*}; pkg=${pair##*:}
+  if ! command -v "$cmd" >/dev/null 2>&1 && [ ! -x "/usr/sbin/$cmd" ]; then need_pkgs+=("$pkg"); fi
+done
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  echo "setup: installing ${need_pkgs[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+fi
+
+if ! docker info >/dev/null 2>&1; then
+  echo "setup: starting the Docker engine"
+  (dockerd >/var/log/dockerd.log 2>&1 &)
+  for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+  docker info >/dev/null 2>&1 || { echo "setup: dockerd did not start, see /var/log/dockerd.log" >&2; exit 1; }
+fi
+
+if [ ! -x .venv/bin/launcher ] || [ pyproject.toml -nt .venv/.installed ]; then
+  echo "setup: installing launcher into .venv"
+  python3 -m venv .venv
+  .venv/bin/pip install -q --upgrade pip >/dev/null
+  .venv/bin/pip install -q -e ".[dev]"
+  touch .venv/.installed
+fi
+
+.venv/bin/launcher base registry >/dev/null
+echo "setup: ready (docker $(docker version --format '{{.Server.Version}}'), registry on 127.0.0.1:5000)"
