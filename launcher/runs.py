@@ -59,6 +59,7 @@ class RunSpec:
     group: str | None = None
     replicate: int = 0
     detach: bool = False
+    ship_via: str | None = None  # None: docker save | load; or a registry address such as 127.0.0.1:5000
 
 
 @dataclass(frozen=True)
@@ -304,9 +305,15 @@ def start_run(
             f"the data path {spec.data} does not exist on {host.name}",
             "give a path on the host that runs the recipe",
         )
-    shipped = transfer.ship_image(
-        host, image["id"], tag=image.get("tag"), reporter=rep, cache_dir=cache_dir or ws.cache_dir
-    )
+    if spec.ship_via:
+        shipped = transfer.ship_image_via_registry(
+            host, image["id"], registry=spec.ship_via, tag=image.get("tag"), reporter=rep,
+            cache_dir=cache_dir or ws.cache_dir,
+        )
+    else:
+        shipped = transfer.ship_image(
+            host, image["id"], tag=image.get("tag"), reporter=rep, cache_dir=cache_dir or ws.cache_dir
+        )
     run_id = new_run_id(recipe.name)
     group = spec.group or run_id
     remote = host.run_dir(run_id)

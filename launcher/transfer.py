@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import struct
 import tarfile
 import tempfile
@@ -25,7 +26,16 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any, cast
 
 from launcher import proc
-from launcher.errors import Corrupt, DiskFull, EngineUnavailable, HostNotReady, LauncherError, UnsafePath
+from launcher.errors import (
+    Corrupt,
+    DiskFull,
+    EngineUnavailable,
+    HostNotReady,
+    LauncherError,
+    RegistryUnavailable,
+    UnsafePath,
+    UsageError,
+)
 from launcher.hashing import CHUNK, atomic_write_json, sha256_file
 from launcher.hosts.base import Host, RemoteEntry
 from launcher.progress import NullReporter, Reporter
@@ -281,6 +291,84 @@ def ship_image(
             f"after loading, {host.name} does not have image {image_id}",
             "retry; if it persists, remove the image's layers on the host (`docker image prune`)",
         )
+    if tag:
+        host.run(["docker", "tag", image_id, tag], check=False)
+    result.seconds = time.monotonic() - started
+    return result
+
+
+SHIP_REPO = "launcher/ship"
+
+
+def _push_to_registry(image_id: str, registry: str) -> str:
+    """Push the image to the local registry (only layers it lacks travel); return the manifest digest."""
+    ref = f"{registry}/{SHIP_REPO}:{image_id.removeprefix('sha256:')[:32]}"
+    proc.run(["docker", "tag", image_id, ref])
+    done = proc.run(["docker", "push", ref], check=False)
+    if done.returncode != 0:
+        raise LauncherError(f"docker push to {registry} failed: {done.last_error_line()}",
+                            "check that the local registry runs and answers on that address")
+    match = re.search(r"digest: (sha256:[0-9a-f]{64})", done.out)
+    if not match:
+        raise LauncherError(f"docker push to {registry} printed no digest", "check the local registry")
+    return match.group(1)
+
+
+def ship_image_via_registry(host: Host, image: str, *, registry: str, tag: str | None = None,
+                            reporter: Reporter | None = None, cache_dir: Path | None = None) -> ShipResult:
+    """Ship through a local registry and a reverse SSH tunnel: the host's engine pulls only what it lacks.
+
+    Unlike `docker save`, neither side reads the layers the other already has, so a rebuild whose
+    recipe layer alone changed costs about that layer. The host's engine skips a layer only if it
+    got it by a pull before (layers it got from `docker load` are pulled once more).
+    """
+    import random
+    import time
+
+    from launcher.hosts.ssh import SSHHost, remote_command
+
+    started = time.monotonic()
+    rep = reporter or NullReporter()
+    image_id = str(local_image(image)["Id"])
+    if host_has_image(host, image_id):
+        if tag:
+            host.run(["docker", "tag", image_id, tag], check=False)
+        return ShipResult(image_id, skipped=True, seconds=time.monotonic() - started)
+    if not isinstance(host, SSHHost) or not host.use_openssh:
+        raise UsageError("shipping through a registry needs an SSH host and the OpenSSH client",
+                         "ship with docker save/load instead (the default)")
+    from launcher import registry as registry_mod
+
+    if not registry_mod.ping(registry):
+        if cache_dir is None or not registry_mod.is_loopback(registry):
+            raise RegistryUnavailable(f"no registry answers on {registry}",
+                                      "start one, or ship without --ship-via")
+        registry_mod.start_local_registry(cache_dir / "registry", registry)
+    task = rep.task(f"ship image {image_id[7:19]} to {host.name} via {registry}")
+    try:
+        digest = _push_to_registry(image_id, registry)
+        for _ in range(5):
+            port = random.randint(20000, 60000)
+            ref = f"127.0.0.1:{port}/{SHIP_REPO}@{digest}"
+            argv = ["ssh", *host.openssh_options(), "-o", "ExitOnForwardFailure=yes", "-e", "none", "-T",
+                    "-R", f"127.0.0.1:{port}:{registry}", host.target.hostname, "--",
+                    remote_command(["docker", "pull", ref])]
+            done = proc.run(argv, check=False)
+            if done.returncode == 255 and "forwarding" in done.err:
+                continue
+            break
+    finally:
+        task.close()
+    if done.returncode != 0:
+        raise LauncherError(f"docker pull on {host.name} through the tunnel failed: {done.last_error_line()}",
+                            "check dockerd on the host")
+    lines = done.out.splitlines()
+    result = ShipResult(image_id, skipped=False,
+                        layers_sent=sum("Pull complete" in ln for ln in lines),
+                        layers_skipped=sum("Already exists" in ln for ln in lines))
+    if not host_has_image(host, image_id):
+        raise Corrupt(f"after the pull, {host.name} does not have image {image_id}",
+                      "the registry may hold a different image under that tag; retry")
     if tag:
         host.run(["docker", "tag", image_id, tag], check=False)
     result.seconds = time.monotonic() - started

@@ -30,3 +30,24 @@ def test_local_host_runs_streams_and_lists(tmp_path: Path) -> None:
     h.put_file(tmp_path / "d" / "sub" / "f", str(tmp_path / "e" / "g"))
     assert (tmp_path / "e" / "g").read_bytes() == b"abc"
     assert list(h.iter_lines(["sh", "-c", "echo one; echo two >&2"])) == ["one\n", "two\n"]
+
+
+def test_a_missing_program_answers_like_a_remote_shell(tmp_path: Path) -> None:
+    import pytest
+
+    from launcher.errors import ExitCode, HostNotReady, NotFound
+    from launcher.transfer import require_docker
+
+    h = LocalHost(tmp_path)
+    done = h.run(["launcher-no-such-program"], check=False)
+    assert done.returncode == 127 and "command not found" in done.err
+    with pytest.raises(NotFound):
+        h.run(["launcher-no-such-program"])
+
+    class NoDocker(LocalHost):
+        def run(self, argv, **kw):  # type: ignore[no-untyped-def, override]
+            return super().run(["launcher-no-such-program", *argv[1:]], **kw)
+
+    with pytest.raises(HostNotReady) as err:
+        require_docker(NoDocker(tmp_path))
+    assert err.value.exit_code == ExitCode.HOST_NOT_READY and "provision" in err.value.one_line()

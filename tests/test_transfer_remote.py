@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -125,3 +126,49 @@ def test_pull_refuses_symlinks_and_escapes(remote: SSHHost, testhost: TestHost, 
     assert p.wait() == 0
     assert [r["path"] for r in records] == ["../../etc/passwd", "passwd", "sub/up/etc/passwd", "/etc/passwd"]
     assert all("error" in r for r in records)
+
+
+def test_ship_through_a_registry_tunnel_sends_only_new_layers(
+    remote: SSHHost, testhost: TestHost, tiny_image: dict[str, Any], tmp_path: Path
+) -> None:
+    import os
+    import signal
+    import socket
+
+    from launcher import registry
+
+    if shutil.which("docker-registry") is None:
+        pytest.skip("Debian's docker-registry is not installed (apt-get install docker-registry)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    started = registry.start_local_registry(tmp_path / "registry", address)
+    first = build_on_top(tiny_image["tag"], tmp_path / "a", uuid.uuid4().bytes * 1000)
+    second = build_on_top(tiny_image["tag"], tmp_path / "b", uuid.uuid4().bytes * 1000)
+    try:
+        one = transfer.ship_image_via_registry(remote, first, registry=address)
+        assert not one.skipped and transfer.host_has_image(remote, one.image_id)
+        two = transfer.ship_image_via_registry(remote, second, registry=address, tag="launcher-test/reg:two")
+        n_layers = len(transfer.local_image(second)["RootFS"]["Layers"])
+        assert (two.layers_sent, two.layers_skipped) == (1, n_layers - 1)
+        out = testhost.exec("docker", "run", "--rm", "launcher-test/reg:two", "sha256sum", "/payload.bin")
+        assert out.split()[0] == hashlib.sha256((tmp_path / "b" / "payload.bin").read_bytes()).hexdigest()
+        assert transfer.ship_image_via_registry(remote, second, registry=address).skipped
+    finally:
+        os.kill(int(started["pid"]), signal.SIGTERM)  # type: ignore[call-overload]
+        subprocess.run(["docker", "rmi", "-f", first, second], capture_output=True, check=False)
+        pushed = subprocess.run(
+            [
+                "docker",
+                "image",
+                "ls",
+                "--format",
+                "{{.Repository}}:{{.Tag}}",
+                f"{address}/{transfer.SHIP_REPO}",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.split()
+        if pushed:
+            subprocess.run(["docker", "rmi", *pushed], capture_output=True, check=False)

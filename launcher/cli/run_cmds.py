@@ -161,6 +161,10 @@ def run_cmd(
         bool, typer.Option("--detach", "-d", help="Start and return; `launcher pull` later.")
     ] = False,
     group: Annotated[str | None, typer.Option("--group", help="Group name (default: generated).")] = None,
+    ship_via: Annotated[str | None, typer.Option(
+        "--ship-via", metavar="REGISTRY",
+        help="Ship the image through this local registry (e.g. 127.0.0.1:5000) and a reverse SSH tunnel "
+        "instead of docker save/load: a rebuild then sends only its new layers.")] = None,
     trust_new_host: TrustOpt = False,
     identity: IdentityOpt = None,
     port: PortOpt = None,
@@ -181,6 +185,7 @@ def run_cmd(
         params=runs.parse_params(param or []),
         group=group,
         detach=detach,
+        ship_via=ship_via,
     )
     runs.load_recipe(ws, recipe)
     kw = _host_kw(identity, port, ssh_config, known_hosts)

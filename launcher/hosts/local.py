@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import IO
 
 from launcher import proc
+from launcher.errors import NotFound
 from launcher.hosts.base import Host
 from launcher.proc import Completed
 
@@ -60,7 +61,13 @@ class LocalHost(Host):
         check: bool = True,
         timeout: float | None = None,
     ) -> Completed:
-        return proc.run(list(argv), input=input, check=check, timeout=timeout)
+        try:
+            return proc.run(list(argv), input=input, check=check, timeout=timeout)
+        except NotFound:
+            if check:
+                raise
+            # what a remote shell answers for a missing program, so callers treat both hosts alike
+            return Completed(tuple(argv), 127, b"", f"{argv[0]}: command not found\n".encode())
 
     def start(self, argv: Sequence[str], *, bulk: bool = False, merge_stderr: bool = False) -> LocalProcess:
         return LocalProcess(
