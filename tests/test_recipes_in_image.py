@@ -1,0 +1,209 @@
+"""Every seed recipe trains for real in the shared TensorFlow CPU image, on its built-in data,
+for a few steps, started as a run starts it (the container contract in docs/design.md).
+
+Same seed and the default profile: byte-identical artifacts, canonical model included.
+Another seed: other weights. The `off` profile with unseeded dropout: other weights run to run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from launcher.determinism import profile_env
+from launcher.runtime import fingerprints as fp
+
+pytestmark = [pytest.mark.docker, pytest.mark.tfimage]
+
+# The files that must be byte-identical between two runs; logs and exit.json carry times, and
+# model.keras carries zip dates and a save date (the reason canonical.npz exists).
+COMPARED = ("_launcher/runtime.json", "fingerprints/dataset.json", "fingerprints/train_data.json",
+            "fingerprints/initial_weights.json", "fingerprints/batches.jsonl", "metrics.jsonl",
+            "weights/layers.json", "model/canonical.npz", "model/model.weights.h5")
+
+# (params for a few steps, the trainable-parameter line the recipe must print)
+RECIPES: dict[str, tuple[dict[str, Any], str]] = {
+    # seed 003 gives no count; 320 + 18,496 + 1,179,776 + 1,290 for its layers at 28x28
+    "mnist_convnet": ({"epochs": 2, "train_samples": 384, "test_samples": 64}, "trainable params: 1,199,882"),
+    "catsdogs_convnet": ({"epochs": 1, "train_samples": 32}, "trainable params: 991,041"),  # seed 002
+    "mini_xception": ({"epochs": 1, "train_samples": 16, "batch_size": 16}, "trainable params: 718,849"),
+    "cifar_resnet": ({"epochs": 1, "train_samples": 64, "test_samples": 32}, "ResNet29v2: trainable params:"),
+    "pets_unet": ({"epochs": 1, "train_samples": 16, "batch_size": 8}, "unet_mobilenetv2: trainable params:"),
+}
+
+
+def docker_run(image: str, out: Path, *, recipe: str | None = None, script: Path | None = None,
+               params: dict[str, Any] | None = None, env: dict[str, str] | None = None,
+               data: Path | None = None) -> tuple[int, str]:
+    """One run as launcher starts it: determinism env, outputs mounted, the runtime as the command."""
+    out.mkdir(parents=True)
+    argv = ["docker", "run", "--rm", "--label", "org.launcher.test=recipes-in-image"]
+    for key, value in (env or {}).items():
+        argv += ["-e", f"{key}={value}"]
+    argv += ["-v", f"{out}:/launcher/out"]
+    if data is not None:
+        argv += ["-v", f"{data}:/launcher/data:ro"]
+    if script is not None:
+        argv += ["-v", f"{script.parent}:/launcher/code:ro"]
+    argv += [image, "python", "-m", "launcher.runtime", "run"]
+    argv += ["--script", f"/launcher/code/{script.name}"] if script else ["--recipe", f"/opt/launcher/recipes/{recipe}"]
+    argv += ["--out", "/launcher/out", "--params", json.dumps(params or {})]
+    if data is not None:
+        argv += ["--data", "/launcher/data"]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=1200)
+    log_file = out / "logs/train.log"
+    log = log_file.read_text() if log_file.is_file() else res.stdout + res.stderr
+    return res.returncode, log
+
+
+def read(out: Path, rel: str) -> bytes:
+    return (out / rel).read_bytes()
+
+
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_recipe_trains_bit_identically_with_the_same_seed_and_differently_with_another(
+        recipe: str, cpu_image: dict[str, Any], tmp_path: Path) -> None:
+    params, count_line = RECIPES[recipe]
+    outs = {}
+    for name, seed in (("a", 1), ("b", 1), ("c", 2)):
+        rc, log = docker_run(cpu_image["id"], tmp_path / name, recipe=recipe, params=params,
+                             env=profile_env("deterministic", seed))
+        assert rc == 0, log[-4000:]
+        assert count_line in log, f"{recipe} printed no '{count_line}'"
+        outs[name] = tmp_path / name
+    a, b, c = outs["a"], outs["b"], outs["c"]
+    for rel in COMPARED:
+        assert read(a, rel) == read(b, rel), f"{recipe}: {rel} differs between two runs with seed 1"
+    assert (a / "model/model.keras").is_file()
+    assert json.loads(read(a, "_launcher/exit.json"))["exit_code"] == 0
+    assert read(a, "fingerprints/dataset.json") == read(c, "fingerprints/dataset.json")
+    for rel in ("weights/layers.json", "model/canonical.npz", "fingerprints/batches.jsonl"):
+        assert read(a, rel) != read(c, rel), f"{recipe}: {rel} is the same with seeds 1 and 2"
+    runtime = json.loads(read(a, "_launcher/runtime.json"))
+    assert runtime["framework"]["name"] == "tensorflow"
+    assert runtime["framework"]["op_determinism"] == "fwr13y.d9m.tensorflow.enable_determinism"
+    assert runtime["framework"]["threads"] == {"intra_op": 2, "inter_op": 2}
+    assert "cuda" in runtime["framework"] and runtime["framework"]["devices"]
+    with np.load(a / "model/canonical.npz") as npz:
+        layers = json.loads(read(a, "weights/layers.json"))["layers"]
+        assert len(npz.files) == sum(len(entry["arrays"]) for entry in layers)
+
+
+def test_off_profile_with_unseeded_dropout_differs_run_to_run(cpu_image: dict[str, Any], tmp_path: Path) -> None:
+    """Seed 000's experiment: its U-Net with the dropout seed forgotten. Under `off` nothing else is
+    seeded either, so even the initial weights differ; under the default profile the runtime's global
+    seed covers the forgotten dropout seed and the runs agree."""
+    params = {"epochs": 1, "train_samples": 8, "batch_size": 8, "img_size": 64, "dropout_seed": "none"}
+    runs = {}
+    for name, env in (("off1", profile_env("off")), ("off2", profile_env("off")),
+                      ("det1", profile_env("deterministic", 5)), ("det2", profile_env("deterministic", 5))):
+        rc, log = docker_run(cpu_image["id"], tmp_path / name, recipe="pets_unet", params=params, env=env)
+        assert rc == 0, log[-4000:]
+        runs[name] = tmp_path / name
+    assert read(runs["off1"], "model/canonical.npz") != read(runs["off2"], "model/canonical.npz")
+    assert read(runs["off1"], "fingerprints/initial_weights.json") != read(
+        runs["off2"], "fingerprints/initial_weights.json")
+    assert json.loads(read(runs["off1"], "_launcher/runtime.json"))["framework"]["op_determinism"] is None
+    assert read(runs["det1"], "model/canonical.npz") == read(runs["det2"], "model/canonical.npz")
+
+
+SPY = '''"""A plain script: the batches the model really trained on, seen from inside train_step."""
+import json
+import numpy as np
+import tensorflow as tf
+from launcher.runtime import api
+
+keras = tf.keras
+seen = []
+
+class Spy(keras.Model):
+    def train_step(self, data):
+        x, y = data
+        seen.append([int(v) for v in np.asarray(x)[:, 0]])
+        return super().train_step(data)
+
+n = 50
+x = np.stack([np.arange(n), np.linspace(-1, 1, n)], axis=1).astype("float64")
+y = (x[:, 1] > 0).astype("int64")
+inputs = keras.Input((2,))
+outputs = keras.layers.Dense(2, activation="softmax")(keras.layers.Dropout(0.3)(inputs))
+model = Spy(inputs, outputs)
+model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", run_eagerly=True)
+model.fit(x, y, batch_size=8, epochs=3, validation_split=0.2, verbose=0)
+first = len(seen)
+model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+(api.out_dir() / "seen.json").write_text(json.dumps({"fit1": seen[:first], "fit2": seen[first:]}))
+'''
+
+
+def test_recorded_batch_order_is_the_order_the_model_trained_on(cpu_image: dict[str, Any],
+                                                                 tmp_path: Path) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "spy.py").write_text(SPY)
+    rc, log = docker_run(cpu_image["id"], tmp_path / "out", script=code / "spy.py",
+                         env=profile_env("deterministic", 4))
+    assert rc == 0, log[-4000:]
+    out = tmp_path / "out"
+    seen = json.loads((out / "seen.json").read_text())
+    epochs = [json.loads(line) for line in (out / "fingerprints/batches.jsonl").read_text().splitlines()]
+    fit1 = [e for e in epochs if "fit" not in e]
+    fit2 = [e for e in epochs if e.get("fit") == 1]
+    assert len(fit1) == 3 and len(fit2) == 1
+    per_epoch = [seen["fit1"][i * 5:(i + 1) * 5] for i in range(3)]  # 40 training samples in batches of 8
+    for record, batches in zip(fit1, per_epoch, strict=True):
+        assert record["batches"] == [fp.batch_digest(ids) for ids in batches]
+        assert sorted(i for b in batches for i in b) == list(range(40))  # validation_split kept the last 10
+    assert per_epoch[0] != per_epoch[1]
+    assert seen["fit2"] == [list(range(0, 16)), list(range(16, 32)), list(range(32, 48)), [48, 49]]
+    assert fit2[0]["batches"] == [fp.batch_digest(ids) for ids in seen["fit2"]]
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert "val_loss" in metrics[0] and metrics[-1]["fit"] == 1
+    data = json.loads((out / "fingerprints/train_data.json").read_text())
+    assert data["entries"]["x"]["shape"] == [40, 2] and data["entries"]["x"]["dtype"] == "<f8"
+    assert json.loads((out / "fingerprints/dataset.json").read_text())["kind"] == "arrays"
+
+
+def _bad_folders(root: Path) -> dict[str, tuple[str, dict[str, Any], Path, str]]:
+    """recipe, params, data folder, words the error must contain."""
+    cases: dict[str, tuple[str, dict[str, Any], Path, str]] = {}
+    mnist = root / "mnist"
+    mnist.mkdir()
+    np.savez(mnist / "mnist.npz", x_train=np.zeros((2, 28, 28), "uint8"))
+    cases["mnist"] = ("mnist_convnet", {"dataset": "mnist"}, mnist,
+                      "mnist.npz in /launcher/data has sha256:")
+    cifar = root / "cifar"
+    cifar.mkdir()
+    (cifar / "readme.html").write_text("not the batches")
+    cases["cifar"] = ("cifar_resnet", {"dataset": "cifar10"}, cifar, "/launcher/data/data_batch_1: not found")
+    evil = root / "evil"
+    evil.mkdir()
+    for name in ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5", "test_batch"):
+        (evil / name).write_bytes(pickle.dumps({b"data": subprocess.Popen, b"labels": []}))
+    cases["evil"] = ("cifar_resnet", {"dataset": "cifar10"}, evil, "refusing to load subprocess.Popen")
+    cats = root / "cats"
+    (cats / "training").mkdir(parents=True)
+    cases["cats"] = ("catsdogs_convnet", {"dataset": "files"}, cats, "/launcher/data/train: not found")
+    pets = root / "pets"
+    (pets / "images").mkdir(parents=True)
+    (pets / "annotations/trimaps").mkdir(parents=True)
+    pet = next(f"Abyssinian_{i}" for i in range(1, 100)
+               if int(hashlib.md5(f"Abyssinian_{i}".encode()).hexdigest(), 16) % 10 < 7)
+    (pets / "images" / f"{pet}.jpg").write_bytes(b"\xff\xd8")
+    cases["pets"] = ("pets_unet", {"dataset": "files"}, pets, f"annotations/trimaps/{pet}.png: missing")
+    return cases
+
+
+def test_wrong_data_folders_fail_with_the_file_named(cpu_image: dict[str, Any], tmp_path: Path) -> None:
+    for name, (recipe, params, data, words) in _bad_folders(tmp_path / "data").items():
+        rc, log = docker_run(cpu_image["id"], tmp_path / "out" / name, recipe=recipe, params=params, data=data,
+                             env=profile_env("deterministic", 1))
+        assert rc == 17, f"{name}: exit {rc}\n{log[-2000:]}"
+        assert words in log, f"{name}: {words!r} not in\n{log[-2000:]}"
