@@ -18,7 +18,7 @@ from launcher.progress import NullReporter, Reporter
 
 SAVED = re.compile(r"(?:Saved|File was already downloaded)\s+(\S+\.whl)")
 COLLECTING = re.compile(r"^Collecting\s+(\S+)")
-MISMATCH = re.compile(r"^\s*(\S+)==(\S+) from .*\n\s*Expected sha256 (\S+)\n\s*Got\s+(\S+)", re.MULTILINE)
+MISMATCH = re.compile(r"(\S+)==(\S+) from [\s\S]*?Expected sha256 (\S+)[\s\S]*?Got\s+(\S+)")
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,7 @@ def download(lockfile: Path, pool: Path, *, python: str, platform: str, ca_bundl
     pool.mkdir(parents=True, exist_ok=True)
     task = rep.task(f"wheels for {lockfile.name}", total=len(reqs))
     env, drop = pip_env(ca_bundle)
+    env["COLUMNS"] = "400"  # pip's error output is wrapped to the terminal width otherwise
     argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes", "--progress-bar", "off",
             *platform_args(python, platform), "-d", str(pool), "-r", str(lockfile)]
     p = proc.popen(argv, env=env, drop_env_prefixes=drop, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
