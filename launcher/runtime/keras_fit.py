@@ -182,7 +182,7 @@ def install(keras: Any, tf: Any, rec: Recorder) -> Callable[..., Any]:
             n = len(_flatten(a["x"])[0][0])  # type: ignore[index]
             split = math.floor(n * (1.0 - vs))  # Keras keeps the last samples for validation
             tail = slice(split, None)
-            val = (_slice(a["x"], tail), _slice(a["y"], tail))
+            val: tuple[Any, ...] = (_slice(a["x"], tail), _slice(a["y"], tail))
             if a["sample_weight"] is not None:
                 val = (*val, _slice(a["sample_weight"], tail))
             a["validation_data"] = val

@@ -135,8 +135,8 @@ def parse_spec(path: Path, data: dict[str, Any], folder: Path) -> RecipeSpec:
     _need(not unknown, path, f"unknown key (known: {', '.join(sorted(TOP_KEYS))})",
           unknown[0] if unknown else None)
     entry = data.get("entry")
-    _need(isinstance(entry, str) and bool(entry), path, "missing entry point (e.g. entry = \"train.py\")",
-          "entry")
+    if not isinstance(entry, str) or not entry:
+        raise SpecError(path, "missing entry point (e.g. entry = \"train.py\")", "entry")
     entry_rel = Path(entry)
     _need(not entry_rel.is_absolute() and ".." not in entry_rel.parts, path,
           "must be a path inside the recipe folder", "entry")
