@@ -16,10 +16,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import queue
 import re
 import struct
 import tarfile
 import tempfile
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -381,8 +383,18 @@ def ship_image_via_registry(host: Host, image: str, *, registry: str, tag: str |
 # each regular file under root sends: a JSON header line, chunks framed by an 8-byte length,
 # a zero-length chunk, and a JSON trailer line with the size and sha256 of what it sent.
 PULL_SCRIPT = r"""
-import hashlib, json, os, stat, struct, sys
+import hashlib, json, os, queue, stat, struct, sys, threading
 root = os.path.realpath(sys.argv[1])
+
+def produce(f, q, h):
+    # reading and hashing on one thread, writing to the pipe on the other: they overlap
+    while True:
+        block = f.read(1 << 20)
+        h.update(block)
+        q.put(block)
+        if not block:
+            return
+
 paths = json.loads(sys.stdin.read())
 out = sys.stdout.buffer
 for rel in paths:
@@ -406,14 +418,17 @@ for rel in paths:
     out.write((json.dumps({"path": rel}) + "\n").encode())
     h, size = hashlib.sha256(), 0
     with os.fdopen(fd, "rb") as f:
+        q = queue.Queue(16)
+        worker = threading.Thread(target=produce, args=(f, q, h))
+        worker.start()
         while True:
-            block = f.read(1 << 20)
+            block = q.get()
             if not block:
                 break
-            h.update(block)
             size += len(block)
             out.write(struct.pack(">Q", len(block)))
             out.write(block)
+        worker.join()
     out.write(struct.pack(">Q", 0))
     out.write((json.dumps({"size": size, "sha256": "sha256:" + h.hexdigest()}) + "\n").encode())
 out.flush()
@@ -496,6 +511,40 @@ def _json_line(line: bytes) -> dict[str, Any]:
     return data
 
 
+class _HashingWriter:
+    """Hashes and writes blocks on a worker thread, so reading the network never waits for the disk."""
+
+    def __init__(self, f: IO[bytes], depth: int = 16) -> None:
+        self.f = f
+        self.h = hashlib.sha256()
+        self.q: queue.Queue[bytes | None] = queue.Queue(maxsize=depth)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._work, daemon=True)
+        self.thread.start()
+
+    def _work(self) -> None:
+        while (block := self.q.get()) is not None:
+            if self.error is None:
+                try:
+                    self.h.update(block)
+                    self.f.write(block)
+                except BaseException as exc:  # handed to the reading thread
+                    self.error = exc
+
+    def write(self, block: bytes) -> None:
+        if self.error is not None:
+            raise self.error
+        self.q.put(block)
+
+    def finish(self, *, abort: bool = False) -> str:
+        if self.thread.is_alive():
+            self.q.put(None)
+            self.thread.join()
+        if self.error is not None and not abort:
+            raise self.error
+        return "sha256:" + self.h.hexdigest()
+
+
 def receive_files(
     stream: IO[bytes],
     dest: Path,
@@ -514,11 +563,12 @@ def receive_files(
             errors.append((rel, str(header["error"])))
             continue
         target = _dest(dest, rel)
-        h, size = hashlib.sha256(), 0
+        size = 0
         with tempfile.NamedTemporaryFile(
             dir=target.parent, prefix=f".{target.name}.", suffix=".partial", delete=False
         ) as tmp:
             tmp_path = Path(tmp.name)
+            sink = _HashingWriter(tmp)
             try:
                 while True:
                     (n,) = struct.unpack(">Q", _read_exact(stream, 8))
@@ -529,14 +579,15 @@ def receive_files(
                         block = stream.read(min(remaining, CHUNK))
                         if not block:
                             raise EOFError("stream ended inside a file")
-                        h.update(block)
-                        tmp.write(block)
+                        sink.write(block)
                         remaining -= len(block)
                         size += len(block)
                         if on_bytes is not None:
                             on_bytes(len(block))
                 trailer = _json_line(stream.readline())
+                digest = sink.finish()
             except OSError as exc:
+                sink.finish(abort=True)
                 tmp_path.unlink(missing_ok=True)
                 if getattr(exc, "errno", None) in (28, 122):
                     raise DiskFull(
@@ -544,9 +595,9 @@ def receive_files(
                     ) from exc
                 raise
             except BaseException:
+                sink.finish(abort=True)
                 tmp_path.unlink(missing_ok=True)
                 raise
-        digest = "sha256:" + h.hexdigest()
         if trailer.get("sha256") != digest or trailer.get("size") != size:
             tmp_path.unlink(missing_ok=True)
             raise Corrupt(
