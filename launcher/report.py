@@ -21,7 +21,7 @@ from launcher.errors import NotFound, UsageError
 from launcher.hashing import atomic_path, atomic_write_json, atomic_write_text
 from launcher.manifest import Manifest
 from launcher.progress import NullReporter, Reporter
-from launcher.verify import group_runs, read_metrics
+from launcher.verify import group_runs, read_metrics, verify_checksums
 from launcher.workspace import Workspace
 
 SCHEMA = "launcher.report/v1"
@@ -78,6 +78,7 @@ class Report:
     spread: dict[str, Any] | None
     plots: dict[str, str]
     notes: list[str]
+    comparisons: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -89,6 +90,7 @@ class Report:
             "runs": [r.to_dict() for g in self.groups for r in g.runs],
             "seed_fixed_spread": _clean(self.spread),
             "plots": self.plots,
+            "comparisons": self.comparisons,
             "notes": self.notes,
         }
 
@@ -168,6 +170,19 @@ def collect(ws: Workspace, groups: list[str]) -> tuple[list[GroupStats], list[st
     return stats, metrics
 
 
+def compare_group(ws: Workspace, group: GroupStats, reporter: Reporter) -> dict[str, Any]:
+    """The group's runs checked bit for bit against its first: models, data, batches all the same?"""
+    report = verify_checksums(ws, group=group.name, reporter=reporter)
+    data = report.to_dict()
+    return {
+        "verdict": data["verdict"],
+        "reference": data["reference"],
+        "checks": data["checks"],
+        "runs": [{k: r[k] for k in ("run_id", "status", "classification", "line", "first_difference")}
+                 for r in data["runs"][1:]],
+    }
+
+
 def _safe_name(text: str) -> str:
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._")
     return name[:120] or "report"
@@ -206,7 +221,7 @@ def _fmt(x: Any) -> str:
         return "–"
     if isinstance(x, float):
         return f"{x:.6g}"
-    return html.escape(str(x))
+    return html.escape(str(x))  # bools print as True/False, as in the ResNet study's output
 
 
 def render_html(report: Report) -> str:
@@ -239,7 +254,7 @@ def render_html(report: Report) -> str:
                      f"does not remove.</p>")
         srows = "".join(
             f"<tr><td>{e(m)}</td><td>{_fmt(v['stdev_same_seed'])}</td><td>{_fmt(v['stdev_different_seeds'])}</td>"
-            f"<td>{_pct(v['stdev_ratio'])}</td><td>{_pct(v['variance_ratio'])}</td></tr>"
+            f"<td>{percent(v['stdev_ratio'])}</td><td>{percent(v['variance_ratio'])}</td></tr>"
             for m, v in sp["metrics"].items())
         parts.append("<table><tr><th>metric</th><th>stdev, same seed</th><th>stdev, different seeds</th>"
                      f"<th>stdev ratio</th><th>variance ratio</th></tr>{srows}</table>")
@@ -248,6 +263,22 @@ def render_html(report: Report) -> str:
         for m, fname in report.plots.items():
             parts.append(f'<figure><img src="{e(fname)}" alt="{e(m)} per epoch"><figcaption>{e(m)}'
                          "</figcaption></figure>")
+    if report.comparisons:
+        parts.append("<h2>Bit for bit, within each group</h2>")
+        labels = (("models", "Models all the same"), ("initial_weights", "Initial weights all the same"),
+                  ("data", "XY training data all the same"), ("batches", "Batches all the same"))
+        for gname, comp in report.comparisons.items():
+            parts.append(f"<h3>{e(gname)}</h3><ul>")
+            for key, label in labels:
+                c = comp["checks"][key]
+                parts.append(f"<li>{label}: <b>{_fmt(c['all_same'])}</b> (runs checked: {c['checked']}/{c['of']})"
+                             "</li>")
+            parts.append("</ul><ul>")
+            for r in comp["runs"]:
+                first = r["first_difference"]
+                where = f"; first differing layer {e(first['layer'])} array {e(first['array'])}" if first else ""
+                parts.append(f"<li>{e(r['run_id'])}: {e(r['line'])}{where}</li>")
+            parts.append("</ul>")
     parts.append("<h2>Runs</h2>")
     rhead = "".join(f"<th>{e(m)}</th>" for m in report.metrics)
     rrows = "".join(
@@ -261,8 +292,10 @@ def render_html(report: Report) -> str:
     return "\n".join(parts) + "\n"
 
 
-def _pct(x: float | None) -> str:
-    return "–" if x is None or not math.isfinite(x) else f"{100 * x:.1f}%"
+def percent(x: float | None) -> str:
+    if x is None or not math.isfinite(x):
+        return "–"
+    return f"{100 * x:.1f}%" if abs(x) >= 0.01 else f"{100 * x:.2g}%"
 
 
 def write_report(ws: Workspace, groups: list[str], name: str | None = None,
@@ -293,7 +326,8 @@ def write_report(ws: Workspace, groups: list[str], name: str | None = None,
             plots[m] = fname
             task.advance()
         task.close()
-    report = Report(report_name, directory, stats, metrics, spread, plots, notes)
+    comparisons = {g.name: compare_group(ws, g, rep) for g in stats if len(g.runs) >= 2}
+    report = Report(report_name, directory, stats, metrics, spread, plots, notes, comparisons)
     atomic_write_json(directory / "report.json", report.to_dict())
     atomic_write_text(directory / "index.html", render_html(report))
     return report

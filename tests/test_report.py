@@ -129,6 +129,14 @@ def test_experiment_with_a_fake_launcher_then_report(ws: Workspace) -> None:
         assert (d / fname).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f'src="{fname}"' in index
     assert set(doc["plots"]) == {"accuracy", "loss"}
+    # Seed 004's questions, per group: with the seed fixed only the models differ.
+    same_cmp = doc["comparisons"][res.groups[SAME_SEED]]["checks"]
+    diff_cmp = doc["comparisons"][res.groups[DIFFERENT_SEEDS]]["checks"]
+    assert not same_cmp["models"]["all_same"] and same_cmp["batches"]["all_same"] and same_cmp["data"]["all_same"]
+    assert same_cmp["initial_weights"]["all_same"]
+    assert not diff_cmp["models"]["all_same"] and not diff_cmp["batches"]["all_same"]
+    assert diff_cmp["data"]["all_same"] and not diff_cmp["initial_weights"]["all_same"]
+    assert "Batches all the same" in index
 
 
 def test_report_of_one_group_has_no_spread(ws: Workspace) -> None:
@@ -163,6 +171,7 @@ def test_report_and_verify_group_commands(ws: Workspace) -> None:
     r = runner.invoke(app, ["-w", str(ws.root), "-q", "report", "same", "diff", "--name", "cli"])
     assert r.exit_code == 0, r.stderr
     assert "of the standard deviation remains" in r.stdout
+    assert "Comparison results for same:" in r.stdout and "Models all the same: False" in r.stdout
     assert (ws.reports / "cli" / "index.html").is_file()
     r = runner.invoke(app, ["-w", str(ws.root), "-q", "--json", "report", "same", "diff", "--name", "cli"])
     assert json.loads(r.stdout)["data"]["schema"] == SCHEMA

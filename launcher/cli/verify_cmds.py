@@ -218,6 +218,8 @@ def experiment_cmd(
 
 
 def _print_report(result: Result) -> None:
+    from launcher.report import percent
+
     d = result.data
     metrics = d["metrics"]
     table = Table("group", "kind", "runs", *(f"{m} mean ± stdev" for m in metrics))
@@ -233,8 +235,19 @@ def _print_report(result: Result) -> None:
     if spread:
         for m, v in spread["metrics"].items():
             if v["stdev_ratio"] is not None:
-                stdout.print(f"{m}: with the seed fixed, {100 * v['stdev_ratio']:.1f}% of the standard "
-                             f"deviation remains ({100 * v['variance_ratio']:.1f}% of the variance)")
+                stdout.print(f"{m}: with the seed fixed, {percent(v['stdev_ratio'])} of the standard "
+                             f"deviation remains ({percent(v['variance_ratio'])} of the variance)")
+    for gname, comp in d["comparisons"].items():
+        stdout.print(f"\nComparison results for {gname}:")
+        c = comp["checks"]
+        stdout.print(f"Models all the same: {_yes(c['models']['all_same'])} "
+                     f"(runs checked: {c['models']['checked']}/{c['models']['of']})")
+        for r in comp["runs"]:
+            if r["first_difference"]:
+                f = r["first_difference"]
+                stdout.print(f"- different model in run {r['run_id']} (layer {f['layer']}, array {f['array']})")
+        stdout.print(f"XY training data all the same: {_yes(c['data']['all_same'])}")
+        stdout.print(f"Batches all the same: {_yes(c['batches']['all_same'])}")
     for note in d["notes"]:
         stdout.print(f"[dim]{note}[/]")
     stdout.print(result.summary)
