@@ -189,3 +189,25 @@ def test_experiment_command_rejects_bad_seeds_mode(ws: Workspace) -> None:
     r = CliRunner().invoke(app, ["-w", str(ws.root), "-q", "experiment", "mnist", "--runs", "2",
                                  "--seeds", "sometimes"])
     assert r.exit_code == 2 and "--seeds must be one of" in r.stderr
+
+
+def test_seed_fixed_spread_is_the_ratio_of_standard_deviations() -> None:
+    from launcher.report import GroupStats, RunSeries, describe, group_kind, percent, seed_fixed_spread
+
+    def group(name: str, seeds: list[int], losses: list[float]) -> GroupStats:
+        runs = [RunSeries(f"{name}{i}", name, i, s, "succeeded", [{"epoch": 0, "loss": v}])
+                for i, (s, v) in enumerate(zip(seeds, losses, strict=True))]
+        g = GroupStats(name, group_kind(runs), runs, "#000")
+        g.final = {"loss": describe([r.final["loss"] for r in runs])}
+        return g
+
+    same = group("same", [7, 7, 7], [1.0, 2.0, 3.0])
+    diff = group("diff", [1, 2, 3], [2.0, 4.0, 6.0])
+    assert (same.kind, diff.kind) == ("same-seed", "different-seeds")
+    spread = seed_fixed_spread(same, diff, ["loss"])["metrics"]["loss"]
+    assert spread["stdev_same_seed"] == 1.0 and spread["stdev_different_seeds"] == 2.0
+    assert spread["stdev_ratio"] == 0.5 and spread["variance_ratio"] == 0.25
+    # The ResNet study's CIFAR numbers: 74% and 87% of the standard deviation remain.
+    assert percent(0.01994929 / 0.02699318) == "73.9%" and percent(0.00301954 / 0.00346379) == "87.2%"
+    one = group("one", [1], [5.0])
+    assert one.kind == "single-run" and one.final["loss"]["stdev"] is None
