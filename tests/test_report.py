@@ -211,3 +211,55 @@ def test_seed_fixed_spread_is_the_ratio_of_standard_deviations() -> None:
     assert percent(0.01994929 / 0.02699318) == "73.9%" and percent(0.00301954 / 0.00346379) == "87.2%"
     one = group("one", [1], [5.0])
     assert one.kind == "single-run" and one.final["loss"]["stdev"] is None
+
+
+def test_experiment_wires_runs_and_hosts(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default launcher: one open host per --host, one run_recipe call per planned run."""
+    import shutil
+
+    import launcher.hosts
+    from launcher import runs
+
+    shutil.copytree(Path(__file__).parent / "fixtures" / "tiny_recipes" / "tiny", ws.recipes / "tiny")
+    opened: list[tuple[str | None, dict[str, Any]]] = []
+    closed: list[str] = []
+    calls: list[dict[str, Any]] = []
+    lock = threading.Lock()
+
+    class FakeHost:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __enter__(self) -> FakeHost:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            closed.append(self.name)
+
+    def open_host(spec: str | None, **kw: Any) -> FakeHost:
+        opened.append((spec, kw))
+        return FakeHost(spec or "local")
+
+    def run_recipe(ws_: Workspace, spec: runs.RunSpec, host: FakeHost, reporter: Any, **kw: Any) -> Any:
+        with lock:
+            calls.append({"spec": spec, "host": host.name, **kw})
+            n = len(calls)
+        time.sleep(0.05)  # a run takes a while, so both hosts get work
+        return runs.RunOutcome(group=spec.group or "", runs=[{"run_id": f"r{n}", "status": "succeeded"}])
+
+    monkeypatch.setattr(launcher.hosts, "open_host", open_host)
+    monkeypatch.setattr(runs, "run_recipe", run_recipe)
+    res = experiment(ws, "tiny", 2, "both", ["h1", "h2"], base_seed=5, params={"size_kb": 1},
+                     host_kw={"identity": None, "trust_new_host": True})
+    assert res.exit_code == 0
+    assert [s for s, _ in opened] == ["h1", "h2"] and sorted(closed) == ["h1", "h2"]
+    assert all(kw == {"workspace_root": None, "trust_new_host": True} for _, kw in opened)
+    assert len(calls) == 4 and {c["host"] for c in calls} == {"h1", "h2"}
+    for c in calls:
+        assert c["runs"] == 1 and c["seeds"] == [c["spec"].seed]
+        assert c["spec"].recipe == "tiny" and c["spec"].params == {"size_kb": 1}
+        assert c["host_opts"]["spec"] in ("h1", "h2")
+    same = sorted(c["spec"].seed for c in calls if c["spec"].group.endswith("same-seed"))
+    diff = sorted(c["spec"].seed for c in calls if c["spec"].group.endswith("different-seeds"))
+    assert same == [5, 5] and diff == [5, 6]
+    assert sorted(rid for r in res.to_dict()["runs"] for rid in r["run_ids"]) == ["r1", "r2", "r3", "r4"]
