@@ -137,7 +137,9 @@ def write_run(runs_dir: Path, run: FakeRun) -> Path:
         p = o / rel
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(data)
-    atomic_write_json(d / "launch.json", {"run_id": run.run_id, "group": run.group, "recipe": run.recipe})
+    atomic_write_json(d / "launch.json", {"run_id": run.run_id, "group": run.group, "replicate": run.replicate,
+                                          "recipe": {"name": run.recipe}, "launched_at": run.started_at,
+                                          "host": {"name": "local", "kind": "local"}})
     refresh_manifest(d, manifest_data(run))
     return d
 
