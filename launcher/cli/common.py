@@ -13,16 +13,17 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.filesize import decimal
 from rich.progress import (
     BarColumn,
-    DownloadColumn,
-    MofNCompleteColumn,
     Progress,
+    ProgressColumn,
     SpinnerColumn,
     TextColumn,
     TimeElapsedColumn,
-    TransferSpeedColumn,
 )
+from rich.progress import Task as RichTask
+from rich.text import Text
 
 from launcher.errors import ExitCode, LauncherError
 from launcher.progress import NullReporter, Reporter, Task
@@ -36,6 +37,21 @@ class Options:
     json: bool = False
     debug: bool = False
     quiet: bool = False
+
+
+class _AmountColumn(ProgressColumn):
+    """Bytes and speed for byte-counted tasks, M/N for counted ones, nothing when unknown."""
+
+    def render(self, task: RichTask) -> Text:
+        unit = task.fields.get("unit", "")
+        if unit == "B":
+            total = decimal(int(task.total)) if task.total else "?"
+            speed = f" {decimal(int(task.speed))}/s" if task.speed else ""
+            return Text(f"{decimal(int(task.completed))}/{total}{speed}", style="progress.download")
+        if task.total:
+            return Text(f"{int(task.completed)}/{int(task.total)}{(' ' + unit) if unit else ''}",
+                        style="progress.download")
+        return Text("")
 
 
 class _RichTask:
@@ -73,16 +89,15 @@ class RichReporter:
     def _ensure(self) -> Progress:
         if self._progress is None:
             self._progress = Progress(
-                SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                MofNCompleteColumn(), DownloadColumn(), TransferSpeedColumn(), TimeElapsedColumn(),
-                console=self.console, transient=False,
+                SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=30),
+                _AmountColumn(), TimeElapsedColumn(), console=self.console, transient=False,
             )
             self._progress.start()
         return self._progress
 
     def task(self, description: str, total: float | None = None, unit: str = "") -> Task:
         p = self._ensure()
-        return _RichTask(p, p.add_task(description, total=total))
+        return _RichTask(p, p.add_task(description, total=total, unit=unit))
 
     def note(self, message: str) -> None:
         if self._progress is not None:
@@ -115,7 +130,7 @@ stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 @contextmanager
 def reporter(ctx: typer.Context) -> Iterator[Reporter]:
     opts = options(ctx)
-    if opts.quiet or not stderr.is_terminal and opts.json:
+    if opts.quiet or (not stderr.is_terminal and opts.json):
         yield NullReporter()
         return
     rep = RichReporter(stderr)
