@@ -8,6 +8,7 @@ child interpreter with the hooks applied, tees its output to ``logs/train.log`` 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import platform
@@ -156,8 +157,10 @@ def run_child(spec: recipe_spec.RecipeSpec, env: dict[str, str], args: argparse.
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        assert proc.stdout is not None
-        for chunk in iter(lambda: proc.stdout.readline(), b""):  # type: ignore[union-attr]
+        stream = proc.stdout
+        assert isinstance(stream, io.BufferedReader)
+        # read1: whatever is there, so progress lines without a newline still show as they come
+        for chunk in iter(lambda: stream.read1(1 << 16), b""):
             tee.write(chunk)
         rc = proc.wait()
     finally:
