@@ -133,3 +133,11 @@ def test_every_json_field_is_documented(root: Path) -> None:
         _keys(json.loads(out), seen)
     undocumented = sorted(k for k in seen if f"`{k}`" not in doc)
     assert undocumented == [], undocumented
+
+
+def test_a_failed_run_is_flagged(root: Path) -> None:
+    _, b = pair(root / "runs")
+    edit_manifest(b, status="failed", exit_code=1)
+    code, out, _ = _invoke(root, "verify", "checksums")
+    assert code == 0
+    assert f"run {b.name} failed (its recipe exited non-zero)" in out

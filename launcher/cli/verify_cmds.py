@@ -132,6 +132,10 @@ def _print_verify(result: Result) -> None:
         stdout.print(f"\n[bold]run #{r['replicate']} {r['run_id']}[/]: {r['line']}")
         for line in explanation_lines(d["explanations"][r["run_id"]]):
             stdout.print(f"  {line}", markup=False)
+    for r in runs:
+        if r["run_status"] == "failed":
+            stdout.print(f"\n[yellow]run {r['run_id']} failed (its recipe exited non-zero): its outputs may be "
+                         "incomplete[/]")
     for skipped in d["skipped"]:
         stdout.print(f"\n[yellow]left out {skipped['run_id']}[/]: {skipped['reason']}", markup=True)
     style = "green" if result.ok else "bold red"
