@@ -192,9 +192,13 @@ def test_latest_group_and_against(ws: Workspace) -> None:
     assert [r.manifest.run_id for r in report.runs] == [new1.name, new2.name]
     report = verify_checksums(ws, against=new2.name)
     assert report.reference.run_id == new2.name
-    # A unique prefix of a run id is enough.
-    report = verify_checksums(ws, ["20261122T1200", "20261122T1205"])
-    assert report.reference.run_id == new1.name
+    # A unique prefix of a run id is enough, and so is a path to a run directory.
+    report = verify_checksums(ws, ["20261122T1200", str(new2)])
+    assert [r.manifest.run_id for r in report.runs] == [new1.name, new2.name]
+    with pytest.raises(UsageError, match="ambiguous"):
+        verify_checksums(ws, ["20261122T12", new1.name])
+    with pytest.raises(UsageError, match="not both"):
+        verify_checksums(ws, [new1.name, new2.name], group="new")
 
 
 def test_no_runs_at_all(ws: Workspace) -> None:
