@@ -448,7 +448,7 @@ INPUT_CATEGORIES = ("code", "data", "seed", "params")
 
 def classify(identical: bool, env: list[dict[str, Any]], data: Mapping[str, Any] | None,
              model: Mapping[str, Any] | None, initial: Mapping[str, Any] | None,
-             batches: Mapping[str, Any] | None) -> dict[str, Any]:
+             batches: Mapping[str, Any] | None, seeded: bool = True) -> dict[str, Any]:
     """One line: identical; nondeterminism in training; environment-dependent; or an input change."""
     if identical:
         return {"kind": CLASS_IDENTICAL, "causes": [], "line": "identical"}
@@ -492,7 +492,9 @@ def classify(identical: bool, env: list[dict[str, Any]], data: Mapping[str, Any]
         where.append(f"first differing layer {first['layer']} array {first['array']}")
     detail = f" ({'; '.join(where)})" if where else ""
     return {"kind": CLASS_NONDETERMINISM, "causes": ["training"],
-            "line": "differs with the same environment and seed: nondeterminism in training" + detail}
+            "line": ("differs with the same environment and seed: nondeterminism in training" if seeded
+                     else "differs with the same environment and no fixed seed (profile off?): "
+                     "nondeterminism expected") + detail}
 
 
 # ---------------------------------------------------------------- the report
@@ -673,7 +675,7 @@ def explain(ref: Manifest, run: Manifest) -> dict[str, Any]:
     metrics = explain_metrics(ref, run)
     env = environment_diff(ref, run)
     return {
-        "classification": classify(False, env, data, model, initial, batches),
+        "classification": classify(False, env, data, model, initial, batches, seeded=ref.seed is not None),
         "model": model, "initial_weights": initial, "data": data, "batches": batches,
         "metrics": metrics, "environment": env,
     }

@@ -262,3 +262,12 @@ def test_incomplete_runs_of_the_group_are_left_out_and_named(ws: Workspace) -> N
     assert [s["run_id"] for s in report.skipped] == [c.name]
     assert "not complete" in report.skipped[0]["reason"]
     assert report.to_dict()["skipped"] == report.skipped
+
+
+def test_no_seed_says_so(ws: Workspace) -> None:
+    a, b = pair(ws.runs, unseeded_dropout=True, dropout_entropy=9)
+    edit_manifest(a, seed=None)
+    edit_manifest(b, seed=None)
+    (run,) = verify_checksums(ws).differing
+    cls = run.explanation["classification"]
+    assert cls["kind"] == CLASS_NONDETERMINISM and "no fixed seed" in cls["line"]
