@@ -141,3 +141,18 @@ def test_a_failed_run_is_flagged(root: Path) -> None:
     code, out, _ = _invoke(root, "verify", "checksums")
     assert code == 0
     assert f"run {b.name} failed (its recipe exited non-zero)" in out
+
+
+def test_verify_models_command(root: Path) -> None:
+    a, b = pair(root / "runs")
+    ma, mb = a / "outputs/model/canonical.npz", b / "outputs/model/canonical.npz"
+    code, out, _ = _invoke(root, "verify", "models", str(ma), str(mb))
+    assert code == 0 and "identical: every array is bit-identical" in out
+    flip_bit(b, "dense_1", 1, element=2, bit=30)
+    code, out, _ = _invoke(root, "verify", "models", str(ma), str(mb))
+    assert code == 3
+    assert "first differing: layer dense_1 array 1: 1 of 10 elements" in out
+    code, out, _ = _invoke(root, "--json", "verify", "models", str(ma), str(mb))
+    assert json.loads(out)["data"]["first_difference"] == {"layer": "dense_1", "array": "1"}
+    code, _, err = _invoke(root, "verify", "models", str(ma), str(root / "nope.npz"))
+    assert code == ExitCode.NOT_FOUND and "no model file" in err

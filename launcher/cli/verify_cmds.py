@@ -93,12 +93,12 @@ def explanation_lines(exp: dict[str, Any]) -> list[str]:
                      + (f" (|Δ| {_num(v['abs_diff'])})" if "abs_diff" in v else "")
                      for k, v in fd["metrics"].items()]
             lines.append(f"metrics: first diverge at epoch {fd['epoch']}: " + ", ".join(parts))
-    env = exp.get("environment") or []
+    env = exp.get("environment")
     if env:
         lines.append("environment: " + "; ".join(
             f"{r['key']} {r['reference']!r} -> {r['run']!r} [{r['category']}]" for r in env[:12])
             + (f"; and {len(env) - 12} more" if len(env) > 12 else ""))
-    else:
+    elif env is not None:
         lines.append("environment: identical (same image, seed, profile, threads, host hardware)")
     return lines
 
@@ -271,6 +271,36 @@ def report_cmd(
         report = write_report(ws, groups, name, rep)
     render(ctx, Result("report", report.to_dict(), summary=f"wrote {report.directory / 'index.html'}"),
            _print_report)
+
+
+@verify_app.command("models")
+@guarded("verify models")
+def models_cmd(
+    ctx: typer.Context,
+    reference: Annotated[Path, typer.Argument(help="A model file: canonical.npz, .weights.h5, .h5, .keras, .pt.")],
+    other: Annotated[Path, typer.Argument(help="The model file to compare with it.")],
+) -> None:
+    """Diff two saved models array by array (no run directories needed).
+
+    Exit 0 when every array is bit-identical, 3 when any differs.
+    """
+    from launcher.errors import ExitCode
+    from launcher.modeldiff import diff_models
+
+    diff = diff_models(reference, other)
+    data = {"source": str(other), **diff.to_dict()}
+    first = diff.first_difference
+    summary = ("identical: every array is bit-identical" if first is None else
+               f"differs: {len(diff.differing)} of {len(diff.arrays)} arrays; first differing layer "
+               f"{first.layer} array {first.array}")
+
+    def text(result: Result) -> None:
+        for line in explanation_lines({"model": result.data}):
+            stdout.print(line, markup=False)
+        stdout.print(result.summary)
+
+    code = ExitCode.OK if first is None else ExitCode.NOT_REPRODUCIBLE
+    render(ctx, Result("verify models", data, code, summary), text)
 
 
 def register(app: typer.Typer) -> None:
