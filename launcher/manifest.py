@@ -67,7 +67,7 @@ class Manifest:
 
     @property
     def recipe(self) -> Mapping[str, Any]:
-        return self.data["recipe"]  # type: ignore[no-any-return]
+        return self.data["recipe"]
 
     @property
     def recipe_name(self) -> str:
@@ -84,15 +84,15 @@ class Manifest:
 
     @property
     def determinism(self) -> Mapping[str, Any]:
-        return self.data["determinism"]  # type: ignore[no-any-return]
+        return self.data["determinism"]
 
     @property
     def image(self) -> Mapping[str, Any]:
-        return self.data["image"]  # type: ignore[no-any-return]
+        return self.data["image"]
 
     @property
     def host(self) -> Mapping[str, Any]:
-        return self.data["host"]  # type: ignore[no-any-return]
+        return self.data["host"]
 
     @property
     def runtime(self) -> Mapping[str, Any]:
@@ -174,7 +174,7 @@ def load_manifest(run_dir: Path) -> Manifest:
     or Corrupt (unparsable or not schema 1).
     """
     if not run_dir.is_dir():
-        raise NotFound(f"no run directory {run_dir}", "list runs with `launcher runs`")
+        raise NotFound(f"no run directory {run_dir}", "list runs with `launcher ps`")
     path = manifest_path(run_dir)
     try:
         text = path.read_text(encoding="utf-8")

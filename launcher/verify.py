@@ -95,7 +95,7 @@ def resolve_run(ws: Workspace, ref: str) -> Path:
     if len(matches) > 1:
         raise UsageError(f"run {ref!r} is ambiguous: {', '.join(p.name for p in matches[:5])}",
                          "give more of the run id")
-    raise NotFound(f"no run {ref!r} under {ws.runs}", "list runs with `ls runs/` or `launcher runs`")
+    raise NotFound(f"no run {ref!r} under {ws.runs}", "list runs with `launcher ps`")
 
 
 def skipped_in_group(ws: Workspace, group: str) -> list[dict[str, str]]:
