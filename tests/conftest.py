@@ -23,6 +23,7 @@ from launcher.workspace import Workspace, default_cache_dir
 REPO = Path(__file__).resolve().parents[1]
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+pytest_plugins = ["conftest_testhost"]  # the SSH test host and a tiny image (tests/testhost.py)
 
 
 def need(ok: bool, reason: str) -> None:
