@@ -91,7 +91,7 @@ def bootstrap(
     # `docker import` stamps the current time into the config; a fixed date makes the
     # same rootfs give the same image ID and so the same pinned digest.
     raw_id = imported.out.strip()
-    norm = imagetree.normalize(raw_id, tag=tag, base_diff_ids=[])
+    norm = imagetree.normalize(raw_id, tag=tag)
     if norm.image_id != raw_id:
         docker_engine.remove_image(raw_id)
     pushed = proc.run(["docker", "push", tag], check=False)

@@ -169,7 +169,7 @@ def build(ws: Workspace, variant: str = "cpu", *, nocache: bool = False, force: 
         if found is not None:
             return found
     docker_engine.require()
-    base_info = _ensure_base(inputs.pin)
+    _ensure_base(inputs.pin)
     house = wheels.download(inputs.lockfile, ws.wheelhouse, python=inputs.pin.python,
                             platform=inputs.pin.platform, ca_bundle=ca_bundle, reporter=rep)
     commit, dirty = git_state(ws.root)
@@ -190,7 +190,8 @@ def build(ws: Workspace, variant: str = "cpu", *, nocache: bool = False, force: 
         raw_id = _run_build(ctx, inputs, labels, nocache, epoch, rep)
     task = rep.task("normalising layers for a reproducible image ID")
     try:
-        norm = imagetree.normalize(raw_id, tag=out_tag, base_diff_ids=base_info["RootFS"]["Layers"], epoch=epoch)
+        keys = imagetree.base_layer_keys(inputs.pin.ref, ws.cache_dir)
+        norm = imagetree.normalize(raw_id, tag=out_tag, base_keys=keys, epoch=epoch)
     finally:
         docker_engine.remove_image(raw_id)
     task.close()

@@ -17,8 +17,7 @@ import json
 import shutil
 import subprocess
 import tarfile
-import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -130,10 +129,22 @@ def _read_exact(src: IO[bytes], n: int) -> bytes:
     return bytes(buf)
 
 
-def rewrite_layer(src: IO[bytes], dst: IO[bytes] | None, epoch: int) -> tuple[list[Entry], str, str]:
-    """Stream one layer tar from src to dst with mtimes clamped to epoch.
+def _clamp_pax_time(value: bytes, epoch: int) -> bytes:
+    """epoch in place of a later time, zero-padded to the same length so no size changes."""
+    try:
+        if float(value) <= epoch:
+            return value
+    except ValueError:
+        return value
+    return str(epoch).encode().rjust(len(value), b"0")
+
+
+def rewrite_layer(src: IO[bytes], sink: Callable[[bytes], object] | None, epoch: int,
+                  *, clamp: bool = True) -> tuple[list[Entry], str, str]:
+    """Stream one layer tar from src to sink with times clamped to epoch (sizes never change).
 
     Returns the entries, the sha256 of the input and the sha256 of the output (the diff IDs).
+    With clamp=False the bytes pass through unchanged (a base layer) and are only indexed.
     """
     h_in, h_out = hashlib.sha256(), hashlib.sha256()
     entries: list[Entry] = []
@@ -143,8 +154,8 @@ def rewrite_layer(src: IO[bytes], dst: IO[bytes] | None, epoch: int) -> tuple[li
 
     def emit(b: bytes) -> None:
         h_out.update(b)
-        if dst is not None:
-            dst.write(b)
+        if sink is not None:
+            sink(b)
 
     while True:
         block = src.read(BLOCK)
@@ -177,22 +188,20 @@ def rewrite_layer(src: IO[bytes], dst: IO[bytes] | None, epoch: int) -> tuple[li
             elif typeflag == b"x":
                 recs = _pax_records(payload)
                 pending_pax.update(recs)
-                recs = [(k, v) for k, v in recs if k not in ("atime", "ctime")]
-                recs = [(k, str(min(int(float(v)), epoch)).encode() if k == "mtime" else v) for k, v in recs]
-                payload = _pax_encode(recs)
-                size = len(payload)
-                padded = (size + BLOCK - 1) // BLOCK * BLOCK
-                header[124:136] = _octal(size, 12)
-            _checksum(header)
+                if clamp:
+                    recs = [(k, _clamp_pax_time(v, epoch) if k in ("mtime", "atime", "ctime") else v)
+                            for k, v in recs]
+                    payload = _pax_encode(recs)
             emit(bytes(header))
             emit(payload.ljust(padded, b"\0"))
             continue
-        mtime = _num(bytes(header[136:148]))
-        if mtime > epoch:
-            header[136:148] = _octal(epoch, 12)
-        if bytes(header[257:265]) == b"ustar  \0":  # GNU format keeps atime/ctime here
-            header[345:369] = b"\0" * 24
-        _checksum(header)
+        if clamp:
+            mtime = _num(bytes(header[136:148]))
+            if mtime > epoch:
+                header[136:148] = _octal(epoch, 12)
+            if bytes(header[257:265]) == b"ustar  \0":  # GNU format keeps atime/ctime here
+                header[345:369] = b"\0" * 24
+            _checksum(header)
         emit(bytes(header))
         name = header[0:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
         if bytes(header[257:263]) == b"ustar\x00":
@@ -260,86 +269,133 @@ def _normalize_config(config: dict[str, Any], diff_ids: list[str], epoch: int) -
     return json.dumps(cfg, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _iter_save(image: str) -> Iterator[tuple[tarfile.TarInfo, IO[bytes] | None]]:
-    p = proc.popen(["docker", "save", image], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def _layer_key(size: int, head: bytes) -> str:
+    return f"{size}:{hashlib.sha256(head).hexdigest()}"
+
+
+HEAD = 1 << 16
+
+
+def base_layer_keys(base: str, cache: Path | None = None) -> set[str]:
+    """Size + sha256 of the first 64 KiB of each layer of base: how its layers are recognised
+    in a `docker save` stream before they have been read whole (cached per base image ID)."""
+    base_id = json.loads(proc.run(["docker", "image", "inspect", "--format", "{{json .Id}}", base]).out)
+    path = cache / "layer-keys" / f"{base_id.removeprefix('sha256:')}.json" if cache else None
+    if path is not None and path.is_file():
+        return set(json.loads(path.read_text()))
+    keys: set[str] = set()
+    p = proc.popen(["docker", "save", base], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert p.stdout is not None
     with tarfile.open(fileobj=p.stdout, mode="r|") as tar:
         for member in tar:
-            yield member, tar.extractfile(member) if member.isfile() else None
-    err = p.stderr.read().decode() if p.stderr else ""
-    if p.wait() != 0:
-        raise BuildFailed(f"docker save {image} failed: {err.strip()[:200]}", "check the Docker engine")
-
-
-def normalize(image: str, *, tag: str, base_diff_ids: list[str], epoch: int = DEFAULT_EPOCH,
-              workdir: Path | None = None) -> Normalized:
-    """Rewrite image so its ID depends only on its content; load it as tag."""
-    base = set(base_diff_ids)
-    with tempfile.TemporaryDirectory(prefix="launcher-norm-", dir=workdir) as tmp:
-        tmpdir = Path(tmp)
-        layers: dict[str, tuple[list[Entry], str, str, Path | None]] = {}
-        manifest: list[dict[str, Any]] = []
-        configs: dict[str, bytes] = {}
-        for n, (member, stream) in enumerate(_iter_save(image)):
-            if stream is None:
-                continue
             if member.name.endswith("/layer.tar"):
-                out = tmpdir / f"layer{n}.tar"
-                with open(out, "wb") as dst:
-                    entries, d_in, d_out = rewrite_layer(stream, dst, epoch)
-                if d_in in base:
-                    out.unlink()
-                    layers[member.name] = (entries, d_in, d_in, None)
-                else:
-                    layers[member.name] = (entries, d_in, d_out, out)
-            elif member.name == "manifest.json":
-                manifest = json.loads(stream.read())
-            elif member.name.endswith(".json") and "/" not in member.name:
-                configs[member.name] = stream.read()
+                stream = tar.extractfile(member)
+                assert stream is not None
+                keys.add(_layer_key(member.size, stream.read(HEAD)))
+    if p.wait() != 0:
+        raise BuildFailed(f"docker save {base} failed", "check the Docker engine")
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(sorted(keys)))
+    return keys
+
+
+class _Prefixed(io.RawIOBase):
+    """A stream with already-read bytes put back in front."""
+
+    def __init__(self, head: bytes, rest: IO[bytes]) -> None:
+        self._head, self._rest = head, rest
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        if self._head:
+            out, self._head = (self._head, b"") if n < 0 or n >= len(self._head) else \
+                (self._head[:n], self._head[n:])
+            return out
+        return self._rest.read(n)
+
+
+def _member(name: str, size: int) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mode = 0o644
+    return info.tobuf(format=tarfile.USTAR_FORMAT)
+
+
+def normalize(image: str, *, tag: str, base_keys: set[str] | None = None, epoch: int = DEFAULT_EPOCH) -> Normalized:
+    """Rewrite image so its ID depends only on its content, and load it as tag.
+
+    One streaming pass, `docker save | rewrite | docker load`, nothing on disk and nothing
+    whole in memory: headers are patched in place, file data is copied as it is, and layers
+    of the base (recognised by base_keys) pass through untouched so the image still sits on
+    the pinned base.
+    """
+    save = proc.popen(["docker", "save", image], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    load = proc.popen(["docker", "load", "-q"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                      stderr=subprocess.PIPE)
+    assert save.stdout is not None and load.stdin is not None
+    out = load.stdin
+    layers: dict[str, tuple[list[Entry], str]] = {}
+    manifest: list[dict[str, Any]] = []
+    configs: dict[str, bytes] = {}
+    keys = base_keys or set()
+    try:
+        with tarfile.open(fileobj=save.stdout, mode="r|") as tar:
+            for member in tar:
+                stream = tar.extractfile(member) if member.isfile() else None
+                if stream is None:
+                    continue
+                if member.name.endswith("/layer.tar"):
+                    head = stream.read(HEAD)
+                    is_base = _layer_key(member.size, head) in keys
+                    out.write(_member(member.name, member.size))
+                    written = 0
+
+                    def sink(b: bytes) -> None:
+                        nonlocal written
+                        written += len(b)
+                        out.write(b)
+
+                    entries, _d_in, d_out = rewrite_layer(_Prefixed(head, stream), sink, epoch, clamp=not is_base)
+                    if written != member.size:
+                        raise BuildFailed(f"normalising layer {member.name} changed its size",
+                                          "report this with the image's Dockerfile")
+                    out.write(b"\0" * (-written % BLOCK))
+                    layers[member.name] = (entries, d_out)
+                elif member.name == "manifest.json":
+                    manifest = json.loads(stream.read())
+                elif member.name.endswith(".json") and "/" not in member.name:
+                    configs[member.name] = stream.read()
+        if save.wait() != 0:
+            err = save.stderr.read().decode() if save.stderr else ""
+            raise BuildFailed(f"docker save {image} failed: {err.strip()[:200]}", "check the Docker engine")
         if len(manifest) != 1:
             raise BuildFailed(f"docker save {image} gave {len(manifest)} images", "save exactly one image")
-        config = json.loads(configs[manifest[0]["Config"]])
         order = manifest[0]["Layers"]
         tree = Tree()
-        diff_ids: list[str] = []
         for name in order:
-            entries, _d_in, d_out, _path = layers[name]
-            tree.apply_layer(entries)
-            diff_ids.append(d_out)
-        cfg_bytes = _normalize_config(config, diff_ids, epoch)
+            tree.apply_layer(layers[name][0])
+        cfg_bytes = _normalize_config(json.loads(configs[manifest[0]["Config"]]),
+                                      [layers[name][1] for name in order], epoch)
         image_id = "sha256:" + hashlib.sha256(cfg_bytes).hexdigest()
-        _load(tag, cfg_bytes, image_id, [layers[name][3] for name in order], tmpdir)
-        return Normalized(image_id=image_id, tree_digest=tree.digest(), tree=tree.lines())
-
-
-def _load(tag: str, cfg_bytes: bytes, image_id: str, layer_files: list[Path | None], tmpdir: Path) -> None:
-    p = proc.popen(["docker", "load", "-q"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                   stderr=subprocess.PIPE)
-    assert p.stdin is not None
-    names = [f"{i:03d}/layer.tar" for i in range(len(layer_files))]
-    man = [{"Config": f"{image_id[7:]}.json", "RepoTags": [tag], "Layers": names}]
-    try:
-        with tarfile.open(fileobj=p.stdin, mode="w|", format=tarfile.PAX_FORMAT) as out:
-            for name, path in zip(names, layer_files, strict=True):
-                info = tarfile.TarInfo(name)
-                if path is None:  # the engine has this layer already: an empty file is enough
-                    info.size = 0
-                    out.addfile(info, io.BytesIO(b""))
-                else:
-                    info.size = path.stat().st_size
-                    with open(path, "rb") as f:
-                        out.addfile(info, f)
-            for name, data in ((man[0]["Config"], cfg_bytes), ("manifest.json", json.dumps(man).encode())):
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                out.addfile(info, io.BytesIO(data))
-        p.stdin.close()
+        man = json.dumps([{"Config": f"{image_id[7:]}.json", "RepoTags": [tag], "Layers": order}]).encode()
+        for name, data in ((f"{image_id[7:]}.json", cfg_bytes), ("manifest.json", man)):
+            out.write(_member(name, len(data)))
+            out.write(data + b"\0" * (-len(data) % BLOCK))
+        out.write(b"\0" * (2 * BLOCK))
+        out.close()
     except BrokenPipeError:
         pass
-    err = p.stderr.read().decode() if p.stderr else ""
-    if p.wait() != 0:
+    finally:
+        if save.poll() is None:
+            save.kill()
+    err = load.stderr.read().decode() if load.stderr else ""
+    if load.wait() != 0:
         raise BuildFailed(f"docker load of the normalised image failed: {err.strip()[:300]}",
                           "check the Docker engine's disk space")
+    return Normalized(image_id=image_id, tree_digest=tree.digest(), tree=tree.lines())
 
 
 def save_tree(path: Path, tree: dict[str, str]) -> None:
