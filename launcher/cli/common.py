@@ -169,7 +169,7 @@ def guarded(command: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            ctx = next((a for a in [*args, *kwargs.values()] if isinstance(a, typer.Context)), None)
+            ctx = next((a for a in [*args, *kwargs.values()] if hasattr(a, "find_root")), None)
             debug = options(ctx).debug if ctx is not None else False
             try:
                 return fn(*args, **kwargs)

@@ -1,0 +1,99 @@
+"""The CLI layer: one-line errors with named exit codes, --json envelopes, --debug, init,
+a subprocess smoke test, and every module importable on its own."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import launcher
+from launcher.cli import app
+from launcher.errors import ExitCode, LauncherError
+
+runner = CliRunner()
+
+
+def test_every_module_imports_on_its_own() -> None:
+    names = [m.name for m in pkgutil.walk_packages(launcher.__path__, "launcher.")]
+    assert "launcher.runtime" in names and "launcher.cli" in names
+    for name in names:
+        if name.endswith("__main__"):
+            continue
+        code = f"import {name}"
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert done.returncode == 0, f"{name}: {done.stderr[-500:]}"
+
+
+def test_runtime_imports_without_third_party_packages() -> None:
+    # The runtime is copied into images that have only numpy and a framework.
+    code = ("import sys; sys.modules.update({m: None for m in ('typer', 'rich', 'docker', 'paramiko', "
+            "'piptools')}); import launcher.runtime.runner")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-800:]
+
+
+def test_exit_codes_are_distinct() -> None:
+    values = [c.value for c in ExitCode]
+    assert len(values) == len(set(values))
+
+
+def test_error_is_one_line_with_problem_and_fix() -> None:
+    err = LauncherError("the thing is missing.", "create the thing\nwith care")
+    assert err.one_line() == "the thing is missing; fix: create the thing with care"
+
+
+def test_outside_a_workspace_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    res = runner.invoke(app, ["build", "cpu"])
+    assert res.exit_code == ExitCode.NOT_FOUND
+    assert "no launcher workspace" in res.output and "launcher init" in res.output
+    assert "Traceback" not in res.output
+
+
+def test_json_error_envelope(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    res = runner.invoke(app, ["--json", "lock"])
+    assert res.exit_code == ExitCode.NOT_FOUND
+    env = json.loads(res.stdout)
+    assert env["schema"] == "launcher.result/v1" and env["ok"] is False
+    assert env["exit_code"] == ExitCode.NOT_FOUND and "no launcher workspace" in env["summary"]
+
+
+def test_debug_shows_the_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    res = runner.invoke(app, ["--debug", "lock"])
+    assert isinstance(res.exception, LauncherError)
+
+
+def test_init_scaffolds_and_never_overwrites(tmp_path: Path) -> None:
+    res = runner.invoke(app, ["--json", "init", str(tmp_path / "proj")])
+    assert res.exit_code == 0, res.output
+    created = json.loads(res.stdout)["data"]["created"]
+    assert "lockfiles/cpu.in" in created and "dockerfiles/gpu.Dockerfile" in created
+    (tmp_path / "proj" / "lockfiles" / "cpu.in").write_text("mine\n")
+    res = runner.invoke(app, ["--json", "init", str(tmp_path / "proj")])
+    assert "lockfiles/cpu.in" in json.loads(res.stdout)["data"]["skipped"]
+    assert (tmp_path / "proj" / "lockfiles" / "cpu.in").read_text() == "mine\n"
+
+
+def test_bad_option_is_a_usage_error() -> None:
+    res = runner.invoke(app, ["build", "--no-such-option"])
+    assert res.exit_code == ExitCode.USAGE
+
+
+def test_real_subprocess_smoke(tmp_path: Path) -> None:
+    exe = Path(sys.executable).with_name("launcher")
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True, check=True)
+    assert version.stdout.strip() == f"launcher {launcher.__version__}"
+    helped = subprocess.run([exe, "run", "--help"], capture_output=True, text=True, check=True)
+    assert "--determinism" in helped.stdout
+    failed = subprocess.run([exe, "-w", str(tmp_path), "lock"], capture_output=True, text=True)
+    assert failed.returncode == ExitCode.NOT_FOUND
+    assert failed.stderr.strip().count("\n") == 0 and failed.stderr.startswith("error:")
