@@ -3,7 +3,6 @@ a subprocess smoke test, and every module importable on its own."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import pkgutil
 import subprocess
