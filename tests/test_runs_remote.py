@@ -312,3 +312,26 @@ def test_bad_inputs_are_one_line_errors_with_distinct_codes(
         testhost.exec("umount", "/root/.launcher/runs")
     assert code == ExitCode.DISK_FULL and "free" in one_line_error(err)
     assert not (ws / "runs").exists()
+
+
+def test_a_plain_script_runs_with_the_profile_injected(testhost: TestHost, tiny_workspace: Path) -> None:
+    script = tiny_workspace.parent / "my train.py"
+    script.write_text(
+        "import os, sys\nprint('seed', os.environ['LAUNCHER_SEED'], 'hash', os.environ['PYTHONHASHSEED'])\n"
+        "open(os.path.join(os.environ['LAUNCHER_OUT'], 'done.txt'), 'w').write('ok')\n"
+    )
+    code, env, err = cli(tiny_workspace, "run", str(script), "--seed", "11", *ssh_args(testhost), "--detach")
+    assert code == 0, err
+    run_id = env["data"]["runs"][0]["run_id"]
+    assert "-my_train-" in run_id
+    code, ps, err = cli(tiny_workspace, "ps", *ssh_args(testhost))
+    assert code == 0, err
+    row = next(r for r in ps["data"]["runs"] if r["run_id"] == run_id)
+    assert row["container"] in ("running", "exited")
+    code, env, err = cli(tiny_workspace, "attach", run_id)
+    assert code == 0, err
+    manifest = env["data"]["manifest"]
+    assert manifest["recipe"]["name"] == "my train" and manifest["seed"] == 11
+    assert "outputs/done.txt" in {a["path"] for a in manifest["artifacts"]}
+    log = (tiny_workspace / "runs" / run_id / "outputs" / "logs" / "train.log").read_text()
+    assert "seed 11 hash 11" in log
