@@ -175,7 +175,7 @@ def _bad_folders(root: Path) -> dict[str, tuple[str, dict[str, Any], Path, str]]
     """recipe, params, data folder, words the error must contain."""
     cases: dict[str, tuple[str, dict[str, Any], Path, str]] = {}
     mnist = root / "mnist"
-    mnist.mkdir()
+    mnist.mkdir(parents=True)
     np.savez(mnist / "mnist.npz", x_train=np.zeros((2, 28, 28), "uint8"))
     cases["mnist"] = ("mnist_convnet", {"dataset": "mnist"}, mnist,
                       "mnist.npz in /launcher/data has sha256:")
