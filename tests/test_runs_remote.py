@@ -14,6 +14,7 @@ from conftest_testhost import make_workspace
 from testhost import TestHost
 from typer.testing import CliRunner
 
+from launcher import transfer
 from launcher.cli import app
 from launcher.errors import ExitCode, HostUnreachable, LauncherError
 from launcher.hosts.ssh import SSHHost
@@ -73,7 +74,10 @@ def test_run_ships_trains_and_pulls_what_the_host_hashed(
     run_dir = tiny_workspace / "runs" / manifest["run_id"]
     assert json.loads((run_dir / "manifest.json").read_text()) == manifest
     launch = json.loads((run_dir / "launch.json").read_text())
-    assert launch["ship"]["skipped"] is False and launch["ship"]["bytes_sent"] > 0
+    # shipped; layers another image on the host already holds are sent as empty files
+    assert launch["ship"]["skipped"] is False
+    n_layers = len(transfer.local_image(tiny_image["id"])["RootFS"]["Layers"])
+    assert launch["ship"]["layers_sent"] + launch["ship"]["layers_skipped"] == n_layers
     assert manifest["status"] == "succeeded" and manifest["exit_code"] == 0
     assert manifest["image"]["id"] == tiny_image["id"] and manifest["seed"] == 7
     assert manifest["params"] == {"size_kb": 256}
@@ -295,6 +299,7 @@ def test_bad_inputs_are_one_line_errors_with_distinct_codes(
         code, env, err = cli(ws, *args)
         assert code == expected, (args, err)
         assert text in one_line_error(err) and env["exit_code"] == expected
+        assert env["ok"] is False and text in env["summary"]  # the --json error envelope
     assert not (ws / "runs").exists()
 
     testhost.exec("mv", "/usr/bin/docker", "/usr/bin/docker.off")
