@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from launcher.cli.common import guarded, options, render, reporter, stdout, workspace_of
 from launcher.errors import ExitCode
@@ -72,20 +73,20 @@ def _facts_text(result: Result) -> None:
     f = result.data["facts"]
     d, nv = f.get("docker", {}), f.get("nvidia", {})
     t = Table(show_header=False, box=None)
-    t.add_row("host", result.data["host"])
-    t.add_row("os", f"{f.get('os')} ({f.get('arch')}, kernel {f.get('kernel')})")
-    t.add_row("cpu", f"{f.get('cpu_model')} x {f.get('cpu_cores')}")
-    t.add_row("ram", _size(f.get("ram_bytes")))
-    t.add_row("free disk", _size(f.get("disk_free_bytes")))
+    t.add_row("host", Text(str(result.data["host"])))
+    t.add_row("os", Text(str(f"{f.get('os')} ({f.get('arch')}, kernel {f.get('kernel')})")))
+    t.add_row("cpu", Text(str(f"{f.get('cpu_model')} x {f.get('cpu_cores')}")))
+    t.add_row("ram", Text(str(_size(f.get("ram_bytes")))))
+    t.add_row("free disk", Text(str(_size(f.get("disk_free_bytes")))))
     docker = (
         f"{d.get('server_version')}, usable by {f.get('user')}"
         if d.get("usable")
         else ("installed, NOT usable: " + str(d.get("error", "")) if d.get("installed") else "not installed")
     )
-    t.add_row("docker", docker)
+    t.add_row("docker", Text(str(docker)))
     gpus = ", ".join(g["name"] for g in nv.get("gpus", [])) or "none"
-    t.add_row("gpu", f"{gpus} (driver {nv.get('driver')})" if nv.get("gpus") else gpus)
-    t.add_row("nvidia runtime", "yes" if d.get("nvidia_runtime") else "no")
+    t.add_row("gpu", Text(str(f"{gpus} (driver {nv.get('driver')})" if nv.get("gpus") else gpus)))
+    t.add_row("nvidia runtime", Text(str("yes" if d.get("nvidia_runtime") else "no")))
     stdout.print(t)
     plan = result.data["plan"]
     if plan:
@@ -93,8 +94,8 @@ def _facts_text(result: Result) -> None:
             "\nto install:" if result.data["dry_run"] or not result.data["executed"] else "\ninstalled:"
         )
         for step in plan:
-            stdout.print(f"  # {step['why']}\n  {step['command']}")
-    stdout.print(result.summary)
+            stdout.print(f"  # {step['why']}\n  {step['command']}", markup=False)
+    stdout.print(result.summary, markup=False)
 
 
 def provision_cmd(
@@ -133,11 +134,13 @@ def provision_cmd(
 def _run_text(result: Result) -> None:
     for r in result.data["runs"]:
         if result.data["detached"]:
-            stdout.print(f"{r['run_id']}  started on {r['host']['name']} (detached)")
+            stdout.print(f"{r['run_id']}  started on {r['host']['name']} (detached)", markup=False)
         else:
             n = len(r.get("artifacts", []))
-            stdout.print(f"{r['run_id']}  {r['status']} (exit {r['exit_code']}), {n} artifacts verified")
-    stdout.print(result.summary)
+            stdout.print(
+                f"{r['run_id']}  {r['status']} (exit {r['exit_code']}), {n} artifacts verified", markup=False
+            )
+    stdout.print(result.summary, markup=False)
 
 
 def run_cmd(
@@ -161,10 +164,15 @@ def run_cmd(
         bool, typer.Option("--detach", "-d", help="Start and return; `launcher pull` later.")
     ] = False,
     group: Annotated[str | None, typer.Option("--group", help="Group name (default: generated).")] = None,
-    ship_via: Annotated[str | None, typer.Option(
-        "--ship-via", metavar="REGISTRY",
-        help="Ship the image through this local registry (e.g. 127.0.0.1:5000) and a reverse SSH tunnel "
-        "instead of docker save/load: a rebuild then sends only its new layers.")] = None,
+    ship_via: Annotated[
+        str | None,
+        typer.Option(
+            "--ship-via",
+            metavar="REGISTRY",
+            help="Ship the image through this local registry (e.g. 127.0.0.1:5000) and a reverse SSH tunnel "
+            "instead of docker save/load: a rebuild then sends only its new layers.",
+        ),
+    ] = None,
     trust_new_host: TrustOpt = False,
     identity: IdentityOpt = None,
     port: PortOpt = None,
@@ -241,13 +249,8 @@ def ps_cmd(
     def text(result: Result) -> None:
         t = Table("run", "recipe", "host", "status", "container")
         for r in result.data["runs"]:
-            t.add_row(
-                r["run_id"],
-                r.get("recipe") or "-",
-                r.get("host") or "-",
-                r["status"],
-                r.get("container_status") or "-",
-            )
+            cells = (r["run_id"], r.get("recipe"), r.get("host"), r["status"], r.get("container_status"))
+            t.add_row(*(Text(str(c or "-")) for c in cells))
         stdout.print(t)
 
     render(ctx, Result("ps", {"runs": rows}, summary=f"{len(rows)} runs"), text)

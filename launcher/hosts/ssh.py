@@ -279,6 +279,10 @@ class SSHHost(Host):
         except (OSError, EOFError, paramiko.SSHException) as exc:
             client.close()
             reason = str(exc) or type(exc).__name__
+            if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+                reason = "connection refused"
+            elif isinstance(exc, TimeoutError | socket.timeout):
+                reason = f"no answer within {CONNECT_TIMEOUT_S:.0f} s"
             raise HostUnreachable(
                 f"cannot reach {where}: {reason}",
                 "check the address and port (--port), and that sshd runs there",
