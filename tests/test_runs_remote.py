@@ -340,3 +340,49 @@ def test_a_plain_script_runs_with_the_profile_injected(testhost: TestHost, tiny_
     assert "outputs/done.txt" in {a["path"] for a in manifest["artifacts"]}
     log = (tiny_workspace / "runs" / run_id / "outputs" / "logs" / "train.log").read_text()
     assert "seed 11 hash 11" in log
+
+
+def test_a_network_black_hole_ends_the_wait_and_a_later_pull_gets_everything(
+    testhost: TestHost, tiny_workspace: Path
+) -> None:
+    from launcher import runs
+
+    code, env, err = cli(
+        tiny_workspace, "run", "tiny", *ssh_args(testhost), "--detach", "--param", "sleep=12"
+    )
+    assert code == 0, err
+    run_id = env["data"]["runs"][0]["run_id"]
+    host = SSHHost.connect(
+        testhost.spec,
+        identity=testhost.key,
+        known_hosts=testhost.known_hosts,
+        ssh_config=Path("/dev/null"),
+        keepalive_s=1,
+        dead_peer_s=3,
+    )
+    failure: list[BaseException] = []
+
+    def follow() -> None:
+        try:
+            runs.wait_run(Workspace.at(tiny_workspace), run_id, host, on_log=lambda _: None)
+        except BaseException as exc:
+            failure.append(exc)
+
+    worker = threading.Thread(target=follow)
+    worker.start()
+    time.sleep(1)
+    rule = ["INPUT", "-p", "tcp", "--dport", "22", "-j", "DROP"]
+    testhost.exec("iptables", "-I", *rule)  # packets now vanish: no reset, no FIN
+    try:
+        started = time.monotonic()
+        worker.join(40)
+        assert not worker.is_alive(), "the client still waits on a dead connection"
+        assert failure and isinstance(failure[0], HostUnreachable | LauncherError), failure
+        assert time.monotonic() - started < 40
+        assert f"launcher-{run_id}" in testhost.exec("docker", "ps", "--format", "{{.Names}}")
+    finally:
+        testhost.exec("iptables", "-D", *rule)
+        host.close()
+    code, env, err = cli(tiny_workspace, "pull", run_id, "--watch", "1")
+    assert code == 0, err
+    assert env["data"]["run"]["status"] == "succeeded" and complete_runs(tiny_workspace)

@@ -30,6 +30,7 @@ from launcher.hosts.base import Host
 from launcher.proc import CommandFailed, Completed
 
 KEEPALIVE_S = 15
+DEAD_PEER_S = 60  # unacknowledged data older than this ends the connection (a network black hole)
 CONNECT_TIMEOUT_S = 10.0
 
 
@@ -213,6 +214,7 @@ class SSHHost(Host):
     ) -> None:
         self.target = target
         self.name = target.spec
+        self.keepalive_s = KEEPALIVE_S
         self._client = client
         self._home: str | None = None
         self._sftp: paramiko.SFTPClient | None = None
@@ -230,6 +232,8 @@ class SSHHost(Host):
         ssh_config: Path | None = None,
         known_hosts: Path | None = None,
         use_openssh: bool | None = None,
+        keepalive_s: int = KEEPALIVE_S,
+        dead_peer_s: int = DEAD_PEER_S,
     ) -> SSHHost:
         target = resolve_target(
             spec, port=port, identity=identity, ssh_config=ssh_config, known_hosts=known_hosts
@@ -289,8 +293,15 @@ class SSHHost(Host):
             ) from None
         transport = client.get_transport()
         assert transport is not None
-        transport.set_keepalive(KEEPALIVE_S)
-        return cls(target, client, use_openssh=use_openssh)
+        transport.set_keepalive(keepalive_s)
+        # keepalives alone never fail a connection whose packets vanish: the kernel retries for
+        # about 15 minutes; a user timeout turns that into HostUnreachable after dead_peer_s
+        sock = transport.sock
+        if hasattr(socket, "TCP_USER_TIMEOUT") and isinstance(sock, socket.socket):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, dead_peer_s * 1000)
+        host = cls(target, client, use_openssh=use_openssh)
+        host.keepalive_s = keepalive_s
+        return host
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -400,7 +411,7 @@ class SSHHost(Host):
             "-o",
             "GlobalKnownHostsFile=/dev/null",
             "-o",
-            f"ServerAliveInterval={KEEPALIVE_S}",
+            f"ServerAliveInterval={self.keepalive_s}",
             "-o",
             "ServerAliveCountMax=4",
             "-o",
