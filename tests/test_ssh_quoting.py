@@ -96,8 +96,9 @@ def test_openssh_options_verify_host_keys_like_paramiko(tmp_path: Path) -> None:
     target = SSHTarget(
         spec="x", hostname="192.0.2.9", user="u", port=2201, identities=("/k",), known_hosts=tmp_path / "kh"
     )
-    host = SSHHost.__new__(SSHHost)
-    host.target = target
+    import paramiko
+
+    host = SSHHost(target, paramiko.SSHClient(), use_openssh=True)  # never connected: options only
     opts = host.openssh_options()
     joined = " ".join(opts)
     assert "StrictHostKeyChecking=yes" in joined and "BatchMode=yes" in joined
