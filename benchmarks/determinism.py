@@ -10,7 +10,7 @@ Runs are started as launcher starts them: in the TensorFlow CPU image (`--image`
 TensorFlow interpreter on this host (`--python`), the runtime applying each profile.
 
 Usage: python benchmarks/determinism.py (--image IMAGE | --python PYTHON) [--epochs 3]
-       [--train-samples 0] [--repeat 2] [--seed 1]
+       [--train-samples 0] [--repeat 3] [--seed 1]
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ def main() -> int:
     where.add_argument("--python", help="a Python with tensorflow and framework-reproducibility installed")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--train-samples", type=int, default=0, help="0 = all 1,500 built-in digits")
-    parser.add_argument("--repeat", type=int, default=2, help="runs per profile (bit identity needs 2)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per profile (bit identity needs 2; "
+                        "the best time counts, which damps other load on the machine)")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     params = {"epochs": args.epochs, "train_samples": args.train_samples}
@@ -91,6 +92,8 @@ def main() -> int:
             results[profile] = {"train_s": min(times[profile]), "wall_s": min(walls[profile]),
                                 "identical": identical}
     off = results["off"]
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"load average at the end: {load:.2f} (other work on the machine makes single runs noisy)")
     print(f"mnist_convnet, {args.epochs} epochs, built-in digits, seed {args.seed}, best of {args.repeat} "
           f"(default threads {default_threads()}, this machine has {os.cpu_count()} cores)")
     print(f"{'profile':<14}{'training s':>11}{'ratio':>8}{'wall s':>9}{'ratio':>8}  bit-identical over "
