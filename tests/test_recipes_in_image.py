@@ -171,6 +171,52 @@ def test_recorded_batch_order_is_the_order_the_model_trained_on(cpu_image: dict[
     assert json.loads((out / "fingerprints/dataset.json").read_text())["kind"] == "arrays"
 
 
+SPY_DATASET = '''"""A tf.data pipeline: the runtime digests batch contents as they reach the model."""
+import hashlib
+import json
+import numpy as np
+import tensorflow as tf
+from launcher.runtime import api
+
+keras = tf.keras
+seen = []
+
+class Spy(keras.Model):
+    def train_step(self, data):
+        h = hashlib.sha256()
+        for t in data:
+            a = np.asarray(t)
+            h.update(f"{a.dtype.str}|{list(a.shape)}|".encode())
+            h.update(a.tobytes())
+        seen.append("sha256:" + h.hexdigest())
+        return super().train_step(data)
+
+n = 50
+x = np.stack([np.arange(n), np.linspace(-1, 1, n)], axis=1).astype("float32")
+y = (x[:, 1] > 0).astype("int64")
+ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(50, seed=3).batch(8).prefetch(2)
+inputs = keras.Input((2,))
+model = Spy(inputs, keras.layers.Dense(2, activation="softmax")(inputs))
+model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", run_eagerly=True)
+model.fit(ds, epochs=3, verbose=0)
+(api.out_dir() / "seen.json").write_text(json.dumps(seen))
+'''
+
+
+def test_a_tf_data_pipeline_is_recorded_by_batch_contents(cpu_image: dict[str, Any], tmp_path: Path) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "spy_dataset.py").write_text(SPY_DATASET)
+    rc, log = docker_run(cpu_image["id"], tmp_path / "out", script=code / "spy_dataset.py",
+                         env=profile_env("deterministic", 4))
+    assert rc == 0, log[-4000:]
+    seen = json.loads((tmp_path / "out/seen.json").read_text())
+    epochs = [json.loads(line) for line in (tmp_path / "out/fingerprints/batches.jsonl").read_text().splitlines()]
+    assert [len(e["batches"]) for e in epochs] == [7, 7, 7]
+    assert [b for e in epochs for b in e["batches"]] == seen
+    assert epochs[0]["batches"] != epochs[1]["batches"]  # the pipeline reshuffles every epoch
+
+
 def _bad_folders(root: Path) -> dict[str, tuple[str, dict[str, Any], Path, str]]:
     """recipe, params, data folder, words the error must contain."""
     cases: dict[str, tuple[str, dict[str, Any], Path, str]] = {}

@@ -82,20 +82,58 @@ class _Callback:
     """Built lazily as a keras.callbacks.Callback subclass (keras is not imported at module load)."""
 
     @staticmethod
-    def make(keras: Any, rec: Recorder, epoch_batches: dict[int, list[str]] | None, reason: str,
-             state: dict[str, int]) -> Any:
+    def make(keras: Any, rec: Recorder, begin: Callable[[int], None],
+             batches: Callable[[int], list[str] | None], reason: str) -> Any:
         class LauncherRecorder(keras.callbacks.Callback):
             def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
                 rec.record_initial_weights(keras_layers(self.model))
 
             def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-                state["epoch"] = epoch
+                begin(epoch)
 
             def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-                rec.record_batches(epoch, None if epoch_batches is None else epoch_batches[epoch], reason)
+                rec.record_batches(epoch, batches(epoch), reason)
                 rec.record_metrics(epoch, dict(logs or {}))
 
         return LauncherRecorder()
+
+
+class _ContentTap:
+    """Digests of the batch contents a tf.data pipeline yields, as it yields them.
+
+    Without steps_per_epoch, fit() opens a new iterator for every epoch after on_epoch_begin, so the
+    digests gathered between two epoch starts are exactly that epoch's batches, in order.
+    """
+
+    def __init__(self) -> None:
+        self.produced: list[str] = []
+
+    def begin(self, _epoch: int) -> None:
+        self.produced = []
+
+    def batches(self, _epoch: int) -> list[str]:
+        return list(self.produced)
+
+    def wrap(self, tf: Any, ds: Any) -> Any:
+        import hashlib
+
+        def digest(*tensors: Any) -> Any:
+            h = hashlib.sha256()
+            for t in tensors:
+                a = t.numpy()
+                h.update(f"{a.dtype.str}|{list(a.shape)}|".encode())
+                h.update(a.tobytes())
+            self.produced.append("sha256:" + h.hexdigest())
+            return 0
+
+        def tap(*element: Any) -> Any:
+            flat = tf.nest.flatten(element)
+            done = tf.py_function(digest, flat, Tout=tf.int64)
+            with tf.control_dependencies([done]):
+                out = tf.nest.map_structure(tf.identity, element)
+            return out if len(element) > 1 else out[0]
+
+        return ds.map(tap)
 
 
 def _save_final(rec: Recorder, model: Any) -> None:
@@ -172,7 +210,15 @@ def install(keras: Any, tf: Any, rec: Recorder) -> Callable[..., Any]:
         arrays_in = _flatten(a["x"]) is not None and a["x"] is not None and _flatten(a["y"]) is not None \
             and _flatten(a["sample_weight"]) is not None
         if not arrays_in:
-            callbacks.append(_Callback.make(keras, rec, None, "the input is not in-memory arrays", {}))
+            tapped = isinstance(a["x"], tf.data.Dataset) and a["steps_per_epoch"] is None
+            if tapped:
+                tap = _ContentTap()
+                a["x"] = tap.wrap(tf, a["x"])
+                callbacks.insert(0, _Callback.make(keras, rec, tap.begin, tap.batches, ""))
+            else:
+                reason = ("steps_per_epoch keeps one iterator across epochs" if a["steps_per_epoch"]
+                          else "the input is neither arrays nor a tf.data.Dataset")
+                callbacks.insert(0, _Callback.make(keras, rec, lambda _e: None, lambda _e: None, reason))
             a["callbacks"] = callbacks
             history = original(self, **a, **extra)
             _save_final(rec, self)
@@ -198,9 +244,8 @@ def install(keras: Any, tf: Any, rec: Recorder) -> Callable[..., Any]:
         rec.record_train_data(named)
         entropy = [rec.seed, rec.fits - 1] if rec.seed is not None else None
         (ds, state), digests = _array_pipeline(tf, rec, a, entropy)
-        callbacks.append(_Callback.make(keras, rec, digests, "", state))
-        # The state callback must run before fit() opens the epoch's iterator; callbacks run in order.
-        callbacks.insert(0, callbacks.pop())
+        # First in the list: it must set the epoch before fit() opens the epoch's iterator.
+        callbacks.insert(0, _Callback.make(keras, rec, lambda e: state.update(epoch=e), digests.get, ""))
         kw = {k: v for k, v in a.items() if k not in ("x", "y", "sample_weight", "batch_size", "shuffle",
                                                       "steps_per_epoch", "callbacks")}
         history = original(self, ds, callbacks=callbacks, shuffle=False, **kw, **extra)
