@@ -2,8 +2,10 @@
 
 For in-memory arrays the runtime does the per-epoch shuffle itself, with a generator seeded from
 ``LAUNCHER_SEED`` (unseeded under the ``off`` profile), and feeds fit() a tf.data pipeline of
-exactly those batches, so the batch order it writes is the order the model saw. Other inputs
-(tf.data, generators) go to fit() unchanged; their batch order is marked unrecorded.
+exactly those batches, so the batch order it writes is the order the model saw. A tf.data.Dataset
+goes to fit() with one identity step added that digests each batch's contents as it is yielded;
+other inputs (generators, a dataset with steps_per_epoch) go unchanged, their batch order marked
+unrecorded.
 Either way a callback writes the initial weights, per-epoch metrics, and, when fit() returns,
 the final weights in canonical form and the native saves.
 """
