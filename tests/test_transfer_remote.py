@@ -172,3 +172,26 @@ def test_ship_through_a_registry_tunnel_sends_only_new_layers(
         ).stdout.split()
         if pushed:
             subprocess.run(["docker", "rmi", *pushed], capture_output=True, check=False)
+
+
+def test_pull_and_ship_work_without_the_openssh_client(
+    testhost: TestHost, tiny_image: dict[str, Any], tmp_path: Path
+) -> None:
+    root = f"/tmp/pull-{uuid.uuid4().hex[:6]}"
+    make_remote_tree(testhost, root)
+    with SSHHost.connect(
+        testhost.spec,
+        identity=testhost.key,
+        known_hosts=testhost.known_hosts,
+        ssh_config=Path("/dev/null"),
+        use_openssh=False,
+    ) as h:
+        assert h.use_openssh is False
+        result = transfer.pull_outputs(h, root, tmp_path / "runs" / "r" / "outputs")
+        assert {k: v["sha256"] for k, v in result.files.items()} == host_sha256(testhost, root)
+        image = build_on_top(tiny_image["tag"], tmp_path / "img", uuid.uuid4().bytes * 100)
+        try:
+            shipped = transfer.ship_image(h, image, cache_dir=tmp_path / "cache")
+            assert not shipped.skipped and transfer.host_has_image(h, shipped.image_id)
+        finally:
+            subprocess.run(["docker", "rmi", "-f", image], capture_output=True, check=False)
