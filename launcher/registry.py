@@ -154,7 +154,7 @@ def start_local_registry(storage: Path, address: str = DEFAULT_LOCAL, wait: floa
         "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: "
         f"{storage / 'data'}\n  delete:\n    enabled: true\nhttp:\n  addr: {address}\n"
     )
-    log = open(storage / "registry.log", "ab")  # noqa: SIM115 - handed to the daemon
+    log = open(storage / "registry.log", "ab")
     try:
         p = proc.popen(["docker-registry", "serve", str(config)], stdout=log, stderr=subprocess.STDOUT,
                        stdin=subprocess.DEVNULL)
