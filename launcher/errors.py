@@ -32,6 +32,8 @@ class ExitCode(IntEnum):
     AUTH_FAILED = 19
     HOST_NOT_READY = 20  # Docker missing on the host, no GPU for --variant gpu
     UNSAFE_PATH = 21  # a remote entry that escapes the run directory
+    CONNECTION_REFUSED = 22  # the host answers but nothing listens on that port (wrong port)
+    NO_GPU = 23  # --variant gpu on a host without a usable NVIDIA GPU
     INTERRUPTED = 130
 
 
@@ -86,6 +88,10 @@ class HostUnreachable(LauncherError):
     exit_code = ExitCode.HOST_UNREACHABLE
 
 
+class ConnectionRefused(HostUnreachable):
+    exit_code = ExitCode.CONNECTION_REFUSED
+
+
 class HostKeyRejected(LauncherError):
     exit_code = ExitCode.HOST_KEY_REJECTED
 
@@ -96,6 +102,10 @@ class AuthFailed(LauncherError):
 
 class HostNotReady(LauncherError):
     exit_code = ExitCode.HOST_NOT_READY
+
+
+class NoGpu(HostNotReady):
+    exit_code = ExitCode.NO_GPU
 
 
 class RunFailed(LauncherError):

@@ -17,14 +17,14 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from launcher import __version__, transfer
+from launcher import __version__, recipes, transfer
 from launcher.errors import (
     BadData,
-    BadRecipe,
     DiskFull,
     HostNotReady,
     HostUnreachable,
     LauncherError,
+    NoGpu,
     NotFound,
     UnsafePath,
     UsageError,
@@ -32,6 +32,7 @@ from launcher.errors import (
 from launcher.hashing import atomic_write_json
 from launcher.hosts.base import Host, open_host
 from launcher.progress import NullReporter, Reporter
+from launcher.recipes import Recipe
 from launcher.workspace import VARIANTS, Workspace
 
 LAUNCH_FILE = "launch.json"
@@ -62,17 +63,6 @@ class RunSpec:
     ship_via: str | None = None  # None: docker save | load; or a registry address such as 127.0.0.1:5000
 
 
-@dataclass(frozen=True)
-class Recipe:
-    name: str
-    path: Path
-    framework: str
-    entry: str
-    tree_digest: str
-    defaults: Mapping[str, Any]
-    script: bool = False
-
-
 @dataclass
 class RunOutcome:
     group: str
@@ -95,74 +85,19 @@ def new_run_id(recipe: str) -> str:
 
 def parse_params(pairs: Sequence[str]) -> dict[str, Any]:
     """KEY=VALUE strings -> typed values (JSON numbers, booleans, else the string itself)."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        key = key.strip()
-        if not sep or not key or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]*", key):
-            raise UsageError(f"malformed --param {pair!r}", "write it as KEY=VALUE, e.g. --param epochs=3")
-        value: Any = raw
-        if raw in ("true", "false"):
-            value = raw == "true"
-        else:
-            try:
-                num = json.loads(raw)
-                if isinstance(num, int | float) and not isinstance(num, bool):
-                    value = num
-            except ValueError:
-                pass
-        out[key] = value
-    return out
+    return dict(recipes.parse_param(p) for p in pairs)
 
 
-def load_recipe(ws: Workspace, ref: str) -> Recipe:
-    """A recipe folder in the workspace (by name or path), or a plain .py script."""
-    from launcher.hashing import sha256_file, tree_digest
-    from launcher.runtime import spec as rspec
-
-    script = Path(ref)
-    if ref.endswith(".py") and script.is_file():
-        s = rspec.adhoc_spec(script.resolve())
-        return Recipe(s.name, s.path, s.framework, s.entry, sha256_file(script), {}, script=True)
-    try:
-        import importlib
-
-        loaded: Any = importlib.import_module("launcher.recipes").load_recipe(ws, ref)
-        return Recipe(
-            str(loaded.name),
-            Path(loaded.path),
-            str(loaded.framework),
-            str(loaded.entry),
-            str(loaded.tree_digest),
-            dict(getattr(loaded, "params", {}) or {}),
-        )
-    except (ImportError, AttributeError):
-        pass
-    folder = ws.recipes / ref if not Path(ref).is_dir() else Path(ref)
-    if not (folder / rspec.RECIPE_FILE).is_file():
-        known = (
-            sorted(p.name for p in ws.recipes.iterdir() if (p / rspec.RECIPE_FILE).is_file())
-            if ws.recipes.is_dir()
-            else []
-        )
-        raise NotFound(
-            f"unknown recipe {ref!r}" + (f" (known: {', '.join(known)})" if known else ""),
-            "list them with `launcher recipes list`, or pass a path to a .py script",
-        )
-    try:
-        s = rspec.load_spec(folder)
-    except rspec.SpecError as exc:
-        raise BadRecipe(str(exc), "fix the recipe.toml") from None
-    return Recipe(s.name, folder.resolve(), s.framework, s.entry, tree_digest(folder), dict(s.params))
+load_recipe = recipes.load_recipe
 
 
 def check_params(recipe: Recipe, given: Mapping[str, Any]) -> dict[str, Any]:
-    if not recipe.script:
-        unknown = sorted(set(given) - set(recipe.defaults))
+    if not recipe.adhoc:
+        unknown = sorted(set(given) - set(recipe.params))
         if unknown:
             raise UsageError(
                 f"recipe {recipe.name} has no param {unknown[0]!r}",
-                f"its params are: {', '.join(sorted(recipe.defaults)) or 'none'}",
+                f"its params are: {', '.join(sorted(recipe.params)) or 'none'}",
             )
     return dict(given)
 
@@ -227,7 +162,7 @@ def docker_run_argv(
     if gpu:
         argv += ["--gpus", "all"]
     argv += [image_id, "python", "-m", "launcher.runtime", "run"]
-    if recipe.script:
+    if recipe.adhoc:
         argv += ["--script", f"{CONTAINER_CODE}/{recipe.path.name}"]
     else:
         argv += ["--recipe", f"{IMAGE_RECIPES}/{recipe.name}"]
@@ -258,7 +193,7 @@ def _gpu_ready(host: Host) -> None:
     runtimes = host.run(["docker", "info", "--format", "{{json .Runtimes}}"], check=False).out
     smi = host.run(["nvidia-smi", "-L"], check=False)
     if smi.returncode != 0 or "GPU" not in smi.out:
-        raise HostNotReady(
+        raise NoGpu(
             f"{host.name} has no NVIDIA GPU that nvidia-smi can see, so --variant gpu cannot run",
             "use --variant cpu, or a GPU host with its driver installed",
         )
@@ -319,7 +254,7 @@ def start_run(
     remote = host.run_dir(run_id)
     host.makedirs(f"{remote}/out")
     host_code = None
-    if recipe.script:
+    if recipe.adhoc:
         host_code = f"{remote}/code"
         host.makedirs(host_code)
         host.put_file(recipe.path, f"{host_code}/{recipe.path.name}")
@@ -348,7 +283,7 @@ def start_run(
             "tree_digest": recipe.tree_digest,
             "framework": recipe.framework,
             "entry": recipe.entry,
-            "script": recipe.script,
+            "script": recipe.adhoc,
         },
         "params": params,
         "seed": int(env["LAUNCHER_SEED"]) if "LAUNCHER_SEED" in env else spec.seed,
@@ -557,7 +492,7 @@ def run_recipe(
 
         facts = provision.facts_for_run(ws, host)
     out: list[dict[str, Any]] = []
-    replicate = 0
+    replicate = spec.replicate  # experiments hand out replicate numbers across hosts
     for seed in seed_list:
         for _ in range(runs):
             one = RunSpec(**{**asdict(spec), "seed": seed, "group": group, "replicate": replicate})

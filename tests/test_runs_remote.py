@@ -273,9 +273,9 @@ def test_bad_inputs_are_one_line_errors_with_distinct_codes(
     ws = tiny_workspace
     cases: list[tuple[list[str], ExitCode, str]] = [
         (["run", "nosuch", *ssh_args(testhost)], ExitCode.NOT_FOUND, "unknown recipe"),
-        (["run", "tiny", "--param", "oops", *ssh_args(testhost)], ExitCode.USAGE, "malformed --param"),
+        (["run", "tiny", "--param", "oops", *ssh_args(testhost)], ExitCode.USAGE, "param 'oops'"),
         (["run", "tiny", "--param", "nope=1", *ssh_args(testhost)], ExitCode.USAGE, "no param 'nope'"),
-        (["run", "tiny", *ssh_args(testhost), "--port", "2"], ExitCode.HOST_UNREACHABLE, "cannot reach"),
+        (["run", "tiny", *ssh_args(testhost), "--port", "2"], ExitCode.CONNECTION_REFUSED, "refused the connection"),
         (
             [
                 "run",
@@ -294,7 +294,7 @@ def test_bad_inputs_are_one_line_errors_with_distinct_codes(
         ),
     ]
     make_workspace(ws, tiny_image, variant="gpu")
-    cases.append((["run", "tiny", "--variant", "gpu", *ssh_args(testhost)], ExitCode.HOST_NOT_READY, "GPU"))
+    cases.append((["run", "tiny", "--variant", "gpu", *ssh_args(testhost)], ExitCode.NO_GPU, "GPU"))
     for args, expected, text in cases:
         code, env, err = cli(ws, *args)
         assert code == expected, (args, err)

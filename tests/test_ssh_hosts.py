@@ -69,11 +69,11 @@ def test_wrong_key_is_a_clear_auth_error(testhost: TestHost, tmp_path: Path) -> 
     assert str(wrong) in err.value.one_line() and "--identity" in err.value.one_line()
 
 
-def test_wrong_port_is_unreachable(testhost: TestHost) -> None:
+def test_wrong_port_is_a_refused_connection(testhost: TestHost) -> None:
     with pytest.raises(HostUnreachable) as err:
         connect(testhost, port=2)
-    assert err.value.exit_code == ExitCode.HOST_UNREACHABLE
-    assert f"{testhost.ip}:2" in err.value.one_line()
+    assert err.value.exit_code == ExitCode.CONNECTION_REFUSED
+    assert f"{testhost.ip}:2" in err.value.one_line() and "nothing listens on port 2" in err.value.one_line()
 
 
 def test_a_port_that_speaks_no_ssh_is_unreachable(testhost: TestHost) -> None:

@@ -34,9 +34,11 @@ def test_remote_command_refuses_an_empty_argv() -> None:
 
 
 def test_docker_run_argv_survives_quoting_unchanged() -> None:
-    from launcher.runs import Recipe, docker_run_argv
+    from launcher.recipes import Recipe
+    from launcher.runs import docker_run_argv
+    from launcher.runtime.spec import RecipeSpec
 
-    recipe = Recipe("tiny", Path("/r/tiny"), "none", "train.py", "sha256:" + "0" * 64, {})
+    recipe = Recipe(RecipeSpec(Path("/r/tiny"), "tiny", "none", "train.py"), "sha256:" + "0" * 64)
     argv = docker_run_argv(
         run_id="20260101T000000-tiny-abcdef",
         image_id="sha256:" + "a" * 64,

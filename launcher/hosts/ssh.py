@@ -25,7 +25,14 @@ from typing import IO, Any
 import paramiko
 
 from launcher import proc
-from launcher.errors import AuthFailed, HostKeyRejected, HostUnreachable, LauncherError, UsageError
+from launcher.errors import (
+    AuthFailed,
+    ConnectionRefused,
+    HostKeyRejected,
+    HostUnreachable,
+    LauncherError,
+    UsageError,
+)
 from launcher.hosts.base import Host
 from launcher.proc import CommandFailed, Completed
 
@@ -283,9 +290,12 @@ class SSHHost(Host):
         except (OSError, EOFError, paramiko.SSHException) as exc:
             client.close()
             reason = str(exc) or type(exc).__name__
-            if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
-                reason = "connection refused"
-            elif isinstance(exc, TimeoutError | socket.timeout):
+            if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError | ConnectionRefusedError):
+                raise ConnectionRefused(
+                    f"{where} refused the connection: nothing listens on port {target.port}",
+                    "check the port (--port, or Port in ~/.ssh/config) and that sshd runs there",
+                ) from None
+            if isinstance(exc, TimeoutError | socket.timeout):
                 reason = f"no answer within {CONNECT_TIMEOUT_S:.0f} s"
             raise HostUnreachable(
                 f"cannot reach {where}: {reason}",
