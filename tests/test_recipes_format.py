@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -248,3 +249,131 @@ def test_the_shipped_recipes_copy_cleanly(tmp_path: Path) -> None:
     here = {r.name: r.tree_digest for r in recipes.list_recipes(Workspace.at(REPO))}
     there = {r.name: r.tree_digest for r in recipes.list_recipes(Workspace.at(dst))}
     assert here == there
+
+
+# The loaders of the real published formats, on small files made here (no TensorFlow needed).
+
+def recipe_module(rel: str) -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(rel.replace("/", "_").removesuffix(".py"), REPO / "recipes" / rel)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_mnist_npz_loader_reads_keras_layout_and_names_the_file(tmp_path: Path) -> None:
+    import numpy as np
+
+    from launcher.runtime.api import BadData
+
+    data = recipe_module("mnist_convnet/data.py")
+    np.savez(tmp_path / "mnist.npz", x_train=np.zeros((3, 28, 28), "uint8"), y_train=np.zeros(3, "uint8"),
+             x_test=np.zeros((2, 28, 28), "uint8"), y_test=np.zeros(2, "uint8"))
+    assert data.load_mnist_npz(tmp_path)["x_test"].shape == (2, 28, 28)
+    np.savez(tmp_path / "mnist.npz", x_train=np.zeros((3, 28, 28), "uint8"))
+    with pytest.raises(BadData, match=r"mnist\.npz: lacks y_train, x_test, y_test"):
+        data.load_mnist_npz(tmp_path)
+    np.savez(tmp_path / "mnist.npz", x_train=np.zeros((3, 32, 32)), y_train=[0], x_test=np.zeros((1, 28, 28)),
+             y_test=[0])
+    with pytest.raises(BadData, match=r"x_train has shape \(3, 32, 32\)"):
+        data.load_mnist_npz(tmp_path)
+    (tmp_path / "mnist.npz").write_text("<html>")
+    with pytest.raises(BadData, match=r"mnist\.npz: not a numpy \.npz file"):
+        data.load_mnist_npz(tmp_path)
+    with pytest.raises(BadData, match=r"mnist\.npz: not found"):
+        data.load_mnist_npz(tmp_path / "elsewhere")
+
+
+def test_synthetic_digits_are_the_pinned_dataset() -> None:
+    from launcher.runtime import fingerprints as fp
+
+    arrays = recipe_module("mnist_torch/data.py").synthetic_digits()
+    pinned = rspec.select_dataset(recipes.load_recipe(Workspace.at(REPO), "mnist_torch").spec,
+                                  {"dataset": "synthetic"})
+    assert pinned is not None and fp.arrays_fingerprint(arrays)["digest"] == pinned.fingerprint
+
+
+def test_cifar_loader_reads_python_batches_and_refuses_other_pickles(tmp_path: Path) -> None:
+    import pickle
+
+    import numpy as np
+
+    from launcher.runtime.api import BadData
+
+    cifar = recipe_module("cifar_resnet/cifar10.py")
+    root = tmp_path / "cifar-10-batches-py"
+    root.mkdir()
+    pixels = np.arange(2 * 3072, dtype=np.uint8).reshape(2, 3072)
+    for name in (*cifar.TRAIN_BATCHES, cifar.TEST_BATCH):
+        (root / name).write_bytes(pickle.dumps({b"data": pixels, b"labels": [3, 7], b"batch_label": b"x"},
+                                               protocol=2))
+    arrays = cifar.load_batches(tmp_path)
+    assert arrays["x_train"].shape == (10, 32, 32, 3) and arrays["y_test"].tolist() == [3, 7]
+    assert arrays["x_train"][0, 0, 1, 0] == pixels[0, 1]  # channel-first rows become HWC
+    (root / "data_batch_3").write_bytes(pickle.dumps({b"data": subprocess_popen(), b"labels": []}))
+    with pytest.raises(BadData, match=r"data_batch_3: not a CIFAR-10 python batch \(refusing to load"):
+        cifar.load_batches(tmp_path)
+    (root / "data_batch_3").unlink()
+    with pytest.raises(BadData, match=r"data_batch_3: not found"):
+        cifar.load_batches(tmp_path)
+
+
+def subprocess_popen() -> Any:
+    import subprocess
+
+    return subprocess.Popen
+
+
+def test_pets_partition_is_md5_of_the_pet_id_and_loader_names_missing_trimaps(tmp_path: Path) -> None:
+    import hashlib
+
+    from launcher.runtime.api import BadData
+
+    pets = recipe_module("pets_unet/pets.py")
+    names = [f"Abyssinian_{i}" for i in range(1, 200)]
+    for name in names:
+        idx = int(hashlib.md5(name.encode()).hexdigest(), 16) % 10
+        assert pets.partition_of(name) == ("train" if idx < 7 else ["validation", "calibration", "test"][idx - 7])
+    counts = {p: sum(pets.partition_of(n) == p for n in names) for p in ("train", "validation", "calibration", "test")}
+    assert counts["train"] > counts["validation"] > 0 and counts["test"] > 0
+    with pytest.raises(BadData, match=r"images: not found; the Oxford-IIIT Pet layout"):
+        pets.load_pets(tmp_path, 64)
+    (tmp_path / "images").mkdir()
+    (tmp_path / "annotations/trimaps").mkdir(parents=True)
+    train_pet = next(n for n in names if pets.partition_of(n) == "train")
+    (tmp_path / "images" / f"{train_pet}.jpg").write_bytes(b"\xff\xd8")
+    with pytest.raises(BadData, match=rf"trimaps/{train_pet}\.png: missing"):
+        pets.load_pets(tmp_path, 64)
+
+
+def test_dogs_vs_cats_reads_both_layouts_and_names_what_is_missing(tmp_path: Path) -> None:
+    from launcher.runtime.api import BadData
+
+    dvc = recipe_module("catsdogs_convnet/dogs_vs_cats.py")
+    assert (REPO / "recipes/catsdogs_convnet/dogs_vs_cats.py").read_bytes() == \
+        (REPO / "recipes/mini_xception/dogs_vs_cats.py").read_bytes(), "the two copies of the loader differ"
+    with pytest.raises(BadData, match=r"train: not found"):
+        dvc._split_files(tmp_path)
+    subset = tmp_path / "subset"
+    for split in ("train", "validation"):
+        for cls in ("cat", "dog"):
+            (subset / split / cls).mkdir(parents=True)
+            (subset / split / cls / f"{cls}.1.jpg").write_bytes(b"")
+    files = dvc._split_files(subset)
+    assert [(p.name, label) for p, label in files["train"]] == [("cat.1.jpg", 0), ("dog.1.jpg", 1)]
+    (subset / "validation/dog/dog.1.jpg").unlink()
+    with pytest.raises(BadData, match=r"validation/dog: no \.jpg images"):
+        dvc._split_files(subset)
+    kaggle = tmp_path / "kaggle" / "train"
+    kaggle.mkdir(parents=True)
+    for cls in ("cat", "dog"):
+        for i in range(1500):
+            (kaggle / f"{cls}.{i}.jpg").touch()
+    files = dvc._split_files(kaggle.parent)
+    assert len(files["train"]) == 2000 and len(files["validation"]) == 1000
+    assert files["validation"][0][0].name == "cat.1000.jpg"
+    (kaggle / "dog.1200.jpg").unlink()
+    with pytest.raises(BadData, match=r"dog\.1200\.jpg: missing"):
+        dvc._split_files(kaggle.parent)
