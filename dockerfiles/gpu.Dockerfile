@@ -21,7 +21,8 @@ ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     TF_CPP_MIN_LOG_LEVEL=1
+WORKDIR /launcher
+# The recipes change most often: their layer comes last, so a rebuild ships only it.
 COPY launcher/ /opt/launcher/launcher/
 COPY recipes/ /opt/launcher/recipes/
-WORKDIR /launcher
 CMD ["python", "-m", "launcher.runtime", "--help"]

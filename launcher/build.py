@@ -191,7 +191,8 @@ def build(ws: Workspace, variant: str = "cpu", *, nocache: bool = False, force: 
     task = rep.task("normalising layers for a reproducible image ID")
     try:
         keys = imagetree.base_layer_keys(inputs.pin.ref, ws.cache_dir)
-        norm = imagetree.normalize(raw_id, tag=out_tag, base_keys=keys, epoch=epoch)
+        norm = imagetree.normalize(raw_id, tag=out_tag, base_keys=keys, epoch=epoch,
+                                   layer_cache=ws.cache_dir / "images" if write_record else None)
     finally:
         docker_engine.remove_image(raw_id)
     task.close()

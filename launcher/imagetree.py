@@ -17,6 +17,7 @@ import json
 import shutil
 import subprocess
 import tarfile
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -317,6 +318,28 @@ class _Prefixed(io.RawIOBase):
         return self._rest.read(n)
 
 
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def cached_image(layer_cache: Path, image_id: str) -> tuple[bytes, list[Path | None]] | None:
+    """The config and layer files of an image normalised with this layer cache (None for a
+    layer the cache does not hold, such as a base layer); None when the config is not there."""
+    cfg_path = layer_cache / "configs" / f"{image_id.removeprefix('sha256:')}.json"
+    if not cfg_path.is_file():
+        return None
+    cfg = cfg_path.read_bytes()
+    if "sha256:" + hashlib.sha256(cfg).hexdigest() != image_id:
+        return None
+    diff_ids = json.loads(cfg)["rootfs"]["diff_ids"]
+    files: list[Path | None] = []
+    for d in diff_ids:
+        p = layer_cache / "layers" / f"{d.removeprefix('sha256:')}.tar"
+        files.append(p if p.is_file() else None)
+    return cfg, files
+
+
 def _member(name: str, size: int) -> bytes:
     info = tarfile.TarInfo(name)
     info.size = size
@@ -324,13 +347,15 @@ def _member(name: str, size: int) -> bytes:
     return info.tobuf(format=tarfile.USTAR_FORMAT)
 
 
-def normalize(image: str, *, tag: str, base_keys: set[str] | None = None, epoch: int = DEFAULT_EPOCH) -> Normalized:
+def normalize(image: str, *, tag: str, base_keys: set[str] | None = None, epoch: int = DEFAULT_EPOCH,
+              layer_cache: Path | None = None) -> Normalized:
     """Rewrite image so its ID depends only on its content, and load it as tag.
 
     One streaming pass, `docker save | rewrite | docker load`, nothing on disk and nothing
     whole in memory: headers are patched in place, file data is copied as it is, and layers
     of the base (recognised by base_keys) pass through untouched so the image still sits on
-    the pinned base.
+    the pinned base. With layer_cache, the image's own layers and config are also kept there
+    by digest, so shipping it later needs no `docker save` (see transfer.ship_image).
     """
     save = proc.popen(["docker", "save", image], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     load = proc.popen(["docker", "load", "-q"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -352,13 +377,27 @@ def normalize(image: str, *, tag: str, base_keys: set[str] | None = None, epoch:
                     is_base = _layer_key(member.size, head) in keys
                     out.write(_member(member.name, member.size))
                     written = 0
+                    keep = None if is_base or layer_cache is None else tempfile.NamedTemporaryFile(
+                        dir=_mkdir(layer_cache / "layers"), prefix=".", suffix=".partial", delete=False)
 
-                    def sink(b: bytes) -> None:
+                    def sink(b: bytes, keep: IO[bytes] | None = keep) -> None:
                         nonlocal written
                         written += len(b)
                         out.write(b)
+                        if keep is not None:
+                            keep.write(b)
 
-                    entries, _d_in, d_out = rewrite_layer(_Prefixed(head, stream), sink, epoch, clamp=not is_base)
+                    try:
+                        entries, _d_in, d_out = rewrite_layer(_Prefixed(head, stream), sink, epoch,
+                                                              clamp=not is_base)
+                    except BaseException:
+                        if keep is not None:
+                            keep.close()
+                            Path(keep.name).unlink(missing_ok=True)
+                        raise
+                    if keep is not None and layer_cache is not None:
+                        keep.close()
+                        Path(keep.name).replace(layer_cache / "layers" / f"{d_out.removeprefix('sha256:')}.tar")
                     if written != member.size:
                         raise BuildFailed(f"normalising layer {member.name} changed its size",
                                           "report this with the image's Dockerfile")
@@ -380,6 +419,8 @@ def normalize(image: str, *, tag: str, base_keys: set[str] | None = None, epoch:
         cfg_bytes = _normalize_config(json.loads(configs[manifest[0]["Config"]]),
                                       [layers[name][1] for name in order], epoch)
         image_id = "sha256:" + hashlib.sha256(cfg_bytes).hexdigest()
+        if layer_cache is not None:
+            (_mkdir(layer_cache / "configs") / f"{image_id[7:]}.json").write_bytes(cfg_bytes)
         man = json.dumps([{"Config": f"{image_id[7:]}.json", "RepoTags": [tag], "Layers": order}]).encode()
         for name, data in ((f"{image_id[7:]}.json", cfg_bytes), ("manifest.json", man)):
             out.write(_member(name, len(data)))

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, cast
 
-from launcher import proc
+from launcher import imagetree, proc
 from launcher.errors import (
     Corrupt,
     DiskFull,
@@ -40,7 +40,7 @@ from launcher.errors import (
 )
 from launcher.hashing import CHUNK, atomic_write_json, sha256_file
 from launcher.hosts.base import Host, RemoteEntry
-from launcher.progress import NullReporter, Reporter
+from launcher.progress import NullReporter, Reporter, Task
 
 LAYER_MAP_FILE = "layer-dirs.json"
 
@@ -249,6 +249,18 @@ def ship_image(
                 result.layers_sent += 1
                 result.bytes_sent += member.size
 
+    cached = imagetree.cached_image(cache_dir / "images", image_id) if cache_dir is not None else None
+    if cached is not None and all(f is not None or c in present for f, c in zip(cached[1], chains, strict=False)):
+        _ship_from_cache(host, image_id, cached, chains, present, task, result)
+        task.close()
+        if not host_has_image(host, image_id):
+            raise Corrupt(f"after loading, {host.name} does not have image {image_id}",
+                          "retry; if it persists, remove the image's layers on the host (`docker image prune`)")
+        if tag:
+            host.run(["docker", "tag", image_id, tag], check=False)
+        result.seconds = time.monotonic() - started
+        return result
+
     save = proc.popen(["docker", "save", image_id])
     load = host.start(["docker", "load", "-q"], bulk=True)
     assert save.stdout is not None
@@ -297,6 +309,46 @@ def ship_image(
         host.run(["docker", "tag", image_id, tag], check=False)
     result.seconds = time.monotonic() - started
     return result
+
+
+def _ship_from_cache(host: Host, image_id: str, cached: tuple[bytes, list[Path | None]], chains: list[str],
+                     present: set[str], task: Task, result: ShipResult) -> None:
+    """Stream a `docker load` archive made from the build's layer cache: no `docker save`, so a
+    rebuild whose recipe layer alone changed sends (and reads) that layer and little else."""
+    cfg, files = cached
+    names = [f"{i:03d}/layer.tar" for i in range(len(files))]
+    man = json.dumps([{"Config": f"{image_id[7:]}.json", "RepoTags": [], "Layers": names}]).encode()
+    load = host.start(["docker", "load", "-q"], bulk=True)
+    try:
+        with tarfile.open(fileobj=load.stdin, mode="w|", format=tarfile.PAX_FORMAT, bufsize=CHUNK) as tout:
+            for name, path, chain in zip(names, files, chains, strict=True):
+                info = tarfile.TarInfo(name)
+                if chain in present or path is None:
+                    tout.addfile(info)
+                    result.layers_skipped += 1
+                    continue
+                info.size = path.stat().st_size
+                with open(path, "rb") as f:
+                    tout.addfile(info, cast(IO[bytes], _CountingReader(f, task.advance)))
+                result.layers_sent += 1
+                result.bytes_sent += info.size
+            for name, data in ((f"{image_id[7:]}.json", cfg), ("manifest.json", man)):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tout.addfile(info, _BytesReader(data))
+        load.stdin.close()
+    except (BrokenPipeError, ConnectionError, OSError) as exc:
+        load.kill()
+        raise LauncherError(f"docker load on {host.name} stopped: {load.stderr_text().strip() or exc}",
+                            "check free disk space and dockerd on the host") from None
+    out = load.stdout.read().decode("utf-8", "replace")
+    if load.wait() != 0:
+        text = (load.stderr_text() + out).strip()
+        if "no space" in text.lower():
+            raise DiskFull(f"{host.name} ran out of disk while loading the image: {text}",
+                           "free space on the host (`docker system prune`) and retry")
+        raise LauncherError(f"docker load on {host.name} failed: {text.splitlines()[-1] if text else 'error'}",
+                            "check dockerd on the host (`launcher provision --host ...`)")
 
 
 SHIP_REPO = "launcher/ship"
