@@ -118,13 +118,20 @@ def main() -> None:
         tags.append(big)
         docker_build(big_ctx, f"FROM {base}\nRUN head -c {mb}M /dev/urandom > /opt/framework.bin\n", big)
         ids = {}
+        cache = str(work / "cache")
+        from launcher import imagetree
+
+        base_keys = imagetree.base_layer_keys(base)
         for name in ("a", "b"):
             ctx = work / f"recipe-{name}"
             (ctx / "recipes" / "r").mkdir(parents=True)
             (ctx / "recipes" / "r" / "train.py").write_text(f"print('recipe {name} {uuid.uuid4()}')\n")
             tag = f"launcher-bench/image-{name}:{run_tag}"
             tags.append(tag)
-            ids[name] = docker_build(ctx, f"FROM {big}\nCOPY recipes /opt/launcher/recipes\n", tag)
+            docker_build(ctx, f"FROM {big}\nCOPY recipes /opt/launcher/recipes\n", tag)
+            # as `launcher build` leaves it: normalised, its layers kept in the cache by digest
+            ids[name] = imagetree.normalize(tag, tag=tag, base_keys=base_keys,
+                                            layer_cache=Path(cache) / "images").image_id
         size = int(
             subprocess.run(
                 ["docker", "image", "inspect", "--format", "{{.Size}}", ids["a"]],
@@ -133,7 +140,6 @@ def main() -> None:
                 check=True,
             ).stdout
         )
-        cache = str(work / "cache")
         whole = run_child(conn, "--child", "ship", "--image", ids["a"], "--cache", cache)
         unchanged = [
             run_child(conn, "--child", "ship", "--image", ids["a"], "--cache", cache)
