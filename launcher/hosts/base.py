@@ -9,6 +9,7 @@ in one place.
 from __future__ import annotations
 
 import json
+import subprocess
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -89,6 +90,38 @@ class HostProcess(Protocol):
     def stderr_text(self) -> str: ...
 
     def kill(self) -> None: ...
+
+
+class PopenProcess:
+    """A HostProcess backed by a local subprocess (the local engine, or the OpenSSH client)."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self._p = popen
+
+    @property
+    def stdin(self) -> IO[bytes]:
+        assert self._p.stdin is not None
+        return self._p.stdin
+
+    @property
+    def stdout(self) -> IO[bytes]:
+        assert self._p.stdout is not None
+        return self._p.stdout
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self._p.wait(timeout)
+
+    def stderr_text(self) -> str:
+        if self._p.stderr is None:
+            return ""
+        try:
+            return self._p.stderr.read().decode("utf-8", "replace")
+        except ValueError:
+            return ""
+
+    def kill(self) -> None:
+        if self._p.poll() is None:
+            self._p.kill()
 
 
 class Host(ABC):

@@ -7,42 +7,11 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO
 
 from launcher import proc
 from launcher.errors import NotFound
-from launcher.hosts.base import Host
+from launcher.hosts.base import Host, PopenProcess
 from launcher.proc import Completed
-
-
-class LocalProcess:
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
-        self._p = popen
-
-    @property
-    def stdin(self) -> IO[bytes]:
-        assert self._p.stdin is not None
-        return self._p.stdin
-
-    @property
-    def stdout(self) -> IO[bytes]:
-        assert self._p.stdout is not None
-        return self._p.stdout
-
-    def wait(self, timeout: float | None = None) -> int:
-        return self._p.wait(timeout)
-
-    def stderr_text(self) -> str:
-        if self._p.stderr is None:
-            return ""
-        try:
-            return self._p.stderr.read().decode("utf-8", "replace")
-        except ValueError:
-            return ""
-
-    def kill(self) -> None:
-        if self._p.poll() is None:
-            self._p.kill()
 
 
 class LocalHost(Host):
@@ -69,8 +38,8 @@ class LocalHost(Host):
             # what a remote shell answers for a missing program, so callers treat both hosts alike
             return Completed(tuple(argv), 127, b"", f"{argv[0]}: command not found\n".encode())
 
-    def start(self, argv: Sequence[str], *, bulk: bool = False, merge_stderr: bool = False) -> LocalProcess:
-        return LocalProcess(
+    def start(self, argv: Sequence[str], *, bulk: bool = False, merge_stderr: bool = False) -> PopenProcess:
+        return PopenProcess(
             proc.popen(
                 list(argv),
                 stdin=subprocess.PIPE,

@@ -33,7 +33,7 @@ from launcher.errors import (
     LauncherError,
     UsageError,
 )
-from launcher.hosts.base import Host
+from launcher.hosts.base import Host, PopenProcess
 from launcher.proc import CommandFailed, Completed
 
 KEEPALIVE_S = 15
@@ -181,36 +181,6 @@ class _ChannelProcess:
 
     def kill(self) -> None:
         self._chan.close()
-
-
-class _OpenSSHProcess:
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
-        self._p = popen
-
-    @property
-    def stdin(self) -> IO[bytes]:
-        assert self._p.stdin is not None
-        return self._p.stdin
-
-    @property
-    def stdout(self) -> IO[bytes]:
-        assert self._p.stdout is not None
-        return self._p.stdout
-
-    def wait(self, timeout: float | None = None) -> int:
-        return self._p.wait(timeout)
-
-    def stderr_text(self) -> str:
-        if self._p.stderr is None:
-            return ""
-        try:
-            return self._p.stderr.read().decode("utf-8", "replace")
-        except ValueError:
-            return ""
-
-    def kill(self) -> None:
-        if self._p.poll() is None:
-            self._p.kill()
 
 
 class SSHHost(Host):
@@ -453,7 +423,7 @@ class SSHHost(Host):
 
     def start(self, argv: Sequence[str], *, bulk: bool = False, merge_stderr: bool = False) -> Any:
         if bulk and self.use_openssh:
-            return _OpenSSHProcess(
+            return PopenProcess(
                 proc.popen(
                     self.openssh_argv(argv),
                     stdin=subprocess.PIPE,
