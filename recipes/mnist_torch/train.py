@@ -61,6 +61,13 @@ class Net(nn.Module):
         return self.fc2(x)
 
 
+def categorical_crossentropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Keras' loss on one-hot labels, written out: NLLLoss (what cross_entropy uses) is on PyTorch's
+    list of CUDA operations without a deterministic implementation."""
+    one_hot = F.one_hot(labels, logits.shape[1]).to(logits.dtype)
+    return -(F.log_softmax(logits, dim=1) * one_hot).sum(dim=1).mean()
+
+
 model = Net().to(device)
 print(f"trainable params: {sum(t.numel() for t in model.parameters() if t.requires_grad):,}")
 api.record_initial_weights(api.torch_layers(model))
@@ -80,7 +87,7 @@ for epoch in range(int(p["epochs"])):
         xb, yb = xb.to(device), yb.to(device)
         optimizer.zero_grad()
         logits = model(xb)
-        loss = F.cross_entropy(logits, yb)
+        loss = categorical_crossentropy(logits, yb)
         loss.backward()
         optimizer.step()
         losses.append(loss.detach() * len(yb))
@@ -88,7 +95,7 @@ for epoch in range(int(p["epochs"])):
     model.eval()
     with torch.no_grad():
         logits = model(x_val)
-        val_loss = float(F.cross_entropy(logits, y_val))
+        val_loss = float(categorical_crossentropy(logits, y_val))
         val_acc = float((logits.argmax(1) == y_val).float().mean())
     metrics = {"loss": float(torch.stack(losses).sum()) / len(train), "accuracy": correct / len(train),
                "val_loss": val_loss, "val_accuracy": val_acc}
