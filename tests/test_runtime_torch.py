@@ -68,3 +68,21 @@ def test_mnist_torch_off_profile_is_unseeded(tmp_path: Path) -> None:
     assert a != b
     assert json.loads((tmp_path / "a/_launcher/runtime.json").read_text())["framework"][
         "deterministic_algorithms"] is False
+
+
+def test_a_scaffolded_torch_recipe_runs_and_repeats(tmp_path: Path) -> None:
+    from launcher.recipes import scaffold_recipe
+    from launcher.workspace import Workspace
+
+    for d in ("lockfiles", "dockerfiles", "recipes"):
+        (tmp_path / "ws" / d).mkdir(parents=True)
+    recipe = scaffold_recipe(Workspace.at(tmp_path / "ws"), "mine", "torch")
+    for name in ("a", "b"):
+        full = {k: v for k, v in os.environ.items() if not k.startswith(("LAUNCHER_", "TF_"))}
+        full.update(profile_env("deterministic", 2))
+        full["PYTHONPATH"] = str(REPO)
+        res = subprocess.run([torch_python(), "-m", "launcher.runtime", "run", "--recipe", str(recipe.path),
+                              "--out", str(tmp_path / name)], env=full, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    for rel in ("model/canonical.npz", "fingerprints/batches.jsonl", "metrics.jsonl"):
+        assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes(), rel
