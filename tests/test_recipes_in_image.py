@@ -53,7 +53,12 @@ def docker_run(image: str, out: Path, *, recipe: str | None = None, script: Path
     if script is not None:
         argv += ["-v", f"{script.parent}:/launcher/code:ro"]
     argv += [image, "python", "-m", "launcher.runtime", "run"]
-    argv += ["--script", f"/launcher/code/{script.name}"] if script else ["--recipe", f"/opt/launcher/recipes/{recipe}"]
+    if script is not None and script.is_dir():  # a recipe folder of the user's own
+        argv += ["--recipe", f"/launcher/code/{script.name}"]
+    elif script is not None:
+        argv += ["--script", f"/launcher/code/{script.name}"]
+    else:
+        argv += ["--recipe", f"/opt/launcher/recipes/{recipe}"]
     argv += ["--out", "/launcher/out", "--params", json.dumps(params or {})]
     if data is not None:
         argv += ["--data", "/launcher/data"]
@@ -215,6 +220,23 @@ def test_a_tf_data_pipeline_is_recorded_by_batch_contents(cpu_image: dict[str, A
     assert [len(e["batches"]) for e in epochs] == [7, 7, 7]
     assert [b for e in epochs for b in e["batches"]] == seen
     assert epochs[0]["batches"] != epochs[1]["batches"]  # the pipeline reshuffles every epoch
+
+
+def test_a_scaffolded_recipe_folder_of_ones_own_runs_the_same_way(cpu_image: dict[str, Any],
+                                                                  tmp_path: Path) -> None:
+    from launcher.recipes import scaffold_recipe
+    from launcher.workspace import Workspace
+
+    for d in ("lockfiles", "dockerfiles", "recipes"):
+        (tmp_path / "ws" / d).mkdir(parents=True)
+    recipe = scaffold_recipe(Workspace.at(tmp_path / "ws"), "mine")
+    for name in ("a", "b"):
+        rc, log = docker_run(cpu_image["id"], tmp_path / name, script=recipe.path, params={"epochs": 2},
+                             env=profile_env("deterministic", 9))
+        assert rc == 0, log[-4000:]
+    for rel in COMPARED:
+        assert read(tmp_path / "a", rel) == read(tmp_path / "b", rel), rel
+    assert len(read(tmp_path / "a", "metrics.jsonl").splitlines()) == 2
 
 
 def _bad_folders(root: Path) -> dict[str, tuple[str, dict[str, Any], Path, str]]:
