@@ -239,6 +239,33 @@ def test_a_scaffolded_recipe_folder_of_ones_own_runs_the_same_way(cpu_image: dic
     assert len(read(tmp_path / "a", "metrics.jsonl").splitlines()) == 2
 
 
+SELF_SEEDED = '''"""A script that seeds itself, run under `off`: it must repeat as it would without launcher."""
+import numpy as np
+import tensorflow as tf
+
+keras = tf.keras
+keras.utils.set_random_seed(5)
+x = np.random.rand(64, 4).astype("float32")
+y = (x.sum(1) > 2).astype("int64")
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dropout(0.2), keras.layers.Dense(2, activation="softmax")])
+model.compile(loss="sparse_categorical_crossentropy", optimizer="adam")
+model.fit(x, y, epochs=2, batch_size=16, verbose=0)
+'''
+
+
+def test_off_leaves_a_self_seeded_script_repeatable(cpu_image: dict[str, Any], tmp_path: Path) -> None:
+    """Under `off` the runtime's own shuffle draws from TensorFlow's global generator, as Keras would."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "self_seeded.py").write_text(SELF_SEEDED)
+    for name in ("a", "b"):
+        rc, log = docker_run(cpu_image["id"], tmp_path / name, script=code / "self_seeded.py",
+                             env=profile_env("off"))
+        assert rc == 0, log[-4000:]
+    for rel in ("fingerprints/batches.jsonl", "model/canonical.npz"):
+        assert read(tmp_path / "a", rel) == read(tmp_path / "b", rel), rel
+
+
 def _bad_folders(root: Path) -> dict[str, tuple[str, dict[str, Any], Path, str]]:
     """recipe, params, data folder, words the error must contain."""
     cases: dict[str, tuple[str, dict[str, Any], Path, str]] = {}

@@ -244,7 +244,12 @@ def install(keras: Any, tf: Any, rec: Recorder) -> Callable[..., Any]:
             for i, leaf in enumerate(flat[0]):
                 named[key if len(flat[0]) == 1 else f"{key}/{i}"] = leaf
         rec.record_train_data(named)
-        entropy = [rec.seed, rec.fits - 1] if rec.seed is not None else None
+        if rec.seed is not None:
+            entropy = [rec.seed, rec.fits - 1]
+        else:
+            # No launcher seed (`off`): draw from TensorFlow's global generator, as Keras' own shuffle
+            # would, so a recipe that seeds TensorFlow itself still repeats its batch order.
+            entropy = [int(v) for v in tf.random.uniform([2], maxval=2**31 - 1, dtype=tf.int64).numpy()]
         (ds, state), digests = _array_pipeline(tf, rec, a, entropy)
         # First in the list: it must set the epoch before fit() opens the epoch's iterator.
         callbacks.insert(0, _Callback.make(keras, rec, lambda e: state.update(epoch=e), digests.get, ""))
