@@ -262,7 +262,9 @@ def test_off_leaves_a_self_seeded_script_repeatable(cpu_image: dict[str, Any], t
         rc, log = docker_run(cpu_image["id"], tmp_path / name, script=code / "self_seeded.py",
                              env=profile_env("off"))
         assert rc == 0, log[-4000:]
-    for rel in ("fingerprints/batches.jsonl", "model/canonical.npz"):
+    # the batch order and the initial weights come from the script's own seed; the final weights
+    # would also need op determinism, which `off` leaves out
+    for rel in ("fingerprints/batches.jsonl", "fingerprints/initial_weights.json"):
         assert read(tmp_path / "a", rel) == read(tmp_path / "b", rel), rel
 
 
