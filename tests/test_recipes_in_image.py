@@ -304,3 +304,51 @@ def test_wrong_data_folders_fail_with_the_file_named(cpu_image: dict[str, Any], 
                              env=profile_env("deterministic", 1))
         assert rc == 17, f"{name}: exit {rc}\n{log[-2000:]}"
         assert words in log, f"{name}: {words!r} not in\n{log[-2000:]}"
+
+
+def _real_format_folder(kind: str, root: Path) -> tuple[str, dict[str, Any]]:
+    """Tiny folders in the published layouts, written with Pillow and pickle; (recipe, params)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(7)
+
+    def jpeg(path: Path, size: int = 64) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 255, size=(size, size, 3), dtype=np.uint8)).save(path, "JPEG")
+
+    if kind == "dogs-vs-cats":
+        for split, count in (("train", 3), ("validation", 2)):
+            for cls in ("cat", "dog"):
+                for i in range(count):
+                    jpeg(root / split / cls / f"{cls}.{i}.jpg", 200)
+        return "catsdogs_convnet", {"dataset": "files", "epochs": 1, "batch_size": 4}
+    if kind == "oxford-iiit-pet":
+        names = [f"Beagle_{i}" for i in range(1, 60)]
+        chosen = [n for n in names if int(hashlib.md5(n.encode()).hexdigest(), 16) % 10 < 7][:4]
+        chosen += [n for n in names if int(hashlib.md5(n.encode()).hexdigest(), 16) % 10 == 7][:2]
+        chosen += [n for n in names if int(hashlib.md5(n.encode()).hexdigest(), 16) % 10 == 9][:1]
+        (root / "annotations/trimaps").mkdir(parents=True)
+        for name in chosen:
+            jpeg(root / "images" / f"{name}.jpg", 80)
+            trimap = rng.integers(1, 4, size=(80, 80), dtype=np.uint8)
+            Image.fromarray(trimap, mode="L").save(root / "annotations/trimaps" / f"{name}.png")
+        return "pets_unet", {"dataset": "files", "epochs": 1, "batch_size": 4, "img_size": 64}
+    batches = root / "cifar-10-batches-py"
+    batches.mkdir(parents=True)
+    for name in ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5", "test_batch"):
+        data = rng.integers(0, 255, size=(4, 3072), dtype=np.uint8)
+        (batches / name).write_bytes(pickle.dumps({b"data": data, b"labels": [0, 1, 2, 3]}, protocol=2))
+    return "cifar_resnet", {"dataset": "cifar10", "epochs": 1, "batch_size": 8}
+
+
+@pytest.mark.parametrize("kind", ["dogs-vs-cats", "oxford-iiit-pet", "cifar-10"])
+def test_real_format_folders_load_and_train(kind: str, cpu_image: dict[str, Any], tmp_path: Path) -> None:
+    recipe, params = _real_format_folder(kind, tmp_path / "data")
+    rc, log = docker_run(cpu_image["id"], tmp_path / "out", recipe=recipe, params=params, data=tmp_path / "data",
+                         env=profile_env("deterministic", 1))
+    assert rc == 0, log[-4000:]
+    dataset = json.loads(read(tmp_path / "out", "fingerprints/dataset.json"))
+    assert dataset["kind"] == "files" and dataset["digest"] == fp.files_fingerprint(tmp_path / "data")["digest"]
+    arrays = json.loads(read(tmp_path / "out", "fingerprints/train_data.json"))
+    assert arrays["entries"]["x"]["shape"][0] > 0
+    assert (tmp_path / "out/model/canonical.npz").is_file()
