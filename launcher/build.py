@@ -158,7 +158,7 @@ def _run_build(context: Path, inputs: Inputs, labels: dict[str, str], nocache: b
 
 def build(ws: Workspace, variant: str = "cpu", *, nocache: bool = False, force: bool = False,
           ca_bundle: Path | None = None, epoch: int = imagetree.DEFAULT_EPOCH, tag: str | None = None,
-          write_record: bool = True, reporter: Reporter | None = None) -> BuildRecord:
+          write_record: bool = True, keep_image: bool = True, reporter: Reporter | None = None) -> BuildRecord:
     """Build (or find) the image of variant; the result is normalised to a content-only image ID."""
     rep = reporter or NullReporter()
     started = time.monotonic()
@@ -192,7 +192,7 @@ def build(ws: Workspace, variant: str = "cpu", *, nocache: bool = False, force: 
     try:
         keys = imagetree.base_layer_keys(inputs.pin.ref, ws.cache_dir)
         norm = imagetree.normalize(raw_id, tag=out_tag, base_keys=keys, epoch=epoch,
-                                   layer_cache=ws.cache_dir / "images" if write_record else None)
+                                   layer_cache=ws.cache_dir / "images" if write_record else None, load=keep_image)
     finally:
         docker_engine.remove_image(raw_id)
     task.close()
@@ -283,15 +283,14 @@ def rebuild(ws: Workspace, variant: str = "cpu", *, verify: bool = True, ca_bund
         raise NotFound(f"no recorded build of the {variant} image to verify against",
                        f"run `launcher build {variant}` first")
     epoch = int(record.extra.get("epoch", imagetree.DEFAULT_EPOCH)) if record else imagetree.DEFAULT_EPOCH
-    scratch_tag = f"launcher/rebuild-{variant}:{int(time.time())}"
-    fresh = build(ws, variant, nocache=True, ca_bundle=ca_bundle, epoch=epoch, tag=scratch_tag if verify else None,
-                  write_record=not verify, reporter=reporter)
+    # A verifying rebuild needs only the digests of the normalised image, not the image itself.
+    fresh = build(ws, variant, nocache=True, ca_bundle=ca_bundle, epoch=epoch, write_record=not verify,
+                  keep_image=not verify, reporter=reporter)
     if not verify or record is None:
         return RebuildReport(variant, fresh.image_id, fresh.image_id, fresh.tree_digest, fresh.tree_digest, [],
                              round(time.monotonic() - started, 2))
     tree_path = ws.build_record(variant).with_suffix(".tree.json.gz")
     old_tree = imagetree.load_tree(tree_path) if tree_path.is_file() else {}
     changes = imagetree.diff_trees(old_tree, fresh.extra["tree"]) if fresh.tree_digest != record.tree_digest else []
-    proc.run(["docker", "rmi", scratch_tag], check=False)  # only untags when the IDs match
     return RebuildReport(variant, record.image_id, fresh.image_id, record.tree_digest, fresh.tree_digest, changes,
                          round(time.monotonic() - started, 2))

@@ -318,6 +318,14 @@ class _Prefixed(io.RawIOBase):
         return self._rest.read(n)
 
 
+class _Discard(io.RawIOBase):
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: bytes) -> int:  # type: ignore[override]
+        return len(b)
+
+
 def _mkdir(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -348,7 +356,7 @@ def _member(name: str, size: int) -> bytes:
 
 
 def normalize(image: str, *, tag: str, base_keys: set[str] | None = None, epoch: int = DEFAULT_EPOCH,
-              layer_cache: Path | None = None) -> Normalized:
+              layer_cache: Path | None = None, load: bool = True) -> Normalized:
     """Rewrite image so its ID depends only on its content, and load it as tag.
 
     One streaming pass, `docker save | rewrite | docker load`, nothing on disk and nothing
@@ -358,10 +366,11 @@ def normalize(image: str, *, tag: str, base_keys: set[str] | None = None, epoch:
     by digest, so shipping it later needs no `docker save` (see transfer.ship_image).
     """
     save = proc.popen(["docker", "save", image], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    load = proc.popen(["docker", "load", "-q"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                      stderr=subprocess.PIPE)
-    assert save.stdout is not None and load.stdin is not None
-    out = load.stdin
+    loader = proc.popen(["docker", "load", "-q"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE) if load else None
+    assert save.stdout is not None
+    # Without load (a verification), only the digests are wanted: the bytes go nowhere.
+    out: IO[bytes] = loader.stdin if loader is not None and loader.stdin is not None else _Discard()
     layers: dict[str, tuple[list[Entry], str]] = {}
     manifest: list[dict[str, Any]] = []
     configs: dict[str, bytes] = {}
@@ -432,8 +441,10 @@ def normalize(image: str, *, tag: str, base_keys: set[str] | None = None, epoch:
     finally:
         if save.poll() is None:
             save.kill()
-    err = load.stderr.read().decode() if load.stderr else ""
-    if load.wait() != 0:
+    if loader is None:
+        return Normalized(image_id=image_id, tree_digest=tree.digest(), tree=tree.lines())
+    err = loader.stderr.read().decode() if loader.stderr else ""
+    if loader.wait() != 0:
         raise BuildFailed(f"docker load of the normalised image failed: {err.strip()[:300]}",
                           "check the Docker engine's disk space")
     return Normalized(image_id=image_id, tree_digest=tree.digest(), tree=tree.lines())
