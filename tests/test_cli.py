@@ -96,3 +96,14 @@ def test_real_subprocess_smoke(tmp_path: Path) -> None:
     failed = subprocess.run([exe, "-w", str(tmp_path), "lock"], capture_output=True, text=True)
     assert failed.returncode == ExitCode.NOT_FOUND
     assert failed.stderr.strip().count("\n") == 0 and failed.stderr.startswith("error:")
+
+
+def test_init_recipe_scaffolds_a_recipe_in_the_workspace(tmp_path: Path) -> None:
+    assert runner.invoke(app, ["init", str(tmp_path)]).exit_code == 0
+    res = runner.invoke(app, ["-w", str(tmp_path), "--json", "init", "recipe", "my_model"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "recipes" / "my_model" / "recipe.toml").is_file()
+    listed = runner.invoke(app, ["-w", str(tmp_path), "--json", "recipes", "list"])
+    assert "my_model" in listed.stdout
+    bad = runner.invoke(app, ["-w", str(tmp_path), "init", "elsewhere", "my_model"])
+    assert bad.exit_code == ExitCode.USAGE

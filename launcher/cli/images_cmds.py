@@ -13,7 +13,7 @@ from launcher import build as build_mod
 from launcher import images, registry
 from launcher import lock as lock_mod
 from launcher.cli.common import guarded, render, reporter, stdout, workspace_of
-from launcher.errors import ExitCode
+from launcher.errors import ExitCode, UsageError
 from launcher.result import Result
 from launcher.scaffold import init_workspace
 from launcher.workspace import Workspace
@@ -25,7 +25,7 @@ base_app = typer.Typer(help="Pin base images by digest in lockfiles/images.lock.
 
 
 def register(app: typer.Typer) -> None:
-    app.command("init", help="Create a workspace (lockfiles/, dockerfiles/, recipes/) in DIR.")(init_cmd)
+    app.command("init")(init_cmd)
     app.command("lock")(lock_cmd)
     app.add_typer(base_app, name="base")
     app.command("build")(build_cmd)
@@ -36,9 +36,23 @@ def register(app: typer.Typer) -> None:
 def init_cmd(
     ctx: typer.Context,
     directory: Annotated[Path, typer.Argument(help="Where to create the workspace.")] = Path("."),
+    recipe_name: Annotated[str | None, typer.Argument(
+        help="With `launcher init recipe NAME`: scaffold recipes/NAME/ in the current workspace.")] = None,
     from_workspace: Annotated[Path | None, typer.Option(
         "--from", help="Copy the locks, Dockerfiles and recipes of this workspace instead of the templates.")] = None,
+    framework: Annotated[str, typer.Option("--framework", help="For init recipe: tensorflow or torch.")] = "tensorflow",
 ) -> None:
+    """Create a workspace in DIR, or `launcher init recipe NAME` to scaffold a recipe in this one."""
+    if recipe_name is not None:
+        if str(directory) != "recipe":
+            raise UsageError(f"unexpected argument {recipe_name!r}",
+                             "use `launcher init [DIR]` or `launcher init recipe NAME`")
+        from launcher import recipes
+
+        made = recipes.scaffold_recipe(workspace_of(ctx), recipe_name, framework)
+        render(ctx, Result("init recipe", made.as_dict(),
+                           summary=f"created {made.path} (edit train.py, then `launcher run {made.name}`)"))
+        return
     src = Workspace.discover(from_workspace) if from_workspace else None
     res = init_workspace(directory, from_workspace=src)
     result = Result("init", {"root": str(res.root), "created": res.created, "skipped": res.skipped},
