@@ -27,8 +27,10 @@ fi
 if [ ! -x .venv/bin/launcher ] || [ pyproject.toml -nt .venv/.installed ]; then
   echo "setup: installing launcher into .venv"
   python3 -m venv .venv
-  .venv/bin/pip install -q --upgrade pip >/dev/null
-  .venv/bin/pip install -q -e ".[dev]"
+  .venv/bin/pip install -q --upgrade pip >/dev/null 2>&1
+  if ! .venv/bin/pip install -q -e ".[dev]" >.venv/install.log 2>&1; then
+    tail -20 .venv/install.log >&2; echo "setup: pip install failed (full log: .venv/install.log)" >&2; exit 1
+  fi
   touch .venv/.installed
 fi
 
