@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from launcher import proc
 from launcher.errors import BuildFailed
@@ -370,7 +370,7 @@ def normalize(image: str, *, tag: str, base_keys: set[str] | None = None, epoch:
                         stderr=subprocess.PIPE) if load else None
     assert save.stdout is not None
     # Without load (a verification), only the digests are wanted: the bytes go nowhere.
-    out: IO[bytes] = loader.stdin if loader is not None and loader.stdin is not None else _Discard()
+    out = cast(IO[bytes], loader.stdin if loader is not None and loader.stdin is not None else _Discard())
     layers: dict[str, tuple[list[Entry], str]] = {}
     manifest: list[dict[str, Any]] = []
     configs: dict[str, bytes] = {}
@@ -397,7 +397,7 @@ def normalize(image: str, *, tag: str, base_keys: set[str] | None = None, epoch:
                             keep.write(b)
 
                     try:
-                        entries, _d_in, d_out = rewrite_layer(_Prefixed(head, stream), sink, epoch,
+                        entries, _d_in, d_out = rewrite_layer(cast(IO[bytes], _Prefixed(head, stream)), sink, epoch,
                                                               clamp=not is_base)
                     except BaseException:
                         if keep is not None:

@@ -90,9 +90,9 @@ def popen(
     env: Mapping[str, str] | None = None,
     drop_env_prefixes: Sequence[str] = (),
     cwd: Path | None = None,
-    stdin: int | None = None,
-    stdout: int | None = subprocess.PIPE,
-    stderr: int | None = subprocess.PIPE,
+    stdin: int | IO[bytes] | None = None,
+    stdout: int | IO[bytes] | None = subprocess.PIPE,
+    stderr: int | IO[bytes] | None = subprocess.PIPE,
 ) -> subprocess.Popen[bytes]:
     """Start a process for streaming (image save/load, log following)."""
     args = tuple(os.fspath(a) for a in argv)

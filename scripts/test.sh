@@ -4,4 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check launcher tests benchmarks
+.venv/bin/mypy
 exec .venv/bin/pytest --durations=15 "$@"
