@@ -114,6 +114,8 @@ def test_real_runtime_outputs(tmp_path: Path, recipe: Path) -> None:
     # through backpropagation from the next batch on; model order still names the first array.
     assert exp["model"]["first_difference"] == {"layer": "hidden", "array": "0"}
     assert exp["initial_weights"]["same"] and exp["batches"]["same"] and exp["data"]["same"]
-    # A perturbation this small does not move the float32 loss: the metrics agree, the bits do not.
-    assert exp["metrics"]["same"] is True
+    # A perturbation this small usually leaves the float32 loss as it was; when it does move it,
+    # the explanation must say from which epoch.
+    metrics = exp["metrics"]
+    assert metrics["same"] is True or metrics["first_divergence"] is not None, metrics
     assert 0 < exp["model"]["arrays"][0]["max_abs_diff"] < 1e-4
