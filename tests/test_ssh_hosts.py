@@ -123,3 +123,19 @@ def test_files_and_streams_both_ways(testhost: TestHost, tmp_path: Path, openssh
         assert entries["f.bin"].sha256 == "sha256:" + hashlib.sha256(src.read_bytes()).hexdigest()
         assert h.list_dir("/tmp/does-not-exist") == []
         assert h.home() == "/root" and h.runs_root() == "/root/.launcher/runs"
+
+
+def test_bulk_data_uses_aes_gcm_where_the_cpu_has_aes(testhost: TestHost) -> None:
+    from launcher.hosts.ssh import cpu_has_aes
+
+    with connect(testhost, use_openssh=True) as h:
+        argv = h.openssh_argv(["true"])
+        done = subprocess.run([argv[0], "-v", *argv[1:]], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        negotiated = [ln for ln in done.stderr.splitlines() if "server->client cipher:" in ln]
+        assert negotiated, done.stderr
+        if cpu_has_aes():
+            assert "cipher: aes128-gcm@openssh.com" in negotiated[0]
+        else:
+            assert "Ciphers=" not in " ".join(argv)
+            assert "chacha20-poly1305" in negotiated[0]

@@ -110,3 +110,19 @@ def test_openssh_options_verify_host_keys_like_paramiko(tmp_path: Path) -> None:
     assert host.openssh_options(scp=True)[host.openssh_options(scp=True).index("-P") + 1] == "2201"
     argv = host.openssh_argv(["cat", "a b"])
     assert argv[0] == "ssh" and argv[-1] == "cat 'a b'" and argv[-2] == "--"
+
+
+def test_fast_ciphers_keep_the_usual_ones_after_aes_gcm(tmp_path: Path) -> None:
+    import paramiko
+
+    from launcher.hosts import ssh as ssh_mod
+
+    target = SSHTarget(spec="h", hostname="h", port=22, user="u", known_hosts=tmp_path / "kh")
+    host = SSHHost(target, paramiko.SSHClient(), use_openssh=True)
+    host.fast_ciphers = True
+    opts = host.openssh_options()
+    value = opts[opts.index(f"Ciphers={ssh_mod.FAST_CIPHERS}")].split("=", 1)[1].split(",")
+    assert value[0] == "aes128-gcm@openssh.com"
+    assert {"chacha20-poly1305@openssh.com", "aes128-ctr", "aes256-ctr"} <= set(value)
+    host.fast_ciphers = False
+    assert not any(o.startswith("Ciphers=") for o in host.openssh_options())

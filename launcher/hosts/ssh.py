@@ -37,6 +37,12 @@ from launcher.hosts.base import Host, PopenProcess
 from launcher.proc import CommandFailed, Completed
 
 KEEPALIVE_S = 15
+# For bulk data: AES-GCM first where this CPU has AES instructions (it is about twice as fast
+# as OpenSSH's default chacha20 there), the usual ciphers after it so any server still agrees.
+FAST_CIPHERS = (
+    "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,"
+    "aes128-ctr,aes192-ctr,aes256-ctr"
+)
 DEAD_PEER_S = 60  # unacknowledged data older than this ends the connection (a network black hole)
 CONNECT_TIMEOUT_S = 10.0
 
@@ -183,6 +189,23 @@ class _ChannelProcess:
         self._chan.close()
 
 
+def cpu_has_aes() -> bool:
+    """Whether this machine's CPU encrypts AES in hardware (x86 `aes` flag, Arm `aes` feature)."""
+    import platform
+
+    if platform.system() == "Darwin":
+        return True  # Apple silicon and every Intel Mac since 2010
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return False
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return "aes" in value.split()
+    return False
+
+
 class SSHHost(Host):
     kind = "ssh"
 
@@ -192,6 +215,7 @@ class SSHHost(Host):
         self.target = target
         self.name = target.spec
         self.keepalive_s = KEEPALIVE_S
+        self.fast_ciphers = cpu_has_aes()
         self._client = client
         self._home: str | None = None
         self._sftp: paramiko.SFTPClient | None = None
@@ -398,6 +422,7 @@ class SSHHost(Host):
             f"ConnectTimeout={int(CONNECT_TIMEOUT_S)}",
             "-o",
             "Compression=no",
+            *(["-o", f"Ciphers={FAST_CIPHERS}"] if self.fast_ciphers else []),
             "-o",
             f"User={self.target.user}",
             ("-P" if scp else "-p"),
