@@ -78,3 +78,8 @@ def build(context: Path, *, dockerfile: str, tag: str | None, buildargs: Mapping
     except docker.errors.APIError as exc:
         raise BuildFailed(f"the Docker engine refused the build: {exc.explanation or exc}",
                           "check the Dockerfile and the base image") from exc
+
+
+def image_ids() -> set[str]:
+    """The ID of every image the engine holds, intermediate ones included."""
+    return {str(i) for i in client().api.images(all=True, quiet=True)}

@@ -1,0 +1,193 @@
+"""The launcher's cache on this machine (``~/.cache/launcher`` or ``$LAUNCHER_CACHE``): what it
+holds and how to shrink it without losing anything a build, run or ship still needs.
+
+Areas, each a folder of the cache:
+
+- ``images``: layers (``layers/<diff-id>.tar``) and configs (``configs/<image-id>.json``) of
+  the images ``launcher build`` made, so an image ships from here without ``docker save``;
+- ``builds``: build records by content, so another workspace reuses an identical build;
+- ``wheels``: the wheelhouse the builds install from, by file name, checked against the lock;
+- ``bootstrap``: debootstrapped root file systems of pinned bases;
+- ``registry``: the storage of the local registry that holds bootstrapped bases;
+- ``layer-keys``: how the layers of each base are recognised.
+
+Pruning keeps what is still live. A cached image is live while the local Docker engine has it
+(a build whose image is gone is rebuilt, and the rebuild writes its layers again); a layer is
+live while a live image uses it. Files no image names (an interrupted write, say) go only once
+they are an hour old, so a build writing beside the prune loses nothing. Wheels go only when
+asked (``wheels=True``), and then only those whose sha256 no lockfile of the workspace names.
+The registry's storage and the bootstrapped root file systems are never pruned: the pinned
+base digest lives there.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from launcher.hashing import sha256_file
+
+AREAS = ("images", "builds", "wheels", "bootstrap", "registry", "layer-keys")
+ORPHAN_AGE_S = 3600.0
+_HASH_RE = re.compile(r"--hash=sha256:([0-9a-f]{64})")
+
+
+@dataclass
+class Area:
+    name: str
+    path: Path
+    files: int
+    bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "path": str(self.path), "files": self.files, "bytes": self.bytes}
+
+
+def _walk(path: Path) -> Iterable[Path]:
+    if path.is_file():
+        yield path
+    elif path.is_dir():
+        for p in path.rglob("*"):
+            if p.is_file() and not p.is_symlink():
+                yield p
+
+
+def usage(cache_dir: Path) -> list[Area]:
+    """Files and bytes per area (known areas first, then anything else found at the top);
+    areas that do not exist yet count zero."""
+    areas = []
+    others = sorted(p.name for p in cache_dir.iterdir() if p.name not in AREAS) if cache_dir.is_dir() else []
+    for name in (*AREAS, *others):
+        path = cache_dir / name
+        files = list(_walk(path))
+        areas.append(Area(name, path, len(files), sum(p.stat().st_size for p in files)))
+    return areas
+
+
+@dataclass
+class Removal:
+    path: Path
+    bytes: int
+    why: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": str(self.path), "bytes": self.bytes, "why": self.why}
+
+
+@dataclass
+class PruneResult:
+    removed: list[Removal] = field(default_factory=list)
+    kept_images: list[str] = field(default_factory=list)
+    dry_run: bool = False
+
+    @property
+    def bytes(self) -> int:
+        return sum(r.bytes for r in self.removed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "dry_run": self.dry_run,
+            "removed": [r.to_dict() for r in self.removed],
+            "removed_files": len(self.removed),
+            "removed_bytes": self.bytes,
+            "kept_images": self.kept_images,
+        }
+
+
+def _image_layers(config: Path) -> list[str] | None:
+    try:
+        data = json.loads(config.read_text())
+        return [str(d).removeprefix("sha256:") for d in data["rootfs"]["diff_ids"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _old(path: Path, now: float) -> bool:
+    try:
+        return now - path.stat().st_mtime >= ORPHAN_AGE_S
+    except FileNotFoundError:
+        return False
+
+
+def locked_hashes(lockfiles: Iterable[Path]) -> set[str]:
+    """Every sha256 that these pip-tools lockfiles allow."""
+    found: set[str] = set()
+    for lf in lockfiles:
+        found.update(_HASH_RE.findall(lf.read_text()))
+    return found
+
+
+def prune(
+    cache_dir: Path,
+    *,
+    engine_has: Callable[[str], bool],
+    wheels_allowed: set[str] | None = None,
+    dry_run: bool = False,
+    now: float | None = None,
+) -> PruneResult:
+    """Remove what nothing live needs. engine_has(image_id) says whether the engine has an image;
+    wheels_allowed, when given, is the set of sha256 hex digests whose wheels are kept."""
+    now = time.time() if now is None else now
+    result = PruneResult(dry_run=dry_run)
+    plan: list[Removal] = []
+
+    def drop(path: Path, why: str) -> None:
+        try:
+            plan.append(Removal(path, path.stat().st_size, why))
+        except FileNotFoundError:
+            pass
+
+    images = cache_dir / "images"
+    live_layers: set[str] = set()
+    dead_layers: set[str] = set()
+    for config in sorted((images / "configs").glob("*.json")):
+        image_id = "sha256:" + config.stem
+        layers = _image_layers(config)
+        if layers is not None and engine_has(image_id):
+            live_layers.update(layers)
+            result.kept_images.append(image_id)
+        else:
+            dead_layers.update(layers or [])
+            drop(config, "the Docker engine no longer has this image" if layers is not None else "unreadable")
+    for layer in sorted((images / "layers").glob("*")):
+        diff = layer.name.removesuffix(".tar")
+        if not layer.is_file() or diff in live_layers:
+            continue
+        if diff in dead_layers:
+            drop(layer, "only images the engine no longer has use it")
+        elif _old(layer, now):  # named by no image: a young one may belong to a build under way
+            drop(layer, "no cached image uses it")
+
+    builds = cache_dir / "builds"
+    for record in sorted(builds.glob("*.json")):
+        try:
+            image_id = str(json.loads(record.read_text())["image_id"])
+        except (OSError, ValueError, KeyError, TypeError):
+            if _old(record, now):
+                drop(record, "unreadable")
+            continue
+        if not engine_has(image_id):
+            drop(record, "the Docker engine no longer has its image")
+            drop(record.with_suffix(".tree.json.gz"), "the Docker engine no longer has its image")
+
+    if wheels_allowed is not None:
+        for wheel in sorted((cache_dir / "wheels").glob("*")):
+            if wheel.is_file() and sha256_file(wheel).removeprefix("sha256:") not in wheels_allowed:
+                drop(wheel, "no lockfile of this workspace names it")
+
+    for partial in sorted(cache_dir.rglob("*.partial")):
+        if partial.is_file() and _old(partial, now) and not partial.is_relative_to(cache_dir / "registry"):
+            if all(r.path != partial for r in plan):
+                drop(partial, "left by an interrupted write")
+
+    for r in plan:
+        if not dry_run:
+            r.path.unlink(missing_ok=True)
+        result.removed.append(r)
+    return result
+

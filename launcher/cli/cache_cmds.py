@@ -1,0 +1,86 @@
+"""`launcher cache ls|prune`: what the machine-wide cache holds, and shrinking it safely."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.filesize import decimal
+from rich.table import Table
+
+from launcher import cache as cache_mod
+from launcher.cli.common import guarded, options, render, stdout
+from launcher.result import Result
+from launcher.workspace import Workspace, default_cache_dir
+
+cache_app = typer.Typer(
+    name="cache",
+    help="The cache shared by every workspace on this machine (~/.cache/launcher, or $LAUNCHER_CACHE): "
+    "image layers for shipping, build records, wheels, bootstrapped bases.",
+    no_args_is_help=True,
+)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(cache_app, name="cache")
+
+
+@cache_app.command("ls")
+@guarded("cache ls")
+def ls_cmd(ctx: typer.Context) -> None:
+    """Show each area of the cache with its files and size."""
+    root = default_cache_dir()
+    areas = cache_mod.usage(root)
+    total = sum(a.bytes for a in areas)
+    data = {"cache_dir": str(root), "areas": [a.to_dict() for a in areas], "bytes": total}
+
+    def text(result: Result) -> None:
+        table = Table("area", "files", "size", "path", box=None)
+        for a in areas:
+            table.add_row(a.name, str(a.files), decimal(a.bytes), str(a.path))
+        stdout.print(table)
+        stdout.print(result.summary, markup=False)
+
+    render(ctx, Result("cache ls", data, summary=f"{decimal(total)} in {root}"), text)
+
+
+@cache_app.command("prune")
+@guarded("cache prune")
+def prune_cmd(
+    ctx: typer.Context,
+    wheels: Annotated[
+        bool,
+        typer.Option(
+            "--wheels",
+            help="Also remove wheels whose sha256 no lockfile of this workspace (lockfiles/*.txt) names.",
+        ),
+    ] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would go; remove nothing.")] = False,
+) -> None:
+    """Remove cached images the Docker engine no longer has, their layers and build records.
+
+    An image still in the engine keeps its layers: shipping it stays a no-save stream from the
+    cache. Anything removed is made again by the next `launcher build`. The local registry's
+    storage and bootstrapped bases are never touched (the pinned base lives there).
+    """
+    from launcher import docker_engine
+
+    root = default_cache_dir()
+    allowed = None
+    if wheels:
+        ws = Workspace.discover(options(ctx).workspace)
+        allowed = cache_mod.locked_hashes(sorted((ws.root / "lockfiles").glob("*.txt")))
+    ids = docker_engine.image_ids()
+    done = cache_mod.prune(root, engine_has=ids.__contains__, wheels_allowed=allowed, dry_run=dry_run)
+    verb = "would remove" if dry_run else "removed"
+    summary = (
+        f"{verb} {len(done.removed)} files, {decimal(done.bytes)}; "
+        f"kept {len(done.kept_images)} cached images the engine still has"
+    )
+
+    def text(result: Result) -> None:
+        for r in done.removed:
+            stdout.print(f"  {verb} {r.path} ({decimal(r.bytes)}): {r.why}", markup=False)
+        stdout.print(result.summary, markup=False)
+
+    render(ctx, Result("cache prune", {"cache_dir": str(root), **done.to_dict()}, summary=summary), text)
