@@ -149,11 +149,15 @@ def docker_run_argv(
     data: str | None = None,
     gpu: bool = False,
     host_code: str | None = None,
+    owner: str | None = None,
 ) -> list[str]:
-    """The container contract of design.md, as an argv."""
+    """The container contract of design.md, as an argv. owner ("UID:GID"): who gets the outputs
+    when the run ends (the container runs as root; the user on the host should own what it wrote)."""
     argv = ["docker", "run", "-d", "--name", container_name(run_id), "--label", f"{RUN_LABEL}={run_id}"]
     for key, value in sorted(env.items()):
         argv += ["-e", f"{key}={value}"]
+    if owner:
+        argv += ["-e", f"LAUNCHER_OWNER={owner}"]
     argv += ["-v", f"{host_out}:{CONTAINER_OUT}"]
     if data:
         argv += ["-v", f"{data}:{CONTAINER_DATA}:ro"]
@@ -269,6 +273,7 @@ def start_run(
         data=data,
         gpu=spec.variant == "gpu",
         host_code=host_code,
+        owner=host.owner(),
     )
     launch = {
         "run_id": run_id,

@@ -386,3 +386,28 @@ def test_a_network_black_hole_ends_the_wait_and_a_later_pull_gets_everything(
     code, env, err = cli(tiny_workspace, "pull", run_id, "--watch", "1")
     assert code == 0, err
     assert env["data"]["run"]["status"] == "succeeded" and complete_runs(tiny_workspace)
+
+
+def test_a_user_who_is_not_root_owns_the_outputs_the_root_container_wrote(
+    testhost: TestHost, tiny_workspace: Path
+) -> None:
+    testhost.exec(
+        "sh",
+        "-c",
+        "id alice >/dev/null 2>&1 || useradd -m -s /bin/sh -G docker alice; "
+        "mkdir -p /home/alice/.ssh && cp /root/.ssh/authorized_keys /home/alice/.ssh/ && "
+        "chown -R alice:alice /home/alice/.ssh && chmod 700 /home/alice/.ssh",
+    )
+    args = ssh_args(testhost)
+    args[args.index("--host") + 1] = f"alice@{testhost.ip}"
+    code, env, err = cli(tiny_workspace, "run", "tiny", *args, "--param", "size_kb=16")
+    assert code == 0, err
+    run_id = env["data"]["runs"][0]["run_id"]
+    assert env["data"]["runs"][0]["status"] == "succeeded"
+    owners = testhost.exec(
+        "sh", "-c", f"find /home/alice/.launcher/runs/{run_id} -printf '%u %p\\n'"
+    ).splitlines()
+    assert len(owners) > 5 and any("/out/model/" in line for line in owners)
+    assert [line for line in owners if not line.startswith("alice ")] == []
+    # and alice can clean up after herself, with no sudo
+    testhost.exec("su", "alice", "-c", f"rm -r /home/alice/.launcher/runs/{run_id}")

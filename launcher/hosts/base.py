@@ -197,6 +197,16 @@ class Host(ABC):
     def makedirs(self, path: str) -> None:
         self.run(["mkdir", "-p", path])
 
+    def owner(self) -> str | None:
+        """"UID:GID" of the user on the host: a run hands its outputs to them (containers write
+        as root). None when it cannot be told."""
+        if not hasattr(self, "_owner"):
+            done = self.run(["sh", "-c", "echo $(id -u):$(id -g)"], check=False)
+            text = done.out.strip()
+            ok = done.returncode == 0 and text.count(":") == 1 and text.replace(":", "").isdigit()
+            self._owner: str | None = text if ok else None
+        return self._owner
+
     def free_bytes(self, path: str) -> int:
         """Free space on the filesystem holding path (its nearest existing parent)."""
         out = self.run(["df", "-Pk", path]).out.splitlines()

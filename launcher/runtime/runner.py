@@ -197,7 +197,29 @@ def run(args: argparse.Namespace) -> int:
             fp.write_json(out / "_launcher/exit.json",
                           {"exit_code": rc, "started_at": started, "ended_at": _now()})
         tee.say(f"exit code {rc}")
+    hand_over(out, os.environ.get("LAUNCHER_OWNER", ""))
     return rc
+
+
+def hand_over(out: Path, owner: str) -> None:
+    """Give everything under out to owner ("UID:GID"), so the user on the host can read, move
+    and delete a run that a root container wrote. Only root can, and only root needs to."""
+    uid_s, _, gid_s = owner.partition(":")
+    if not (uid_s.isdigit() and gid_s.isdigit()) or not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return
+    uid, gid = int(uid_s), int(gid_s)
+    if uid == 0:
+        return
+    for top, dirs, files in os.walk(out):
+        for name in (*dirs, *files):
+            try:
+                os.lchown(os.path.join(top, name), uid, gid)
+            except OSError:
+                pass
+    try:
+        os.lchown(out, uid, gid)
+    except OSError:
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:
