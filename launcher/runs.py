@@ -12,7 +12,7 @@ import re
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -61,6 +61,8 @@ class RunSpec:
     replicate: int = 0
     detach: bool = False
     ship_via: str | None = None  # None: docker save | load; or a registry address such as 127.0.0.1:5000
+    data_from: str | None = None  # a dataset folder on this machine, sent to the host by content
+    data_source: dict[str, Any] | None = None  # where the data came from (set by _place_data)
 
 
 @dataclass
@@ -208,6 +210,23 @@ def _gpu_ready(host: Host) -> None:
         )
 
 
+def _place_data(spec: RunSpec, host: Host, reporter: Reporter | None) -> RunSpec:
+    """Resolve --data-from: the dataset is sent to the host (once per content) and mounted
+    from where it landed, exactly like --data."""
+    if not spec.data_from:
+        return spec
+    if spec.data:
+        raise UsageError(
+            "--data and --data-from both given", "--data names a folder on the host, --data-from one here: pick one"
+        )
+    from launcher import datasets
+
+    local = Path(spec.data_from).expanduser()
+    placed = datasets.place(host, local, reporter)
+    source = {"kind": "sent", "local": str(local.resolve()), **placed.to_dict()}
+    return replace(spec, data=placed.path, data_from=None, data_source=source)
+
+
 def start_run(
     ws: Workspace,
     spec: RunSpec,
@@ -230,6 +249,7 @@ def start_run(
     transfer.require_docker(host)
     if spec.variant == "gpu":
         _gpu_ready(host)
+    spec = _place_data(spec, host, rep)
     root = host.runs_root()
     host.makedirs(root)
     free = host.free_bytes(root)
@@ -299,6 +319,7 @@ def start_run(
         },
         "image": image,
         "data": data,
+        "data_source": spec.data_source or ({"kind": "host", "path": data} if data else None),
         "variant": spec.variant,
         "facts": dict(facts or {}),
         "ship": shipped.to_dict(),
@@ -463,6 +484,7 @@ def _finish(
         "exit_code": exit_code,
         "status": "succeeded" if exit_code == 0 else "failed",
         "data": launch.get("data"),
+        "data_source": launch.get("data_source"),
         "artifacts": artifacts,
     }
     write_manifest(local, data)
@@ -496,6 +518,9 @@ def run_recipe(
         from launcher import provision
 
         facts = provision.facts_for_run(ws, host)
+    if spec.data_from:  # sent once for every replicate, after the cheap checks
+        transfer.require_docker(host)
+        spec = _place_data(spec, host, reporter)
     out: list[dict[str, Any]] = []
     replicate = spec.replicate  # experiments hand out replicate numbers across hosts
     for seed in seed_list:

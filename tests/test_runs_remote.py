@@ -259,6 +259,16 @@ def test_the_same_run_without_host_uses_the_local_engine(tiny_workspace: Path) -
         rel = a["path"].removeprefix("outputs/")
         assert a["sha256"] == "sha256:" + hashlib.sha256((host_out / rel).read_bytes()).hexdigest()
 
+    data = tiny_workspace.parent / "local-data"
+    data.mkdir()
+    (data / "x.txt").write_text("local\n")
+    code, env, err = cli(tiny_workspace, "run", "tiny", "--data-from", str(data), "--param", "size_kb=1")
+    assert code == 0, err
+    run = env["data"]["runs"][0]
+    assert run["data_source"]["sent"] is False and run["data"] == str(data.resolve())  # mounted where it is
+    seen = json.loads((tiny_workspace / "runs" / run["run_id"] / "outputs" / "data.json").read_text())
+    assert seen == {"x.txt": hashlib.sha256(b"local\n").hexdigest()}
+
 
 def one_line_error(err: str) -> str:
     lines = [line for line in err.splitlines() if line.strip()]
@@ -411,3 +421,55 @@ def test_a_user_who_is_not_root_owns_the_outputs_the_root_container_wrote(
     assert [line for line in owners if not line.startswith("alice ")] == []
     # and alice can clean up after herself, with no sudo
     testhost.exec("su", "alice", "-c", f"rm -r /home/alice/.launcher/runs/{run_id}")
+
+
+def test_data_from_sends_a_local_dataset_once_by_content(testhost: TestHost, tiny_workspace: Path) -> None:
+    import hashlib
+
+    data = tiny_workspace.parent / "dataset"
+    (data / "train").mkdir(parents=True)
+    (data / "train" / "a.bin").write_bytes(b"a" * 300_000)
+    (data / "labels.csv").write_text("x,y\n1,2\n")
+    want = {
+        "labels.csv": hashlib.sha256(b"x,y\n1,2\n").hexdigest(),
+        "train/a.bin": hashlib.sha256(b"a" * 300_000).hexdigest(),
+    }
+
+    code, env, err = cli(tiny_workspace, "run", "tiny", *ssh_args(testhost), "--data-from", str(data))
+    assert code == 0, err
+    first = env["data"]["runs"][0]
+    source = first["data_source"]
+    assert source["kind"] == "sent" and source["sent"] is True and source["files"] == 2
+    assert source["path"] == f"/root/.launcher/data/{source['digest'][7:]}" == first["data"]
+    run_dir = tiny_workspace / "runs" / first["run_id"]
+    assert json.loads((run_dir / "outputs" / "data.json").read_text()) == want
+    # what the host holds is complete and nothing temporary is left beside it
+    assert testhost.exec("ls", "-A", "/root/.launcher/data").split() == [source["digest"][7:]]
+
+    code, env, err = cli(tiny_workspace, "run", "tiny", *ssh_args(testhost), "--data-from", str(data))
+    assert code == 0, err
+    again = env["data"]["runs"][0]["data_source"]
+    assert again["sent"] is False and again["digest"] == source["digest"]
+
+    (data / "labels.csv").write_text("x,y\n1,3\n")  # another content: another folder
+    code, env, err = cli(tiny_workspace, "run", "tiny", *ssh_args(testhost), "--data-from", str(data))
+    assert code == 0, err
+    changed = env["data"]["runs"][0]["data_source"]
+    assert changed["sent"] is True and changed["digest"] != source["digest"]
+
+
+def test_data_from_bad_input(testhost: TestHost, tiny_workspace: Path) -> None:
+    missing = tiny_workspace.parent / "no-such-dataset"
+    code, _, err = cli(tiny_workspace, "run", "tiny", *ssh_args(testhost), "--data-from", str(missing))
+    assert code == ExitCode.BAD_DATA and "does not exist" in err and "Traceback" not in err
+    linked = tiny_workspace.parent / "linked"
+    linked.mkdir()
+    (linked / "passwd").symlink_to("/etc/passwd")
+    code, _, err = cli(tiny_workspace, "run", "tiny", *ssh_args(testhost), "--data-from", str(linked))
+    assert code == ExitCode.BAD_DATA and "symlink" in err
+    code, _, err = cli(
+        tiny_workspace, "run", "tiny", *ssh_args(testhost), "--data-from", str(linked), "--data", "/tmp"
+    )
+    assert code == ExitCode.USAGE
+    assert complete_runs(tiny_workspace) == []
+    assert testhost.exec("sh", "-c", "ls -A /root/.launcher/data 2>/dev/null | grep partial || true") == ""

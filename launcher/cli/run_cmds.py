@@ -158,6 +158,15 @@ def run_cmd(
     data: Annotated[
         str | None, typer.Option("--data", help="Dataset folder on the host, mounted read-only.")
     ] = None,
+    data_from: Annotated[
+        Path | None,
+        typer.Option(
+            "--data-from",
+            metavar="DIR",
+            help="Dataset folder on this machine: sent to the host by content (a later run with the same "
+            "files sends nothing), then mounted read-only like --data.",
+        ),
+    ] = None,
     param: Annotated[list[str] | None, typer.Option("--param", help="KEY=VALUE; repeatable.")] = None,
     runs_n: Annotated[int, typer.Option("--runs", help="Replicates per seed, grouped for verify.")] = 1,
     detach: Annotated[
@@ -190,6 +199,7 @@ def run_cmd(
         profile=determinism,
         threads=threads,
         data=data,
+        data_from=str(data_from) if data_from else None,
         params=runs.parse_params(param or []),
         group=group,
         detach=detach,

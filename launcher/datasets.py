@@ -1,0 +1,173 @@
+"""Datasets that live on the user's machine, sent to a host by content.
+
+`launcher run --data-from DIR` hashes every file under DIR into one digest. A host keeps each
+dataset it was sent under ``~/.launcher/data/<digest>/``: a second run with the same files
+sends nothing, a changed file makes a new digest. The upload streams a tar into ``tar -x`` on
+the host under a temporary name; the host then hashes what it received, and only when every
+file matches is the folder renamed to its digest. So a folder under that name is always
+complete, and an interrupted upload is never mistaken for one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import tarfile
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from launcher.errors import BadData, Corrupt, DiskFull, LauncherError
+from launcher.hashing import CHUNK, sha256_file
+from launcher.hosts.base import Host
+from launcher.progress import NullReporter, Reporter
+
+HEADROOM_BYTES = 256 << 20  # left free on the host after an upload
+
+
+@dataclass
+class LocalDataset:
+    root: Path
+    files: dict[str, tuple[int, str]] = field(default_factory=dict)  # rel -> (size, sha256:hex)
+
+    @property
+    def bytes(self) -> int:
+        return sum(size for size, _ in self.files.values())
+
+    @property
+    def digest(self) -> str:
+        h = hashlib.sha256()
+        for rel in sorted(self.files):
+            size, digest = self.files[rel]
+            h.update(f"{digest} {size} {rel}\n".encode())
+        return "sha256:" + h.hexdigest()
+
+
+def scan(root: Path) -> LocalDataset:
+    """Every regular file under root with its size and sha256. Symlinks and special files are
+    refused: what is sent must be exactly what the digest names."""
+    if not root.is_dir():
+        what = "is not a folder" if root.exists() else "does not exist"
+        raise BadData(
+            f"the dataset folder {root} {what}",
+            "give a folder on this machine to --data-from (or --data for a path on the host)",
+        )
+    ds = LocalDataset(root.resolve())
+    for top, dirs, files in os.walk(ds.root):
+        dirs.sort()
+        for name in sorted(files) + [d for d in dirs if os.path.islink(os.path.join(top, d))]:
+            full = Path(top) / name
+            rel = full.relative_to(ds.root).as_posix()
+            st = full.lstat()
+            if stat.S_ISLNK(st.st_mode):
+                raise BadData(
+                    f"the dataset holds a symlink, {rel}", "copy the file it points to into the folder instead"
+                )
+            if not stat.S_ISREG(st.st_mode):
+                raise BadData(f"the dataset holds {rel}, which is not a regular file", "remove it from the folder")
+            ds.files[rel] = (st.st_size, sha256_file(full))
+    return ds
+
+
+@dataclass
+class Placed:
+    path: str  # the folder on the host
+    digest: str
+    files: int
+    bytes: int
+    sent: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "digest": self.digest, "files": self.files, "bytes": self.bytes,
+                "sent": self.sent}
+
+
+class _Counting:
+    def __init__(self, f: IO[bytes], advance: Any) -> None:
+        self.f, self.advance = f, advance
+
+    def read(self, n: int = -1) -> bytes:
+        block = self.f.read(n)
+        self.advance(len(block))
+        return block
+
+
+def data_root(host: Host) -> str:
+    return f"{host.home()}/.launcher/data"
+
+
+def place(host: Host, local: Path, reporter: Reporter | None = None) -> Placed:
+    """Make the dataset at local available on host; returns where. Sends it only when the host
+    does not hold these exact files already."""
+    rep = reporter or NullReporter()
+    task = rep.task(f"hash dataset {local}")
+    try:
+        ds = scan(local)
+    finally:
+        task.close()
+    if host.kind == "local":
+        return Placed(str(ds.root), ds.digest, len(ds.files), ds.bytes, sent=False)
+    root = data_root(host)
+    final = f"{root}/{ds.digest.removeprefix('sha256:')}"
+    if host.exists(final) and _sizes(host, final) == {rel: size for rel, (size, _) in ds.files.items()}:
+        return Placed(final, ds.digest, len(ds.files), ds.bytes, sent=False)
+    host.makedirs(root)
+    free = host.free_bytes(root)
+    if free < ds.bytes + HEADROOM_BYTES:
+        raise DiskFull(
+            f"{host.name} has {free >> 20} MiB free under {root}; the dataset needs {ds.bytes >> 20} MiB "
+            f"and {HEADROOM_BYTES >> 20} MiB must stay free",
+            "free space on the host, or put the data there yourself and pass --data PATH",
+        )
+    tmp = f"{root}/.{ds.digest.removeprefix('sha256:')}.partial-{uuid.uuid4().hex[:8]}"
+    host.run(["rm", "-rf", final])  # an incomplete or altered copy under the final name
+    host.makedirs(tmp)
+    try:
+        _send(host, ds, tmp, rep)
+        got = {e.path: e.sha256 for e in host.list_dir(tmp, hashes=True) if e.kind == "file"}
+        want = {rel: digest for rel, (_, digest) in ds.files.items()}
+        if got != want:
+            bad = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
+            raise Corrupt(
+                f"the dataset arrived on {host.name} altered ({len(bad)} files differ, first {bad[0]})",
+                "run again; the upload starts over",
+            )
+        host.run(["mv", "-T", tmp, final])
+    except BaseException:
+        host.run(["rm", "-rf", tmp], check=False)
+        raise
+    return Placed(final, ds.digest, len(ds.files), ds.bytes, sent=True)
+
+
+def _sizes(host: Host, path: str) -> dict[str, int]:
+    return {e.path: e.size for e in host.list_dir(path, hashes=False) if e.kind == "file"}
+
+
+def _send(host: Host, ds: LocalDataset, tmp: str, rep: Reporter) -> None:
+    task = rep.task(f"send dataset to {host.name}", total=float(ds.bytes), unit="B")
+    p = host.start(["tar", "-x", "-C", tmp, "-f", "-"], bulk=True)
+    try:
+        with tarfile.open(fileobj=p.stdin, mode="w|", format=tarfile.PAX_FORMAT, bufsize=CHUNK) as tar:
+            for rel in sorted(ds.files):
+                size, _ = ds.files[rel]
+                info = tarfile.TarInfo(rel)
+                info.size, info.mode, info.mtime = size, 0o644, 0
+                with open(ds.root / rel, "rb") as f:
+                    tar.addfile(info, _Counting(f, task.advance))
+        p.stdin.close()
+    except (BrokenPipeError, ConnectionError, OSError) as exc:
+        p.kill()
+        raise LauncherError(
+            f"sending the dataset to {host.name} was cut: {p.stderr_text().strip() or exc}",
+            "run again; the upload starts over",
+        ) from None
+    finally:
+        task.close()
+    rc = p.wait()
+    if rc != 0:
+        raise LauncherError(
+            f"unpacking the dataset on {host.name} failed (exit {rc}): {p.stderr_text().strip()}",
+            "check free space and permissions under ~/.launcher/data on the host",
+        )
