@@ -625,3 +625,43 @@ def stop(ws: Workspace, run_id: str) -> dict[str, Any]:
         return {"run_id": run_id, "stopped": True, "exit_code": state.get("ExitCode")}
     finally:
         host.close()
+
+
+def clean(ws: Workspace, run_id: str, *, force: bool = False, reporter: Reporter | None = None) -> dict[str, Any]:
+    """Delete a run's directory and container on its host, once the local copy is complete and
+    still matches its manifest (force: without that check). The local run directory stays."""
+    from launcher.manifest import load_manifest
+    from launcher.verify import check_integrity
+
+    launch = read_launch(ws, run_id)
+    if not force:
+        check_integrity([load_manifest(run_dir(ws, run_id))], reporter)
+    host = reopen_host(ws, launch)
+    try:
+        remote = str(launch.get("remote_dir") or host.run_dir(run_id))
+        if not remote.endswith(f"/{run_id}") or "/.launcher/" not in remote:
+            raise UsageError(
+                f"run {run_id} records {remote!r} as its directory on {host.name}, which is not a launcher run "
+                "directory",
+                "remove it by hand on the host",
+            )
+        state = container_state(host, launch["container"])
+        if state and state.get("Running"):
+            raise UsageError(
+                f"run {run_id} is still running on {host.name}", f"stop it first: `launcher stop {run_id}`"
+            )
+        if state is not None:
+            host.run(["docker", "rm", launch["container"]], check=False)
+        existed = host.exists(remote)
+        if existed:
+            done = host.run(["rm", "-rf", "--", remote], check=False)
+            if host.exists(remote):
+                raise LauncherError(
+                    f"could not remove {remote} on {host.name}: {done.last_error_line()}",
+                    "its files may belong to root (runs from before outputs were handed to the host user): "
+                    f"`sudo rm -rf {remote}` on the host",
+                )
+        return {"run_id": run_id, "host": host.name, "remote_dir": remote, "removed": existed,
+                "container_removed": state is not None}
+    finally:
+        host.close()

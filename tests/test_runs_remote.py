@@ -473,3 +473,42 @@ def test_data_from_bad_input(testhost: TestHost, tiny_workspace: Path) -> None:
     assert code == ExitCode.USAGE
     assert complete_runs(tiny_workspace) == []
     assert testhost.exec("sh", "-c", "ls -A /root/.launcher/data 2>/dev/null | grep partial || true") == ""
+
+
+def test_clean_frees_the_host_only_once_the_local_copy_is_verified(testhost: TestHost, tiny_workspace: Path) -> None:
+    code, env, err = cli(tiny_workspace, "run", "tiny", *ssh_args(testhost), "--param", "size_kb=8")
+    assert code == 0, err
+    done_id = env["data"]["runs"][0]["run_id"]
+    code, env, err = cli(tiny_workspace, "run", "tiny", *ssh_args(testhost), "--detach", "--param", "sleep=60")
+    assert code == 0, err
+    going_id = env["data"]["runs"][0]["run_id"]
+    on_host = "/root/.launcher/runs/{}".format
+
+    # the local copy is altered: the host keeps its copy
+    weights = tiny_workspace / "runs" / done_id / "outputs" / "model" / "weights.bin"
+    good = weights.read_bytes()
+    weights.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
+    code, _, err = cli(tiny_workspace, "clean", done_id)
+    assert code == ExitCode.CORRUPT and "does not match its manifest" in err
+    assert testhost.exec("test", "-d", on_host(done_id), check=False) == ""
+    weights.write_bytes(good)
+
+    code, env, err = cli(tiny_workspace, "clean", done_id)
+    assert code == 0, err
+    assert env["data"]["runs"][0]["removed"] is True
+    assert testhost.exec("sh", "-c", f"test -e {on_host(done_id)} && echo left || echo gone").strip() == "gone"
+    assert (tiny_workspace / "runs" / done_id / "manifest.json").is_file()  # the local copy stays
+    code, env, err = cli(tiny_workspace, "clean", done_id)
+    assert code == 0 and env["data"]["runs"][0]["removed"] is False
+
+    # a run that is not pulled yet is refused; --force still will not delete a running one
+    code, _, err = cli(tiny_workspace, "clean", going_id)
+    assert code == ExitCode.NOT_FOUND and "not complete" in err
+    code, _, err = cli(tiny_workspace, "clean", "--force", going_id)
+    assert code == ExitCode.USAGE and "still running" in err
+    assert testhost.exec("sh", "-c", f"test -d {on_host(going_id)} && echo kept").strip() == "kept"
+    assert cli(tiny_workspace, "stop", going_id)[0] == 0
+    code, env, err = cli(tiny_workspace, "clean", "--force", going_id)
+    assert code == 0, err
+    assert env["data"]["runs"][0]["removed"] and env["data"]["runs"][0]["container_removed"]
+    assert testhost.exec("docker", "ps", "-aq", "--filter", f"name=launcher-{going_id}").strip() == ""

@@ -335,6 +335,27 @@ def stop_cmd(ctx: typer.Context, run_id: Annotated[str, typer.Argument(metavar="
     render(ctx, Result("stop", out, summary=f"stopped {run_id} (exit {out.get('exit_code')})"))
 
 
+def clean_cmd(
+    ctx: typer.Context,
+    run_ids: Annotated[list[str], typer.Argument(metavar="RUN...", help="Run ids (see `launcher ps`).")],
+    force: Annotated[
+        bool, typer.Option("--force", help="Delete the host's copy even if the local one is not complete.")
+    ] = False,
+) -> None:
+    """Free a host's disk: delete runs' directories and containers there once their outputs are
+    pulled and still match their manifests. The local run directories stay."""
+    from launcher import runs
+
+    ws = workspace_of(ctx)
+    done = []
+    with reporter(ctx) as rep:
+        for run_id in run_ids:
+            done.append(runs.clean(ws, run_id, force=force, reporter=rep))
+    removed = sum(d["removed"] for d in done)
+    render(ctx, Result("clean", {"runs": done}, summary=f"removed {removed} of {len(done)} run directories on "
+                       "their hosts (the others were gone already); local copies kept"))
+
+
 def register(app: typer.Typer) -> None:
     app.command("provision")(guarded("provision")(provision_cmd))
     app.command("run")(guarded("run")(run_cmd))
@@ -343,3 +364,4 @@ def register(app: typer.Typer) -> None:
     app.command("attach")(guarded("attach")(attach_cmd))
     app.command("pull")(guarded("pull")(pull_cmd))
     app.command("stop")(guarded("stop")(stop_cmd))
+    app.command("clean")(guarded("clean")(clean_cmd))
