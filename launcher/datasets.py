@@ -14,6 +14,7 @@ import hashlib
 import os
 import stat
 import tarfile
+import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,21 +46,28 @@ class LocalDataset:
         return "sha256:" + h.hexdigest()
 
 
+_SCANNED: dict[tuple[str, tuple[tuple[str, int, int], ...]], LocalDataset] = {}
+_SCAN_LOCK = threading.Lock()
+
+
 def scan(root: Path) -> LocalDataset:
     """Every regular file under root with its size and sha256. Symlinks and special files are
-    refused: what is sent must be exactly what the digest names."""
+    refused: what is sent must be exactly what the digest names. A folder whose names, sizes
+    and mtimes are unchanged since the last scan in this process is not hashed again (an
+    experiment sends one dataset to many hosts)."""
     if not root.is_dir():
         what = "is not a folder" if root.exists() else "does not exist"
         raise BadData(
             f"the dataset folder {root} {what}",
             "give a folder on this machine to --data-from (or --data for a path on the host)",
         )
-    ds = LocalDataset(root.resolve())
-    for top, dirs, files in os.walk(ds.root):
+    real = root.resolve()
+    listing: list[tuple[str, int, int]] = []
+    for top, dirs, files in os.walk(real):
         dirs.sort()
         for name in sorted(files) + [d for d in dirs if os.path.islink(os.path.join(top, d))]:
             full = Path(top) / name
-            rel = full.relative_to(ds.root).as_posix()
+            rel = full.relative_to(real).as_posix()
             st = full.lstat()
             if stat.S_ISLNK(st.st_mode):
                 raise BadData(
@@ -67,8 +75,15 @@ def scan(root: Path) -> LocalDataset:
                 )
             if not stat.S_ISREG(st.st_mode):
                 raise BadData(f"the dataset holds {rel}, which is not a regular file", "remove it from the folder")
-            ds.files[rel] = (st.st_size, sha256_file(full))
-    return ds
+            listing.append((rel, st.st_size, st.st_mtime_ns))
+    key = (str(real), tuple(listing))
+    with _SCAN_LOCK:
+        if key in _SCANNED:
+            return _SCANNED[key]
+        ds = LocalDataset(real, {rel: (size, sha256_file(real / rel)) for rel, size, _ in listing})
+        _SCANNED.clear()  # one dataset at a time is what a process sends
+        _SCANNED[key] = ds
+        return ds
 
 
 @dataclass

@@ -170,7 +170,8 @@ def _launch_with_runs(ws: Workspace, base: Any, reporter: Reporter,
 def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
                hosts: Sequence[str | None] = (None,), *, base_seed: int = 42, variant: str = "cpu",
                profile: str = "deterministic",
-               threads: int | None = None, data: str | None = None, params: dict[str, Any] | None = None,
+               threads: int | None = None, data: str | None = None, data_from: str | None = None,
+               params: dict[str, Any] | None = None,
                host_kw: dict[str, Any] | None = None, reporter: Reporter | None = None,
                launch: Callable[[PlannedRun, Any], Any] | None = None,
                stamp: str | None = None) -> ExperimentResult:
@@ -196,7 +197,7 @@ def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
 
         kw = {k: v for k, v in (host_kw or {}).items() if v is not None}
         base = runs_mod.RunSpec(recipe=recipe, variant=variant, profile=profile, threads=threads, data=data,
-                                params=dict(params or {}))
+                                data_from=data_from, params=dict(params or {}))
         runs_mod.check_params(runs_mod.load_recipe(ws, recipe), base.params)
         with ExitStack() as stack:
             opened = []

@@ -108,3 +108,20 @@ def test_the_local_engine_mounts_the_folder_where_it_is(tmp_path: Path) -> None:
     d = make(tmp_path)
     placed = datasets.place(LocalHost(tmp_path), d)
     assert placed.path == str(d.resolve()) and not placed.sent and placed.files == 2
+
+
+def test_an_unchanged_folder_is_hashed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = make(tmp_path)
+    calls: list[Path] = []
+    real = datasets.sha256_file
+
+    def counting(p: Path) -> str:
+        calls.append(p)
+        return real(p)
+
+    monkeypatch.setattr(datasets, "sha256_file", counting)
+    first = datasets.scan(d)
+    assert len(calls) == 2
+    assert datasets.scan(d) is first and len(calls) == 2
+    (d / "a.txt").write_text("b\n")
+    assert datasets.scan(d).digest != first.digest and len(calls) == 4

@@ -199,6 +199,9 @@ def experiment_cmd(
         "--threads", help="Fixed intra/inter-op thread count.")] = None,
     data: Annotated[str | None, typer.Option("--data", help="Dataset folder on the hosts, mounted read-only.")
                     ] = None,
+    data_from: Annotated[Path | None, typer.Option(
+        "--data-from", metavar="DIR", help="Dataset folder on this machine: sent to each host by content "
+        "(once per host), then mounted read-only like --data.")] = None,
     param: Annotated[list[str] | None, typer.Option("--param", help="KEY=VALUE; repeatable.")] = None,
     trust_new_host: Annotated[bool, typer.Option(
         "--trust-new-host", help="Record the host key of a host not yet in known_hosts.")] = False,
@@ -214,6 +217,7 @@ def experiment_cmd(
     with reporter(ctx) as rep:
         res = experiment(ws, recipe, runs, seeds, list(host or []) or [None], base_seed=seed, variant=variant,
                          profile=determinism, threads=threads, data=data,
+                         data_from=str(data_from) if data_from else None,
                          params=runs_mod.parse_params(param or []), host_kw=host_kw, reporter=rep)
     n_failed = len(res.failed)
     summary = (f"{len(res.outcomes)} runs in {len(res.groups)} groups" if not n_failed
