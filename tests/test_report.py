@@ -254,7 +254,7 @@ def test_experiment_wires_runs_and_hosts(ws: Workspace, monkeypatch: pytest.Monk
     monkeypatch.setattr(launcher.hosts, "open_host", open_host)
     monkeypatch.setattr(runs, "run_recipe", run_recipe)
     res = experiment(ws, "tiny", 2, "both", ["h1", "h2"], base_seed=5, params={"size_kb": 1},
-                     host_kw={"identity": None, "trust_new_host": True})
+                     data_from="/some/dataset", host_kw={"identity": None, "trust_new_host": True})
     assert res.exit_code == 0
     assert [s for s, _ in opened] == ["h1", "h2"] and sorted(closed) == ["h1", "h2"]
     assert all(kw == {"workspace_root": None, "trust_new_host": True} for _, kw in opened)
@@ -262,6 +262,7 @@ def test_experiment_wires_runs_and_hosts(ws: Workspace, monkeypatch: pytest.Monk
     for c in calls:
         assert c["runs"] == 1 and c["seeds"] == [c["spec"].seed]
         assert c["spec"].recipe == "tiny" and c["spec"].params == {"size_kb": 1}
+        assert c["spec"].data_from == "/some/dataset"  # each host's run_recipe sends it there
         assert c["host_opts"]["spec"] in ("h1", "h2")
     same = sorted(c["spec"].seed for c in calls if c["spec"].group.endswith("same-seed"))
     diff = sorted(c["spec"].seed for c in calls if c["spec"].group.endswith("different-seeds"))
