@@ -210,6 +210,16 @@ def _gpu_ready(host: Host) -> None:
         )
 
 
+def _output_owner(host: Host) -> str | None:
+    """Whom the container should hand its outputs to: the host user, unless Docker there is
+    rootless or remaps user namespaces. Then the container's root already writes as that user
+    on the host, and a chown inside would hand the files to a subordinate ID instead."""
+    done = host.run(["docker", "info", "--format", "{{json .SecurityOptions}}"], check=False)
+    if done.returncode != 0 or "rootless" in done.out or "userns" in done.out:
+        return None
+    return host.owner()
+
+
 def _place_data(spec: RunSpec, host: Host, reporter: Reporter | None) -> RunSpec:
     """Resolve --data-from: the dataset is sent to the host (once per content) and mounted
     from where it landed, exactly like --data."""
@@ -293,7 +303,7 @@ def start_run(
         data=data,
         gpu=spec.variant == "gpu",
         host_code=host_code,
-        owner=host.owner(),
+        owner=_output_owner(host),
     )
     launch = {
         "run_id": run_id,

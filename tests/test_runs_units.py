@@ -33,3 +33,26 @@ def test_run_ids_follow_the_design() -> None:
     rid = new_run_id("mnist_convnet")
     assert re.fullmatch(r"\d{8}T\d{6}-mnist_convnet-[0-9a-f]{6}", rid)
     assert new_run_id("mnist_convnet") != rid
+
+
+@pytest.mark.parametrize(
+    ("security", "owner"),
+    [
+        ('["name=seccomp,profile=default"]', "1000:1000"),
+        ('["name=seccomp,profile=default","name=rootless","name=cgroupns"]', None),
+        ('["name=userns"]', None),
+    ],
+)
+def test_outputs_go_to_the_host_user_unless_docker_maps_users(security: str, owner: str | None) -> None:
+    from launcher.proc import Completed
+    from launcher.runs import _output_owner
+
+    class Answers:
+        def run(self, argv: list[str], **kw: object) -> Completed:
+            out = security if argv[:2] == ["docker", "info"] else "1000:1000\n"
+            return Completed(argv=tuple(argv), returncode=0, stdout=out.encode(), stderr=b"")
+
+        def owner(self) -> str:
+            return "1000:1000"
+
+    assert _output_owner(Answers()) == owner  # type: ignore[arg-type]
