@@ -186,3 +186,68 @@ def _send(host: Host, ds: LocalDataset, tmp: str, rep: Reporter) -> None:
             f"unpacking the dataset on {host.name} failed (exit {rc}): {p.stderr_text().strip()}",
             "check free space and permissions under ~/.launcher/data on the host",
         )
+
+
+@dataclass
+class HostPrune:
+    removed: list[dict[str, Any]] = field(default_factory=list)  # {path, bytes, why}
+    kept: list[dict[str, Any]] = field(default_factory=list)  # {path, bytes, why}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"removed": self.removed, "kept": self.kept, "removed_bytes": sum(r["bytes"] for r in self.removed)}
+
+
+# Prints "<bytes> <age seconds> <name>" for each entry of the data folder (python3 on the host).
+_DATA_LIST = r"""
+import os, sys, time
+root = sys.argv[1]
+try:
+    names = sorted(os.listdir(root))
+except FileNotFoundError:
+    names = []
+for name in names:
+    top, total = os.path.join(root, name), 0
+    for d, _, files in os.walk(top):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(d, f)).st_size
+            except OSError:
+                pass
+    print(total, int(time.time() - os.lstat(top).st_mtime), name)
+"""
+
+
+def prune_host(host: Host, *, dry_run: bool = False) -> HostPrune:
+    """Remove the datasets `--data-from` left on host that no container there mounts (running or
+    stopped: a stopped run may be restarted or inspected), and uploads interrupted over an hour ago.
+    Whatever goes is sent again by the next run that needs it."""
+    result = HostPrune()
+    if host.kind == "local":
+        return result  # nothing is copied for the local engine
+    from launcher.transfer import require_docker
+
+    require_docker(host)  # without it, what containers mount cannot be told
+    root = data_root(host)
+    ids = host.run(["docker", "ps", "-aq"]).out.split()
+    mounted: set[str] = set()
+    if ids:
+        fmt = "{{range .Mounts}}{{.Source}}\n{{end}}"
+        mounted = set(host.run(["docker", "inspect", "--format", fmt, *ids], check=False).out.split())
+    listing = host.run([host.python, "-c", _DATA_LIST, root], check=False).out
+    for line in listing.splitlines():
+        size_s, age_s, name = line.split(" ", 2)
+        path, size = f"{root}/{name}", int(size_s)
+        if name.startswith("."):
+            if int(age_s) < 3600:
+                result.kept.append({"path": path, "bytes": size, "why": "an upload under way"})
+                continue
+            why = "an interrupted upload"
+        elif path in mounted:
+            result.kept.append({"path": path, "bytes": size, "why": "a container on the host mounts it"})
+            continue
+        else:
+            why = "no container on the host mounts it"
+        if not dry_run:
+            host.run(["rm", "-rf", "--", path])
+        result.removed.append({"path": path, "bytes": size, "why": why})
+    return result

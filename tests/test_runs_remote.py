@@ -512,3 +512,43 @@ def test_clean_frees_the_host_only_once_the_local_copy_is_verified(testhost: Tes
     assert code == 0, err
     assert env["data"]["runs"][0]["removed"] and env["data"]["runs"][0]["container_removed"]
     assert testhost.exec("docker", "ps", "-aq", "--filter", f"name=launcher-{going_id}").strip() == ""
+
+
+def test_clean_datasets_keeps_what_a_container_mounts(testhost: TestHost, tiny_workspace: Path) -> None:
+    kept_dir, gone_dir = tiny_workspace.parent / "kept-data", tiny_workspace.parent / "gone-data"
+    for d, text in ((kept_dir, "kept"), (gone_dir, "gone")):
+        d.mkdir()
+        (d / "f.txt").write_text(text * 1000)
+    code, env, err = cli(tiny_workspace, "run", "tiny", *ssh_args(testhost), "--data-from", str(gone_dir))
+    assert code == 0, err
+    gone = env["data"]["runs"][0]["data_source"]["path"]
+    code, _, err = cli(tiny_workspace, "clean", env["data"]["runs"][0]["run_id"])  # its container goes too
+    assert code == 0, err
+    code, env, err = cli(
+        tiny_workspace, "run", "tiny", *ssh_args(testhost), "--data-from", str(kept_dir), "--detach",
+        "--param", "sleep=30",
+    )
+    assert code == 0, err
+    going = env["data"]["runs"][0]
+    kept = going["data_source"]["path"]
+    testhost.exec("mkdir", "-p", "/root/.launcher/data/.deadbeef.partial-old")
+    testhost.exec("touch", "-d", "2 hours ago", "/root/.launcher/data/.deadbeef.partial-old")
+
+    code, env, err = cli(tiny_workspace, "clean", "--datasets", "--dry-run", *ssh_args(testhost))
+    assert code == 0, err
+    would = {r["path"] for r in env["data"]["datasets"]["removed"]}
+    assert {gone, "/root/.launcher/data/.deadbeef.partial-old"} <= would and kept not in would
+    assert testhost.exec("sh", "-c", f"test -d {gone} && echo there").strip() == "there"
+
+    code, env, err = cli(tiny_workspace, "clean", "--datasets", *ssh_args(testhost))
+    assert code == 0, err
+    left = testhost.exec("ls", "-A", "/root/.launcher/data").split()
+    assert kept.rsplit("/", 1)[1] in left and gone.rsplit("/", 1)[1] not in left
+    assert ".deadbeef.partial-old" not in left
+    assert {k["path"] for k in env["data"]["datasets"]["kept"]} >= {kept}
+    assert cli(tiny_workspace, "stop", going["run_id"])[0] == 0
+
+    code, _, err = cli(tiny_workspace, "clean", "--datasets")
+    assert code == ExitCode.USAGE and "--host" in err
+    code, _, err = cli(tiny_workspace, "clean")
+    assert code == ExitCode.USAGE and "nothing to clean" in err

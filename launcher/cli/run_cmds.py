@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from launcher.cli.common import guarded, options, render, reporter, stdout, workspace_of
-from launcher.errors import ExitCode
+from launcher.errors import ExitCode, UsageError
 from launcher.result import Result
 
 HostOpt = Annotated[
@@ -337,23 +337,57 @@ def stop_cmd(ctx: typer.Context, run_id: Annotated[str, typer.Argument(metavar="
 
 def clean_cmd(
     ctx: typer.Context,
-    run_ids: Annotated[list[str], typer.Argument(metavar="RUN...", help="Run ids (see `launcher ps`).")],
+    run_ids: Annotated[
+        list[str] | None, typer.Argument(metavar="[RUN]...", help="Run ids (see `launcher ps`).")
+    ] = None,
     force: Annotated[
         bool, typer.Option("--force", help="Delete the host's copy even if the local one is not complete.")
     ] = False,
+    datasets: Annotated[
+        bool,
+        typer.Option(
+            "--datasets",
+            help="Also delete the --data-from datasets on --host that no container there mounts "
+            "(the next run that needs one sends it again).",
+        ),
+    ] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="With --datasets: list, delete nothing.")] = False,
+    host: HostOpt = None,
+    trust_new_host: TrustOpt = False,
+    identity: IdentityOpt = None,
+    port: PortOpt = None,
+    ssh_config: SSHConfigOpt = None,
+    known_hosts: KnownHostsOpt = None,
 ) -> None:
     """Free a host's disk: delete runs' directories and containers there once their outputs are
-    pulled and still match their manifests. The local run directories stay."""
+    pulled and still match their manifests (the local run directories stay); with --datasets,
+    the datasets sent there that nothing mounts."""
     from launcher import runs
 
+    if not run_ids and not datasets:
+        raise UsageError("nothing to clean", "name runs (`launcher clean RUN...`) or add --datasets --host HOST")
+    if datasets and host is None:
+        raise UsageError("--datasets needs --host", "the local engine mounts datasets where they are")
     ws = workspace_of(ctx)
     done = []
     with reporter(ctx) as rep:
-        for run_id in run_ids:
+        for run_id in run_ids or []:
             done.append(runs.clean(ws, run_id, force=force, reporter=rep))
+    data: dict[str, Any] = {"runs": done}
     removed = sum(d["removed"] for d in done)
-    render(ctx, Result("clean", {"runs": done}, summary=f"removed {removed} of {len(done)} run directories on "
-                       "their hosts (the others were gone already); local copies kept"))
+    parts = [f"removed {removed} of {len(done)} run directories on their hosts; local copies kept"] if done else []
+    if datasets:
+        from launcher import datasets as datasets_mod
+
+        with _open(ctx, host, trust_new_host, _host_kw(identity, port, ssh_config, known_hosts)) as h:
+            pruned = datasets_mod.prune_host(h, dry_run=dry_run)
+        data["datasets"] = pruned.to_dict()
+        verb = "would remove" if dry_run else "removed"
+        parts.append(
+            f"{verb} {len(pruned.removed)} datasets ({pruned.to_dict()['removed_bytes'] >> 20} MiB), "
+            f"kept {len(pruned.kept)}"
+        )
+    render(ctx, Result("clean", data, summary="; ".join(parts)))
 
 
 def register(app: typer.Typer) -> None:
