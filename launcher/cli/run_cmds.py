@@ -338,7 +338,7 @@ def stop_cmd(ctx: typer.Context, run_id: Annotated[str, typer.Argument(metavar="
 def clean_cmd(
     ctx: typer.Context,
     run_ids: Annotated[
-        list[str] | None, typer.Argument(metavar="[RUN]...", help="Run ids (see `launcher ps`).")
+        list[str] | None, typer.Argument(metavar="RUN", help="Run ids (see `launcher ps`).")
     ] = None,
     force: Annotated[
         bool, typer.Option("--force", help="Delete the host's copy even if the local one is not complete.")
