@@ -23,7 +23,6 @@ base digest lives there.
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -31,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from launcher.hashing import sha256_file
+from launcher.lock import HASH
 
 AREAS = ("images", "builds", "wheels", "bootstrap", "registry", "layer-keys")
 ORPHAN_AGE_S = 3600.0
-_HASH_RE = re.compile(r"--hash=sha256:([0-9a-f]{64})")
 
 
 @dataclass
@@ -118,7 +117,7 @@ def locked_hashes(lockfiles: Iterable[Path]) -> set[str]:
     """Every sha256 that these pip-tools lockfiles allow."""
     found: set[str] = set()
     for lf in lockfiles:
-        found.update(_HASH_RE.findall(lf.read_text()))
+        found.update(HASH.findall(lf.read_text()))
     return found
 
 

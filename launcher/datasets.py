@@ -18,12 +18,12 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from launcher.errors import BadData, Corrupt, DiskFull, LauncherError
 from launcher.hashing import CHUNK, sha256_file
 from launcher.hosts.base import Host
-from launcher.progress import NullReporter, Reporter
+from launcher.progress import CountingReader, NullReporter, Reporter
 
 HEADROOM_BYTES = 256 << 20  # left free on the host after an upload
 
@@ -99,16 +99,6 @@ class Placed:
                 "sent": self.sent}
 
 
-class _Counting:
-    def __init__(self, f: IO[bytes], advance: Any) -> None:
-        self.f, self.advance = f, advance
-
-    def read(self, n: int = -1) -> bytes:
-        block = self.f.read(n)
-        self.advance(len(block))
-        return block
-
-
 def data_root(host: Host) -> str:
     return f"{host.home()}/.launcher/data"
 
@@ -170,7 +160,7 @@ def _send(host: Host, ds: LocalDataset, tmp: str, rep: Reporter) -> None:
                 info = tarfile.TarInfo(rel)
                 info.size, info.mode, info.mtime = size, 0o644, 0
                 with open(ds.root / rel, "rb") as f:
-                    tar.addfile(info, _Counting(f, task.advance))
+                    tar.addfile(info, cast(IO[bytes], CountingReader(f, task.advance)))
         p.stdin.close()
     except (BrokenPipeError, ConnectionError, OSError) as exc:
         p.kill()

@@ -6,7 +6,8 @@ tests pass :class:`NullReporter` or :class:`RecordingReporter`.
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from typing import IO, Protocol
 
 
 class Task(Protocol):
@@ -57,3 +58,15 @@ class RecordingReporter(NullReporter):
 
     def note(self, message: str) -> None:
         self.notes.append(message)
+
+
+class CountingReader:
+    """A file's read() that reports every block's length, so a stream can drive a progress bar."""
+
+    def __init__(self, raw: IO[bytes], on_bytes: Callable[[int], None]) -> None:
+        self.raw, self.on_bytes = raw, on_bytes
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n)
+        self.on_bytes(len(data))
+        return data

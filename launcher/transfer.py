@@ -40,7 +40,7 @@ from launcher.errors import (
 )
 from launcher.hashing import CHUNK, atomic_write_json, sha256_file
 from launcher.hosts.base import Host, RemoteEntry
-from launcher.progress import NullReporter, Reporter, Task
+from launcher.progress import CountingReader, NullReporter, Reporter, Task
 
 LAYER_MAP_FILE = "layer-dirs.json"
 
@@ -127,16 +127,6 @@ def _save_layer_map(cache_dir: Path | None, mapping: dict[str, str]) -> None:
             atomic_write_json(cache_dir / LAYER_MAP_FILE, mapping)
         except (OSError, LauncherError):
             pass  # a lost memo only costs a whole-layer send next time
-
-
-class _CountingReader:
-    def __init__(self, raw: IO[bytes], on_bytes: Callable[[int], None]) -> None:
-        self.raw, self.on_bytes = raw, on_bytes
-
-    def read(self, n: int = -1) -> bytes:
-        data = self.raw.read(n)
-        self.on_bytes(len(data))
-        return data
 
 
 def rewrite_save_stream(
@@ -267,7 +257,7 @@ def ship_image(
     assert save.stdout is not None
     try:
         try:
-            reader = cast(IO[bytes], _CountingReader(save.stdout, on_bytes))
+            reader = cast(IO[bytes], CountingReader(save.stdout, on_bytes))
             manifest = rewrite_save_stream(reader, load.stdin, skip, on_member)
             load.stdin.close()
         except (BrokenPipeError, ConnectionError, OSError) as exc:
@@ -331,7 +321,7 @@ def _ship_from_cache(host: Host, image_id: str, cached: tuple[bytes, list[Path |
                     continue
                 info.size = path.stat().st_size
                 with open(path, "rb") as f:
-                    tout.addfile(info, cast(IO[bytes], _CountingReader(f, task.advance)))
+                    tout.addfile(info, cast(IO[bytes], CountingReader(f, task.advance)))
                 result.layers_sent += 1
                 result.bytes_sent += info.size
             for name, data in ((f"{image_id[7:]}.json", cfg), ("manifest.json", man)):
