@@ -34,6 +34,7 @@ class ExitCode(IntEnum):
     UNSAFE_PATH = 21  # a remote entry that escapes the run directory
     CONNECTION_REFUSED = 22  # the host answers but nothing listens on that port (wrong port)
     NO_GPU = 23  # --variant gpu on a host without a usable NVIDIA GPU
+    MISSING_EXTRA = 24  # an optional feature whose packages are not installed (the error names the extra)
     INTERRUPTED = 130
 
 
@@ -142,3 +143,7 @@ class UnsafePath(LauncherError):
 
 class NotReproducible(LauncherError):
     exit_code = ExitCode.NOT_REPRODUCIBLE
+
+
+class MissingExtra(LauncherError):
+    exit_code = ExitCode.MISSING_EXTRA

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from launcher import __version__
-from launcher.cli import cache_cmds, images_cmds, recipe_cmds, run_cmds, verify_cmds
+from launcher.cli import cache_cmds, export_cmds, images_cmds, recipe_cmds, run_cmds, verify_cmds
 from launcher.cli.common import Options
 
 app = typer.Typer(
@@ -56,6 +56,7 @@ images_cmds.register(app)
 recipe_cmds.register(app)
 run_cmds.register(app)
 verify_cmds.register(app)
+export_cmds.register(app)
 cache_cmds.register(app)
 
 

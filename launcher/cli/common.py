@@ -14,6 +14,7 @@ from typing import Any
 import typer
 from rich.console import Console
 from rich.filesize import decimal
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     Progress,
@@ -158,7 +159,8 @@ def fail(ctx: typer.Context | None, command: str, exc: LauncherError) -> None:
     line = exc.one_line()
     if opts.json:
         sys.stdout.write(json.dumps(error_envelope(command, exc.exit_code, line), indent=2) + "\n")
-    stderr.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True)
+    # escaped: a hint such as pip install 'launcher[export]' is text, not markup
+    stderr.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
 
 
 def guarded(command: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

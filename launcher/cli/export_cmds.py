@@ -1,0 +1,67 @@
+"""`launcher export RUN... --to mlflow | --to tensorboard DIR`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from launcher.cli.common import guarded, render, reporter, stdout, workspace_of
+from launcher.errors import UsageError
+from launcher.result import Result
+
+
+def _print_export(result: Result) -> None:
+    d = result.data
+    where = "MLflow run" if d["target"] == "mlflow" else "folder"
+    table = Table("run", "group", "#", "steps", "metrics", "verdict", where)
+    for r in d["runs"]:
+        verdict = r["verdict"] or {}
+        table.add_row(r["run_id"], r["group"], str(r["replicate"]), str(r["steps"]), ", ".join(r["metrics"]) or "-",
+                      f"{verdict.get('verdict', 'none')} ({verdict.get('run', 'none')})", r["destination"])
+    stdout.print(table)
+    stdout.print(result.summary, markup=False)
+
+
+def export_cmd(
+    ctx: typer.Context,
+    runs: Annotated[list[str] | None, typer.Argument(
+        metavar="RUN... [DIR]",
+        help="Run ids (or run directories); default: the runs of the most recent group. With --to tensorboard "
+        "the last argument is the log directory (or give --logdir).")] = None,
+    to: Annotated[str, typer.Option("--to", help="mlflow or tensorboard.")] = "mlflow",
+    tracking_uri: Annotated[str | None, typer.Option(
+        "--tracking-uri", help="MLflow tracking URI: a server (http://127.0.0.1:5000), sqlite:///FILE, or a "
+        "directory. Default: the file store mlruns/ in the workspace.")] = None,
+    experiment: Annotated[str | None, typer.Option(
+        "--experiment", help="MLflow experiment name. Default: the recipe's name.")] = None,
+    logdir: Annotated[Path | None, typer.Option(
+        "--logdir", help="TensorBoard log directory (the same as the last argument).")] = None,
+    group: Annotated[str | None, typer.Option("--group", "-g", help="Export the runs of this group.")] = None,
+) -> None:
+    """Export runs to MLflow (params, per-epoch metrics, tags, artifacts) or TensorBoard event files.
+
+    MLflow: one MLflow run per launcher run, with the image ID, lock hash, base digest and the
+    verify verdict as tags. TensorBoard: DIR/<group>/<run id>/, one run per replicate, so the
+    replicates' curves overlay. Needs the extra: pip install 'launcher[export]'.
+    """
+    from launcher.export import TENSORBOARD, export_runs, is_run
+
+    ws = workspace_of(ctx)
+    refs = list(runs or [])
+    if to == TENSORBOARD and logdir is None and refs:
+        last = refs[-1]
+        if is_run(ws, last):
+            raise UsageError(f"the last argument {last!r} is a run, not a TensorBoard log directory",
+                             "end with the directory: `launcher export RUN... --to tensorboard DIR`")
+        logdir, refs = Path(last), refs[:-1]
+    with reporter(ctx) as rep:
+        res = export_runs(ws, refs, to, group=group, tracking_uri=tracking_uri, experiment=experiment,
+                          logdir=logdir, reporter=rep)
+    render(ctx, Result("export", res.to_dict(), summary=res.summary_line()), _print_export)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("export")(guarded("export")(export_cmd))
