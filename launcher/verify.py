@@ -1,10 +1,13 @@
 """Checksum verdicts across runs, and the explanations when they differ.
 
 ``verify_checksums`` re-hashes every run's files against its own manifest (a file damaged
-after the pull is Corrupt, not a difference), compares each artifact's sha256 with the
-reference run, and for every run that differs explains where (model arrays, initial
-weights, dataset and batch fingerprints, metrics) and why (the environment diff of the two
-manifests, reduced to a one-line classification).
+after the pull is Corrupt, not a difference) and checks each run against itself (its canonical
+weights against its per-layer digests and its native save: a file altered after training is
+Corrupt too). It then compares each artifact's sha256 with the reference run; a file whose
+bytes differ is compared by its content (:mod:`launcher.contentdiff`: a .keras save, an event
+file, a log with times), and for every run whose content differs it explains where (model
+arrays, initial weights, dataset and batch fingerprints, metrics, other outputs) and why (the
+environment diff of the two manifests, reduced to a one-line classification).
 """
 
 from __future__ import annotations
@@ -12,44 +15,53 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher.contentdiff import ContentDiff, compare_files, compare_savedmodel, savedmodel_root
 from launcher.errors import Corrupt, ExitCode, Incompatible, LauncherError, NotFound, UsageError
 from launcher.hashing import sha256_file
 from launcher.manifest import Manifest, load_manifest
-from launcher.modeldiff import ModelDiff, diff_models
+from launcher.modeldiff import ModelDiff, Weights, diff_models, load_canonical, load_weights
 from launcher.progress import NullReporter, Reporter
 from launcher.workspace import Workspace
 
 SCHEMA = "launcher.verify/v1"
 
 IDENTICAL = "identical"
+IDENTICAL_CONTENT = "identical-content"  # other bytes, the same content (zip dates, wall times...)
 DIFFERS = "differs"
 MISSING = "missing"
 REFERENCE = "reference"
+CONSISTENT = "consistent"  # the verdict on one run checked alone
+
+# Who left a file out of the comparison.
+IGNORED_BY_LAUNCHER = "launcher"
+IGNORED_BY_RECIPE = "recipe"
+IGNORED_BY_OPTION = "--ignore"
 
 # Classifications of a run compared with the reference.
 CLASS_IDENTICAL = "identical"
 CLASS_NONDETERMINISM = "nondeterminism"
 CLASS_ENVIRONMENT = "environment"
 CLASS_INPUT = "input-change"
+CLASS_OUTPUTS = "outputs"  # training identical; some other output differs
 
-# Files that differ between bit-identical trainings by design (timestamps, timings, host
-# descriptions, zip dates in .keras): shown in the table, left out of the verdict. The
-# environment they describe is compared through the manifests instead.
+# The files launcher itself never compares (the one list; README "Verify", docs/verify-json.md):
+# its own records of times and of the environment, which the manifests compare instead, and
+# the recipe's console log, which carries times. Listed in the table, left out of the verdict.
+# Everything else is compared, by content where the format is known (launcher.contentdiff).
 VOLATILE = (
     "outputs/_launcher/*",
-    "outputs/logs/*",
-    "outputs/model/*.keras",
-    "outputs/model/*/saved_model.pb",  # SavedModel protos embed nondeterministic ids
+    "outputs/logs/train.log",
     "launch.json",
 )
 
 CANONICAL_MODEL = "outputs/model/canonical.npz"
+LAYERS = "outputs/weights/layers.json"
 NATIVE_MODELS = ("outputs/model/model.weights.h5", "outputs/model/model.pt", "outputs/model/model.keras")
 DATASET = "outputs/fingerprints/dataset.json"
 INITIAL_WEIGHTS = "outputs/fingerprints/initial_weights.json"
@@ -61,6 +73,39 @@ HASH_WORKERS = max(2, min(4, os.cpu_count() or 2))
 
 def is_volatile(path: str) -> bool:
     return any(fnmatch.fnmatchcase(path, pat) for pat in VOLATILE)
+
+
+def _matches(path: str, globs: Iterable[str]) -> bool:
+    """A glob matches the path from the run directory or from its outputs/ (``*`` crosses ``/``)."""
+    rel = path.removeprefix("outputs/")
+    return any(fnmatch.fnmatchcase(path, g) or fnmatch.fnmatchcase(rel, g) for g in globs)
+
+
+def ignored_by(path: str, recipe_globs: Iterable[str] = (), option_globs: Iterable[str] = ()) -> str | None:
+    """Why a file is listed but not compared: launcher's own list, the recipe's, --ignore; or None."""
+    if is_volatile(path):
+        return IGNORED_BY_LAUNCHER
+    if _matches(path, recipe_globs):
+        return IGNORED_BY_RECIPE
+    if _matches(path, option_globs):
+        return IGNORED_BY_OPTION
+    return None
+
+
+def recipe_volatile(ws: Workspace, m: Manifest) -> list[str]:
+    """The run's declared volatile outputs: the manifest's ``recipe.volatile``, else the workspace recipe's."""
+    recorded = m.recipe.get("volatile")
+    if isinstance(recorded, list):
+        return [g for g in recorded if isinstance(g, str)]
+    from launcher.runtime.spec import SpecError, load_spec
+
+    folder = ws.root / "recipes" / m.recipe_name
+    if not (folder / "recipe.toml").is_file():
+        return []
+    try:
+        return list(load_spec(folder).volatile)
+    except SpecError:
+        return []
 
 
 # ---------------------------------------------------------------- finding runs
@@ -446,12 +491,31 @@ def environment_diff(ref: Manifest, run: Manifest) -> list[dict[str, Any]]:
 INPUT_CATEGORIES = ("code", "data", "seed", "params")
 
 
+def training_identical(model: Mapping[str, Any] | None, initial: Mapping[str, Any] | None,
+                       data: Mapping[str, Any] | None, batches: Mapping[str, Any] | None,
+                       metrics: Mapping[str, Any] | None) -> bool:
+    """Every model array, fingerprint and metric recorded in both runs is identical (and some were)."""
+    if model is None and metrics is None:
+        return False
+    if model is not None and model.get("identical") is not True:
+        return False
+    return all(part is None or part.get("same") is not False for part in (initial, data, batches, metrics))
+
+
 def classify(identical: bool, env: list[dict[str, Any]], data: Mapping[str, Any] | None,
              model: Mapping[str, Any] | None, initial: Mapping[str, Any] | None,
-             batches: Mapping[str, Any] | None, seeded: bool = True) -> dict[str, Any]:
-    """One line: identical; nondeterminism in training; environment-dependent; or an input change."""
+             batches: Mapping[str, Any] | None, seeded: bool = True,
+             metrics: Mapping[str, Any] | None = None,
+             files: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """One line: identical; only other outputs differ; nondeterminism in training;
+    environment-dependent; or an input change. Never nondeterminism when training was identical."""
     if identical:
         return {"kind": CLASS_IDENTICAL, "causes": [], "line": "identical"}
+    if files is not None and training_identical(model, initial, data, batches, metrics):
+        named = [_file_phrase(f) for f in files[:3]] + ([f"and {len(files) - 3} more"] if len(files) > 3 else [])
+        return {"kind": CLASS_OUTPUTS, "causes": ["outputs"],
+                "line": "training identical (every model array, fingerprint and metric); differs only in "
+                        f"other outputs: {', '.join(named) or 'none named'}"}
     by_cat: dict[str, list[str]] = {}
     for row in env:
         by_cat.setdefault(row["category"], []).append(row["key"])
@@ -497,6 +561,77 @@ def classify(identical: bool, env: list[dict[str, Any]], data: Mapping[str, Any]
                      "nondeterminism expected") + detail}
 
 
+def _file_phrase(f: Mapping[str, Any]) -> str:
+    name = str(f["path"]).removeprefix("outputs/")
+    content = f.get("content")
+    if f.get("status") == MISSING:
+        return f"{name} (in one run only)"
+    if content and content.get("difference"):
+        return f"{name} ({content['difference']})"
+    return f"{name} (bytes; format not compared by content)"
+
+
+# ---------------------------------------------------------------- one run against itself
+
+
+def _digest_arrays(weights: Weights) -> list[tuple[str, str, str]]:
+    from launcher.runtime.fingerprints import array_digest
+
+    return [(a.layer, a.array, array_digest(a.value)) for a in weights]
+
+
+def check_consistency(m: Manifest) -> dict[str, Any]:
+    """Cross-check one run's records of its final weights against each other.
+
+    ``model/canonical.npz`` against ``weights/layers.json`` (the per-layer sha256 the runtime
+    wrote at the end of training) and against the native save where it can be read. A
+    mismatch means a file was altered after training: Corrupt (exit 13), naming the array.
+    """
+    out: dict[str, Any] = {"layers": None, "native": None}
+    if not m.artifact(CANONICAL_MODEL):
+        return out
+    canonical = _digest_arrays(load_canonical(m.file(CANONICAL_MODEL)))
+    hint = ("the run's files were altered after training; re-pull the run (`launcher pull "
+            f"{m.run_id}`) if the host's copy is intact, or run it again")
+    doc = _read_json(m.file(LAYERS)) if m.artifact(LAYERS) else None
+    if isinstance(doc, dict) and isinstance(doc.get("layers"), list):
+        recorded = [(str(layer.get("name")), str(arr.get("index")), str(arr.get("sha256")))
+                    for layer in doc["layers"] if isinstance(layer, dict)
+                    for arr in layer.get("arrays") or [] if isinstance(arr, dict)]
+        for (layer, array, got), rec in zip(canonical, recorded, strict=False):
+            if (layer, array, got) != rec:
+                raise Corrupt(f"run {m.run_id} is inconsistent: {CANONICAL_MODEL.removeprefix('outputs/')} layer "
+                              f"{layer} array {array} (sha256 {got[7:19]}…) does not match its per-layer digest in "
+                              f"weights/layers.json ({rec[0]}/{rec[1]} {rec[2][7:19]}…)", hint)
+        if len(canonical) != len(recorded):
+            raise Corrupt(f"run {m.run_id} is inconsistent: {len(canonical)} arrays in canonical.npz, "
+                          f"{len(recorded)} in weights/layers.json", hint)
+        out["layers"] = {"arrays": len(canonical), "ok": True}
+    for rel in NATIVE_MODELS:
+        if not m.artifact(rel):
+            continue
+        try:
+            native = load_weights(m.file(rel))
+        except LauncherError as exc:
+            out["native"] = {"source": rel, "ok": None, "skipped": exc.one_line()}
+            continue
+        found = {d for _, _, d in _digest_arrays(native)}
+        shapes = {(a.value.shape, a.value.dtype.str) for a in native}
+        by_key = {(a.layer, a.array): a for a in native}
+        canonical_weights = load_canonical(m.file(CANONICAL_MODEL)) if len(canonical) else None
+        for (layer, array, digest), wa in zip(canonical, canonical_weights or [], strict=False):
+            if digest in found:
+                continue
+            twin = by_key.get((layer, array))
+            comparable = twin is not None or (wa.value.shape, wa.value.dtype.str) in shapes
+            if comparable:
+                raise Corrupt(f"run {m.run_id} is inconsistent: canonical.npz layer {layer} array {array} is not "
+                              f"in its native save {rel.removeprefix('outputs/')}", hint)
+        out["native"] = {"source": rel, "ok": True}
+        break
+    return out
+
+
 # ---------------------------------------------------------------- the report
 
 
@@ -505,10 +640,11 @@ class RunVerdict:
     manifest: Manifest
     status: str  # reference | identical | differs
     explanation: dict[str, Any] = field(default_factory=dict)
+    content_only: list[dict[str, Any]] = field(default_factory=list)  # files identical in content only
 
     def to_dict(self) -> dict[str, Any]:
         m = self.manifest
-        cls = self.explanation.get("classification") or {"kind": CLASS_IDENTICAL, "line": "identical"}
+        cls = self.explanation.get("classification") or {"kind": CLASS_IDENTICAL, "line": _identical_line(self)}
         model = self.explanation.get("model") or {}
         return {
             "run_id": m.run_id, "group": m.group, "replicate": m.replicate, "seed": m.seed,
@@ -516,7 +652,19 @@ class RunVerdict:
             "classification": cls.get("kind") if self.status != REFERENCE else None,
             "line": cls.get("line") if self.status != REFERENCE else "reference",
             "first_difference": model.get("first_difference"),
+            "identical_in_content": [f["path"] for f in self.content_only],
         }
+
+
+def _identical_line(v: RunVerdict) -> str:
+    if not v.content_only:
+        return "identical"
+    return "identical in content; bytes differ only in " + "; ".join(_volatile_phrase(f) for f in v.content_only[:3])
+
+
+def _volatile_phrase(f: Mapping[str, Any]) -> str:
+    what = ", ".join((f.get("content") or {}).get("volatile") or []) or "bytes"
+    return f"{str(f['path']).removeprefix('outputs/')} ({what})"
 
 
 @dataclass
@@ -524,11 +672,12 @@ class ArtifactRow:
     path: str
     checked: bool
     reference_sha256: str | None
-    cells: dict[str, dict[str, Any]]  # run id -> {"status", "sha256"}
+    cells: dict[str, dict[str, Any]]  # run id -> {"status", "sha256"[, "path", "content"]}
+    ignored_by: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "checked": self.checked, "reference_sha256": self.reference_sha256,
-                "runs": self.cells}
+        return {"path": self.path, "checked": self.checked, "ignored_by": self.ignored_by,
+                "reference_sha256": self.reference_sha256, "runs": self.cells}
 
 
 @dataclass
@@ -538,6 +687,10 @@ class VerifyReport:
     artifacts: list[ArtifactRow]
     integrity: IntegrityStats
     skipped: list[dict[str, str]] = field(default_factory=list)
+    mode: str = "compare"  # compare | alone
+    selection: str | None = None  # how the runs were chosen, when not named
+    consistency: dict[str, dict[str, Any]] = field(default_factory=dict)
+    ignore: list[str] = field(default_factory=list)
 
     @property
     def identical(self) -> bool:
@@ -551,13 +704,44 @@ class VerifyReport:
     def differing(self) -> list[RunVerdict]:
         return [r for r in self.runs if r.status == DIFFERS]
 
+    @property
+    def verdict(self) -> str:
+        if self.mode == "alone":
+            return CONSISTENT
+        return IDENTICAL if self.identical else DIFFERS
+
+    def _not_compared(self) -> list[str]:
+        return [a.path for a in self.artifacts if not a.checked
+                and any(c["status"] not in (REFERENCE, IDENTICAL) for c in a.cells.values())]
+
     def summary_line(self) -> str:
         n = len(self.runs)
+        ref = self.reference.run_id
+        prefix = f"{self.selection}: " if self.selection else ""
+        if self.mode == "alone":
+            cons = self.consistency.get(ref) or {}
+            parts = [f"{self.integrity.files} files match its manifest"]
+            if cons.get("layers"):
+                parts.append("canonical weights match weights/layers.json")
+            native = cons.get("native") or {}
+            if native.get("ok"):
+                parts.append(f"and its native save {str(native['source']).removeprefix('outputs/')}")
+            return f"{prefix}consistent: run {ref} checked alone: " + ", ".join(parts)
+        skipped = self._not_compared()
+        tail = f"; {len(skipped)} volatile files differ, not compared" if skipped else ""
         if self.identical:
-            return f"identical: all {n} runs are bit-identical to {self.reference.run_id}"
+            content = {f["path"]: f for r in self.runs for f in r.content_only}
+            if not content:
+                return f"{prefix}identical: all {n} runs are bit-identical to {ref}{tail}"
+            return (f"{prefix}identical in content: all {n} runs match {ref}; bytes differ only in volatile parts: "
+                    + "; ".join(_volatile_phrase(f) for f in list(content.values())[:4])
+                    + (f" and {len(content) - 4} more" if len(content) > 4 else "") + tail)
         kinds = sorted({r.explanation["classification"]["kind"] for r in self.differing})
-        return (f"{len(self.differing)} of {n - 1} runs differ from {self.reference.run_id} "
-                f"({', '.join(kinds)})")
+        files = sorted({str(f["path"]).removeprefix("outputs/") for r in self.differing
+                        for f in r.explanation.get("files") or []})
+        named = ", ".join(files[:4]) + (f" and {len(files) - 4} more" if len(files) > 4 else "")
+        return (f"{prefix}{len(self.differing)} of {n - 1} runs differ from {ref} ({', '.join(kinds)}): "
+                f"content differs in {named}{tail}")
 
     def checks(self) -> dict[str, Any]:
         """Models, initial weights, training data, batches, metrics: all the same as the reference?"""
@@ -585,15 +769,19 @@ class VerifyReport:
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA,
-            "verdict": IDENTICAL if self.identical else DIFFERS,
+            "verdict": self.verdict,
+            "mode": self.mode,
+            "selection": self.selection,
             "reference": self.reference.run_id,
             "recipe": self.reference.recipe_name,
             "summary": self.summary_line(),
             "integrity": {"files": self.integrity.files, "bytes": self.integrity.bytes, "ok": True},
+            "consistency": self.consistency,
             "checks": self.checks(),
             "runs": [r.to_dict() for r in self.runs],
             "artifacts": [a.to_dict() for a in self.artifacts],
             "explanations": {r.manifest.run_id: r.explanation for r in self.runs if r.status == DIFFERS},
+            "not_compared": {"launcher": list(VOLATILE), "ignore": list(self.ignore)},
             "skipped": self.skipped,
         }
 
@@ -610,11 +798,35 @@ def _load_named(ws: Workspace, refs: Iterable[str]) -> list[Manifest]:
     return out
 
 
+@dataclass(frozen=True)
+class Selection:
+    reference: Manifest
+    runs: list[Manifest]  # reference first
+    note: str | None = None  # how the runs were chosen, when it is not obvious
+
+    @property
+    def alone(self) -> bool:
+        return len(self.runs) == 1
+
+
+def _previous_of_recipe(ws: Workspace, latest: Manifest) -> Manifest | None:
+    key = (latest.started_at, latest.run_id)
+    earlier = [m for m in _completed_manifests(ws) if m.recipe_name == latest.recipe_name
+               and (m.started_at, m.run_id) < key and m.run_dir.resolve() != latest.run_dir.resolve()]
+    return max(earlier, key=lambda m: (m.started_at, m.run_id), default=None)
+
+
 def select_runs(ws: Workspace, run_ids: list[str] | None, against: str | None,
-                group: str | None = None) -> tuple[Manifest, list[Manifest]]:
-    """(reference, all runs including it, reference first)."""
+                group: str | None = None) -> Selection:
+    """The runs to verify, reference first.
+
+    Named runs, a group, or (neither) the latest group; when that group holds one run, the
+    latest run is compared with the previous run of its recipe. One run with nothing to compare
+    it with is checked alone.
+    """
     if run_ids and group:
         raise UsageError("name runs or a group, not both", "drop the run ids or --group")
+    note = None
     if run_ids:
         runs = _load_named(ws, run_ids)
     elif group is not None:
@@ -624,13 +836,17 @@ def select_runs(ws: Workspace, run_ids: list[str] | None, against: str | None,
                            "check the group name in a run's manifest.json")
     else:
         runs = group_runs(ws, latest_group(ws))
+        if len(runs) == 1 and against is None:
+            previous = _previous_of_recipe(ws, runs[0])
+            if previous is not None:
+                note = (f"the latest run {runs[0].run_id} against the previous run of {runs[0].recipe_name}, "
+                        f"{previous.run_id}")
+                runs = [previous, runs[0]]
+            else:
+                note = f"the only run of {runs[0].recipe_name}"
     if against is not None:
         ref = _load_named(ws, [against])[0]
         runs = [ref, *(m for m in runs if m.run_dir.resolve() != ref.run_dir.resolve())]
-    if len(runs) < 2:
-        which = runs[0].run_id if runs else "nothing"
-        raise UsageError(f"nothing to compare: only {which} was selected",
-                         "name two or more runs, or add --against RUN")
     ref = runs[0]
     recipes = {m.recipe_name for m in runs}
     if len(recipes) > 1:
@@ -640,34 +856,83 @@ def select_runs(ws: Workspace, run_ids: list[str] | None, against: str | None,
             f"{other.run_id} ran {other.recipe_name!r}",
             "verify runs of one recipe (a group from `launcher experiment`, or runs named one by one)",
         )
-    return ref, runs
+    return Selection(ref, runs, note)
 
 
-def _compare_artifacts(ref: Manifest, runs: list[Manifest]) -> tuple[list[ArtifactRow], dict[str, bool]]:
-    paths: list[str] = [a.path for a in ref.artifacts]
+def _pairing_keys(m: Manifest) -> dict[str, str]:
+    """Artifact path -> the key it is compared under: TensorBoard event files, whose names carry
+    the time, host and pid, pair by directory (the n-th event file of a directory, by name)."""
+    keys: dict[str, str] = {}
+    counters: dict[str, int] = {}
+    for path in sorted(a.path for a in m.artifacts):
+        folder, _, name = path.rpartition("/")
+        if name.startswith("events.out.tfevents."):
+            n = counters.get(folder, 0)
+            counters[folder] = n + 1
+            keys[path] = f"{folder}/events.out.tfevents.*" + (f"#{n}" if n else "")
+        else:
+            keys[path] = path
+    return keys
+
+
+def _content(ref: Manifest, run: Manifest, ref_path: str, run_path: str,
+             savedmodels: dict[tuple[Path, Path], ContentDiff]) -> ContentDiff | None:
+    a, b = ref.file(ref_path), run.file(run_path)
+    root_a = savedmodel_root(a, ref.run_dir)
+    root_b = savedmodel_root(b, run.run_dir)
+    if root_a is not None and root_b is not None:
+        if (root_a, root_b) not in savedmodels:
+            try:
+                savedmodels[(root_a, root_b)] = compare_savedmodel(root_a, root_b)
+            except (LauncherError, OSError, ValueError) as exc:
+                why = exc.one_line() if isinstance(exc, LauncherError) else str(exc)
+                savedmodels[(root_a, root_b)] = ContentDiff("savedmodel", False, [],
+                                                            f"cannot be read as a SavedModel: {why}")
+        return savedmodels[(root_a, root_b)]
+    return compare_files(a, b, ref_path)
+
+
+def _compare_artifacts(ref: Manifest, runs: list[Manifest], recipe_globs: list[str], ignore: list[str]
+                       ) -> tuple[list[ArtifactRow], dict[str, bool]]:
+    keyed = {m.run_id: {k: p for p, k in _pairing_keys(m).items()} for m in runs}
+    keys: list[str] = list(keyed[ref.run_id])
     for m in runs[1:]:
-        paths += [a.path for a in m.artifacts if a.path not in paths]
+        keys += [k for k in keyed[m.run_id] if k not in keys]
     differs: dict[str, bool] = {m.run_id: False for m in runs[1:]}
+    savedmodels: dict[tuple[Path, Path], ContentDiff] = {}
     rows: list[ArtifactRow] = []
-    for path in paths:
-        ra = ref.artifact(path)
-        checked = not is_volatile(path)
+    for key in keys:
+        ref_path = keyed[ref.run_id].get(key)
+        ra = ref.artifact(ref_path) if ref_path else None
+        path = ref_path or next(keyed[m.run_id][key] for m in runs if key in keyed[m.run_id])
+        why = ignored_by(path, recipe_globs, ignore)
         cells: dict[str, dict[str, Any]] = {ref.run_id: {"status": REFERENCE if ra else MISSING,
                                                          "sha256": ra.sha256 if ra else None}}
         for m in runs[1:]:
-            a = m.artifact(path)
-            if a is None or ra is None:
+            run_path = keyed[m.run_id].get(key)
+            a = m.artifact(run_path) if run_path else None
+            cell: dict[str, Any] = {}
+            if a is None or ra is None or ref_path is None or run_path is None:
                 status = MISSING
+            elif a.sha256 == ra.sha256:
+                status = IDENTICAL
+            elif why is not None:
+                status = DIFFERS
             else:
-                status = IDENTICAL if a.sha256 == ra.sha256 else DIFFERS
-            cells[m.run_id] = {"status": status, "sha256": a.sha256 if a else None}
-            if checked and status != IDENTICAL:
+                content = _content(ref, m, ref_path, run_path, savedmodels)
+                status = DIFFERS if content is None or not content.same else IDENTICAL_CONTENT
+                if content is not None:
+                    cell["content"] = content.to_dict()
+            cells[m.run_id] = {"status": status, "sha256": a.sha256 if a else None, **cell}
+            if run_path is not None and run_path != path:
+                cells[m.run_id]["path"] = run_path
+            if why is None and status in (DIFFERS, MISSING):
                 differs[m.run_id] = True
-        rows.append(ArtifactRow(path, checked, ra.sha256 if ra else None, cells))
+        rows.append(ArtifactRow(path, why is None, ra.sha256 if ra else None, cells, why))
     return rows, differs
 
 
-def explain(ref: Manifest, run: Manifest) -> dict[str, Any]:
+def explain(ref: Manifest, run: Manifest, files: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     model = explain_model(ref, run)
     initial = explain_initial_weights(ref, run)
     data = explain_data(ref, run)
@@ -675,26 +940,48 @@ def explain(ref: Manifest, run: Manifest) -> dict[str, Any]:
     metrics = explain_metrics(ref, run)
     env = environment_diff(ref, run)
     return {
-        "classification": classify(False, env, data, model, initial, batches, seeded=ref.seed is not None),
+        "classification": classify(False, env, data, model, initial, batches, seeded=ref.seed is not None,
+                                   metrics=metrics, files=files),
         "model": model, "initial_weights": initial, "data": data, "batches": batches,
-        "metrics": metrics, "environment": env,
+        "metrics": metrics, "environment": env, "files": files or [],
     }
+
+
+def _run_files(rows: list[ArtifactRow], run_id: str, statuses: tuple[str, ...]) -> list[dict[str, Any]]:
+    out = []
+    for row in rows:
+        cell = row.cells.get(run_id) or {}
+        if row.checked and cell.get("status") in statuses:
+            out.append({"path": row.path, "status": cell["status"], "content": cell.get("content")})
+    return out
 
 
 def verify_checksums(ws: Workspace, run_ids: list[str] | None = None, against: str | None = None,
                      group: str | None = None, reporter: Reporter | None = None,
-                     explainer: Callable[[Manifest, Manifest], dict[str, Any]] = explain) -> VerifyReport:
-    """Compare runs bit for bit: the named runs (or the latest group) against the first or ``against``."""
-    ref, runs = select_runs(ws, run_ids, against, group)
-    skipped = [] if run_ids else skipped_in_group(ws, runs[-1].group if group is None else group)
+                     explainer: Callable[..., dict[str, Any]] = explain,
+                     ignore: Iterable[str] = ()) -> VerifyReport:
+    """Compare runs by content: the named runs (or the latest group) against the first or ``against``.
+
+    One run (named alone, or the only run of its recipe) is checked alone: against its
+    manifest and its own records. ``ignore``: globs of files listed but not compared.
+    """
+    sel = select_runs(ws, run_ids, against, group)
+    ref, runs = sel.reference, sel.runs
+    ignore = list(ignore)
+    skipped = [] if run_ids or len(runs) < 2 else skipped_in_group(ws, runs[-1].group if group is None else group)
     stats = check_integrity(runs, reporter)
-    rows, differs = _compare_artifacts(ref, runs)
+    consistency = {m.run_id: check_consistency(m) for m in runs}
+    recipe_globs = sorted({g for m in runs for g in recipe_volatile(ws, m)})
+    rows, differs = _compare_artifacts(ref, runs, recipe_globs, ignore)
     verdicts = [RunVerdict(ref, REFERENCE)]
     for m in runs[1:]:
         if differs[m.run_id]:
             if reporter is not None:
                 reporter.note(f"{m.run_id} differs from {ref.run_id}: explaining")
-            verdicts.append(RunVerdict(m, DIFFERS, explainer(ref, m)))
+            files = _run_files(rows, m.run_id, (DIFFERS, MISSING))
+            verdicts.append(RunVerdict(m, DIFFERS, explainer(ref, m, files=files)))
         else:
-            verdicts.append(RunVerdict(m, IDENTICAL))
-    return VerifyReport(reference=ref, runs=verdicts, artifacts=rows, integrity=stats, skipped=skipped)
+            verdicts.append(RunVerdict(m, IDENTICAL, content_only=_run_files(rows, m.run_id, (IDENTICAL_CONTENT,))))
+    return VerifyReport(reference=ref, runs=verdicts, artifacts=rows, integrity=stats, skipped=skipped,
+                        mode="alone" if sel.alone else "compare", selection=sel.note, consistency=consistency,
+                        ignore=ignore)

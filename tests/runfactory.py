@@ -181,8 +181,12 @@ def edit_manifest(run_dir: Path, **changes: Any) -> None:
 
 
 def flip_bit(run_dir: Path, layer: str, array: int, element: int = 0, bit: int = 0,
-             update_manifest: bool = True) -> None:
-    """Flip one bit of one weight in outputs/model/canonical.npz, keeping the canonical form."""
+             update_manifest: bool = True, retrain: bool = False) -> None:
+    """Flip one bit of one weight in outputs/model/canonical.npz, keeping the canonical form.
+
+    retrain: also rewrite weights/layers.json as the runtime would, as if training had ended
+    with that weight (a training difference); without it the run contradicts its own digests
+    (a file altered after training)."""
     path = run_dir / "outputs" / "model" / "canonical.npz"
     layers: list[tuple[str, list[np.ndarray]]] = []
     for wa in load_canonical(path):
@@ -195,6 +199,8 @@ def flip_bit(run_dir: Path, layer: str, array: int, element: int = 0, bit: int =
             layers.append((wa.layer, []))
         layers[-1][1].append(value)
     path.write_bytes(fp.canonical_npz_bytes(layers))
+    if retrain:
+        (run_dir / "outputs" / "weights" / "layers.json").write_bytes(_json(fp.layers_document(layers)))
     if update_manifest:
         refresh_manifest(run_dir)
 

@@ -37,7 +37,7 @@ def test_identical_exit_0_and_table(root: Path) -> None:
 
 def test_flipped_bit_exit_3_names_layer(root: Path) -> None:
     _, b = pair(root / "runs")
-    flip_bit(b, "conv2d", 0, element=5, bit=3)
+    flip_bit(b, "conv2d", 0, element=5, bit=3, retrain=True)
     code, out, _ = _invoke(root, "verify", "checksums")
     assert code == ExitCode.NOT_REPRODUCIBLE == 3
     assert "Models all the same: False" in out
@@ -54,19 +54,19 @@ def test_json_schema(root: Path) -> None:
     assert env["exit_code"] == 3 and env["ok"] is False
     data = env["data"]
     assert data["schema"] == "launcher.verify/v1"
-    assert set(data) == {"schema", "verdict", "reference", "recipe", "summary", "integrity", "checks", "runs",
-                         "artifacts", "explanations", "skipped"}
+    assert set(data) == {"schema", "verdict", "mode", "selection", "reference", "recipe", "summary", "integrity",
+                         "consistency", "checks", "runs", "artifacts", "explanations", "not_compared", "skipped"}
     assert data["verdict"] == "differs" and data["reference"] == a.name
     assert set(data["checks"]) == {"models", "initial_weights", "data", "batches", "metrics"}
     run = data["runs"][1]
     assert set(run) == {"run_id", "group", "replicate", "seed", "recipe", "run_status", "status",
-                        "classification", "line", "first_difference"}
+                        "classification", "line", "first_difference", "identical_in_content"}
     assert run["classification"] == "input-change" and "seed" in run["line"]
     exp = data["explanations"][b.name]
     assert set(exp) == {"classification", "model", "initial_weights", "data", "batches", "metrics",
-                        "environment"}
+                        "environment", "files"}
     for row in data["artifacts"]:
-        assert set(row) == {"path", "checked", "reference_sha256", "runs"}
+        assert set(row) == {"path", "checked", "ignored_by", "reference_sha256", "runs"}
         assert set(row["runs"]) == {a.name, b.name}
 
 
@@ -148,7 +148,7 @@ def test_verify_models_command(root: Path) -> None:
     ma, mb = a / "outputs/model/canonical.npz", b / "outputs/model/canonical.npz"
     code, out, _ = _invoke(root, "verify", "models", str(ma), str(mb))
     assert code == 0 and "identical: every array is bit-identical" in out
-    flip_bit(b, "dense_1", 1, element=2, bit=30)
+    flip_bit(b, "dense_1", 1, element=2, bit=30, retrain=True)
     code, out, _ = _invoke(root, "verify", "models", str(ma), str(mb))
     assert code == 3
     assert "first differing: layer dense_1 array 1: 1 of 10 elements" in out

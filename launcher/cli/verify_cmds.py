@@ -15,7 +15,8 @@ verify_app = typer.Typer(name="verify", help="Compare runs bit for bit and expla
                          no_args_is_help=True)
 
 MAX_ARRAY_LINES = 12
-_STYLE = {"identical": "green", "differs": "bold red", "missing": "yellow", "reference": "cyan"}
+_STYLE = {"identical": "green", "identical-content": "green", "differs": "bold red", "missing": "yellow",
+          "reference": "cyan"}
 
 
 def _short(run_id: str) -> str:
@@ -39,6 +40,11 @@ def _yes(flag: bool | None) -> str:
 def explanation_lines(exp: dict[str, Any]) -> list[str]:
     """The explanation of one differing run as indented text lines."""
     lines: list[str] = []
+    for f in exp.get("files") or []:
+        content = f.get("content") or {}
+        what = ("in one run only" if f["status"] == "missing" else content.get("difference")
+                or "bytes differ (format not compared by content)")
+        lines.append(f"file {f['path']}: {what}")
     model = exp.get("model")
     if model is not None and "error" in model:
         lines.append(f"model ({model['source']}): could not diff: {model['error']}")
@@ -111,7 +117,8 @@ def _print_verify(result: Result) -> None:
     for r in runs:
         table.add_column(f"#{r['replicate']} {_short(r['run_id'])}", justify="center")
     for a in d["artifacts"]:
-        path = a["path"] if a["checked"] else f"[dim]{a['path']} (not compared)[/]"
+        by = {"launcher": "", "recipe": ", recipe", "--ignore": ", --ignore"}.get(a.get("ignored_by") or "", "")
+        path = a["path"] if a["checked"] else f"[dim]{a['path']} (not compared{by})[/]"
         cells = []
         for r in runs:
             status = a["runs"][r["run_id"]]["status"]
@@ -119,6 +126,9 @@ def _print_verify(result: Result) -> None:
             cells.append(f"[{style}]{status}[/]" if style else status)
         table.add_row(path, *cells)
     stdout.print(table)
+    if d.get("mode") == "alone":
+        _print_tail(result)
+        return
     c = d["checks"]
     stdout.print(f"Models all the same: {_yes(c['models']['all_same'])} "
                  f"(runs checked: {c['models']['checked']}/{c['models']['of']})")
@@ -127,11 +137,19 @@ def _print_verify(result: Result) -> None:
     stdout.print(f"Batches all the same: {_yes(c['batches']['all_same'])}")
     stdout.print(f"Metrics all the same: {_yes(c['metrics']['all_same'])}")
     for r in runs:
+        if r["status"] == "identical" and r.get("identical_in_content"):
+            stdout.print(f"\nrun #{r['replicate']} {r['run_id']}: {r['line']}", markup=False)
         if r["status"] != "differs":
             continue
         stdout.print(f"\n[bold]run #{r['replicate']} {r['run_id']}[/]: {r['line']}")
         for line in explanation_lines(d["explanations"][r["run_id"]]):
             stdout.print(f"  {line}", markup=False)
+    _print_tail(result)
+
+
+def _print_tail(result: Result) -> None:
+    d = result.data
+    runs = d["runs"]
     for r in runs:
         if r["run_status"] == "failed":
             stdout.print(f"\n[yellow]run {r['run_id']} failed (its recipe exited non-zero): its outputs may be "
@@ -152,16 +170,23 @@ def checksums(
         "--against", help="The reference run. Default: the first run.")] = None,
     group: Annotated[str | None, typer.Option(
         "--group", "-g", help="Verify the runs of this group (e.g. one from `launcher experiment`).")] = None,
+    ignore: Annotated[list[str] | None, typer.Option(
+        "--ignore", metavar="GLOB", help="List files matching GLOB (under outputs/; * crosses /) but do not "
+        "compare them; repeatable.")] = None,
 ) -> None:
-    """Compare every artifact's sha256 across runs; explain every difference.
+    """Compare every artifact across runs, by content where its format is known; explain every difference.
 
-    Exit 0 when all runs are bit-identical, 3 (not reproducible) when any differ.
+    With no RUN: the latest group, or, when it holds one run, that run against the previous run of
+    its recipe. One RUN alone is checked against its manifest and its own records.
+    Exit 0 when all runs are identical (in bytes or in content), 3 (not reproducible) when any
+    differ, 13 when a file is corrupt or a run contradicts its own records.
     """
     from launcher.verify import verify_checksums
 
     ws = workspace_of(ctx)
     with reporter(ctx) as rep:
-        report = verify_checksums(ws, runs or None, against=against, group=group, reporter=rep)
+        report = verify_checksums(ws, runs or None, against=against, group=group, reporter=rep,
+                                  ignore=ignore or [])
     result = Result("verify checksums", report.to_dict(), report.exit_code, report.summary_line())
     render(ctx, result, _print_verify)
 

@@ -9,6 +9,7 @@ framework = "tensorflow"        # tensorflow | torch | none
 entry = "train.py"
 description = "one line"
 outputs = ["model/canonical.npz"]   # optional: files the recipe promises under the outputs
+volatile = ["plots/*.png"]          # optional: outputs `launcher verify` lists but never compares
 
 [params]                        # defaults; `--param KEY=VALUE` overrides, unknown keys are refused
 dataset = "builtin"
@@ -40,7 +41,7 @@ except ModuleNotFoundError:  # Python 3.10
 RECIPE_FILE = "recipe.toml"
 FRAMEWORKS = ("tensorflow", "torch", "none")
 SOURCES = ("builtin", "files")
-TOP_KEYS = frozenset({"name", "framework", "entry", "description", "params", "datasets", "outputs"})
+TOP_KEYS = frozenset({"name", "framework", "entry", "description", "params", "datasets", "outputs", "volatile"})
 DATASET_KEYS = frozenset({"name", "param", "source", "format", "fingerprint", "files", "description"})
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -84,6 +85,7 @@ class RecipeSpec:
     datasets: tuple[DatasetSpec, ...] = ()
     outputs: tuple[str, ...] = ()
     adhoc: bool = False
+    volatile: tuple[str, ...] = ()  # globs under the outputs that verify lists but does not compare
 
     @property
     def entry_path(self) -> Path:
@@ -93,7 +95,7 @@ class RecipeSpec:
         return {"name": self.name, "path": str(self.path), "framework": self.framework, "entry": self.entry,
                 "description": self.description, "params": dict(self.params),
                 "datasets": [d.as_dict() for d in self.datasets], "outputs": list(self.outputs),
-                "adhoc": self.adhoc}
+                "adhoc": self.adhoc, "volatile": list(self.volatile)}
 
 
 def _need(cond: bool, path: Path, message: str, key: str | None = None) -> None:
@@ -159,8 +161,11 @@ def parse_spec(path: Path, data: dict[str, Any], folder: Path) -> RecipeSpec:
     outputs = data.get("outputs", [])
     _need(isinstance(outputs, list) and all(isinstance(o, str) for o in outputs), path,
           "must be a list of relative paths", "outputs")
+    volatile = data.get("volatile", [])
+    _need(isinstance(volatile, list) and all(isinstance(g, str) and g for g in volatile), path,
+          "must be a list of globs (relative to the outputs)", "volatile")
     return RecipeSpec(path=folder, name=name, framework=framework, entry=entry, description=description,
-                      params=dict(params), datasets=datasets, outputs=tuple(outputs))
+                      params=dict(params), datasets=datasets, outputs=tuple(outputs), volatile=tuple(volatile))
 
 
 def load_spec(folder: Path) -> RecipeSpec:
