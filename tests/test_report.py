@@ -175,6 +175,7 @@ def test_report_and_verify_group_commands(ws: Workspace) -> None:
     r = runner.invoke(app, ["-w", str(ws.root), "-q", "report", "same", "diff", "--name", "cli"])
     assert r.exit_code == 0, r.stderr
     assert "of the standard deviation remains" in r.stdout
+    assert "95% interval" in r.stdout and "runs per group would bring each 95% interval" in r.stdout
     assert "Comparison results for same:" in r.stdout and "Models all the same: False" in r.stdout
     assert (ws.reports / "cli" / "index.html").is_file()
     r = runner.invoke(app, ["-w", str(ws.root), "-q", "--json", "report", "same", "diff", "--name", "cli"])

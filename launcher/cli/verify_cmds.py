@@ -267,9 +267,15 @@ def _print_report(result: Result) -> None:
     spread = d.get("seed_fixed_spread")
     if spread:
         for m, v in spread["metrics"].items():
-            if v["stdev_ratio"] is not None:
-                stdout.print(f"{m}: with the seed fixed, {percent(v['stdev_ratio'])} of the standard "
-                             f"deviation remains ({percent(v['variance_ratio'])} of the variance)")
+            variance = ""
+            if v["status"] == "estimate":
+                lo, hi = v["variance_ratio_interval"]
+                variance = f"; {percent(v['variance_ratio'])} of the variance, {percent(lo)} to {percent(hi)}"
+            stdout.print(f"{m}: {v['reading']}{variance}", markup=False)
+        stdout.print(spread["advice"][0].upper() + spread["advice"][1:] + ".", markup=False)
+    if d.get("difference_plots") or d.get("weights_plot"):
+        figures = [*d["difference_plots"].values(), *([d["weights_plot"]] if d["weights_plot"] else [])]
+        stdout.print(f"Figures of the differences from each group's first run: {', '.join(figures)}", markup=False)
     for gname, comp in d["comparisons"].items():
         stdout.print(f"\nComparison results for {gname}:")
         c = comp["checks"]
@@ -292,7 +298,8 @@ def report_cmd(
         help="Group names (from `launcher experiment` or a manifest).")],
     name: Annotated[str | None, typer.Option("--name", help="Report folder name under reports/.")] = None,
 ) -> None:
-    """Write reports/NAME/: final-metric table, seed-fixed share of the spread, plots, index.html, JSON."""
+    """Write reports/NAME/: final metrics, the seed-fixed share of the spread with its confidence interval,
+    plots (metrics, differences from the reference, final weights per layer), index.html, JSON."""
     from launcher.report import write_report
 
     ws = workspace_of(ctx)
