@@ -26,13 +26,14 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import need
-from runfactory import FakeRun, adopt_outputs, write_run
+from runfactory import FakeRun, adopt_outputs, refresh_manifest, write_run
 from runfactory import make_workspace as fake_workspace
 from typer.testing import CliRunner
 
 from launcher.cli import app
 from launcher.determinism import profile_env
 from launcher.experiment import DIFFERENT_SEEDS, SAME_SEED, PlannedRun, experiment
+from launcher.report import write_report
 from launcher.workspace import Workspace
 
 REPO = Path(__file__).resolve().parent.parent
@@ -199,6 +200,23 @@ def test_html_figures_of_a_fake_experiment(tmp_path: Path) -> None:
                                                                                          strict=True)])
 
 
+def test_runs_without_final_weights_are_noted_not_drawn(tmp_path: Path) -> None:
+    ws = Workspace.at(fake_workspace(tmp_path / "ws"), tmp_path / "cache")
+    for i in range(3):
+        d = write_run(ws.runs, FakeRun(run_id=f"r{i}", group="g", replicate=i, seed=10 + i))
+        if i == 2:
+            (d / "outputs" / "model" / "canonical.npz").unlink()
+            refresh_manifest(d)
+    doc = write_report(ws, ["g"], name="w").to_dict()
+    assert [r["run_id"] for r in doc["weights"]["g"]["runs"]] == ["r1"]
+    assert any("r2 has no outputs/model/canonical.npz" in n for n in doc["notes"])
+    (ws.runs / "r0" / "outputs" / "model" / "canonical.npz").unlink()
+    refresh_manifest(ws.runs / "r0")
+    doc = write_report(ws, ["g"], name="w").to_dict()
+    assert doc["weights"]["g"]["runs"] == [] and doc["weights_plot"] is None
+    assert any("reference run r0 has no" in n for n in doc["notes"])
+
+
 @pytest.fixture(scope="module")
 def experiment_report(experiment_ws: Workspace, numpy_image: dict[str, Any],
                       tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
@@ -228,6 +246,8 @@ def final_values(ws: Workspace, run_ids: list[str], metric: str) -> list[float]:
     return out
 
 
+@pytest.mark.docker
+@pytest.mark.registry
 def test_real_runs_report_each_share_with_its_interval(experiment_report: dict[str, Any]) -> None:
     f = scipy_f()
     doc, ws = experiment_report["doc"], experiment_report["ws"]
@@ -267,6 +287,8 @@ def test_real_runs_report_each_share_with_its_interval(experiment_report: dict[s
     assert 60 < spread["runs_per_group_for_tight"] < 100
 
 
+@pytest.mark.docker
+@pytest.mark.registry
 def test_real_runs_report_html_figures(experiment_report: dict[str, Any]) -> None:
     need_plots()
     doc, directory = experiment_report["doc"], experiment_report["directory"]
