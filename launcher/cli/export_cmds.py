@@ -19,8 +19,10 @@ def _print_export(result: Result) -> None:
     table = Table("run", "group", "#", "steps", "metrics", "verdict", where)
     for r in d["runs"]:
         verdict = r["verdict"] or {}
+        group_verdict, run_verdict = verdict.get("verdict", "none"), verdict.get("run", "none")
+        cell = run_verdict if run_verdict != "reference" else f"reference (group {group_verdict})"
         table.add_row(r["run_id"], r["group"], str(r["replicate"]), str(r["steps"]), ", ".join(r["metrics"]) or "-",
-                      f"{verdict.get('verdict', 'none')} ({verdict.get('run', 'none')})", r["destination"])
+                      cell, r["destination"])
     stdout.print(table)
     stdout.print(result.summary, markup=False)
 
@@ -33,8 +35,8 @@ def export_cmd(
         "the last argument is the log directory (or give --logdir).")] = None,
     to: Annotated[str, typer.Option("--to", help="mlflow or tensorboard.")] = "mlflow",
     tracking_uri: Annotated[str | None, typer.Option(
-        "--tracking-uri", help="MLflow tracking URI: a server (http://127.0.0.1:5000), sqlite:///FILE, or a "
-        "directory. Default: the file store mlruns/ in the workspace.")] = None,
+        "--tracking-uri", help="MLflow tracking URI: a server (http://127.0.0.1:5000) or a directory. "
+        "Default: the file store mlruns/ in the workspace.")] = None,
     experiment: Annotated[str | None, typer.Option(
         "--experiment", help="MLflow experiment name. Default: the recipe's name.")] = None,
     logdir: Annotated[Path | None, typer.Option(
@@ -43,9 +45,11 @@ def export_cmd(
 ) -> None:
     """Export runs to MLflow (params, per-epoch metrics, tags, artifacts) or TensorBoard event files.
 
-    MLflow: one MLflow run per launcher run, with the image ID, lock hash, base digest and the
-    verify verdict as tags. TensorBoard: DIR/<group>/<run id>/, one run per replicate, so the
-    replicates' curves overlay. Needs the extra: pip install 'launcher[export]'.
+    MLflow: one MLflow run per launcher run; the image ID, lock hash, base digest and verdict are tags.
+
+    TensorBoard: DIR/GROUP/RUN-ID/, one run per replicate, so the replicates' curves overlay.
+
+    Needs the optional extra "export" of launcher (mlflow-skinny, tensorboard).
     """
     from launcher.export import TENSORBOARD, export_runs, is_run
 
