@@ -378,6 +378,16 @@ def _same_bytes(a: Path, b: Path) -> bool:
                 return True
 
 
+def _renumber_shared_ids(value: Any, seen: dict[Any, int]) -> Any:
+    """Keras writes Python object ids as ``shared_object_id``: keep which objects are shared, not the ids."""
+    if isinstance(value, dict):
+        return {k: (seen.setdefault(v, len(seen)) if k == "shared_object_id" else _renumber_shared_ids(v, seen))
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [_renumber_shared_ids(v, seen) for v in value]
+    return value
+
+
 def compare_keras(a: Path, b: Path) -> ContentDiff:
     """A Keras 3 archive: config.json, metadata.json (date_saved ignored), model.weights.h5, assets."""
     with zipfile.ZipFile(a) as za, zipfile.ZipFile(b) as zb:
@@ -391,7 +401,10 @@ def compare_keras(a: Path, b: Path) -> ContentDiff:
             da, db = za.read(name), zb.read(name)
             if name.endswith(".json"):
                 ja, jb = json.loads(da), json.loads(db)
-                part = _compare_json_values("json", ja, jb, da == db)
+                ra, rb = _renumber_shared_ids(ja, {}), _renumber_shared_ids(jb, {})
+                if (ra, rb) != (ja, jb) and ra == rb and ja != jb:
+                    result.volatile.append(f"{name} shared_object_id (Python object ids)")
+                part = _compare_json_values("json", ra, rb, da == db or ra == rb)
                 result.volatile += [f"{name} {v}" for v in part.volatile]
                 if part.difference and result.same:
                     result = ContentDiff("keras", False, result.volatile, f"{name}: {part.difference}")
