@@ -22,7 +22,8 @@ ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/
     PYTHONUNBUFFERED=1 \
     TF_CPP_MIN_LOG_LEVEL=1
 WORKDIR /launcher
-# The recipes change most often: their layer comes last, so a rebuild ships only it.
+COPY lock.txt /opt/launcher/lock.txt
 COPY launcher/ /opt/launcher/launcher/
-COPY recipes/ /opt/launcher/recipes/
+# No recipes here: launcher adds them itself as the image's last layer, so a recipe edit
+# rebuilds and ships that small layer alone (see README, Build and rebuild).
 CMD ["python", "-m", "launcher.runtime", "--help"]

@@ -13,11 +13,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher import __version__, docker_engine, images, imagetree, proc, wheels
-from launcher.errors import BuildFailed, Corrupt, NotFound
-from launcher.hashing import atomic_write_json, sha256_bytes, tree_digest
+from launcher import __version__, docker_engine, images, imagetree, proc, recipelayer, wheels
+from launcher.errors import BuildFailed, Corrupt, ImageOutOfDate, NotFound
+from launcher.hashing import atomic_write_bytes, atomic_write_json, sha256_bytes
 from launcher.lock import parse_lock
 from launcher.progress import NullReporter, Reporter
+from launcher.runtime import code as codedigest
 from launcher.workspace import Workspace
 
 LABEL = "org.launcher."
@@ -57,15 +58,26 @@ class Inputs:
     lock_sha256: str
     recipes_digest: str
     runtime_digest: str
-    content: str
+    env_content: str  # what the Dockerfile builds: Dockerfile, lock, base, runtime
+    content: str  # env_content and the recipes: the whole image
     tag: str
+
+    @property
+    def env_tag(self) -> str:
+        return f"{self.tag.rsplit(':', 1)[0]}-env:{self.env_content.removeprefix('sha256:')[:12]}"
+
+    def parts(self) -> dict[str, str]:
+        """What each part of the image was built from, by name (for notices of what changed)."""
+        return {"dockerfile": sha256_bytes(self.dockerfile.read_bytes()), "lock": self.lock_sha256,
+                "base": self.pin.digest, "runtime": self.runtime_digest, "recipes": self.recipes_digest}
 
 
 def git_state(root: Path) -> tuple[str, bool]:
+    """The commit of the work tree holding root, and whether anything under root differs from it."""
     head = proc.run(["git", "-C", root, "rev-parse", "HEAD"], check=False)
     if head.returncode != 0:
         return "unknown", False
-    status = proc.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"], check=False)
+    status = proc.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no", "--", "."], check=False)
     return head.out.strip(), bool(status.out.strip())
 
 
@@ -83,14 +95,14 @@ def gather(ws: Workspace, variant: str) -> Inputs:
         raise NotFound(f"{lockfile} is missing", f"create it with `launcher lock --variant {variant}`")
     lock_bytes = lockfile.read_bytes()
     parse_lock(lock_bytes.decode(), str(lockfile))
-    recipes = tree_digest(ws.recipes) if ws.recipes.is_dir() else "sha256:" + "0" * 64
-    runtime = tree_digest(PACKAGE_DIR / "runtime")
-    parts = [variant, dockerfile.read_text(), sha256_bytes(lock_bytes), pin.ref, recipes, runtime,
-             sha256_bytes((PACKAGE_DIR / "__init__.py").read_bytes())]
-    content = hashlib.sha256("\n".join(parts).encode()).hexdigest()
+    recipes = codedigest.code_digest(ws.recipes) if ws.recipes.is_dir() else "sha256:" + "0" * 64
+    runtime = codedigest.runtime_digest(PACKAGE_DIR)
+    parts = [variant, dockerfile.read_text(), sha256_bytes(lock_bytes), pin.ref, runtime]
+    env_content = hashlib.sha256("\n".join(parts).encode()).hexdigest()
+    content = hashlib.sha256(f"{env_content}\n{recipes}".encode()).hexdigest()
     tag = f"launcher/{_slug(ws.root.name)}-{variant}:{content[:12]}"
     return Inputs(variant, dockerfile, lockfile, pin, sha256_bytes(lock_bytes), recipes, runtime,
-                  "sha256:" + content, tag)
+                  "sha256:" + env_content, "sha256:" + content, tag)
 
 
 def read_record(ws: Workspace, variant: str) -> BuildRecord | None:
@@ -114,10 +126,9 @@ def _context(ws: Workspace, inputs: Inputs, house: wheels.Wheelhouse, into: Path
     (into / "launcher").mkdir()
     shutil.copyfile(PACKAGE_DIR / "__init__.py", into / "launcher" / "__init__.py")
     shutil.copytree(PACKAGE_DIR / "runtime", into / "launcher" / "runtime", ignore=ignore)
-    if ws.recipes.is_dir():
-        shutil.copytree(ws.recipes, into / "recipes", ignore=ignore)
-    else:
-        (into / "recipes").mkdir()
+    # The recipes are launcher's own last layer (recipelayer.py). An older Dockerfile that still
+    # copies recipes/ gets an empty folder.
+    (into / "recipes").mkdir()
     # The classic builder copies file modes and mtimes; make modes canonical so a
     # checkout's umask does not change the image.
     for p in into.rglob("*"):
@@ -156,10 +167,25 @@ def _run_build(context: Path, inputs: Inputs, labels: dict[str, str], nocache: b
     return image_id
 
 
+@dataclass(frozen=True)
+class EnvImage:
+    """The normalised image the Dockerfile builds: everything but the recipes layer."""
+    image_id: str
+    config: bytes
+    tree: dict[str, str]
+    labels: dict[str, str]
+
+
 def build(ws: Workspace, variant: str = "cpu", *, nocache: bool = False, force: bool = False,
           ca_bundle: Path | None = None, epoch: int = imagetree.DEFAULT_EPOCH, tag: str | None = None,
-          write_record: bool = True, keep_image: bool = True, reporter: Reporter | None = None) -> BuildRecord:
-    """Build (or find) the image of variant; the result is normalised to a content-only image ID."""
+          write_record: bool = True, keep_image: bool = True, git: tuple[str, bool] | None = None,
+          reporter: Reporter | None = None) -> BuildRecord:
+    """Build (or find) the image of variant; the result is normalised to a content-only image ID.
+
+    The Dockerfile's part (base, venv, runtime) is built and normalised only when its inputs
+    changed; the recipes are launcher's own last layer on top of it (recipelayer.py), so a
+    recipe edit costs seconds. git: the (commit, dirty) labels to use instead of the work tree's.
+    """
     rep = reporter or NullReporter()
     started = time.monotonic()
     inputs = gather(ws, variant)
@@ -169,46 +195,100 @@ def build(ws: Workspace, variant: str = "cpu", *, nocache: bool = False, force: 
         if found is not None:
             return found
     docker_engine.require()
+    env = None if nocache or force else _existing_env(ws, inputs)
+    if env is None:
+        env = _build_env(ws, inputs, nocache=nocache, ca_bundle=ca_bundle, epoch=epoch, write_record=write_record,
+                         keep_image=keep_image, reporter=rep)
+    commit, dirty = git or git_state(ws.root)
+    labels = {
+        LABEL + "content": inputs.content,
+        LABEL + "recipes-digest": inputs.recipes_digest,
+        LABEL + "git-commit": commit,
+        LABEL + "git-dirty": "true" if dirty else "false",
+    }
+    layer_cache = ws.cache_dir / "images"
+    task = rep.task("adding the recipes layer")
+    try:
+        layer = recipelayer.write_layer(ws.recipes, layer_cache, epoch)
+        config = recipelayer.compose_config(env.config, layer, labels, epoch, inputs.recipes_digest)
+        image_id = recipelayer.image_id_of(config)
+        if write_record:
+            atomic_write_bytes(layer_cache / "configs" / f"{image_id.removeprefix('sha256:')}.json", config)
+        if keep_image:
+            recipelayer.load(config, layer, out_tag)
+    finally:
+        task.close()
+    tree = imagetree.apply_entries(env.tree, layer.entries)
+    result = BuildRecord(
+        variant=variant, image_id=image_id, tag=out_tag, content=inputs.content, base=inputs.pin.ref,
+        lock_sha256=inputs.lock_sha256, tree_digest=imagetree.lines_digest(tree), labels={**env.labels, **labels},
+        built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), seconds=round(time.monotonic() - started, 2),
+        extra={"recipes_digest": inputs.recipes_digest, "runtime_digest": inputs.runtime_digest,
+               "recipes": layer.digests, "env_content": inputs.env_content, "env_image_id": env.image_id,
+               "parts": inputs.parts(), "epoch": epoch, "files": len(tree)},
+    )
+    if write_record:
+        for path in (ws.build_record(variant), _cached_record(ws, inputs)):
+            imagetree.save_tree(path.with_suffix(".tree.json.gz"), tree)
+            atomic_write_json(path, result.to_json())
+    result.extra["tree"] = tree
+    return result
+
+
+def _env_record(ws: Workspace, inputs: Inputs) -> Path:
+    return ws.cache_dir / "builds" / f"env-{inputs.env_content.removeprefix('sha256:')}.json"
+
+
+def _existing_env(ws: Workspace, inputs: Inputs) -> EnvImage | None:
+    """The environment image of these inputs, if it was built here and the engine still has it."""
+    path = _env_record(ws, inputs)
+    tree_path = path.with_suffix(".tree.json.gz")
+    try:
+        rec = json.loads(path.read_text())
+        image_id = rec["image_id"]
+        config = (ws.cache_dir / "images" / "configs" / f"{image_id.removeprefix('sha256:')}.json").read_bytes()
+        tree = imagetree.load_tree(tree_path)
+    except (OSError, ValueError, KeyError):
+        return None
+    if recipelayer.image_id_of(config) != image_id or not docker_engine.image_exists(image_id):
+        return None
+    return EnvImage(image_id, config, tree, dict(rec.get("labels") or {}))
+
+
+def _build_env(ws: Workspace, inputs: Inputs, *, nocache: bool, ca_bundle: Path | None, epoch: int,
+               write_record: bool, keep_image: bool, reporter: Reporter) -> EnvImage:
+    """Build the Dockerfile (offline, from the wheelhouse) and normalise the result."""
     _ensure_base(inputs.pin)
     house = wheels.download(inputs.lockfile, ws.wheelhouse, python=inputs.pin.python,
-                            platform=inputs.pin.platform, ca_bundle=ca_bundle, reporter=rep)
-    commit, dirty = git_state(ws.root)
+                            platform=inputs.pin.platform, ca_bundle=ca_bundle, reporter=reporter)
     labels = {
-        LABEL + "variant": variant,
-        LABEL + "content": inputs.content,
+        LABEL + "variant": inputs.variant,
+        LABEL + "env-content": inputs.env_content,
         LABEL + "lock-sha256": inputs.lock_sha256,
         LABEL + "base": inputs.pin.ref,
         LABEL + "base-digest": inputs.pin.digest,
-        LABEL + "git-commit": commit,
-        LABEL + "git-dirty": "true" if dirty else "false",
+        LABEL + "runtime-digest": inputs.runtime_digest,
         LABEL + "version": __version__,
     }
     with tempfile.TemporaryDirectory(prefix="launcher-build-") as tmp:
         ctx = Path(tmp) / "context"
         ctx.mkdir()
         _context(ws, inputs, house, ctx)
-        raw_id = _run_build(ctx, inputs, labels, nocache, epoch, rep)
-    task = rep.task("normalising layers for a reproducible image ID")
+        raw_id = _run_build(ctx, inputs, labels, nocache, epoch, reporter)
+    task = reporter.task("normalising layers for a reproducible image ID")
     try:
         keys = imagetree.base_layer_keys(inputs.pin.ref, ws.cache_dir)
-        norm = imagetree.normalize(raw_id, tag=out_tag, base_keys=keys, epoch=epoch,
+        norm = imagetree.normalize(raw_id, tag=inputs.env_tag, base_keys=keys, epoch=epoch,
                                    layer_cache=ws.cache_dir / "images" if write_record else None, load=keep_image)
     finally:
         docker_engine.remove_image(raw_id)
     task.close()
-    result = BuildRecord(
-        variant=variant, image_id=norm.image_id, tag=out_tag, content=inputs.content, base=inputs.pin.ref,
-        lock_sha256=inputs.lock_sha256, tree_digest=norm.tree_digest, labels=labels,
-        built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), seconds=round(time.monotonic() - started, 2),
-        extra={"recipes_digest": inputs.recipes_digest, "runtime_digest": inputs.runtime_digest,
-               "epoch": epoch, "files": len(norm.tree)},
-    )
     if write_record:
-        for path in (ws.build_record(variant), _cached_record(ws, inputs)):
-            imagetree.save_tree(path.with_suffix(".tree.json.gz"), norm.tree)
-            atomic_write_json(path, result.to_json())
-    result.extra["tree"] = norm.tree
-    return result
+        path = _env_record(ws, inputs)
+        imagetree.save_tree(path.with_suffix(".tree.json.gz"), norm.tree)
+        atomic_write_json(path, {"image_id": norm.image_id, "tag": inputs.env_tag, "labels": labels,
+                                 "tree_digest": norm.tree_digest, "epoch": epoch})
+    return EnvImage(norm.image_id, norm.config, norm.tree, labels)
 
 
 def _cached_record(ws: Workspace, inputs: Inputs) -> Path:
@@ -242,6 +322,51 @@ def _existing(ws: Workspace, variant: str, inputs: Inputs) -> BuildRecord | None
         rec.noop = True
         return rec
     return None
+
+
+def changed_parts(ws: Workspace, record: BuildRecord | None, inputs: Inputs, *, recipes: bool = True) -> list[str]:
+    """What differs between the recorded image and the workspace, by name: dockerfile, lock,
+    base, runtime, and each recipe folder that changed (only when recipes count). Empty when the
+    image is current."""
+    if record is None:
+        return []
+    if record.content == inputs.content:
+        return []
+    old = record.extra.get("parts") or {}
+    if not old:
+        return ["its inputs (the record predates per-part digests)"]
+    now = inputs.parts()
+    names = [k for k in ("dockerfile", "lock", "base", "runtime") if old.get(k) != now[k]]
+    if recipes and old.get("recipes") != now["recipes"]:
+        before = record.extra.get("recipes") or {}
+        after = recipelayer.recipe_digests(ws.recipes)
+        changed = sorted(n for n in set(before) | set(after) if before.get(n) != after.get(n))
+        names += [f"recipe {n}" for n in changed] or ["recipes/"]
+    return names
+
+
+def ensure_current(ws: Workspace, variant: str, *, recipes: bool = True, allow_build: bool = True,
+                   reporter: Reporter | None = None) -> BuildRecord:
+    """The workspace's image of variant, built first when missing or out of date (recipes: the
+    run executes the baked recipes, so they must be current too). allow_build=False refuses
+    instead of building: a run never executes code other than the workspace's, silently."""
+    rep = reporter or NullReporter()
+    inputs = gather(ws, variant)
+    record = read_record(ws, variant)
+    changed = changed_parts(ws, record, inputs, recipes=recipes)
+    if record is not None and not changed:
+        if docker_engine.image_exists(record.image_id):
+            return record
+        why = f"the {variant} image {record.image_id[7:19]} is gone from the Docker engine"
+    elif record is None:
+        why = f"no {variant} image has been built in this workspace"
+    else:
+        why = f"the {variant} image is out of date: {', '.join(changed)} changed since it was built"
+    if not allow_build:
+        raise ImageOutOfDate(why, f"run `launcher build {variant}` (a recipe edit takes seconds), or drop "
+                             "--no-build to let run build it")
+    rep.note(f"{why}; building it first")
+    return build(ws, variant, reporter=rep)
 
 
 def _ensure_base(pin: images.BasePin) -> dict[str, Any]:
@@ -284,8 +409,11 @@ def rebuild(ws: Workspace, variant: str = "cpu", *, verify: bool = True, ca_bund
                        f"run `launcher build {variant}` first")
     epoch = int(record.extra.get("epoch", imagetree.DEFAULT_EPOCH)) if record else imagetree.DEFAULT_EPOCH
     # A verifying rebuild needs only the digests of the normalised image, not the image itself.
+    git = None
+    if record is not None:
+        git = (record.labels.get(LABEL + "git-commit", "unknown"), record.labels.get(LABEL + "git-dirty") == "true")
     fresh = build(ws, variant, nocache=True, ca_bundle=ca_bundle, epoch=epoch, write_record=not verify,
-                  keep_image=not verify, reporter=reporter)
+                  keep_image=not verify, git=git if verify else None, reporter=reporter)
     if not verify or record is None:
         return RebuildReport(variant, fresh.image_id, fresh.image_id, fresh.tree_digest, fresh.tree_digest, [],
                              round(time.monotonic() - started, 2))

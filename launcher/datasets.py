@@ -81,7 +81,8 @@ def scan(root: Path) -> LocalDataset:
         if key in _SCANNED:
             return _SCANNED[key]
         ds = LocalDataset(real, {rel: (size, sha256_file(real / rel)) for rel, size, _ in listing})
-        _SCANNED.clear()  # one dataset at a time is what a process sends
+        while len(_SCANNED) >= 8:  # a dataset and a code folder or two are what a process sends
+            _SCANNED.pop(next(iter(_SCANNED)))
         _SCANNED[key] = ds
         return ds
 
@@ -99,22 +100,24 @@ class Placed:
                 "sent": self.sent}
 
 
-def data_root(host: Host) -> str:
-    return f"{host.home()}/.launcher/data"
+def data_root(host: Host, area: str = "data") -> str:
+    return f"{host.home()}/.launcher/{area}"
 
 
-def place(host: Host, local: Path, reporter: Reporter | None = None) -> Placed:
-    """Make the dataset at local available on host; returns where. Sends it only when the host
-    does not hold these exact files already."""
+def place(host: Host, local: Path, reporter: Reporter | None = None, *, area: str = "data") -> Placed:
+    """Make the folder at local available on host under ~/.launcher/<area>/ (datasets; code
+    snapshots under "code"); returns where. Sends it only when the host does not hold these
+    exact files already."""
     rep = reporter or NullReporter()
-    task = rep.task(f"hash dataset {local}")
+    what = "dataset" if area == "data" else area
+    task = rep.task(f"hash {what} {local}")
     try:
         ds = scan(local)
     finally:
         task.close()
     if host.kind == "local":
         return Placed(str(ds.root), ds.digest, len(ds.files), ds.bytes, sent=False)
-    root = data_root(host)
+    root = data_root(host, area)
     final = f"{root}/{ds.digest.removeprefix('sha256:')}"
     if host.exists(final) and _sizes(host, final) == {rel: size for rel, (size, _) in ds.files.items()}:
         return Placed(final, ds.digest, len(ds.files), ds.bytes, sent=False)
@@ -122,21 +125,22 @@ def place(host: Host, local: Path, reporter: Reporter | None = None) -> Placed:
     free = host.free_bytes(root)
     if free < ds.bytes + HEADROOM_BYTES:
         raise DiskFull(
-            f"{host.name} has {free >> 20} MiB free under {root}; the dataset needs {ds.bytes >> 20} MiB "
+            f"{host.name} has {free >> 20} MiB free under {root}; the {what} needs {ds.bytes >> 20} MiB "
             f"and {HEADROOM_BYTES >> 20} MiB must stay free",
-            "free space on the host, or put the data there yourself and pass --data PATH",
+            "free space on the host"
+            + (", or put the data there yourself and pass --data PATH" if area == "data" else ""),
         )
     tmp = f"{root}/.{ds.digest.removeprefix('sha256:')}.partial-{uuid.uuid4().hex[:8]}"
     host.run(["rm", "-rf", final])  # an incomplete or altered copy under the final name
     host.makedirs(tmp)
     try:
-        _send(host, ds, tmp, rep)
+        _send(host, ds, tmp, rep, what)
         got = {e.path: e.sha256 for e in host.list_dir(tmp, hashes=True) if e.kind == "file"}
         want = {rel: digest for rel, (_, digest) in ds.files.items()}
         if got != want:
             bad = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
             raise Corrupt(
-                f"the dataset arrived on {host.name} altered ({len(bad)} files differ, first {bad[0]})",
+                f"the {what} arrived on {host.name} altered ({len(bad)} files differ, first {bad[0]})",
                 "run again; the upload starts over",
             )
         host.run(["mv", "-T", tmp, final])
@@ -150,8 +154,8 @@ def _sizes(host: Host, path: str) -> dict[str, int]:
     return {e.path: e.size for e in host.list_dir(path, hashes=False) if e.kind == "file"}
 
 
-def _send(host: Host, ds: LocalDataset, tmp: str, rep: Reporter) -> None:
-    task = rep.task(f"send dataset to {host.name}", total=float(ds.bytes), unit="B")
+def _send(host: Host, ds: LocalDataset, tmp: str, rep: Reporter, what: str = "dataset") -> None:
+    task = rep.task(f"send {what} to {host.name}", total=float(ds.bytes), unit="B")
     p = host.start(["tar", "-x", "-C", tmp, "-f", "-"], bulk=True)
     try:
         with tarfile.open(fileobj=p.stdin, mode="w|", format=tarfile.PAX_FORMAT, bufsize=CHUNK) as tar:
@@ -165,7 +169,7 @@ def _send(host: Host, ds: LocalDataset, tmp: str, rep: Reporter) -> None:
     except (BrokenPipeError, ConnectionError, OSError) as exc:
         p.kill()
         raise LauncherError(
-            f"sending the dataset to {host.name} was cut: {p.stderr_text().strip() or exc}",
+            f"sending the {what} to {host.name} was cut: {p.stderr_text().strip() or exc}",
             "run again; the upload starts over",
         ) from None
     finally:
@@ -173,7 +177,7 @@ def _send(host: Host, ds: LocalDataset, tmp: str, rep: Reporter) -> None:
     rc = p.wait()
     if rc != 0:
         raise LauncherError(
-            f"unpacking the dataset on {host.name} failed (exit {rc}): {p.stderr_text().strip()}",
+            f"unpacking the {what} on {host.name} failed (exit {rc}): {p.stderr_text().strip()}",
             "check free space and permissions under ~/.launcher/data on the host",
         )
 

@@ -35,6 +35,7 @@ class ExitCode(IntEnum):
     CONNECTION_REFUSED = 22  # the host answers but nothing listens on that port (wrong port)
     NO_GPU = 23  # --variant gpu on a host without a usable NVIDIA GPU
     MISSING_EXTRA = 24  # an optional feature whose packages are not installed (the error names the extra)
+    IMAGE_OUT_OF_DATE = 25  # `run --no-build` while the workspace's code, lock or Dockerfile differ from the image
     INTERRUPTED = 130
 
 
@@ -147,3 +148,7 @@ class NotReproducible(LauncherError):
 
 class MissingExtra(LauncherError):
     exit_code = ExitCode.MISSING_EXTRA
+
+
+class ImageOutOfDate(LauncherError):
+    exit_code = ExitCode.IMAGE_OUT_OF_DATE

@@ -70,13 +70,26 @@ class Tree:
             self.entries[e.path] = e
 
     def digest(self) -> str:
-        h = hashlib.sha256()
-        for path in sorted(self.entries):
-            h.update(self.entries[path].line().encode("utf-8", "surrogateescape") + b"\n")
-        return "sha256:" + h.hexdigest()
+        return lines_digest(self.lines())
 
     def lines(self) -> dict[str, str]:
         return {p: self.entries[p].line() for p in sorted(self.entries)}
+
+
+def lines_digest(lines: dict[str, str]) -> str:
+    """The tree digest of a saved tree (path -> Entry.line())."""
+    h = hashlib.sha256()
+    for path in sorted(lines):
+        h.update(lines[path].encode("utf-8", "surrogateescape") + b"\n")
+    return "sha256:" + h.hexdigest()
+
+
+def apply_entries(lines: dict[str, str], layer: list[Entry]) -> dict[str, str]:
+    """A saved tree with one more layer (without whiteouts) applied on top."""
+    out = dict(lines)
+    for e in layer:
+        out[e.path] = e.line()
+    return {p: out[p] for p in sorted(out)}
 
 
 def _num(field: bytes) -> int:
@@ -251,6 +264,7 @@ class Normalized:
     image_id: str
     tree_digest: str
     tree: dict[str, str]
+    config: bytes = b""
 
 
 def _normalize_config(config: dict[str, Any], diff_ids: list[str], epoch: int) -> bytes:
@@ -442,12 +456,35 @@ def normalize(image: str, *, tag: str, base_keys: set[str] | None = None, epoch:
         if save.poll() is None:
             save.kill()
     if loader is None:
-        return Normalized(image_id=image_id, tree_digest=tree.digest(), tree=tree.lines())
+        return Normalized(image_id=image_id, tree_digest=tree.digest(), tree=tree.lines(), config=cfg_bytes)
     err = loader.stderr.read().decode() if loader.stderr else ""
     if loader.wait() != 0:
         raise BuildFailed(f"docker load of the normalised image failed: {err.strip()[:300]}",
                           "check the Docker engine's disk space")
-    return Normalized(image_id=image_id, tree_digest=tree.digest(), tree=tree.lines())
+    return Normalized(image_id=image_id, tree_digest=tree.digest(), tree=tree.lines(), config=cfg_bytes)
+
+
+def write_load_archive(out: IO[bytes], image_id: str, config: bytes, files: list[Path | None], *,
+                       tag: str | None = None, reader: Callable[[IO[bytes]], IO[bytes]] | None = None) -> None:
+    """A `docker load` archive of the image whose config is config, streamed to out. A layer
+    given as None goes as an empty file: `docker load` skips a layer the engine already has, so
+    only the layers the receiving engine lacks need to travel (it checks their diff IDs)."""
+    names = [f"{i:03d}/layer.tar" for i in range(len(files))]
+    man = json.dumps([{"Config": f"{image_id[7:]}.json", "RepoTags": [tag] if tag else [],
+                       "Layers": names}]).encode()
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT, bufsize=1 << 20) as tout:
+        for name, path in zip(names, files, strict=True):
+            info = tarfile.TarInfo(name)
+            if path is None:
+                tout.addfile(info)
+                continue
+            info.size = path.stat().st_size
+            with open(path, "rb") as f:
+                tout.addfile(info, reader(f) if reader is not None else f)
+        for name, data in ((f"{image_id[7:]}.json", config), ("manifest.json", man)):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tout.addfile(info, io.BytesIO(data))
 
 
 def save_tree(path: Path, tree: dict[str, str]) -> None:

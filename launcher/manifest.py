@@ -205,6 +205,74 @@ def write_manifest(run_dir: Path, data: Mapping[str, Any]) -> Manifest:
     return Manifest(run_dir=run_dir, data=record, artifacts=artifacts)
 
 
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def assemble(launch: Mapping[str, Any], outputs: Path, files: Mapping[str, Mapping[str, Any]],
+             state: Mapping[str, Any] | None, now: str) -> dict[str, Any]:
+    """The manifest of a finished run, from its launch record, its pulled outputs (files: the
+    verified ones, by path under outputs/) and the container's last state.
+
+    What ran is read from what ran: the code digest, the runtime's digest and the lock are the
+    ones the runtime computed inside the container (``_launcher/code.json``), the image ID the
+    one the container was started from. The host's own idea of them is never substituted; where
+    the runtime recorded nothing (it did not get that far) the digest is null.
+    """
+    exit_rec = _read_json(outputs / "_launcher" / "exit.json")
+    exit_code = exit_rec.get("exit_code")
+    if not isinstance(exit_code, int):
+        exit_code = int(state.get("ExitCode", -1)) if state else -1
+    code = _read_json(outputs / "_launcher" / "code.json")
+    ran: dict[str, Any] = code["recipe"] if isinstance(code.get("recipe"), dict) else {}
+    lrec = launch["recipe"]
+    recipe = {
+        "name": lrec["name"],
+        "tree_digest": ran.get("digest"),
+        "framework": lrec["framework"],
+        "entry": ran.get("entry") or lrec.get("entry"),
+        "code_source": ran.get("source") or lrec.get("code_source"),
+        "files": ran.get("files"),
+        "args": list(lrec.get("args") or []),
+        "git": dict(lrec.get("git") or {}),
+    }
+    if lrec.get("volatile"):
+        recipe["volatile"] = list(lrec["volatile"])
+    image = dict(launch["image"])
+    image["id"] = launch.get("image_ran") or image.get("id")
+    runtime_code: dict[str, Any] = code["runtime"] if isinstance(code.get("runtime"), dict) else {}
+    image["runtime_digest"] = runtime_code.get("digest")
+    if code.get("lock_sha256"):
+        image["lock_sha256"] = code["lock_sha256"]
+    packages: dict[str, Any] = code["packages"] if isinstance(code.get("packages"), dict) else {}
+    image["packages_digest"] = packages.get("digest")
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": launch["run_id"],
+        "group": launch["group"],
+        "replicate": launch.get("replicate", 0),
+        "recipe": recipe,
+        "params": launch.get("params", {}),
+        "seed": launch.get("seed"),
+        "determinism": launch["determinism"],
+        "image": image,
+        "host": {**launch["host"], "facts": launch.get("facts", {})},
+        "runtime": _read_json(outputs / "_launcher" / "runtime.json"),
+        "started_at": str(exit_rec.get("started_at") or (state or {}).get("StartedAt") or launch["launched_at"]),
+        "ended_at": str(exit_rec.get("ended_at") or (state or {}).get("FinishedAt") or now),
+        "exit_code": exit_code,
+        "status": "succeeded" if exit_code == 0 else "failed",
+        "data": launch.get("data"),
+        "data_source": launch.get("data_source"),
+        "artifacts": [{"path": f"outputs/{rel}", "size": rec["size"], "sha256": rec["sha256"]}
+                      for rel, rec in sorted(files.items())],
+    }
+
+
 def artifact_entries(run_dir: Path, rel_paths: list[str], digests: Mapping[str, str]) -> list[dict[str, Any]]:
     """Manifest ``artifacts`` entries for files already verified (digest per relative path), sorted."""
     return [

@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import BadRecipe, NotFound, UsageError
-from launcher.hashing import sha256_file
-from launcher.hashing import tree_digest as _tree_digest
 from launcher.runtime import spec as rspec
+from launcher.runtime.code import code_digest
 from launcher.runtime.hooks import detect_framework
 from launcher.workspace import Workspace
 
@@ -65,8 +64,9 @@ def _bad(exc: rspec.SpecError) -> BadRecipe:
 
 
 def tree_digest(path: Path) -> str:
-    """The digest a run records for its code: the recipe folder's tree, or a script's bytes."""
-    return sha256_file(path) if path.is_file() else _tree_digest(path)
+    """The code digest of a recipe folder (or a lone script) as it is here; a run's manifest
+    records the digest the runtime computes inside the container instead."""
+    return code_digest(path)
 
 
 def load_folder(folder: Path) -> Recipe:
@@ -98,9 +98,21 @@ def known_names(ws: Workspace) -> list[str]:
     return sorted(p.name for p in ws.recipes.iterdir() if (p / rspec.RECIPE_FILE).is_file())
 
 
-def load_recipe(ws: Workspace, name_or_path: str) -> Recipe:
-    """A recipe by name (recipes/<name>), a folder holding recipe.toml, or a plain .py script."""
+def load_recipe(ws: Workspace, name_or_path: str, entry: str | None = None) -> Recipe:
+    """A recipe by name (recipes/<name>), a folder holding recipe.toml, a plain .py script, or
+    (with entry) a folder of code without recipe.toml whose script entry runs."""
     given = Path(name_or_path)
+    if entry is not None:
+        if not given.is_dir():
+            raise UsageError(f"--entry needs a folder, and {name_or_path} is not one",
+                             f"run `launcher run FOLDER --entry {entry}`, or `launcher run {entry}` for the script")
+        if (given / rspec.RECIPE_FILE).is_file():
+            raise UsageError(f"{given} holds a recipe.toml, which names its entry already",
+                             "drop --entry, or change `entry` in recipe.toml")
+        script = given / entry
+        if script.suffix != ".py" or not script.is_file():
+            raise NotFound(f"no script {entry} in {given}", "name a .py file inside the folder with --entry")
+        return load_script(script)
     if given.suffix == ".py":
         if not given.is_file():
             raise NotFound(f"no script at {given}", "check the path")
@@ -111,8 +123,8 @@ def load_recipe(ws: Workspace, name_or_path: str) -> Recipe:
         return load_folder(ws.recipes / name_or_path)
     if given.is_dir():
         raise BadRecipe(f"{given / rspec.RECIPE_FILE}: no recipe.toml in this folder",
-                        "add one (see `launcher recipes new NAME`), or run a script: "
-                        f"launcher run {given}/train.py")
+                        f"name its script: `launcher run {given} --entry train.py`, or add a recipe.toml "
+                        "(see `launcher recipes new NAME`)")
     known = known_names(ws)
     raise NotFound(f"unknown recipe {name_or_path!r}" + (f" (known: {', '.join(known)})" if known else ""),
                    "list them with `launcher recipes list`, or pass a folder or a .py script")

@@ -63,6 +63,12 @@ class RunSpec:
     ship_via: str | None = None  # None: docker save | load; or a registry address such as 127.0.0.1:5000
     data_from: str | None = None  # a dataset folder on this machine, sent to the host by content
     data_source: dict[str, Any] | None = None  # where the data came from (set by _place_data)
+    args: list[str] = field(default_factory=list)  # the script's own argv (after `--`)
+    code: str | None = None  # --code DIR: the folder a plain script is sent with
+    entry: str | None = None  # --entry FILE: the script of a folder without recipe.toml
+    mount: bool = False  # mount the workspace recipe read-only instead of running the baked copy
+    build: bool = True  # rebuild a stale image first; False: refuse to run stale code
+    code_plan: dict[str, Any] | None = None  # what code runs and where the host has it (set by _place_code)
 
 
 @dataclass
@@ -90,10 +96,17 @@ def parse_params(pairs: Sequence[str]) -> dict[str, Any]:
     return dict(recipes.parse_param(p) for p in pairs)
 
 
-load_recipe = recipes.load_recipe
+def load_recipe(ws: Workspace, name_or_path: str, entry: str | None = None) -> Recipe:
+    return recipes.load_recipe(ws, name_or_path, entry=entry)
 
 
 def check_params(recipe: Recipe, given: Mapping[str, Any]) -> dict[str, Any]:
+    if recipe.adhoc and given:
+        raise UsageError(
+            f"--param {next(iter(given))}=... given, but the plain script {recipe.entry} declares no params",
+            f"pass its own arguments after `--` (launcher run {recipe.entry} -- --{next(iter(given))} VALUE), "
+            "or declare params in a recipe.toml",
+        )
     if not recipe.adhoc:
         unknown = sorted(set(given) - set(recipe.params))
         if unknown:
@@ -127,6 +140,7 @@ def image_record(ws: Workspace, variant: str) -> dict[str, Any]:
         "git_commit": labels.get("org.launcher.git-commit"),
         "git_dirty": str(labels.get("org.launcher.git-dirty", "")).lower() in ("1", "true", "yes"),
         "launcher_version": labels.get("org.launcher.version") or __version__,
+        "recipes": dict((rec.get("extra") or {}).get("recipes") or {}),
     }
 
 
@@ -151,10 +165,14 @@ def docker_run_argv(
     data: str | None = None,
     gpu: bool = False,
     host_code: str | None = None,
+    code_entry: str | None = None,
+    args: Sequence[str] = (),
     owner: str | None = None,
 ) -> list[str]:
-    """The container contract of design.md, as an argv. owner ("UID:GID"): who gets the outputs
-    when the run ends (the container runs as root; the user on the host should own what it wrote)."""
+    """The container contract of design.md, as an argv. host_code: the code folder on the host,
+    mounted read-only (a plain script's project, or a recipe folder run without baking);
+    code_entry: the script inside it. owner ("UID:GID"): who gets the outputs when the run ends
+    (the container runs as root; the user on the host should own what it wrote)."""
     argv = ["docker", "run", "-d", "--name", container_name(run_id), "--label", f"{RUN_LABEL}={run_id}"]
     for key, value in sorted(env.items()):
         argv += ["-e", f"{key}={value}"]
@@ -168,15 +186,60 @@ def docker_run_argv(
     if gpu:
         argv += ["--gpus", "all"]
     argv += [image_id, "python", "-m", "launcher.runtime", "run"]
-    if recipe.adhoc:
-        argv += ["--script", f"{CONTAINER_CODE}/{recipe.path.name}"]
+    if host_code and recipe.adhoc:
+        argv += ["--script", f"{CONTAINER_CODE}/{code_entry or recipe.path.name}", "--code-root", CONTAINER_CODE]
+    elif host_code:
+        argv += ["--recipe", CONTAINER_CODE]
     else:
         argv += ["--recipe", f"{IMAGE_RECIPES}/{recipe.name}"]
-    argv += ["--out", CONTAINER_OUT]
+    argv += ["--code-source", "mounted" if host_code else "image", "--out", CONTAINER_OUT]
     if data:
         argv += ["--data", CONTAINER_DATA]
     argv += ["--params", json.dumps(dict(params), sort_keys=True, separators=(",", ":"))]
+    if args:
+        argv += ["--", *args]
     return argv
+
+
+def baked(ws: Workspace, recipe: Recipe, mount: bool = False) -> bool:
+    """Whether the run executes the copy of the recipe baked into the image (a workspace recipe,
+    not mounted), rather than code mounted from the host."""
+    return not mount and not recipe.adhoc and recipe.path.parent == ws.recipes.resolve()
+
+
+def plan_code(ws: Workspace, spec: RunSpec, recipe: Recipe) -> dict[str, Any]:
+    """What code the run executes: the recipe baked into the image, or a folder to mount (a plain
+    script's project, a recipe folder from outside the workspace, or --mount), snapshotted here
+    by its code digest."""
+    from launcher import code
+
+    if spec.code and not recipe.adhoc:
+        raise UsageError("--code is for plain scripts", f"{recipe.name} is a recipe folder: it is its own code")
+    if baked(ws, recipe, spec.mount):
+        return {"source": "image", "git": code.git_state(recipe.path)}
+    root = Path(spec.code) if spec.code else None
+    if recipe.adhoc:
+        script = recipe.path
+        if root is None:
+            root = code.git_toplevel(script.parent) or script.parent
+        tree = code.select(root, script)
+    else:
+        tree = code.select(recipe.path)
+    local = code.snapshot(tree, ws.cache_dir)
+    return {"source": "mounted", "local": str(local), **tree.to_dict()}
+
+
+def _place_code(spec: RunSpec, host: Host, reporter: Reporter | None) -> RunSpec:
+    """Put the snapshot of mounted code on the host (sent once per content); baked code needs nothing."""
+    plan = dict(spec.code_plan or {})
+    if plan.get("source") != "mounted" or plan.get("host_path"):
+        return spec
+    from launcher import datasets
+
+    placed = datasets.place(host, Path(plan["local"]), reporter, area="code")
+    plan["host_path"] = placed.path
+    plan["sent"] = placed.sent
+    return replace(spec, code_plan=plan)
 
 
 def host_options(spec: str | None, **opts: Any) -> dict[str, Any]:
@@ -252,14 +315,19 @@ def start_run(
     from launcher import determinism
 
     rep = reporter or NullReporter()
-    recipe = recipe or load_recipe(ws, spec.recipe)
+    recipe = recipe or load_recipe(ws, spec.recipe, entry=spec.entry)
     params = check_params(recipe, spec.params)
     env = determinism.profile_env(spec.profile, spec.seed, spec.threads)
     image = image_record(ws, spec.variant)
+    baked_digests = image.pop("recipes", {})
     transfer.require_docker(host)
     if spec.variant == "gpu":
         _gpu_ready(host)
     spec = _place_data(spec, host, rep)
+    if spec.code_plan is None:
+        spec = replace(spec, code_plan=plan_code(ws, spec, recipe))
+    spec = _place_code(spec, host, rep)
+    plan = spec.code_plan or {}
     root = host.runs_root()
     host.makedirs(root)
     free = host.free_bytes(root)
@@ -287,11 +355,7 @@ def start_run(
     group = spec.group or run_id
     remote = host.run_dir(run_id)
     host.makedirs(f"{remote}/out")
-    host_code = None
-    if recipe.adhoc:
-        host_code = f"{remote}/code"
-        host.makedirs(host_code)
-        host.put_file(recipe.path, f"{host_code}/{recipe.path.name}")
+    host_code = plan.get("host_path")
     data = str(PurePosixPath(spec.data)) if spec.data else None
     argv = docker_run_argv(
         run_id=run_id,
@@ -303,6 +367,8 @@ def start_run(
         data=data,
         gpu=spec.variant == "gpu",
         host_code=host_code,
+        code_entry=plan.get("entry") or None,
+        args=spec.args,
         owner=_output_owner(host),
     )
     launch = {
@@ -315,11 +381,17 @@ def start_run(
         "remote_dir": remote,
         "recipe": {
             "name": recipe.name,
-            "tree_digest": recipe.tree_digest,
             "framework": recipe.framework,
-            "entry": recipe.entry,
+            "entry": plan.get("entry") or recipe.entry,
             "script": recipe.adhoc,
+            "code_source": plan.get("source"),
+            "git": plan.get("git") or {},
+            "args": list(spec.args),
+            "volatile": list(getattr(recipe.spec, "volatile", ()) or ()),
+            # what the host expects to run; the manifest records what the container computed
+            "expected_digest": plan.get("digest") or baked_digests.get(recipe.name),
         },
+        "code": {k: v for k, v in plan.items() if k not in ("git",)},
         "params": params,
         "seed": int(env["LAUNCHER_SEED"]) if "LAUNCHER_SEED" in env else spec.seed,
         "determinism": {
@@ -346,6 +418,10 @@ def start_run(
             f"the container for {run_id} did not start on {host.name}: {started.last_error_line()}",
             "check the image and Docker on the host",
         )
+    ran = host.run(["docker", "inspect", "--format", "{{.Image}}", container_name(run_id)], check=False)
+    if ran.returncode == 0 and ran.out.strip().startswith("sha256:"):
+        launch["image_ran"] = ran.out.strip()
+        atomic_write_json(local / LAUNCH_FILE, launch)
     rep.note(f"started {run_id} on {host.name}")
     return launch
 
@@ -463,40 +539,10 @@ def _finish(
     result: transfer.PullResult,
     state: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
-    from launcher.manifest import write_manifest
+    from launcher.manifest import assemble, write_manifest
 
     local = run_dir(ws, launch["run_id"])
-    outputs = local / "outputs"
-    exit_rec = _read_json(outputs / "_launcher" / "exit.json")
-    exit_code = exit_rec.get("exit_code")
-    if not isinstance(exit_code, int):
-        exit_code = int(state.get("ExitCode", -1)) if state else -1
-    artifacts = [
-        {"path": f"outputs/{rel}", "size": rec["size"], "sha256": rec["sha256"]}
-        for rel, rec in sorted(result.files.items())
-    ]
-    data = {
-        "schema_version": 1,
-        "run_id": launch["run_id"],
-        "group": launch["group"],
-        "replicate": launch.get("replicate", 0),
-        "recipe": {k: launch["recipe"][k] for k in ("name", "tree_digest", "framework", "entry")},
-        "params": launch.get("params", {}),
-        "seed": launch.get("seed"),
-        "determinism": launch["determinism"],
-        "image": launch["image"],
-        "host": {**launch["host"], "facts": launch.get("facts", {})},
-        "runtime": _read_json(outputs / "_launcher" / "runtime.json"),
-        "started_at": str(
-            exit_rec.get("started_at") or (state or {}).get("StartedAt") or launch["launched_at"]
-        ),
-        "ended_at": str(exit_rec.get("ended_at") or (state or {}).get("FinishedAt") or utc_now()),
-        "exit_code": exit_code,
-        "status": "succeeded" if exit_code == 0 else "failed",
-        "data": launch.get("data"),
-        "data_source": launch.get("data_source"),
-        "artifacts": artifacts,
-    }
+    data = assemble(launch, local / "outputs", result.files, state, utc_now())
     write_manifest(local, data)
     return data
 
@@ -517,8 +563,14 @@ def run_recipe(
     """Run the recipe `runs` times for each seed (one group), waiting and pulling unless detached."""
     if runs < 1:
         raise UsageError(f"--runs must be at least 1, not {runs}", "drop --runs or give a positive number")
-    recipe = load_recipe(ws, spec.recipe)
+    recipe = load_recipe(ws, spec.recipe, entry=spec.entry)
     check_params(recipe, spec.params)
+    from launcher import build
+
+    plan = plan_code(ws, spec, recipe)
+    spec = replace(spec, code_plan=plan)
+    build.ensure_current(ws, spec.variant, recipes=plan.get("source") == "image",
+                         allow_build=spec.build, reporter=reporter)
     seed_list = list(seeds) or [spec.seed]
     group = (
         spec.group
@@ -531,6 +583,9 @@ def run_recipe(
     if spec.data_from:  # sent once for every replicate, after the cheap checks
         transfer.require_docker(host)
         spec = _place_data(spec, host, reporter)
+    if (spec.code_plan or {}).get("source") == "mounted":
+        transfer.require_docker(host)
+        spec = _place_code(spec, host, reporter)
     out: list[dict[str, Any]] = []
     replicate = spec.replicate  # experiments hand out replicate numbers across hosts
     for seed in seed_list:

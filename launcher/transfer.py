@@ -307,27 +307,20 @@ def _ship_from_cache(host: Host, image_id: str, cached: tuple[bytes, list[Path |
     """Stream a `docker load` archive made from the build's layer cache: no `docker save`, so a
     rebuild whose recipe layer alone changed sends (and reads) that layer and little else."""
     cfg, files = cached
-    names = [f"{i:03d}/layer.tar" for i in range(len(files))]
-    man = json.dumps([{"Config": f"{image_id[7:]}.json", "RepoTags": [], "Layers": names}]).encode()
+    send: list[Path | None] = []
+    for path, chain in zip(files, chains, strict=True):
+        if chain in present or path is None:
+            send.append(None)
+            result.layers_skipped += 1
+        else:
+            send.append(path)
+            result.layers_sent += 1
+            result.bytes_sent += path.stat().st_size
     load = host.start(["docker", "load", "-q"], bulk=True)
     _widen_pipe(load.stdin)
     try:
-        with tarfile.open(fileobj=load.stdin, mode="w|", format=tarfile.PAX_FORMAT, bufsize=CHUNK) as tout:
-            for name, path, chain in zip(names, files, chains, strict=True):
-                info = tarfile.TarInfo(name)
-                if chain in present or path is None:
-                    tout.addfile(info)
-                    result.layers_skipped += 1
-                    continue
-                info.size = path.stat().st_size
-                with open(path, "rb") as f:
-                    tout.addfile(info, cast(IO[bytes], CountingReader(f, task.advance)))
-                result.layers_sent += 1
-                result.bytes_sent += info.size
-            for name, data in ((f"{image_id[7:]}.json", cfg), ("manifest.json", man)):
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                tout.addfile(info, _BytesReader(data))
+        imagetree.write_load_archive(load.stdin, image_id, cfg, send,
+                                     reader=lambda f: cast(IO[bytes], CountingReader(f, task.advance)))
         load.stdin.close()
     except (BrokenPipeError, ConnectionError, OSError) as exc:
         load.kill()

@@ -418,8 +418,12 @@ def _delta(x: Any, y: Any) -> dict[str, Any] | None:
 # Flattened manifest keys -> category. Categories "code", "data", "seed" and "params" are
 # inputs; "hardware" and "software" are the environment; "info" never explains a difference.
 _EXACT_CATEGORY = {
+    # The code digest is computed inside the container from what ran: it is the code's identity.
+    # How the code got there (baked or mounted) and the git state around it are context.
     "recipe.tree_digest": "code", "recipe.entry": "code", "recipe.framework": "software",
-    "image.git_commit": "code", "image.git_dirty": "code",
+    "recipe.code_source": "info", "recipe.files": "info", "recipe.args": "params", "recipe.volatile": "info",
+    "image.git_commit": "info", "image.git_dirty": "info", "image.runtime_digest": "software",
+    "image.packages_digest": "software",
     "seed": "seed",
     "image.id": "software", "image.base_digest": "software", "image.lock_sha256": "software",
     "image.variant": "hardware", "image.launcher_version": "software", "image.tag": "info",
@@ -465,6 +469,8 @@ def categorize(key: str) -> str:
         return _EXACT_CATEGORY[key]
     if key.startswith("params."):
         return "params"
+    if key.startswith("recipe.git."):
+        return "info"
     if key.startswith(("determinism.env.", "runtime.env.")):
         return "seed" if key.rsplit(".", 1)[-1] in _SEED_ENV else "software"
     if key == "runtime.seed":
@@ -533,7 +539,8 @@ def classify(identical: bool, env: list[dict[str, Any]], data: Mapping[str, Any]
             elif c == "code":
                 parts.append("code (" + ", ".join(by_cat["code"]) + ")")
             else:
-                names = ", ".join(k.removeprefix("params.") for k in by_cat["params"])
+                names = ", ".join("script arguments" if k == "recipe.args" else k.removeprefix("params.")
+                                  for k in by_cat["params"])
                 parts.append(f"params ({names})")
         return {"kind": CLASS_INPUT, "causes": inputs,
                 "line": "differs in " + ", ".join(parts) + ": an input change"}

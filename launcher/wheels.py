@@ -59,6 +59,8 @@ def download(lockfile: Path, pool: Path, *, python: str, platform: str, ca_bundl
     rep = reporter or NullReporter()
     reqs = parse_lock(lockfile.read_text(), str(lockfile))
     pool.mkdir(parents=True, exist_ok=True)
+    if not reqs:  # an image of the base's own Python: nothing to download
+        return Wheelhouse({}, pool)
     task = rep.task(f"wheels for {lockfile.name}", total=len(reqs))
     env, drop = pip_env(ca_bundle)
     env["COLUMNS"] = "400"  # pip's error output is wrapped to the terminal width otherwise

@@ -6,11 +6,9 @@ Load as a pytest plugin (``pytest_plugins = ["tests.conftest_testhost"]`` or
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -54,57 +52,56 @@ def testhost(tmp_path_factory: pytest.TempPathFactory) -> Iterator[th.TestHost]:
         host.stop()
 
 
-@pytest.fixture(scope="session")
-def tiny_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """Debian + python3 + launcher's in-container runtime + the tiny recipes: seconds to build."""
-    _need_host_tools()
-    ctx = tmp_path_factory.mktemp("tiny-image")
-    (ctx / "launcher").mkdir()
-    shutil.copy(REPO / "launcher" / "__init__.py", ctx / "launcher" / "__init__.py")
-    shutil.copytree(
-        REPO / "launcher" / "runtime",
-        ctx / "launcher" / "runtime",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
-    shutil.copytree(TINY_RECIPES, ctx / "recipes", ignore=shutil.ignore_patterns("__pycache__"))
-    base = th.base_image()
-    (ctx / "Dockerfile").write_text(
-        f"FROM {base}\n"
-        "RUN ln -sf /usr/bin/python3 /usr/local/bin/python\n"
-        "ENV PYTHONPATH=/opt/launcher PYTHONDONTWRITEBYTECODE=1\n"
-        "COPY launcher /opt/launcher/launcher\n"
-        "COPY recipes /opt/launcher/recipes\n"
-    )
-    tag = f"launcher-test/tiny:{uuid.uuid4().hex[:8]}"
-    subprocess.run(["docker", "build", "-q", "-t", tag, str(ctx)], check=True, capture_output=True)
-    image_id = subprocess.run(
-        ["docker", "image", "inspect", "--format", "{{.Id}}", tag], check=True, capture_output=True, text=True
-    ).stdout.strip()
-    try:
-        yield {"id": image_id, "tag": tag, "base": base}
-    finally:
-        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, check=False)
+TINY_DOCKERFILE = """\
+# The tiny test image: the pinned base's python3 and launcher's runtime, no packages.
+ARG LAUNCHER_BASE
+FROM ${LAUNCHER_BASE}
+RUN ln -sf /usr/bin/python3 /usr/local/bin/python
+ENV PYTHONPATH=/opt/launcher PYTHONDONTWRITEBYTECODE=1
+COPY launcher/ /opt/launcher/launcher/
+"""
 
 
-def make_workspace(root: Path, image: dict[str, Any], variant: str = "cpu") -> Path:
-    """A workspace whose build record points at image (as `launcher build` would leave it)."""
+def write_tiny_inputs(root: Path, base_ref: str) -> None:
+    """The build inputs of the tiny workspace: a lock with no packages, a Dockerfile per variant,
+    and images.lock pinning the bootstrapped base by digest."""
+    from launcher import images
+    from launcher.workspace import VARIANTS, Workspace
+
     for sub in ("lockfiles", "dockerfiles"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     if not (root / "recipes").exists():
-        shutil.copytree(TINY_RECIPES, root / "recipes")
-    record = {
-        "image_id": image["id"],
-        "tag": image["tag"],
-        "labels": {
-            "org.launcher.lock-sha256": "sha256:" + "0" * 64,
-            "org.launcher.base-digest": "sha256:" + "1" * 64,
-            "org.launcher.git-commit": "0" * 40,
-            "org.launcher.git-dirty": "false",
-            "org.launcher.version": "0.1.0",
-        },
-    }
-    (root / ".launcher" / "builds").mkdir(parents=True, exist_ok=True)
-    (root / ".launcher" / "builds" / f"{variant}.json").write_text(json.dumps(record))
+        shutil.copytree(TINY_RECIPES, root / "recipes", ignore=shutil.ignore_patterns("__pycache__"))
+    lock = images.ImagesLock()
+    for v in VARIANTS:
+        (root / "lockfiles" / f"{v}.txt").write_text("# no packages: the base's python3 runs the tiny recipes\n")
+        (root / "dockerfiles" / f"{v}.Dockerfile").write_text(TINY_DOCKERFILE)
+        lock.pins[v] = images.BasePin(v, base_ref, python="3.11", source="bootstrap")
+    images.save(Workspace.at(root), lock)
+
+
+@pytest.fixture(scope="session")
+def tiny_image(tmp_path_factory: pytest.TempPathFactory, base_ref: str) -> Iterator[dict[str, Any]]:
+    """Debian + python3 + launcher's in-container runtime + the tiny recipes, built by `launcher
+    build` like any image (so runs see a real build record): seconds to build."""
+    _need_host_tools()
+    from launcher.build import build
+    from launcher.workspace import Workspace
+
+    root = tmp_path_factory.mktemp("tiny-image") / "tiny"
+    write_tiny_inputs(root, base_ref)
+    rec = build(Workspace.at(root), "cpu")
+    yield {"id": rec.image_id, "tag": rec.tag, "base": base_ref, "workspace": root}
+
+
+def make_workspace(root: Path, image: dict[str, Any], variant: str = "cpu") -> Path:
+    """A workspace of the tiny recipes built as `launcher build` leaves it (found in the build
+    cache when its inputs equal the tiny image's, which is the usual case: no Docker build)."""
+    from launcher.build import build
+    from launcher.workspace import Workspace
+
+    write_tiny_inputs(root, image["base"])
+    build(Workspace.at(root), variant)
     return root
 
 

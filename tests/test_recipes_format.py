@@ -14,6 +14,7 @@ from launcher import recipes
 from launcher.cli import app
 from launcher.errors import BadRecipe, ExitCode, NotFound, UsageError
 from launcher.runtime import spec as rspec
+from launcher.runtime.code import code_digest
 from launcher.workspace import Workspace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -138,12 +139,20 @@ def test_a_folder_path_and_a_plain_script_are_recipes(ws: Workspace, tmp_path: P
     script.write_text("import torch\nprint(torch.__version__)\n")
     r = recipes.load_recipe(ws, str(script))
     assert (r.name, r.framework, r.adhoc, r.params) == ("train_mine", "torch", True, {})
-    assert r.tree_digest == "sha256:" + __import__("hashlib").sha256(script.read_bytes()).hexdigest()
+    assert r.tree_digest == code_digest(script)  # the script as a folder holding only it
     with pytest.raises(NotFound):
         recipes.load_recipe(ws, str(tmp_path / "missing.py"))
     (tmp_path / "plain").mkdir()
-    with pytest.raises(BadRecipe, match=r"no recipe\.toml"):
+    with pytest.raises(BadRecipe, match=r"no recipe\.toml") as refused:
         recipes.load_recipe(ws, str(tmp_path / "plain"))
+    assert "--entry train.py" in refused.value.one_line()
+    (tmp_path / "plain" / "train.py").write_text("print(1)\n")
+    by_entry = recipes.load_recipe(ws, str(tmp_path / "plain"), entry="train.py")
+    assert (by_entry.adhoc, by_entry.path) == (True, (tmp_path / "plain" / "train.py").resolve())
+    with pytest.raises(NotFound, match=r"no script nope\.py"):
+        recipes.load_recipe(ws, str(tmp_path / "plain"), entry="nope.py")
+    with pytest.raises(UsageError, match="names its entry already"):
+        recipes.load_recipe(ws, str(folder), entry="train.py")
 
 
 def test_tree_digest_follows_the_code_not_the_mtimes(ws: Workspace) -> None:

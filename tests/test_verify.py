@@ -218,7 +218,9 @@ def test_volatile_files(path: str, volatile: bool) -> None:
 @pytest.mark.parametrize(("key", "category"), [
     ("seed", "seed"), ("determinism.env.PYTHONHASHSEED", "seed"),
     ("determinism.env.OMP_NUM_THREADS", "software"),
-    ("recipe.tree_digest", "code"), ("image.git_commit", "code"), ("params.lr", "params"),
+    ("recipe.tree_digest", "code"), ("image.git_commit", "info"), ("params.lr", "params"),
+    ("recipe.args", "params"), ("recipe.code_source", "info"), ("recipe.git.dirty", "info"),
+    ("image.runtime_digest", "software"),
     ("host.facts.gpu_model", "hardware"), ("runtime.cudnn_build", "hardware"),
     ("runtime.tensorflow", "software"),
     ("image.lock_sha256", "software"), ("host.name", "info"), ("host.address", "info"),

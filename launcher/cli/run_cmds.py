@@ -145,7 +145,22 @@ def _run_text(result: Result) -> None:
 
 def run_cmd(
     ctx: typer.Context,
-    recipe: Annotated[str, typer.Argument(help="A recipe name (recipes/NAME) or a path to a .py script.")],
+    recipe: Annotated[
+        str,
+        typer.Argument(
+            metavar="RECIPE",
+            help="A recipe name (recipes/NAME), a recipe folder, a .py script (sent with its project folder), "
+            "or a folder with --entry.",
+        ),
+    ],
+    script_args: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="[-- SCRIPT_ARGS...]",
+            help="Arguments for the script itself, after `--` (e.g. -- --lr 0.01); recorded and compared by verify.",
+            show_default=False,
+        ),
+    ] = None,
     host: HostOpt = None,
     variant: Annotated[str, typer.Option("--variant", help="Image variant: cpu or gpu.")] = "cpu",
     seed: Annotated[list[int] | None, typer.Option("--seed", help="Seed; repeat for several seeds.")] = None,
@@ -182,13 +197,46 @@ def run_cmd(
             "instead of docker save/load: a rebuild then sends only its new layers.",
         ),
     ] = None,
+    no_build: Annotated[
+        bool,
+        typer.Option(
+            "--no-build",
+            help="Refuse (exit 25) instead of rebuilding when the workspace's recipes, runtime, lock or "
+            "Dockerfile differ from the image. By default run rebuilds first (a recipe edit takes seconds).",
+        ),
+    ] = False,
+    mount: Annotated[
+        bool,
+        typer.Option(
+            "--mount",
+            help="Development mode: mount the workspace recipe read-only instead of running the copy baked into "
+            "the image, so an edit needs no rebuild (recorded as mounted, with the digest of what was mounted).",
+        ),
+    ] = False,
+    code_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--code",
+            metavar="DIR",
+            help="For a plain script: the folder sent with it (default: the enclosing git work tree, else the "
+            "script's folder; .gitignore respected).",
+        ),
+    ] = None,
+    entry: Annotated[
+        str | None,
+        typer.Option("--entry", metavar="FILE", help="Run FILE inside the folder RECIPE, which has no recipe.toml."),
+    ] = None,
     trust_new_host: TrustOpt = False,
     identity: IdentityOpt = None,
     port: PortOpt = None,
     ssh_config: SSHConfigOpt = None,
     known_hosts: KnownHostsOpt = None,
 ) -> None:
-    """Run a recipe in its pinned image on the local engine or a host over SSH, determinism injected."""
+    """Run a recipe or a script in its pinned image on the local engine or a host over SSH, determinism injected.
+
+    The image is rebuilt first when the workspace's code differs from it (see --no-build), and the
+    manifest records the digest of the code the container executed, computed inside it.
+    """
     from launcher import runs
 
     ws = workspace_of(ctx)
@@ -204,8 +252,13 @@ def run_cmd(
         group=group,
         detach=detach,
         ship_via=ship_via,
+        args=list(script_args or []),
+        code=str(code_dir) if code_dir else None,
+        entry=entry,
+        mount=mount,
+        build=not no_build,
     )
-    runs.load_recipe(ws, recipe)
+    runs.load_recipe(ws, recipe, entry=entry)
     kw = _host_kw(identity, port, ssh_config, known_hosts)
     opts = options(ctx)
     sink = (

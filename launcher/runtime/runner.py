@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import launcher
+from launcher.runtime import code as codemod
 from launcher.runtime import fingerprints as fp
 from launcher.runtime import spec as recipe_spec
 from launcher.runtime.record import EXIT_BAD_DATA, EXIT_BAD_RECIPE, EXIT_USAGE, expected_mismatch
@@ -54,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
                      "the environment from `docker run -e`)")
     run.add_argument("--seed", type=int, help="the seed for --profile")
     run.add_argument("--threads", type=int, help="the thread count for --profile")
+    run.add_argument("--code-root", type=Path, help="the folder of code the script belongs to (its digest is "
+                     "recorded; default: the recipe folder, or the script alone)")
+    run.add_argument("--code-source", default="host", choices=("image", "mounted", "host"),
+                     help="where the code comes from: baked into the image, mounted into the container, or "
+                     "this machine (recorded in _launcher/code.json)")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     return parser
 
@@ -104,6 +110,7 @@ def prepare(args: argparse.Namespace, tee: Tee) -> tuple[recipe_spec.RecipeSpec,
             spec = recipe_spec.adhoc_spec(script, framework="auto")
     except recipe_spec.SpecError as exc:
         raise RunError(str(exc), EXIT_BAD_RECIPE) from None
+    record_code(spec, args, tee)
     try:
         params = recipe_spec.merge_params(spec, given)
     except recipe_spec.SpecError as exc:
@@ -146,8 +153,35 @@ def prepare(args: argparse.Namespace, tee: Tee) -> tuple[recipe_spec.RecipeSpec,
     return spec, env
 
 
+def record_code(spec: recipe_spec.RecipeSpec, args: argparse.Namespace, tee: Tee) -> None:
+    """Write _launcher/code.json: digests of the code about to run, read from the files here
+    (inside the container, from what it executes), never from what the host believes it sent."""
+    root: Path = args.code_root.resolve() if args.code_root is not None else spec.path
+    code = codemod.describe(root)
+    lock = LAUNCHER_ROOT / "lock.txt"
+    doc = {
+        "recipe": {**code, "path": str(root), "source": args.code_source,
+                   "entry": str(spec.entry_path.relative_to(root)) if root.is_dir() else spec.entry_path.name},
+        "runtime": {"digest": codemod.runtime_digest(LAUNCHER_ROOT / "launcher")},
+        "lock_sha256": fp.sha256_file(lock) if lock.is_file() else None,
+        "packages": installed_packages(),
+    }
+    fp.write_json(args.out / "_launcher/code.json", doc)
+    tee.say(f"code {root} ({code['files']} files, {args.code_source}): {code['digest']}")
+
+
+def installed_packages() -> dict[str, object]:
+    """The distributions importable here, as name==version, and their digest."""
+    from importlib import metadata
+
+    names = sorted({f"{(d.metadata['Name'] or '?').lower()}=={d.version}" for d in metadata.distributions()})
+    return {"count": len(names), "digest": fp.digest_of(names)}
+
+
 def run_child(spec: recipe_spec.RecipeSpec, env: dict[str, str], args: argparse.Namespace, tee: Tee) -> int:
-    extra = [a for a in args.args if a != "--"]
+    extra = list(args.args)
+    if extra[:1] == ["--"]:  # the separator itself; a "--" further on is the script's own
+        extra = extra[1:]
     cmd = [sys.executable, "-m", "launcher.runtime.child", str(spec.entry_path), *extra]
     proc = subprocess.Popen(cmd, env=env, cwd=str(args.out.resolve()), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
