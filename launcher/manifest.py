@@ -273,6 +273,23 @@ def assemble(launch: Mapping[str, Any], outputs: Path, files: Mapping[str, Mappi
     }
 
 
+def describe_code(recipe: Mapping[str, Any]) -> str:
+    """One phrase for the code a run executed: its digest, where it came from, and whether it
+    was a committed, clean git state (e.g. "f376cf9a9ad6 (baked in the image; git 1a2b3c4, clean)")."""
+    digest = str(recipe.get("tree_digest") or "")
+    short = digest.removeprefix("sha256:")[:12] or "unknown"
+    source = {"image": "baked in the image", "mounted": "mounted"}.get(str(recipe.get("code_source")), "")
+    git = recipe.get("git") or {}
+    if git.get("commit"):
+        state = f"git {str(git['commit'])[:7]}, " + ("uncommitted changes" if git.get("dirty") else "clean")
+    elif "git" in recipe:
+        state = "not in git"
+    else:
+        state = ""
+    detail = "; ".join(x for x in (source, state) if x)
+    return f"{short} ({detail})" if detail else short
+
+
 def artifact_entries(run_dir: Path, rel_paths: list[str], digests: Mapping[str, str]) -> list[dict[str, Any]]:
     """Manifest ``artifacts`` entries for files already verified (digest per relative path), sorted."""
     return [

@@ -612,9 +612,12 @@ def list_runs(ws: Workspace, host: Host | None = None) -> list[dict[str, Any]]:
             if not launch:
                 continue
             manifest = _read_json(d / MANIFEST_FILE)
+            from launcher.manifest import describe_code
+
             rows[d.name] = {
                 "run_id": d.name,
                 "recipe": launch.get("recipe", {}).get("name"),
+                "code": describe_code(manifest.get("recipe") or launch.get("recipe") or {}),
                 "group": launch.get("group"),
                 "host": launch.get("host", {}).get("name"),
                 "status": manifest.get("status") or "incomplete",

@@ -24,7 +24,7 @@ from typing import Any
 from launcher.contentdiff import ContentDiff, compare_files, compare_savedmodel, savedmodel_root
 from launcher.errors import Corrupt, ExitCode, Incompatible, LauncherError, NotFound, UsageError
 from launcher.hashing import sha256_file
-from launcher.manifest import Manifest, load_manifest
+from launcher.manifest import Manifest, describe_code, load_manifest
 from launcher.modeldiff import ModelDiff, Weights, diff_models, load_canonical, load_weights
 from launcher.progress import NullReporter, Reporter
 from launcher.workspace import Workspace
@@ -660,6 +660,7 @@ class RunVerdict:
             "line": cls.get("line") if self.status != REFERENCE else "reference",
             "first_difference": model.get("first_difference"),
             "identical_in_content": [f["path"] for f in self.content_only],
+            "code": describe_code(m.recipe),
         }
 
 

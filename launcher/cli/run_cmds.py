@@ -310,9 +310,10 @@ def ps_cmd(
             rows = runs.list_runs(ws, h)
 
     def text(result: Result) -> None:
-        t = Table("run", "recipe", "host", "status", "container")
+        t = Table("run", "recipe", "code", "host", "status", "container")
         for r in result.data["runs"]:
-            cells = (r["run_id"], r.get("recipe"), r.get("host"), r["status"], r.get("container_status"))
+            cells = (r["run_id"], r.get("recipe"), r.get("code"), r.get("host"), r["status"],
+                     r.get("container_status"))
             t.add_row(*(Text(str(c or "-")) for c in cells))
         stdout.print(t)
 

@@ -126,6 +126,8 @@ def _print_verify(result: Result) -> None:
             cells.append(f"[{style}]{status}[/]" if style else status)
         table.add_row(path, *cells)
     stdout.print(table)
+    for r in runs:
+        stdout.print(f"code of #{r['replicate']} {_short(r['run_id'])}: {r.get('code', '-')}", markup=False)
     if d.get("mode") == "alone":
         _print_tail(result)
         return
