@@ -7,6 +7,7 @@ Areas, each a folder of the cache:
   the images ``launcher build`` made, so an image ships from here without ``docker save``;
 - ``builds``: build records by content, so another workspace reuses an identical build;
 - ``wheels``: the wheelhouse the builds install from, by file name, checked against the lock;
+- ``code``: snapshots of the code folders runs mount, by code digest (small; not pruned);
 - ``bootstrap``: debootstrapped root file systems of pinned bases;
 - ``registry``: the storage of the local registry that holds bootstrapped bases;
 - ``layer-keys``: how the layers of each base are recognised.
@@ -32,7 +33,7 @@ from typing import Any
 from launcher.hashing import sha256_file
 from launcher.lock import HASH
 
-AREAS = ("images", "builds", "wheels", "bootstrap", "registry", "layer-keys")
+AREAS = ("images", "builds", "wheels", "code", "bootstrap", "registry", "layer-keys")
 ORPHAN_AGE_S = 3600.0
 
 
