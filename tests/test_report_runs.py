@@ -1,12 +1,11 @@
-"""`launcher report` over real runs: a numpy recipe (two layers, an unseeded dropout) in a small
-image, run by launcher's in-container runtime in the local Docker engine with profile `off`,
-two groups of 10 runs each planned and scheduled by `launcher.experiment` (two containers at a
-time). The report's intervals are checked against scipy's F distribution applied to the runs'
-own metrics.jsonl; its HTML against the PNG files it names.
-
-The runs are started with the container contract of docs/design.md (`python -m
-launcher.runtime run --recipe ... --out /launcher/out`) and adopted as a pull would
-(runfactory.adopt_outputs), so this test does not depend on how `launcher run` builds images."""
+"""`launcher report` over real runs made the way a user makes them: a numpy recipe (two
+layers, an unseeded dropout; framework "none", so no TensorFlow import) in a scratch workspace
+whose recipes/ holds only tests/fixtures/report_recipes, on the session's TensorFlow CPU
+environment image. `launcher experiment noisy --runs 10 --seeds both --determinism off` builds
+the workspace's image first (only launcher's recipes layer is new: the environment image is
+reused) and runs the two groups of 10 on the local engine; then the `launcher report` line it
+prints is run. The report's intervals are checked against scipy's F distribution applied to the
+runs' own metrics.jsonl; its HTML against the PNG files it names."""
 
 from __future__ import annotations
 
@@ -14,96 +13,40 @@ import html.parser
 import importlib.util
 import json
 import math
+import shlex
 import shutil
 import struct
-import subprocess
-import uuid
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from conftest import need
-from runfactory import FakeRun, adopt_outputs, refresh_manifest, write_run
+from runfactory import FakeRun, refresh_manifest, write_run
 from runfactory import make_workspace as fake_workspace
 from typer.testing import CliRunner
 
+from launcher.build import read_record
 from launcher.cli import app
-from launcher.determinism import profile_env
-from launcher.experiment import DIFFERENT_SEEDS, SAME_SEED, PlannedRun, experiment
 from launcher.report import write_report
+from launcher.runtime.code import code_digest
 from launcher.workspace import Workspace
 
-REPO = Path(__file__).resolve().parent.parent
 RECIPES = Path(__file__).resolve().parent / "fixtures" / "report_recipes"
 RUNS_PER_GROUP = 10
 
 
 @pytest.fixture(scope="module")
-def numpy_image(base_ref: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """The pinned base + numpy (this interpreter's own copy) + launcher's runtime + the report recipes."""
-    numpy_dir = Path(np.__file__).resolve().parent
-    ctx = tmp_path_factory.mktemp("numpy-image")
-    site = ctx / "site"
-    shutil.copytree(numpy_dir, site / "numpy", ignore=shutil.ignore_patterns("__pycache__", "tests"))
-    libs = numpy_dir.parent / "numpy.libs"
-    if libs.is_dir():
-        shutil.copytree(libs, site / "numpy.libs")
-    (ctx / "launcher").mkdir()
-    shutil.copy(REPO / "launcher" / "__init__.py", ctx / "launcher" / "__init__.py")
-    shutil.copytree(REPO / "launcher" / "runtime", ctx / "launcher" / "runtime",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(RECIPES, ctx / "recipes", ignore=shutil.ignore_patterns("__pycache__"))
-    (ctx / "Dockerfile").write_text(
-        f"FROM {base_ref}\n"
-        "RUN ln -sf /usr/bin/python3 /usr/local/bin/python\n"
-        "ENV PYTHONPATH=/opt/launcher:/opt/site PYTHONDONTWRITEBYTECODE=1\n"
-        "COPY site /opt/site\n"
-        "COPY launcher /opt/launcher/launcher\n"
-        "COPY recipes /opt/launcher/recipes\n"
-        'RUN python -c "import numpy"\n'
-    )
-    tag = f"launcher-test/numpy:{uuid.uuid4().hex[:8]}"
-    built = subprocess.run(["docker", "build", "-q", "-t", tag, str(ctx)], capture_output=True, text=True,
-                           check=False)
-    # numpy is this interpreter's copy: it imports in the image only if both are CPython 3.11 on x86-64/glibc.
-    assert built.returncode == 0, f"cannot build the numpy test image: {built.stderr[-1500:]}"
-    image_id = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", tag], check=True,
-                              capture_output=True, text=True).stdout.strip()
-    try:
-        yield {"id": image_id, "tag": tag}
-    finally:
-        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, check=False)
-
-
-@pytest.fixture(scope="module")
-def experiment_ws(tmp_path_factory: pytest.TempPathFactory) -> Workspace:
-    root = tmp_path_factory.mktemp("report-runs")
-    ws = Workspace.at(fake_workspace(root / "ws"), root / "cache")
-    shutil.rmtree(ws.recipes)
-    shutil.copytree(RECIPES, ws.recipes)
+def experiment_ws(make_workspace: Callable[..., Workspace], cpu_image: dict[str, Any],
+                  tmp_path_factory: pytest.TempPathFactory) -> Workspace:
+    """A scratch workspace on the bootstrapped base whose recipes are the report recipes alone.
+    cpu_image has built the environment image of these same Dockerfile, lock and base."""
+    ws = make_workspace(tmp_path_factory.mktemp("report-runs") / "ws", recipes=False)
+    for recipe in RECIPES.iterdir():
+        shutil.copytree(recipe, ws.recipes / recipe.name, ignore=shutil.ignore_patterns("__pycache__"))
     return ws
-
-
-def run_in_container(image_id: str, ws: Workspace, job: PlannedRun, scratch: Path) -> dict[str, Any]:
-    """One real run of the noisy recipe (profile off), its outputs adopted into ws/runs."""
-    run_id = f"20261123T{job.replicate:06d}-noisy-{uuid.uuid4().hex[:6]}"
-    out = scratch / run_id
-    out.mkdir(parents=True)
-    env = profile_env("off")
-    argv = ["docker", "run", "--rm", "--label", "org.launcher.test=report-runs"]
-    for key, value in sorted(env.items()):
-        argv += ["-e", f"{key}={value}"]
-    argv += ["-v", f"{out}:/launcher/out", image_id, "python", "-m", "launcher.runtime", "run",
-             "--recipe", "/opt/launcher/recipes/noisy", "--out", "/launcher/out", "--params", "{}"]
-    cp = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
-    assert cp.returncode == 0, f"run {run_id} exited {cp.returncode}: {cp.stderr[-1500:]}"
-    minute = 10 + job.replicate // 60
-    adopt_outputs(ws.runs, run_id, out, recipe="noisy", seed=job.seed, group=job.group, replicate=job.replicate,
-                  profile="off", env=env, started_at=f"2026-11-23T{minute:02d}:{job.replicate % 60:02d}:00Z")
-    return {"runs": [{"run_id": run_id, "status": "succeeded"}]}
 
 
 class ImageSources(html.parser.HTMLParser):
@@ -218,20 +161,34 @@ def test_runs_without_final_weights_are_noted_not_drawn(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def experiment_report(experiment_ws: Workspace, numpy_image: dict[str, Any],
-                      tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """20 real runs (10 per group, profile off) planned by `experiment`, then `launcher report`."""
-    scratch = tmp_path_factory.mktemp("outs")
-    res = experiment(experiment_ws, "noisy", RUNS_PER_GROUP, "both", ["engine-1", "engine-2"],
-                     profile="off", launch=lambda job, _host: run_in_container(numpy_image["id"], experiment_ws,
-                                                                               job, scratch))
-    assert res.exit_code == 0, [o.error for o in res.outcomes if o.error]
-    names = [res.groups[SAME_SEED], res.groups[DIFFERENT_SEEDS]]
+def experiment_report(experiment_ws: Workspace, cpu_image: dict[str, Any]) -> dict[str, Any]:
+    """`launcher experiment` (20 real runs, profile off, local engine), then the `launcher report`
+    line it prints, as text and as JSON."""
     runner = CliRunner()
-    text = runner.invoke(app, ["-w", str(experiment_ws.root), "-q", "report", *names, "--name", "noisy"])
+    ws = ["--workspace", str(experiment_ws.root)]
+    ran = runner.invoke(app, [*ws, "experiment", "noisy", "--runs", str(RUNS_PER_GROUP), "--seeds", "both",
+                              "--determinism", "off"])
+    assert ran.exit_code == 0, (ran.stdout[-3000:], ran.stderr[-3000:])
+    assert f"{2 * RUNS_PER_GROUP} runs in 2 groups" in ran.stdout
+    # The workspace had no image: the first run builds it, once, on the session's environment image.
+    assert ran.stderr.count("building it first") == 1, ran.stderr[-3000:]
+    record = read_record(experiment_ws, "cpu")
+    assert record is not None
+    assert record.extra["env_image_id"] == cpu_image["record"].extra["env_image_id"]
+    assert record.extra["recipes"] == {"noisy": code_digest(RECIPES / "noisy")}
+    manifests = [json.loads(p.read_text()) for p in sorted(experiment_ws.runs.glob("*/manifest.json"))]
+    assert len(manifests) == 2 * RUNS_PER_GROUP
+    for m in manifests:  # launcher's own runs: its image, the baked recipe, profile off, no framework
+        assert m["image"]["id"] == record.image_id and m["status"] == "succeeded"
+        assert (m["recipe"]["code_source"], m["recipe"]["tree_digest"]) == ("image", code_digest(RECIPES / "noisy"))
+        assert m["determinism"]["profile"] == "off" and m["runtime"]["framework"] is None
+    line = next(x for x in ran.stdout.splitlines() if x.startswith("report:"))
+    command = shlex.split(line.removeprefix("report:"))
+    assert command[:2] == ["launcher", "report"] and len(command) == 4, line
+    names = command[2:]
+    text = runner.invoke(app, [*ws, "-q", *command[1:], "--name", "noisy"])
     assert text.exit_code == 0, text.stderr
-    as_json = runner.invoke(app, ["-w", str(experiment_ws.root), "-q", "--json", "report", *names,
-                                  "--name", "noisy"])
+    as_json = runner.invoke(app, [*ws, "-q", "--json", *command[1:], "--name", "noisy"])
     assert as_json.exit_code == 0, as_json.stderr
     return {"groups": names, "text": text.stdout, "doc": json.loads(as_json.stdout)["data"],
             "directory": experiment_ws.reports / "noisy", "ws": experiment_ws}
@@ -248,6 +205,7 @@ def final_values(ws: Workspace, run_ids: list[str], metric: str) -> list[float]:
 
 @pytest.mark.docker
 @pytest.mark.registry
+@pytest.mark.tfimage
 def test_real_runs_report_each_share_with_its_interval(experiment_report: dict[str, Any]) -> None:
     f = scipy_f()
     doc, ws = experiment_report["doc"], experiment_report["ws"]
@@ -289,6 +247,7 @@ def test_real_runs_report_each_share_with_its_interval(experiment_report: dict[s
 
 @pytest.mark.docker
 @pytest.mark.registry
+@pytest.mark.tfimage
 def test_real_runs_report_html_figures(experiment_report: dict[str, Any]) -> None:
     need_plots()
     doc, directory = experiment_report["doc"], experiment_report["directory"]
