@@ -128,11 +128,21 @@ stdout = Console(highlight=False, soft_wrap=True)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
+class _NotesOnly(NullReporter):
+    """No progress bars (stdout is a JSON document, stderr a log), but every note as a plain line."""
+
+    def note(self, message: str) -> None:
+        stderr.print(message, markup=False, highlight=False)
+
+
 @contextmanager
 def reporter(ctx: typer.Context) -> Iterator[Reporter]:
     opts = options(ctx)
-    if opts.quiet or (not stderr.is_terminal and opts.json):
+    if opts.quiet:
         yield NullReporter()
+        return
+    if not stderr.is_terminal and opts.json:  # scripts: no progress bars, but what launcher decided
+        yield _NotesOnly()
         return
     rep = RichReporter(stderr)
     try:
