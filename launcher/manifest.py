@@ -205,7 +205,8 @@ def write_manifest(run_dir: Path, data: Mapping[str, Any]) -> Manifest:
     return Manifest(run_dir=run_dir, data=record, artifacts=artifacts)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON object from path, or {} where it is missing, unreadable or not an object."""
     try:
         data = json.loads(path.read_text())
         return data if isinstance(data, dict) else {}
@@ -223,11 +224,11 @@ def assemble(launch: Mapping[str, Any], outputs: Path, files: Mapping[str, Mappi
     one the container was started from. The host's own idea of them is never substituted; where
     the runtime recorded nothing (it did not get that far) the digest is null.
     """
-    exit_rec = _read_json(outputs / "_launcher" / "exit.json")
+    exit_rec = read_json_object(outputs / "_launcher" / "exit.json")
     exit_code = exit_rec.get("exit_code")
     if not isinstance(exit_code, int):
         exit_code = int(state.get("ExitCode", -1)) if state else -1
-    code = _read_json(outputs / "_launcher" / "code.json")
+    code = read_json_object(outputs / "_launcher" / "code.json")
     ran: dict[str, Any] = code["recipe"] if isinstance(code.get("recipe"), dict) else {}
     lrec = launch["recipe"]
     recipe = {
@@ -261,7 +262,7 @@ def assemble(launch: Mapping[str, Any], outputs: Path, files: Mapping[str, Mappi
         "determinism": launch["determinism"],
         "image": image,
         "host": {**launch["host"], "facts": launch.get("facts", {})},
-        "runtime": _read_json(outputs / "_launcher" / "runtime.json"),
+        "runtime": read_json_object(outputs / "_launcher" / "runtime.json"),
         "started_at": str(exit_rec.get("started_at") or (state or {}).get("StartedAt") or launch["launched_at"]),
         "ended_at": str(exit_rec.get("ended_at") or (state or {}).get("FinishedAt") or now),
         "exit_code": exit_code,

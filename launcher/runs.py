@@ -31,6 +31,7 @@ from launcher.errors import (
 )
 from launcher.hashing import atomic_write_json
 from launcher.hosts.base import Host, open_host
+from launcher.manifest import describe_code, read_json_object
 from launcher.progress import NullReporter, Reporter
 from launcher.recipes import Recipe
 from launcher.workspace import VARIANTS, Workspace
@@ -468,14 +469,6 @@ def wait_run(
         time.sleep(poll_s)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
 def pull_run(
     ws: Workspace,
     run_id: str,
@@ -608,12 +601,10 @@ def list_runs(ws: Workspace, host: Host | None = None) -> list[dict[str, Any]]:
     rows: dict[str, dict[str, Any]] = {}
     if ws.runs.is_dir():
         for d in sorted(ws.runs.iterdir()):
-            launch = _read_json(d / LAUNCH_FILE)
+            launch = read_json_object(d / LAUNCH_FILE)
             if not launch:
                 continue
-            manifest = _read_json(d / MANIFEST_FILE)
-            from launcher.manifest import describe_code
-
+            manifest = read_json_object(d / MANIFEST_FILE)
             rows[d.name] = {
                 "run_id": d.name,
                 "recipe": launch.get("recipe", {}).get("name"),
