@@ -104,10 +104,11 @@ def data_root(host: Host, area: str = "data") -> str:
     return f"{host.home()}/.launcher/{area}"
 
 
-def place(host: Host, local: Path, reporter: Reporter | None = None, *, area: str = "data") -> Placed:
-    """Make the folder at local available on host under ~/.launcher/<area>/ (datasets; code
-    snapshots under "code"); returns where. Sends it only when the host does not hold these
-    exact files already."""
+def place(host: Host, local: Path, reporter: Reporter | None = None, *, area: str = "data",
+          name: str | None = None) -> Placed:
+    """Make the folder at local available on host under ~/.launcher/<area>/<name> (datasets by
+    their digest; code snapshots under "code", named by their code digest); returns where. Sends
+    it only when the host does not hold these exact files already."""
     rep = reporter or NullReporter()
     what = "dataset" if area == "data" else area
     task = rep.task(f"hash {what} {local}")
@@ -118,7 +119,7 @@ def place(host: Host, local: Path, reporter: Reporter | None = None, *, area: st
     if host.kind == "local":
         return Placed(str(ds.root), ds.digest, len(ds.files), ds.bytes, sent=False)
     root = data_root(host, area)
-    final = f"{root}/{ds.digest.removeprefix('sha256:')}"
+    final = f"{root}/{name or ds.digest.removeprefix('sha256:')}"
     if host.exists(final) and _sizes(host, final) == {rel: size for rel, (size, _) in ds.files.items()}:
         return Placed(final, ds.digest, len(ds.files), ds.bytes, sent=False)
     host.makedirs(root)

@@ -235,9 +235,13 @@ def _place_code(spec: RunSpec, host: Host, reporter: Reporter | None) -> RunSpec
     plan = dict(spec.code_plan or {})
     if plan.get("source") != "mounted" or plan.get("host_path"):
         return spec
+    if host.kind == "local":  # the local engine mounts the snapshot where it is
+        plan["host_path"], plan["sent"] = plan["local"], False
+        return replace(spec, code_plan=plan)
     from launcher import datasets
 
-    placed = datasets.place(host, Path(plan["local"]), reporter, area="code")
+    placed = datasets.place(host, Path(plan["local"]), reporter, area="code",
+                            name=str(plan["digest"]).removeprefix("sha256:"))
     plan["host_path"] = placed.path
     plan["sent"] = placed.sent
     return replace(spec, code_plan=plan)

@@ -114,6 +114,9 @@ def test_mounted_recipe_needs_no_rebuild_and_equal_digests_are_the_same_code(tin
     edited = manifests(tiny_workspace)[2]
     assert edited["recipe"]["tree_digest"] == code_digest(train.parent) != baked["recipe"]["tree_digest"]
     assert json.loads((tiny_workspace / ".launcher" / "builds" / "cpu.json").read_text()) == record
+    # the same results from other code: identical, and the verdict says the code differs
+    code, verdict, _ = cli(tiny_workspace, "verify", "checksums", baked["run_id"], edited["run_id"])
+    assert code == 0 and "the code differs" in verdict["summary"], verdict["summary"]
 
 
 SCRIPT = '''\
