@@ -139,7 +139,9 @@ def image_record(ws: Workspace, variant: str) -> dict[str, Any]:
         "base_digest": labels.get("org.launcher.base-digest"),
         "lock_sha256": labels.get("org.launcher.lock-sha256"),
         "git_commit": labels.get("org.launcher.git-commit"),
-        "git_dirty": str(labels.get("org.launcher.git-dirty", "")).lower() in ("1", "true", "yes"),
+        # outside git the commit is "unknown", and so is whether the tree was clean
+        "git_dirty": (str(labels.get("org.launcher.git-dirty", "")).lower() in ("1", "true", "yes")
+                      if labels.get("org.launcher.git-commit", "unknown") != "unknown" else None),
         "launcher_version": labels.get("org.launcher.version") or __version__,
         "recipes": dict((rec.get("extra") or {}).get("recipes") or {}),
     }

@@ -285,7 +285,8 @@ def run_cmd(
             f"(exit {failed[0]['exit_code']}); logs in runs/{failed[0]['run_id']}/outputs/logs/train.log"
         )
     else:
-        summary = f"group {outcome.group}: {len(outcome.runs)} runs succeeded"
+        n = len(outcome.runs)
+        summary = f"group {outcome.group}: {n} run{'s' if n != 1 else ''} succeeded"
     data_out = {"group": outcome.group, "detached": outcome.detached, "runs": outcome.runs}
     render(ctx, Result("run", data_out, exit_code=code, summary=summary), _run_text)
 

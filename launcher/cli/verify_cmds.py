@@ -101,7 +101,7 @@ def explanation_lines(exp: dict[str, Any]) -> list[str]:
             lines.append(f"metrics: first diverge at epoch {fd['epoch']}: " + ", ".join(parts))
     env = exp.get("environment")
     if env:
-        lines.append("environment: " + "; ".join(
+        lines.append("inputs and environment: " + "; ".join(
             f"{r['key']} {r['reference']!r} -> {r['run']!r} [{r['category']}]" for r in env[:12])
             + (f"; and {len(env) - 12} more" if len(env) > 12 else ""))
     elif env is not None:

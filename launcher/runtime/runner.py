@@ -148,6 +148,9 @@ def prepare(args: argparse.Namespace, tee: Tee) -> tuple[recipe_spec.RecipeSpec,
         "PYTHONPATH": os.pathsep.join(p for p in (str(LAUNCHER_ROOT), env.get("PYTHONPATH", "")) if p),
     })
     tee.say(f"recipe {spec.name} ({spec.framework}), params {recipe_spec.params_json(params)}")
+    script_args = args.args[1:] if args.args[:1] == ["--"] else list(args.args)
+    if script_args:
+        tee.say("script arguments: " + " ".join(script_args))
     tee.say(f"profile {env.get('LAUNCHER_PROFILE', 'off')}, seed {env.get('LAUNCHER_SEED', '-')}, "
             f"threads {env.get('LAUNCHER_THREADS', '-')}")
     return spec, env
