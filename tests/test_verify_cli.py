@@ -60,7 +60,7 @@ def test_json_schema(root: Path) -> None:
     assert set(data["checks"]) == {"models", "initial_weights", "data", "batches", "metrics"}
     run = data["runs"][1]
     assert set(run) == {"run_id", "group", "replicate", "seed", "recipe", "run_status", "status",
-                        "classification", "line", "first_difference", "identical_in_content"}
+                        "classification", "line", "first_difference", "identical_in_content", "code"}
     assert run["classification"] == "input-change" and "seed" in run["line"]
     exp = data["explanations"][b.name]
     assert set(exp) == {"classification", "model", "initial_weights", "data", "batches", "metrics",
