@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, Generic, TypeVar
 
+from launcher.determinism import DEFAULT_SEED
 from launcher.errors import ExitCode, HostUnreachable, LauncherError, UsageError
 from launcher.progress import NullReporter, Reporter
 from launcher.workspace import Workspace
@@ -34,7 +35,7 @@ class PlannedRun:
     seed: int
 
 
-def plan(recipe: str, runs: int, seeds: str = "both", base_seed: int = 42,
+def plan(recipe: str, runs: int, seeds: str = "both", base_seed: int = DEFAULT_SEED,
          stamp: str | None = None) -> list[PlannedRun]:
     """The runs of an experiment, the two groups interleaved so both make progress together."""
     if runs < 1:
@@ -168,7 +169,7 @@ def _launch_with_runs(ws: Workspace, base: Any, reporter: Reporter,
 
 
 def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
-               hosts: Sequence[str | None] = (None,), *, base_seed: int = 42, variant: str = "cpu",
+               hosts: Sequence[str | None] = (None,), *, base_seed: int = DEFAULT_SEED, variant: str = "cpu",
                profile: str = "deterministic",
                threads: int | None = None, data: str | None = None, data_from: str | None = None,
                params: dict[str, Any] | None = None,

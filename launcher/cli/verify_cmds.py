@@ -8,11 +8,14 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from launcher.cli.common import guarded, render, reporter, stdout, workspace_of
+from launcher.cli.common import command, render, reporter, stdout, workspace_of
+from launcher.determinism import DEFAULT_SEED
 from launcher.result import Result
 
+app = typer.Typer()
 verify_app = typer.Typer(name="verify", help="Compare runs bit for bit and explain the differences.",
                          no_args_is_help=True)
+app.add_typer(verify_app)
 
 MAX_ARRAY_LINES = 12
 _STYLE = {"identical": "green", "identical-content": "green", "differs": "bold red", "missing": "yellow",
@@ -162,8 +165,7 @@ def _print_tail(result: Result) -> None:
     stdout.print(f"\n[{style}]{result.summary}[/]")
 
 
-@verify_app.command("checksums")
-@guarded("verify checksums")
+@command(verify_app, "checksums")
 def checksums(
     ctx: typer.Context,
     runs: Annotated[list[str] | None, typer.Argument(
@@ -207,6 +209,7 @@ def _print_experiment(result: Result) -> None:
     stdout.print(result.summary)
 
 
+@command(app, "experiment")
 def experiment_cmd(
     ctx: typer.Context,
     recipe: Annotated[str, typer.Argument(help="A recipe name (recipes/NAME).")],
@@ -218,7 +221,7 @@ def experiment_cmd(
         "--host", "-H", help="SSH destination; repeat to spread runs over hosts (one run per host at a "
         "time). Default: the local Docker engine.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="The seed of the same-seed group; the first of the "
-                                      "different-seeds group.")] = 42,
+                                      "different-seeds group.")] = DEFAULT_SEED,
     variant: Annotated[str, typer.Option("--variant", help="Image variant: cpu or gpu.")] = "cpu",
     determinism: Annotated[str, typer.Option(
         "--determinism", "--profile", help="strict | deterministic | seeded | off")] = "deterministic",
@@ -294,6 +297,7 @@ def _print_report(result: Result) -> None:
     stdout.print(result.summary)
 
 
+@command(app, "report")
 def report_cmd(
     ctx: typer.Context,
     groups: Annotated[list[str], typer.Argument(
@@ -311,8 +315,7 @@ def report_cmd(
            _print_report)
 
 
-@verify_app.command("models")
-@guarded("verify models")
+@command(verify_app, "models")
 def models_cmd(
     ctx: typer.Context,
     reference: Annotated[Path, typer.Argument(help="A model file: canonical.npz, .weights.h5, .h5, .keras, .pt.")],
@@ -339,9 +342,3 @@ def models_cmd(
 
     code = ExitCode.OK if first is None else ExitCode.NOT_REPRODUCIBLE
     render(ctx, Result("verify models", data, code, summary), text)
-
-
-def register(app: typer.Typer) -> None:
-    app.add_typer(verify_app)
-    app.command("experiment")(guarded("experiment")(experiment_cmd))
-    app.command("report")(guarded("report")(report_cmd))
