@@ -564,13 +564,15 @@ def run_recipe(
         raise UsageError(f"--runs must be at least 1, not {runs}", "drop --runs or give a positive number")
     recipe = load_recipe(ws, spec.recipe, entry=spec.entry)
     check_params(recipe, spec.params)
-    from launcher import build
+    from launcher import build, determinism
 
+    seed_list = list(seeds) or [spec.seed]
+    for seed in seed_list:  # a bad profile, seed or thread count stops here, before a build or an upload
+        determinism.profile_env(spec.profile, seed, spec.threads)
     plan = plan_code(ws, spec, recipe)
     spec = replace(spec, code_plan=plan)
     build.ensure_current(ws, spec.variant, recipes=plan.get("source") == "image",
                          allow_build=spec.build, reporter=reporter)
-    seed_list = list(seeds) or [spec.seed]
     group = (
         spec.group
         or f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}-{recipe.name}-g{secrets.token_hex(3)}"
