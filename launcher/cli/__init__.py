@@ -52,12 +52,10 @@ def _root(
     ctx.obj = Options(workspace=workspace, json=json_out, debug=debug, quiet=quiet)
 
 
-images_cmds.register(app)
-recipe_cmds.register(app)
-run_cmds.register(app)
-verify_cmds.register(app)
-export_cmds.register(app)
-cache_cmds.register(app)
+# Each module declares its commands on its own Typer: a named one is a group (`launcher recipes ...`),
+# a nameless one adds its commands here at the top level. In the order of the chain, as --help lists them.
+for _commands in (images_cmds, recipe_cmds, run_cmds, verify_cmds, export_cmds, cache_cmds):
+    app.add_typer(_commands.app)
 
 
 def _terminate(signum: int, frame: object) -> None:

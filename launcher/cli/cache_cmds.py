@@ -9,11 +9,11 @@ from rich.filesize import decimal
 from rich.table import Table
 
 from launcher import cache as cache_mod
-from launcher.cli.common import guarded, options, render, stdout
+from launcher.cli.common import command, options, render, stdout
 from launcher.result import Result
 from launcher.workspace import Workspace, default_cache_dir
 
-cache_app = typer.Typer(
+app = typer.Typer(
     name="cache",
     help="The cache shared by every workspace on this machine (~/.cache/launcher, or $LAUNCHER_CACHE): "
     "image layers for shipping, build records, wheels, bootstrapped bases.",
@@ -21,12 +21,7 @@ cache_app = typer.Typer(
 )
 
 
-def register(app: typer.Typer) -> None:
-    app.add_typer(cache_app, name="cache")
-
-
-@cache_app.command("ls")
-@guarded("cache ls")
+@command(app, "ls")
 def ls_cmd(ctx: typer.Context) -> None:
     """Show each area of the cache with its files and size."""
     root = default_cache_dir()
@@ -44,8 +39,7 @@ def ls_cmd(ctx: typer.Context) -> None:
     render(ctx, Result("cache ls", data, summary=f"{decimal(total)} in {root}"), text)
 
 
-@cache_app.command("prune")
-@guarded("cache prune")
+@command(app, "prune")
 def prune_cmd(
     ctx: typer.Context,
     wheels: Annotated[

@@ -173,6 +173,19 @@ def fail(ctx: typer.Context | None, command: str, exc: LauncherError) -> None:
     stderr.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
 
 
+def command(group: typer.Typer, name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Declare a command of `group`, guarded under its full name (`launcher recipes new` reports errors
+    as "recipes new"). The one way commands are registered: each *_cmds module declares its own Typer
+    and launcher/cli/__init__.py adds it, as a named group or, when it has no name, at the top level."""
+    prefix = group.info.name if isinstance(group.info.name, str) else ""
+    full = f"{prefix} {name}".strip()
+
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        return group.command(name)(guarded(full)(fn))
+
+    return deco
+
+
 def guarded(command: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Wrap a command: LauncherError -> one line on stderr + its exit code; tracebacks only with --debug."""
 

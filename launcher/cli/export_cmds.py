@@ -8,9 +8,11 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from launcher.cli.common import guarded, render, reporter, stdout, workspace_of
+from launcher.cli.common import command, render, reporter, stdout, workspace_of
 from launcher.errors import UsageError
 from launcher.result import Result
+
+app = typer.Typer()
 
 
 def _print_export(result: Result) -> None:
@@ -27,6 +29,7 @@ def _print_export(result: Result) -> None:
     stdout.print(result.summary, markup=False)
 
 
+@command(app, "export")
 def export_cmd(
     ctx: typer.Context,
     runs: Annotated[list[str] | None, typer.Argument(
@@ -65,7 +68,3 @@ def export_cmd(
         res = export_runs(ws, refs, to, group=group, tracking_uri=tracking_uri, experiment=experiment,
                           logdir=logdir, reporter=rep)
     render(ctx, Result("export", res.to_dict(), summary=res.summary_line()), _print_export)
-
-
-def register(app: typer.Typer) -> None:
-    app.command("export")(guarded("export")(export_cmd))

@@ -12,8 +12,8 @@ from launcher import bootstrap as bootstrap_mod
 from launcher import build as build_mod
 from launcher import images, registry
 from launcher import lock as lock_mod
-from launcher.cli.common import guarded, render, reporter, stdout, workspace_of
-from launcher.errors import ExitCode, UsageError
+from launcher.cli.common import command, render, reporter, stdout, workspace_of
+from launcher.errors import ExitCode
 from launcher.result import Result
 from launcher.scaffold import init_workspace
 from launcher.workspace import Workspace
@@ -21,38 +21,20 @@ from launcher.workspace import Workspace
 CA_HELP = "CA bundle for TLS to the package index (behind an intercepting proxy). Default: pip's own settings."
 Variant = Annotated[str, typer.Argument(help="Image variant: cpu or gpu.")]
 
-base_app = typer.Typer(help="Pin base images by digest in lockfiles/images.lock.", no_args_is_help=True)
+app = typer.Typer()
+base_app = typer.Typer(name="base", help="Pin base images by digest in lockfiles/images.lock.",
+                       no_args_is_help=True)
+app.add_typer(base_app)
 
 
-def register(app: typer.Typer) -> None:
-    app.command("init")(init_cmd)
-    app.command("lock")(lock_cmd)
-    app.add_typer(base_app, name="base")
-    app.command("build")(build_cmd)
-    app.command("rebuild")(rebuild_cmd)
-
-
-@guarded("init")
+@command(app, "init")
 def init_cmd(
     ctx: typer.Context,
     directory: Annotated[Path, typer.Argument(help="Where to create the workspace.")] = Path("."),
-    recipe_name: Annotated[str | None, typer.Argument(
-        help="With `launcher init recipe NAME`: scaffold recipes/NAME/ in the current workspace.")] = None,
     from_workspace: Annotated[Path | None, typer.Option(
         "--from", help="Copy the locks, Dockerfiles and recipes of this workspace instead of the templates.")] = None,
-    framework: Annotated[str, typer.Option("--framework", help="For init recipe: tensorflow or torch.")] = "tensorflow",
 ) -> None:
-    """Create a workspace in DIR, or `launcher init recipe NAME` to scaffold a recipe in this one."""
-    if recipe_name is not None:
-        if str(directory) != "recipe":
-            raise UsageError(f"unexpected argument {recipe_name!r}",
-                             "use `launcher init [DIR]` or `launcher init recipe NAME`")
-        from launcher import recipes
-
-        made = recipes.scaffold_recipe(workspace_of(ctx), recipe_name, framework)
-        render(ctx, Result("init recipe", made.as_dict(),
-                           summary=f"created {made.path} (edit train.py, then `launcher run {made.name}`)"))
-        return
+    """Create a workspace in DIR (`launcher recipes new NAME` then scaffolds a recipe in it)."""
     src = Workspace.discover(from_workspace) if from_workspace else None
     res = init_workspace(directory, from_workspace=src)
     result = Result("init", {"root": str(res.root), "created": res.created, "skipped": res.skipped},
@@ -61,7 +43,7 @@ def init_cmd(
     render(ctx, result)
 
 
-@guarded("lock")
+@command(app, "lock")
 def lock_cmd(
     ctx: typer.Context,
     variant: Annotated[str, typer.Option("--variant", help="cpu, gpu or all.")] = "all",
@@ -88,8 +70,7 @@ def lock_cmd(
     render(ctx, Result("lock", data, summary="\n".join(lines)))
 
 
-@base_app.command("resolve")
-@guarded("base resolve")
+@command(base_app, "resolve")
 def base_resolve(
     ctx: typer.Context,
     ref: Annotated[str, typer.Argument(help="A public image tag, e.g. python:3.11-slim-bookworm.")],
@@ -117,8 +98,7 @@ def base_resolve(
                        summary=f"{', '.join(variants)} base pinned: {pinned}"))
 
 
-@base_app.command("bootstrap")
-@guarded("base bootstrap")
+@command(base_app, "bootstrap")
 def base_bootstrap(
     ctx: typer.Context,
     variant: Annotated[str, typer.Option("--variant", help="cpu, gpu or all.")] = "all",
@@ -152,7 +132,7 @@ def base_bootstrap(
     render(ctx, Result("base bootstrap", data, summary=f"{', '.join(variants)} base pinned: {res.ref}"))
 
 
-@guarded("build")
+@command(app, "build")
 def build_cmd(
     ctx: typer.Context,
     variant: Variant = "cpu",
@@ -173,7 +153,7 @@ def build_cmd(
     render(ctx, Result("build", data, summary=f"{rec.tag} {verb}\n  image {rec.image_id}\n  tree  {rec.tree_digest}"))
 
 
-@guarded("rebuild")
+@command(app, "rebuild")
 def rebuild_cmd(
     ctx: typer.Context,
     variant: Variant = "cpu",
@@ -210,8 +190,7 @@ def rebuild_cmd(
     render(ctx, Result("rebuild", data, exit_code=code), text)
 
 
-@base_app.command("registry")
-@guarded("base registry")
+@command(base_app, "registry")
 def base_registry(
     ctx: typer.Context,
     address: Annotated[str, typer.Option("--address", help="Loopback address to listen on.")] = registry.DEFAULT_LOCAL,

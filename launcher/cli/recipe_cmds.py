@@ -8,15 +8,14 @@ import typer
 from rich.table import Table
 
 from launcher import recipes
-from launcher.cli.common import guarded, render, stdout, workspace_of
+from launcher.cli.common import command, render, stdout, workspace_of
 from launcher.result import Result
 
-recipes_app = typer.Typer(name="recipes", no_args_is_help=True,
-                          help="The workspace's training recipes (recipes/<name>/recipe.toml).")
+app = typer.Typer(name="recipes", no_args_is_help=True,
+                  help="The workspace's training recipes (recipes/<name>/recipe.toml).")
 
 
-@recipes_app.command("list")
-@guarded("recipes list")
+@command(app, "list")
 def list_cmd(ctx: typer.Context) -> None:
     """List the recipes of the workspace."""
     ws = workspace_of(ctx)
@@ -36,8 +35,7 @@ def list_cmd(ctx: typer.Context) -> None:
     render(ctx, Result("recipes list", data, summary=f"{len(found)} recipes"), text)
 
 
-@recipes_app.command("show")
-@guarded("recipes show")
+@command(app, "show")
 def show_cmd(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="A recipe name, a recipe folder or a .py script.")],
@@ -63,8 +61,7 @@ def show_cmd(
     render(ctx, Result("recipes show", recipe.as_dict(), summary=f"{recipe.name}"), text)
 
 
-@recipes_app.command("new")
-@guarded("recipes new")
+@command(app, "new")
 def new_cmd(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="The new recipe's name (a folder under recipes/).")],
@@ -75,6 +72,3 @@ def new_cmd(
     render(ctx, Result("recipes new", recipe.as_dict(),
                        summary=f"created {recipe.path} (edit train.py, then `launcher run {recipe.name}`)"))
 
-
-def register(app: typer.Typer) -> None:
-    app.add_typer(recipes_app)

@@ -9,9 +9,11 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from launcher.cli.common import guarded, options, render, reporter, stdout, workspace_of
+from launcher.cli.common import command, options, render, reporter, stdout, workspace_of
 from launcher.errors import ExitCode, UsageError
 from launcher.result import Result
+
+app = typer.Typer()
 
 HostOpt = Annotated[
     str | None,
@@ -98,6 +100,7 @@ def _facts_text(result: Result) -> None:
     stdout.print(result.summary, markup=False)
 
 
+@command(app, "provision")
 def provision_cmd(
     ctx: typer.Context,
     host: HostOpt = None,
@@ -143,6 +146,7 @@ def _run_text(result: Result) -> None:
     stdout.print(result.summary, markup=False)
 
 
+@command(app, "run")
 def run_cmd(
     ctx: typer.Context,
     recipe: Annotated[
@@ -291,6 +295,7 @@ def run_cmd(
     render(ctx, Result("run", data_out, exit_code=code, summary=summary), _run_text)
 
 
+@command(app, "ps")
 def ps_cmd(
     ctx: typer.Context,
     host: HostOpt = None,
@@ -327,6 +332,7 @@ def _sink(ctx: typer.Context, lines: list[str]) -> Any:
     return lambda line: stdout.print(line, markup=False, highlight=False)
 
 
+@command(app, "logs")
 def logs_cmd(
     ctx: typer.Context,
     run_id: Annotated[str, typer.Argument(metavar="RUN")],
@@ -340,6 +346,7 @@ def logs_cmd(
     render(ctx, Result("logs", {"run_id": run_id, "lines": lines}), lambda r: None)
 
 
+@command(app, "attach")
 def attach_cmd(ctx: typer.Context, run_id: Annotated[str, typer.Argument(metavar="RUN")]) -> None:
     """Follow a detached run's logs to its end, then pull its outputs."""
     from launcher import runs
@@ -359,6 +366,7 @@ def attach_cmd(ctx: typer.Context, run_id: Annotated[str, typer.Argument(metavar
     )
 
 
+@command(app, "pull")
 def pull_cmd(
     ctx: typer.Context,
     run_id: Annotated[str, typer.Argument(metavar="RUN")],
@@ -382,6 +390,7 @@ def pull_cmd(
     render(ctx, Result("pull", {"run": out}, exit_code=code, summary=summary))
 
 
+@command(app, "stop")
 def stop_cmd(ctx: typer.Context, run_id: Annotated[str, typer.Argument(metavar="RUN")]) -> None:
     """Stop a run's container (its outputs so far stay on the host: `launcher pull RUN`)."""
     from launcher import runs
@@ -390,6 +399,7 @@ def stop_cmd(ctx: typer.Context, run_id: Annotated[str, typer.Argument(metavar="
     render(ctx, Result("stop", out, summary=f"stopped {run_id} (exit {out.get('exit_code')})"))
 
 
+@command(app, "clean")
 def clean_cmd(
     ctx: typer.Context,
     run_ids: Annotated[
@@ -443,14 +453,3 @@ def clean_cmd(
             f"kept {len(pruned.kept)}"
         )
     render(ctx, Result("clean", data, summary="; ".join(parts)))
-
-
-def register(app: typer.Typer) -> None:
-    app.command("provision")(guarded("provision")(provision_cmd))
-    app.command("run")(guarded("run")(run_cmd))
-    app.command("ps")(guarded("ps")(ps_cmd))
-    app.command("logs")(guarded("logs")(logs_cmd))
-    app.command("attach")(guarded("attach")(attach_cmd))
-    app.command("pull")(guarded("pull")(pull_cmd))
-    app.command("stop")(guarded("stop")(stop_cmd))
-    app.command("clean")(guarded("clean")(clean_cmd))
