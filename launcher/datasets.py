@@ -219,15 +219,12 @@ def prune_host(host: Host, *, dry_run: bool = False) -> HostPrune:
     result = HostPrune()
     if host.kind == "local":
         return result  # nothing is copied for the local engine
-    from launcher.transfer import require_docker
+    from launcher.hosts.engine import Engine
 
-    require_docker(host)  # without it, what containers mount cannot be told
+    engine = Engine(host)
+    engine.require()  # without it, what containers mount cannot be told
     root = data_root(host)
-    ids = host.run(["docker", "ps", "-aq"]).out.split()
-    mounted: set[str] = set()
-    if ids:
-        fmt = "{{range .Mounts}}{{.Source}}\n{{end}}"
-        mounted = set(host.run(["docker", "inspect", "--format", fmt, *ids], check=False).out.split())
+    mounted = engine.mount_sources(engine.container_ids())
     listing = host.run([host.python, "-c", _DATA_LIST, root], check=False).out
     for line in listing.splitlines():
         size_s, age_s, name = line.split(" ", 2)

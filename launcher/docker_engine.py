@@ -1,4 +1,7 @@
-"""The local Docker engine (docker-py), in one place: availability, inspect, build."""
+"""The local Docker engine through docker-py, for the builder: availability, inspect, build.
+
+Every other image and container operation goes through launcher.hosts.engine.
+"""
 
 from __future__ import annotations
 
@@ -52,10 +55,6 @@ def image_exists(ref: str) -> bool:
         return False
 
 
-def tag(image_id: str, repository: str, tag: str) -> None:
-    client().api.tag(image_id, repository, tag, force=True)
-
-
 def remove_image(ref: str) -> None:
     try:
         client().api.remove_image(ref, force=True, noprune=False)
@@ -78,8 +77,3 @@ def build(context: Path, *, dockerfile: str, tag: str | None, buildargs: Mapping
     except docker.errors.APIError as exc:
         raise BuildFailed(f"the Docker engine refused the build: {exc.explanation or exc}",
                           "check the Dockerfile and the base image") from exc
-
-
-def image_ids() -> set[str]:
-    """The ID of every image the engine holds, intermediate ones included."""
-    return {str(i) for i in client().api.images(all=True, quiet=True)}

@@ -15,7 +15,6 @@ import hashlib
 import io
 import json
 import shutil
-import subprocess
 import tarfile
 import tempfile
 from collections.abc import Callable
@@ -23,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, cast
 
-from launcher import proc
 from launcher.errors import BuildFailed
+from launcher.hosts import engine
 
 BLOCK = 512
 DEFAULT_EPOCH = 315532800  # 1980-01-01T00:00:00Z, the earliest date a zip entry can carry
@@ -294,13 +293,12 @@ HEAD = 1 << 16
 def base_layer_keys(base: str, cache: Path | None = None) -> set[str]:
     """Size + sha256 of the first 64 KiB of each layer of base: how its layers are recognised
     in a `docker save` stream before they have been read whole (cached per base image ID)."""
-    base_id = json.loads(proc.run(["docker", "image", "inspect", "--format", "{{json .Id}}", base]).out)
+    base_id = str(engine.local().inspect_image(base)["Id"])
     path = cache / "layer-keys" / f"{base_id.removeprefix('sha256:')}.json" if cache else None
     if path is not None and path.is_file():
         return set(json.loads(path.read_text()))
     keys: set[str] = set()
-    p = proc.popen(["docker", "save", base], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert p.stdout is not None
+    p = engine.local().save(base)
     with tarfile.open(fileobj=p.stdout, mode="r|") as tar:
         for member in tar:
             if member.name.endswith("/layer.tar"):
@@ -379,12 +377,11 @@ def normalize(image: str, *, tag: str, base_keys: set[str] | None = None, epoch:
     the pinned base. With layer_cache, the image's own layers and config are also kept there
     by digest, so shipping it later needs no `docker save` (see transfer.ship_image).
     """
-    save = proc.popen(["docker", "save", image], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    loader = proc.popen(["docker", "load", "-q"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                        stderr=subprocess.PIPE) if load else None
-    assert save.stdout is not None
+    local = engine.local()
+    save = local.save(image)
+    loader = local.load() if load else None
     # Without load (a verification), only the digests are wanted: the bytes go nowhere.
-    out = cast(IO[bytes], loader.stdin if loader is not None and loader.stdin is not None else _Discard())
+    out = cast(IO[bytes], loader.stdin if loader is not None else _Discard())
     layers: dict[str, tuple[list[Entry], str]] = {}
     manifest: list[dict[str, Any]] = []
     configs: dict[str, bytes] = {}
@@ -431,7 +428,7 @@ def normalize(image: str, *, tag: str, base_keys: set[str] | None = None, epoch:
                 elif member.name.endswith(".json") and "/" not in member.name:
                     configs[member.name] = stream.read()
         if save.wait() != 0:
-            err = save.stderr.read().decode() if save.stderr else ""
+            err = save.stderr_text()
             raise BuildFailed(f"docker save {image} failed: {err.strip()[:200]}", "check the Docker engine")
         if len(manifest) != 1:
             raise BuildFailed(f"docker save {image} gave {len(manifest)} images", "save exactly one image")
@@ -453,11 +450,10 @@ def normalize(image: str, *, tag: str, base_keys: set[str] | None = None, epoch:
     except BrokenPipeError:
         pass
     finally:
-        if save.poll() is None:
-            save.kill()
+        save.kill()  # only if still running
     if loader is None:
         return Normalized(image_id=image_id, tree_digest=tree.digest(), tree=tree.lines(), config=cfg_bytes)
-    err = loader.stderr.read().decode() if loader.stderr else ""
+    err = loader.stderr_text()
     if loader.wait() != 0:
         raise BuildFailed(f"docker load of the normalised image failed: {err.strip()[:300]}",
                           "check the Docker engine's disk space")

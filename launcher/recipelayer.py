@@ -14,17 +14,17 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import subprocess
 import tarfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any
 
-from launcher import imagetree, proc
+from launcher import imagetree
 from launcher.errors import BuildFailed
 from launcher.hashing import atomic_path
+from launcher.hosts import engine
 from launcher.runtime import code as codedigest
 
 IMAGE_RECIPES = "opt/launcher/recipes"
@@ -114,15 +114,13 @@ def load(config: bytes, layer: RecipesLayer, tag: str) -> str:
     image_id = image_id_of(config)
     n = len(json.loads(config)["rootfs"]["diff_ids"])
     files: list[Path | None] = [None] * (n - 1) + [layer.path]
-    loader = proc.popen(["docker", "load", "-q"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                        stderr=subprocess.PIPE)
-    assert loader.stdin is not None
+    loader = engine.local().load()
     try:
-        imagetree.write_load_archive(cast(IO[bytes], loader.stdin), image_id, config, files, tag=tag)
+        imagetree.write_load_archive(loader.stdin, image_id, config, files, tag=tag)
         loader.stdin.close()
     except BrokenPipeError:
         pass
-    err = loader.stderr.read().decode("utf-8", "replace") if loader.stderr else ""
+    err = loader.stderr_text()
     if loader.wait() != 0:
         raise BuildFailed(f"docker load of the recipes layer failed: {err.strip()[:300]}",
                           "the environment image may be gone from the engine: `launcher build --no-cache`")

@@ -30,7 +30,9 @@ from launcher.errors import (
     UsageError,
 )
 from launcher.hashing import atomic_write_json
+from launcher.hosts import engine
 from launcher.hosts.base import Host, open_host
+from launcher.hosts.engine import Engine
 from launcher.manifest import describe_code, read_json_object
 from launcher.progress import NullReporter, Reporter
 from launcher.recipes import Recipe
@@ -176,7 +178,7 @@ def docker_run_argv(
     mounted read-only (a plain script's project, or a recipe folder run without baking);
     code_entry: the script inside it. owner ("UID:GID"): who gets the outputs when the run ends
     (the container runs as root; the user on the host should own what it wrote)."""
-    argv = ["docker", "run", "-d", "--name", container_name(run_id), "--label", f"{RUN_LABEL}={run_id}"]
+    argv = engine.command("run", "-d", "--name", container_name(run_id), "--label", f"{RUN_LABEL}={run_id}")
     for key, value in sorted(env.items()):
         argv += ["-e", f"{key}={value}"]
     if owner:
@@ -266,7 +268,7 @@ def reopen_host(ws: Workspace, launch: Mapping[str, Any]) -> Host:
 
 
 def _gpu_ready(host: Host) -> None:
-    runtimes = host.run(["docker", "info", "--format", "{{json .Runtimes}}"], check=False).out
+    runtimes = Engine(host).runtimes()
     smi = host.run(["nvidia-smi", "-L"], check=False)
     if smi.returncode != 0 or "GPU" not in smi.out:
         raise NoGpu(
@@ -284,8 +286,8 @@ def _output_owner(host: Host) -> str | None:
     """Whom the container should hand its outputs to: the host user, unless Docker there is
     rootless or remaps user namespaces. Then the container's root already writes as that user
     on the host, and a chown inside would hand the files to a subordinate ID instead."""
-    done = host.run(["docker", "info", "--format", "{{json .SecurityOptions}}"], check=False)
-    if done.returncode != 0 or "rootless" in done.out or "userns" in done.out:
+    opts = Engine(host).security_options()
+    if opts is None or any("rootless" in o or "userns" in o for o in opts):
         return None
     return host.owner()
 
@@ -327,7 +329,7 @@ def start_run(
     env = determinism.profile_env(spec.profile, spec.seed, spec.threads)
     image = image_record(ws, spec.variant)
     baked_digests = image.pop("recipes", {})
-    transfer.require_docker(host)
+    Engine(host).require()
     if spec.variant == "gpu":
         _gpu_ready(host)
     spec = _place_data(spec, host, rep)
@@ -417,7 +419,7 @@ def start_run(
     }
     local = ws.runs / run_id
     atomic_write_json(local / LAUNCH_FILE, launch)
-    started = host.run(argv, check=False)
+    started = Engine(host).run_container(argv)
     if started.returncode != 0:
         launch["start_error"] = started.last_error_line()
         atomic_write_json(local / LAUNCH_FILE, launch)
@@ -425,9 +427,9 @@ def start_run(
             f"the container for {run_id} did not start on {host.name}: {started.last_error_line()}",
             "check the image and Docker on the host",
         )
-    ran = host.run(["docker", "inspect", "--format", "{{.Image}}", container_name(run_id)], check=False)
-    if ran.returncode == 0 and ran.out.strip().startswith("sha256:"):
-        launch["image_ran"] = ran.out.strip()
+    ran = Engine(host).container_image(container_name(run_id))
+    if ran is not None:
+        launch["image_ran"] = ran
         atomic_write_json(local / LAUNCH_FILE, launch)
     rep.note(f"started {run_id} on {host.name}")
     return launch
@@ -442,16 +444,8 @@ def read_launch(ws: Workspace, run_id: str) -> dict[str, Any]:
         raise NotFound(f"no run {run_id} in {ws.runs}", "see `launcher ps` for run ids") from None
 
 
-def container_state(host: Host, name: str) -> dict[str, Any] | None:
-    done = host.run(["docker", "inspect", "--format", "{{json .State}}", name], check=False)
-    if done.returncode != 0:
-        return None
-    state: dict[str, Any] = json.loads(done.out)
-    return state
-
-
 def follow_logs(host: Host, container: str, sink: LogSink) -> None:
-    for line in host.iter_lines(["docker", "logs", "--follow", container]):
+    for line in Engine(host).logs(container, follow=True):
         sink(line.rstrip("\n"))
 
 
@@ -464,7 +458,7 @@ def wait_run(
     if on_log is not None:
         follow_logs(host, name, on_log)
     while True:
-        state = container_state(host, name)
+        state = Engine(host).container_state(name)
         if state is None:
             raise NotFound(
                 f"the container of {run_id} is gone from {host.name}",
@@ -495,7 +489,7 @@ def pull_run(
     local = run_dir(ws, run_id)
     try:
         while True:
-            state = container_state(h, launch["container"])
+            state = Engine(h).container_state(launch["container"])
             running = bool(state and state.get("Running"))
             result = transfer.pull_outputs(
                 h,
@@ -524,7 +518,7 @@ def pull_run(
             )
         manifest = _finish(ws, launch, h, result, state)
         if remove_container and state is not None:
-            h.run(["docker", "rm", launch["container"]], check=False)
+            Engine(h).rm(launch["container"])
         return manifest
     finally:
         if own:
@@ -582,10 +576,10 @@ def run_recipe(
 
         facts = provision.facts_for_run(ws, host)
     if spec.data_from:  # sent once for every replicate, after the cheap checks
-        transfer.require_docker(host)
+        Engine(host).require()
         spec = _place_data(spec, host, reporter)
     if (spec.code_plan or {}).get("source") == "mounted":
-        transfer.require_docker(host)
+        Engine(host).require()
         spec = _place_code(spec, host, reporter)
     out: list[dict[str, Any]] = []
     replicate = spec.replicate  # experiments hand out replicate numbers across hosts
@@ -624,10 +618,7 @@ def list_runs(ws: Workspace, host: Host | None = None) -> list[dict[str, Any]]:
             }
     if host is not None:
         fmt = '{{.Label "' + RUN_LABEL + '"}}\t{{.State}}\t{{.Status}}'
-        done = host.run(
-            ["docker", "ps", "-a", "--filter", f"label={RUN_LABEL}", "--format", fmt], check=False
-        )
-        for line in done.out.splitlines():
+        for line in Engine(host).ps_by_label(RUN_LABEL, fmt):
             rid, _, rest = line.partition("\t")
             st, _, status = rest.partition("\t")
             row = rows.setdefault(rid, {"run_id": rid, "host": host.name, "status": "unknown here"})
@@ -648,9 +639,8 @@ def logs(ws: Workspace, run_id: str, sink: LogSink, *, follow: bool = False) -> 
         else:
             raise
     try:
-        if host is not None and container_state(host, launch["container"]) is not None:
-            argv = ["docker", "logs", *(["--follow"] if follow else []), launch["container"]]
-            for line in host.iter_lines(argv):
+        if host is not None and Engine(host).container_state(launch["container"]) is not None:
+            for line in Engine(host).logs(launch["container"], follow=follow):
                 sink(line.rstrip("\n"))
             return
         if pulled.is_file():
@@ -671,7 +661,7 @@ def attach(ws: Workspace, run_id: str, sink: LogSink, reporter: Reporter | None 
     launch = read_launch(ws, run_id)
     host = reopen_host(ws, launch)
     try:
-        if container_state(host, launch["container"]) is not None:
+        if Engine(host).container_state(launch["container"]) is not None:
             wait_run(ws, run_id, host, on_log=sink)
         return pull_run(ws, run_id, host, reporter)
     finally:
@@ -682,13 +672,13 @@ def stop(ws: Workspace, run_id: str) -> dict[str, Any]:
     launch = read_launch(ws, run_id)
     host = reopen_host(ws, launch)
     try:
-        done = host.run(["docker", "stop", "-t", "10", launch["container"]], check=False)
+        done = Engine(host).stop(launch["container"], timeout_s=10)
         if done.returncode != 0:
             raise NotFound(
                 f"run {run_id} has no container on {host.name}: {done.last_error_line()}",
                 "it may have finished already: `launcher pull RUN`",
             )
-        state = container_state(host, launch["container"]) or {}
+        state = Engine(host).container_state(launch["container"]) or {}
         return {"run_id": run_id, "stopped": True, "exit_code": state.get("ExitCode")}
     finally:
         host.close()
@@ -712,13 +702,13 @@ def clean(ws: Workspace, run_id: str, *, force: bool = False, reporter: Reporter
                 "directory",
                 "remove it by hand on the host",
             )
-        state = container_state(host, launch["container"])
+        state = Engine(host).container_state(launch["container"])
         if state and state.get("Running"):
             raise UsageError(
                 f"run {run_id} is still running on {host.name}", f"stop it first: `launcher stop {run_id}`"
             )
         if state is not None:
-            host.run(["docker", "rm", launch["container"]], check=False)
+            Engine(host).rm(launch["container"])
         existed = host.exists(remote)
         if existed:
             done = host.run(["rm", "-rf", "--", remote], check=False)

@@ -22,38 +22,30 @@ import struct
 import tarfile
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, cast
 
-from launcher import imagetree, proc
+from launcher import imagetree
 from launcher.errors import (
     Corrupt,
     DiskFull,
-    EngineUnavailable,
-    HostNotReady,
     LauncherError,
     RegistryUnavailable,
     UnsafePath,
     UsageError,
 )
 from launcher.hashing import CHUNK, atomic_write_json, sha256_file
+from launcher.hosts import engine
 from launcher.hosts.base import Host, RemoteEntry
+from launcher.hosts.engine import Engine, chain_ids
 from launcher.progress import CountingReader, NullReporter, Reporter, Task
 
 LAYER_MAP_FILE = "layer-dirs.json"
 
 
 # ---------------------------------------------------------------- images
-
-
-def chain_ids(diff_ids: Sequence[str]) -> list[str]:
-    """Docker's layer chain IDs: chain[0] = diff[0], chain[i] = sha256(chain[i-1] + " " + diff[i])."""
-    out: list[str] = []
-    for diff in diff_ids:
-        out.append(diff if not out else "sha256:" + hashlib.sha256(f"{out[-1]} {diff}".encode()).hexdigest())
-    return out
 
 
 @dataclass
@@ -74,41 +66,6 @@ class ShipResult:
             "layers_skipped": self.layers_skipped,
             "seconds": round(self.seconds, 3),
         }
-
-
-def local_image(image: str) -> dict[str, Any]:
-    done = proc.run(["docker", "image", "inspect", "--format", "{{json .}}", image], check=False)
-    if done.returncode != 0:
-        if "No such" in done.err or "no such" in done.err:
-            raise LauncherError(
-                f"image {image} is not in the local Docker engine", "build it first with `launcher build`"
-            )
-        raise EngineUnavailable(
-            f"the local Docker engine did not answer: {done.last_error_line()}",
-            "start dockerd or set DOCKER_HOST",
-        )
-    info: dict[str, Any] = json.loads(done.out)
-    return info
-
-
-def host_has_image(host: Host, image_id: str) -> bool:
-    return (
-        host.run(["docker", "image", "inspect", "--format", "{{.Id}}", image_id], check=False).returncode == 0
-    )
-
-
-def host_chain_ids(host: Host) -> set[str]:
-    ids = host.run(["docker", "image", "ls", "-q", "--no-trunc"]).out.split()
-    if not ids:
-        return set()
-    out = host.run(
-        ["docker", "image", "inspect", "--format", "{{json .RootFS.Layers}}", *sorted(set(ids))]
-    ).out
-    chains: set[str] = set()
-    for line in out.splitlines():
-        if line.strip() and line.strip() != "null":
-            chains.update(chain_ids(json.loads(line)))
-    return chains
 
 
 def _load_layer_map(cache_dir: Path | None) -> dict[str, str]:
@@ -175,14 +132,6 @@ class _BytesReader:
         return chunk
 
 
-def _docker_root_free(host: Host) -> int:
-    root = (
-        host.run(["docker", "info", "--format", "{{.DockerRootDir}}"], check=False).out.strip()
-        or "/var/lib/docker"
-    )
-    return host.free_bytes(root)
-
-
 def ship_image(
     host: Host,
     image: str,
@@ -197,21 +146,22 @@ def ship_image(
 
     started = time.monotonic()
     rep = reporter or NullReporter()
-    info = local_image(image)
+    info = engine.local().inspect_image(image)
     image_id = str(info["Id"])
-    if host_has_image(host, image_id):
+    eng = Engine(host)
+    if eng.has_image(image_id):
         if tag:
-            host.run(["docker", "tag", image_id, tag], check=False)
+            eng.tag(image_id, tag)
         return ShipResult(image_id, skipped=True, seconds=time.monotonic() - started)
     diffs = list(info.get("RootFS", {}).get("Layers") or [])
     chains = chain_ids(diffs)
-    present = host_chain_ids(host) if only_missing_layers else set()
+    present = eng.chain_ids() if only_missing_layers else set()
     layer_map = _load_layer_map(cache_dir)
     missing = [c for c in chains if c not in present]
     need = int(info.get("Size", 0)) if len(missing) == len(chains) else 0
     if need == 0 and missing:
         need = int(info.get("Size", 0)) * len(missing) // max(len(chains), 1)
-    free = _docker_root_free(host)
+    free = host.free_bytes(eng.root_dir())
     if free < need * 2 + (256 << 20):
         raise DiskFull(
             f"{host.name} has {free >> 20} MiB free for Docker; the image needs about {need >> 20} MiB "
@@ -241,20 +191,19 @@ def ship_image(
 
     cached = imagetree.cached_image(cache_dir / "images", image_id) if cache_dir is not None else None
     if cached is not None and all(f is not None or c in present for f, c in zip(cached[1], chains, strict=False)):
-        _ship_from_cache(host, image_id, cached, chains, present, task, result)
+        _ship_from_cache(eng, image_id, cached, chains, present, task, result)
         task.close()
-        if not host_has_image(host, image_id):
+        if not eng.has_image(image_id):
             raise Corrupt(f"after loading, {host.name} does not have image {image_id}",
                           "retry; if it persists, remove the image's layers on the host (`docker image prune`)")
         if tag:
-            host.run(["docker", "tag", image_id, tag], check=False)
+            eng.tag(image_id, tag)
         result.seconds = time.monotonic() - started
         return result
 
-    save = proc.popen(["docker", "save", image_id])
-    load = host.start(["docker", "load", "-q"], bulk=True)
+    save = engine.local().save(image_id)
+    load = eng.load()
     _widen_pipe(load.stdin)
-    assert save.stdout is not None
     try:
         try:
             reader = cast(IO[bytes], CountingReader(save.stdout, on_bytes))
@@ -271,11 +220,10 @@ def ship_image(
         load_rc = load.wait()
     finally:
         task.close()
-        if save.poll() is None:
-            save.kill()
-            save.wait()
+        save.kill()  # only if still running
+        save.wait()
     if save_rc != 0:
-        err = save.stderr.read().decode("utf-8", "replace").strip() if save.stderr else ""
+        err = save.stderr_text().strip()
         raise LauncherError(f"docker save {image_id[:19]} failed: {err}", "check the local Docker engine")
     if load_rc != 0:
         text = (load.stderr_text() + load_out).strip()
@@ -291,18 +239,18 @@ def ship_image(
     for dirname_layer, chain in zip(manifest.get("Layers", []), chains, strict=False):
         layer_map[dirname_layer.split("/")[0]] = chain
     _save_layer_map(cache_dir, layer_map)
-    if not host_has_image(host, image_id):
+    if not eng.has_image(image_id):
         raise Corrupt(
             f"after loading, {host.name} does not have image {image_id}",
             "retry; if it persists, remove the image's layers on the host (`docker image prune`)",
         )
     if tag:
-        host.run(["docker", "tag", image_id, tag], check=False)
+        eng.tag(image_id, tag)
     result.seconds = time.monotonic() - started
     return result
 
 
-def _ship_from_cache(host: Host, image_id: str, cached: tuple[bytes, list[Path | None]], chains: list[str],
+def _ship_from_cache(eng: Engine, image_id: str, cached: tuple[bytes, list[Path | None]], chains: list[str],
                      present: set[str], task: Task, result: ShipResult) -> None:
     """Stream a `docker load` archive made from the build's layer cache: no `docker save`, so a
     rebuild whose recipe layer alone changed sends (and reads) that layer and little else."""
@@ -316,7 +264,8 @@ def _ship_from_cache(host: Host, image_id: str, cached: tuple[bytes, list[Path |
             send.append(path)
             result.layers_sent += 1
             result.bytes_sent += path.stat().st_size
-    load = host.start(["docker", "load", "-q"], bulk=True)
+    host = eng.host
+    load = eng.load()
     _widen_pipe(load.stdin)
     try:
         imagetree.write_load_archive(load.stdin, image_id, cfg, send,
@@ -342,8 +291,9 @@ SHIP_REPO = "launcher/ship"
 def _push_to_registry(image_id: str, registry: str) -> str:
     """Push the image to the local registry (only layers it lacks travel); return the manifest digest."""
     ref = f"{registry}/{SHIP_REPO}:{image_id.removeprefix('sha256:')[:32]}"
-    proc.run(["docker", "tag", image_id, ref])
-    done = proc.run(["docker", "push", ref], check=False)
+    local = engine.local()
+    local.tag(image_id, ref, check=True)
+    done = local.push(ref)
     if done.returncode != 0:
         raise LauncherError(f"docker push to {registry} failed: {done.last_error_line()}",
                             "check that the local registry runs and answers on that address")
@@ -364,16 +314,15 @@ def ship_image_via_registry(host: Host, image: str, *, registry: str, tag: str |
     import random
     import time
 
-    from launcher.hosts.ssh import SSHHost, remote_command
-
     started = time.monotonic()
     rep = reporter or NullReporter()
-    image_id = str(local_image(image)["Id"])
-    if host_has_image(host, image_id):
+    image_id = str(engine.local().inspect_image(image)["Id"])
+    eng = Engine(host)
+    if eng.has_image(image_id):
         if tag:
-            host.run(["docker", "tag", image_id, tag], check=False)
+            eng.tag(image_id, tag)
         return ShipResult(image_id, skipped=True, seconds=time.monotonic() - started)
-    if not isinstance(host, SSHHost) or not host.use_openssh:
+    if not host.can_reverse_tunnel():
         raise UsageError("shipping through a registry needs an SSH host and the OpenSSH client",
                          "ship with docker save/load instead (the default)")
     from launcher import registry as registry_mod
@@ -388,11 +337,7 @@ def ship_image_via_registry(host: Host, image: str, *, registry: str, tag: str |
         digest = _push_to_registry(image_id, registry)
         for _ in range(5):
             port = random.randint(20000, 60000)
-            ref = f"127.0.0.1:{port}/{SHIP_REPO}@{digest}"
-            argv = ["ssh", *host.openssh_options(), "-o", "ExitOnForwardFailure=yes", "-e", "none", "-T",
-                    "-R", f"127.0.0.1:{port}:{registry}", host.target.hostname, "--",
-                    remote_command(["docker", "pull", ref])]
-            done = proc.run(argv, check=False)
+            done = eng.pull_through_tunnel(f"127.0.0.1:{port}/{SHIP_REPO}@{digest}", port, registry)
             if done.returncode == 255 and "forwarding" in done.err:
                 continue
             break
@@ -405,11 +350,11 @@ def ship_image_via_registry(host: Host, image: str, *, registry: str, tag: str |
     result = ShipResult(image_id, skipped=False,
                         layers_sent=sum("Pull complete" in ln for ln in lines),
                         layers_skipped=sum("Already exists" in ln for ln in lines))
-    if not host_has_image(host, image_id):
+    if not eng.has_image(image_id):
         raise Corrupt(f"after the pull, {host.name} does not have image {image_id}",
                       "the registry may hold a different image under that tag; retry")
     if tag:
-        host.run(["docker", "tag", image_id, tag], check=False)
+        eng.tag(image_id, tag)
     result.seconds = time.monotonic() - started
     return result
 
@@ -761,18 +706,3 @@ def check_remote_digests(host: Host, remote_dir: str, files: dict[str, dict[str,
     """Paths whose sha256 on the host now differs from what was pulled (the host hashes them again)."""
     remote = {e.path: e.sha256 for e in host.list_dir(remote_dir, hashes=True) if e.kind == "file"}
     return [rel for rel, rec in files.items() if remote.get(rel) not in (None, rec["sha256"])]
-
-
-def require_docker(host: Host) -> None:
-    done = host.run(["docker", "version", "--format", "{{.Server.Version}}"], check=False)
-    if done.returncode == 127 or "not found" in done.err:
-        raise HostNotReady(
-            f"Docker is not installed on {host.name}",
-            f"install it with `launcher provision --host {host.name} --install`",
-        )
-    if done.returncode != 0:
-        raise HostNotReady(
-            f"Docker on {host.name} does not answer: {done.last_error_line()}",
-            "start dockerd there, or add the user to the docker group "
-            f"(`launcher provision --host {host.name}` says which)",
-        )

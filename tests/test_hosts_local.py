@@ -36,7 +36,7 @@ def test_a_missing_program_answers_like_a_remote_shell(tmp_path: Path) -> None:
     import pytest
 
     from launcher.errors import ExitCode, HostNotReady, NotFound
-    from launcher.transfer import require_docker
+    from launcher.hosts.engine import Engine
 
     h = LocalHost(tmp_path)
     done = h.run(["launcher-no-such-program"], check=False)
@@ -49,5 +49,5 @@ def test_a_missing_program_answers_like_a_remote_shell(tmp_path: Path) -> None:
             return super().run(["launcher-no-such-program", *argv[1:]], **kw)
 
     with pytest.raises(HostNotReady) as err:
-        require_docker(NoDocker(tmp_path))
+        Engine(NoDocker(tmp_path)).require()
     assert err.value.exit_code == ExitCode.HOST_NOT_READY and "provision" in err.value.one_line()

@@ -14,9 +14,9 @@ from conftest_testhost import make_workspace
 from testhost import TestHost
 from typer.testing import CliRunner
 
-from launcher import transfer
 from launcher.cli import app
 from launcher.errors import ExitCode, HostUnreachable, LauncherError
+from launcher.hosts import engine
 from launcher.hosts.ssh import SSHHost
 from launcher.workspace import Workspace
 
@@ -76,7 +76,7 @@ def test_run_ships_trains_and_pulls_what_the_host_hashed(
     launch = json.loads((run_dir / "launch.json").read_text())
     # shipped; layers another image on the host already holds are sent as empty files
     assert launch["ship"]["skipped"] is False
-    n_layers = len(transfer.local_image(tiny_image["id"])["RootFS"]["Layers"])
+    n_layers = len(engine.local().inspect_image(tiny_image["id"])["RootFS"]["Layers"])
     assert launch["ship"]["layers_sent"] + launch["ship"]["layers_skipped"] == n_layers
     assert manifest["status"] == "succeeded" and manifest["exit_code"] == 0
     assert manifest["image"]["id"] == tiny_image["id"] and manifest["seed"] == 7

@@ -10,6 +10,8 @@ import pytest
 from testhost import TestHost
 
 from launcher import build, lock, transfer
+from launcher.hosts import engine
+from launcher.hosts.engine import Engine
 from launcher.hosts.ssh import SSHHost
 from launcher.workspace import Workspace
 
@@ -34,16 +36,16 @@ def test_rebuilt_recipe_layer_ships_alone_from_the_layer_cache(
     lock.lock_variant(ws, "cpu")
     first = build.build(ws, "cpu")
     one = transfer.ship_image(remote, first.tag, cache_dir=ws.cache_dir)
-    assert not one.skipped and transfer.host_has_image(remote, first.image_id)
+    assert not one.skipped and Engine(remote).has_image(first.image_id)
 
     script.write_text("print('two')\n")
     second = build.build(ws, "cpu")
     assert second.image_id != first.image_id
     two = transfer.ship_image(remote, second.tag, tag="launcher-test/built:two", cache_dir=ws.cache_dir)
-    n_layers = len(transfer.local_image(second.tag)["RootFS"]["Layers"])
+    n_layers = len(engine.local().inspect_image(second.tag)["RootFS"]["Layers"])
     assert (two.layers_sent, two.layers_skipped) == (1, n_layers - 1)
     assert two.bytes_sent < 64 * 1024
-    assert transfer.host_has_image(remote, second.image_id)
+    assert Engine(remote).has_image(second.image_id)
     out = testhost.exec("docker", "run", "--rm", "launcher-test/built:two", "cat",
                         "/opt/launcher/recipes/hello/train.py")
     assert out.strip() == "print('two')"

@@ -15,6 +15,8 @@ import pytest
 from testhost import TestHost
 
 from launcher import transfer
+from launcher.hosts import engine
+from launcher.hosts.engine import Engine
 from launcher.hosts.ssh import SSHHost
 
 pytestmark = pytest.mark.testhost
@@ -46,14 +48,14 @@ def test_ship_skips_present_images_and_sends_only_missing_layers(
     try:
         one = transfer.ship_image(remote, first, cache_dir=cache)
         assert not one.skipped and one.layers_sent >= 1
-        assert transfer.host_has_image(remote, one.image_id)
+        assert Engine(remote).has_image(one.image_id)
 
         again = transfer.ship_image(remote, first, cache_dir=cache)
         assert again.skipped and again.bytes_sent == 0
 
         # the rebuilt image differs in its top layer only: that layer alone travels
         two = transfer.ship_image(remote, second, tag="launcher-test/shipped:two", cache_dir=cache)
-        n_layers = len(transfer.local_image(second)["RootFS"]["Layers"])
+        n_layers = len(engine.local().inspect_image(second)["RootFS"]["Layers"])
         assert (two.layers_sent, two.layers_skipped) == (1, n_layers - 1)
         assert two.bytes_sent < 64 * 1024
         out = testhost.exec("docker", "run", "--rm", "launcher-test/shipped:two", "sha256sum", "/payload.bin")
@@ -147,9 +149,9 @@ def test_ship_through_a_registry_tunnel_sends_only_new_layers(
     second = build_on_top(tiny_image["tag"], tmp_path / "b", uuid.uuid4().bytes * 1000)
     try:
         one = transfer.ship_image_via_registry(remote, first, registry=address)
-        assert not one.skipped and transfer.host_has_image(remote, one.image_id)
+        assert not one.skipped and Engine(remote).has_image(one.image_id)
         two = transfer.ship_image_via_registry(remote, second, registry=address, tag="launcher-test/reg:two")
-        n_layers = len(transfer.local_image(second)["RootFS"]["Layers"])
+        n_layers = len(engine.local().inspect_image(second)["RootFS"]["Layers"])
         assert (two.layers_sent, two.layers_skipped) == (1, n_layers - 1)
         out = testhost.exec("docker", "run", "--rm", "launcher-test/reg:two", "sha256sum", "/payload.bin")
         assert out.split()[0] == hashlib.sha256((tmp_path / "b" / "payload.bin").read_bytes()).hexdigest()
@@ -192,6 +194,6 @@ def test_pull_and_ship_work_without_the_openssh_client(
         image = build_on_top(tiny_image["tag"], tmp_path / "img", uuid.uuid4().bytes * 100)
         try:
             shipped = transfer.ship_image(h, image, cache_dir=tmp_path / "cache")
-            assert not shipped.skipped and transfer.host_has_image(h, shipped.image_id)
+            assert not shipped.skipped and Engine(h).has_image(shipped.image_id)
         finally:
             subprocess.run(["docker", "rmi", "-f", image], capture_output=True, check=False)

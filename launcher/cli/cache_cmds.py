@@ -57,14 +57,14 @@ def prune_cmd(
     cache. Anything removed is made again by the next `launcher build`. The local registry's
     storage and bootstrapped bases are never touched (the pinned base lives there).
     """
-    from launcher import docker_engine
+    from launcher.hosts import engine
 
     root = default_cache_dir()
     allowed = None
     if wheels:
         ws = Workspace.discover(options(ctx).workspace)
         allowed = cache_mod.locked_hashes(sorted((ws.root / "lockfiles").glob("*.txt")))
-    ids = docker_engine.image_ids()
+    ids = set(engine.local().image_ids(intermediate=True))
     done = cache_mod.prune(root, engine_has=ids.__contains__, wheels_allowed=allowed, dry_run=dry_run)
     verb = "would remove" if dry_run else "removed"
     summary = (

@@ -212,6 +212,14 @@ class Host(ABC):
         out = self.run(["df", "-Pk", path]).out.splitlines()
         return int(out[-1].split()[3]) * 1024
 
+    def can_reverse_tunnel(self) -> bool:
+        return False
+
+    def reverse_tunnel(self, remote_port: int, local_address: str, argv: Sequence[str]) -> Completed:
+        """Run argv on the host while its 127.0.0.1:remote_port reaches local_address ("HOST:PORT")
+        here; a returncode of 255 with "forwarding" in stderr means the port was taken."""
+        raise NotImplementedError(f"{self.kind} hosts have no reverse tunnel")
+
     def iter_lines(self, argv: Sequence[str]) -> Iterator[str]:
         proc = self.start(argv, merge_stderr=True)
         proc.stdin.close()

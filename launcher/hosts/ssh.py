@@ -434,6 +434,16 @@ class SSHHost(Host):
             opts += ["-o", f"ProxyCommand={self.target.proxy_command}"]
         return opts
 
+    def can_reverse_tunnel(self) -> bool:
+        return self.use_openssh
+
+    def reverse_tunnel(self, remote_port: int, local_address: str, argv: Sequence[str]) -> Completed:
+        if not self.use_openssh:
+            raise NotImplementedError("a reverse tunnel needs the OpenSSH client")
+        return proc.run(["ssh", *self.openssh_options(), "-o", "ExitOnForwardFailure=yes", "-e", "none", "-T",
+                         "-R", f"127.0.0.1:{remote_port}:{local_address}", self.target.hostname, "--",
+                         remote_command(argv)], check=False)
+
     def openssh_argv(self, argv: Sequence[str]) -> list[str]:
         return [
             "ssh",

@@ -1,0 +1,189 @@
+"""Docker on a host: every container and image operation launcher performs outside the builder.
+
+One class for the local engine and a remote one: an :class:`Engine` runs over a
+:class:`~launcher.hosts.base.Host`, builds each `docker` argv here and runs it through that host.
+The builder (docker-py builds, `docker save` of a build, bootstrap's import and push) drives
+the local engine itself: see launcher.build, launcher.bootstrap and launcher.imagetree.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from launcher.errors import EngineUnavailable, HostNotReady, LauncherError
+from launcher.hosts.base import Host, HostProcess
+from launcher.hosts.local import LocalHost
+from launcher.proc import Completed
+
+DOCKER = "docker"
+
+
+def command(*args: str) -> list[str]:
+    """A `docker` argv (pure: runs.docker_run_argv builds the run command line with it)."""
+    return [DOCKER, *args]
+
+
+def chain_ids(diff_ids: Sequence[str]) -> list[str]:
+    """Docker's layer chain IDs: chain[0] = diff[0], chain[i] = sha256(chain[i-1] + " " + diff[i])."""
+    import hashlib
+
+    out: list[str] = []
+    for diff in diff_ids:
+        out.append(diff if not out else "sha256:" + hashlib.sha256(f"{out[-1]} {diff}".encode()).hexdigest())
+    return out
+
+
+class Engine:
+    """The Docker engine of one host."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+
+    @property
+    def where(self) -> str:
+        return "the local Docker engine" if self.host.kind == "local" else f"Docker on {self.host.name}"
+
+    def _run(self, *args: str, check: bool = False) -> Completed:
+        return self.host.run(command(*args), check=check)
+
+    # ------------------------------------------------------------ engine
+
+    def require(self) -> None:
+        """HostNotReady unless the Docker server on the host answers."""
+        done = self._run("version", "--format", "{{.Server.Version}}")
+        if done.returncode == 127 or "not found" in done.err:
+            raise HostNotReady(
+                f"Docker is not installed on {self.host.name}",
+                f"install it with `launcher provision --host {self.host.name} --install`",
+            )
+        if done.returncode != 0:
+            raise HostNotReady(
+                f"Docker on {self.host.name} does not answer: {done.last_error_line()}",
+                "start dockerd there, or add the user to the docker group "
+                f"(`launcher provision --host {self.host.name}` says which)",
+            )
+
+    def root_dir(self) -> str:
+        return self._run("info", "--format", "{{.DockerRootDir}}").out.strip() or "/var/lib/docker"
+
+    def runtimes(self) -> str:
+        """`docker info`'s runtimes as JSON text ("" when it cannot be told): a GPU needs "nvidia"."""
+        return self._run("info", "--format", "{{json .Runtimes}}").out
+
+    def security_options(self) -> list[str] | None:
+        """The engine's security options (rootless, userns, ...); None when it cannot be told."""
+        done = self._run("info", "--format", "{{json .SecurityOptions}}")
+        if done.returncode != 0:
+            return None
+        try:
+            opts = json.loads(done.out)
+        except ValueError:
+            return [done.out]
+        return [str(o) for o in opts] if isinstance(opts, list) else [done.out]
+
+    # ------------------------------------------------------------ images
+
+    def has_image(self, ref: str) -> bool:
+        return self._run("image", "inspect", "--format", "{{.Id}}", ref).returncode == 0
+
+    def inspect_image(self, ref: str) -> dict[str, Any]:
+        done = self._run("image", "inspect", "--format", "{{json .}}", ref)
+        if done.returncode != 0:
+            if "No such" in done.err or "no such" in done.err:
+                raise LauncherError(f"image {ref} is not in {self.where}", "build it first with `launcher build`")
+            raise EngineUnavailable(f"{self.where} did not answer: {done.last_error_line()}",
+                                    "start dockerd or set DOCKER_HOST")
+        info: dict[str, Any] = json.loads(done.out)
+        return info
+
+    def image_ids(self, *, intermediate: bool = False) -> list[str]:
+        """The ID of every image the engine holds (with intermediate: build steps' images too)."""
+        flags = ["-a"] if intermediate else []
+        return sorted(set(self._run("image", "ls", *flags, "-q", "--no-trunc", check=True).out.split()))
+
+    def chain_ids(self) -> set[str]:
+        """The chain ID of every layer of every image the engine holds."""
+        ids = self.image_ids()
+        if not ids:
+            return set()
+        out = self._run("image", "inspect", "--format", "{{json .RootFS.Layers}}", *ids, check=True).out
+        chains: set[str] = set()
+        for line in out.splitlines():
+            if line.strip() and line.strip() != "null":
+                chains.update(chain_ids(json.loads(line)))
+        return chains
+
+    def load(self) -> HostProcess:
+        """Start `docker load -q`: write an image archive to its stdin, then wait for it."""
+        return self.host.start(command("load", "-q"), bulk=True)
+
+    def save(self, ref: str) -> HostProcess:
+        """Start `docker save ref`: read the archive from its stdout, then wait for it."""
+        p = self.host.start(command("save", ref), bulk=True)
+        p.stdin.close()
+        return p
+
+    def tag(self, image_id: str, ref: str, *, check: bool = False) -> Completed:
+        return self._run("tag", image_id, ref, check=check)
+
+    def rmi(self, ref: str) -> Completed:
+        return self._run("rmi", ref)
+
+    def push(self, ref: str) -> Completed:
+        return self._run("push", ref)
+
+    def pull_through_tunnel(self, ref: str, remote_port: int, local_address: str) -> Completed:
+        """`docker pull ref` on the host while its 127.0.0.1:remote_port reaches local_address here."""
+        return self.host.reverse_tunnel(remote_port, local_address, command("pull", ref))
+
+    # ------------------------------------------------------------ containers
+
+    def run_container(self, argv: Sequence[str]) -> Completed:
+        """Start a detached container from a `docker run -d` argv (runs.docker_run_argv)."""
+        if list(argv[:2]) != command("run"):
+            raise ValueError(f"not a docker run argv: {list(argv[:3])}")
+        return self.host.run(argv, check=False)
+
+    def container_state(self, name: str) -> dict[str, Any] | None:
+        done = self._run("inspect", "--format", "{{json .State}}", name)
+        if done.returncode != 0:
+            return None
+        state: dict[str, Any] = json.loads(done.out)
+        return state
+
+    def container_image(self, name: str) -> str | None:
+        """The ID of the image the container runs."""
+        done = self._run("inspect", "--format", "{{.Image}}", name)
+        out = done.out.strip()
+        return out if done.returncode == 0 and out.startswith("sha256:") else None
+
+    def logs(self, name: str, *, follow: bool = False) -> Iterator[str]:
+        """The container's output lines (stdout and stderr merged), newlines kept."""
+        return self.host.iter_lines(command("logs", *(["--follow"] if follow else []), name))
+
+    def stop(self, name: str, *, timeout_s: int = 10) -> Completed:
+        return self._run("stop", "-t", str(timeout_s), name)
+
+    def rm(self, name: str) -> Completed:
+        return self._run("rm", name)
+
+    def ps_by_label(self, label: str, fmt: str) -> list[str]:
+        """One line in fmt per container, running or not, that carries label."""
+        return self._run("ps", "-a", "--filter", f"label={label}", "--format", fmt).out.splitlines()
+
+    def container_ids(self) -> list[str]:
+        return self._run("ps", "-aq", check=True).out.split()
+
+    def mount_sources(self, containers: Sequence[str]) -> set[str]:
+        """The host paths the containers mount."""
+        if not containers:
+            return set()
+        fmt = "{{range .Mounts}}{{.Source}}\n{{end}}"
+        return set(self._run("inspect", "--format", fmt, *containers).out.split())
+
+
+def local() -> Engine:
+    """The local Docker engine, driven like any host's."""
+    return Engine(LocalHost())

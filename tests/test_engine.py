@@ -1,0 +1,111 @@
+"""The Engine over a fake host: which inputs give which docker command lines (no engine needed)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from launcher.errors import ExitCode, HostNotReady
+from launcher.hosts.base import Host, HostProcess
+from launcher.hosts.engine import Engine, chain_ids
+from launcher.proc import Completed
+
+
+class FakeHost(Host):
+    """Answers each argv from a table (prefix -> (exit code, stdout, stderr)) and records it."""
+
+    kind = "ssh"
+
+    def __init__(self, answers: dict[tuple[str, ...], tuple[int, str, str]] | None = None) -> None:
+        self.name = "fake"
+        self.answers = answers or {}
+        self.calls: list[list[str]] = []
+
+    def run(self, argv: Sequence[str], *, input: bytes | None = None, check: bool = True,
+            timeout: float | None = None) -> Completed:
+        self.calls.append(list(argv))
+        rc, out, err = next((a for p, a in self.answers.items() if tuple(argv[: len(p)]) == p), (0, "{}", ""))
+        return Completed(tuple(argv), rc, out.encode(), err.encode())
+
+    def start(self, argv: Sequence[str], *, bulk: bool = False, merge_stderr: bool = False) -> HostProcess:
+        raise NotImplementedError
+
+    def put_file(self, local: Path, remote: str) -> None:
+        raise NotImplementedError
+
+    def get_file(self, remote: str, local: Path) -> None:
+        raise NotImplementedError
+
+    def home(self) -> str:
+        return "/home/fake"
+
+    def runs_root(self) -> str:
+        return "/home/fake/.launcher/runs"
+
+
+def test_operations_build_these_command_lines() -> None:
+    host = FakeHost()
+    e = Engine(host)
+    e.has_image("sha256:abc")
+    e.tag("sha256:abc", "img:1")
+    e.rmi("img:1")
+    e.stop("c1")
+    e.rm("c1")
+    e.container_state("c1")
+    e.ps_by_label("launcher.run", "{{.State}}")
+    e.mount_sources(["a", "b"])
+    e.mount_sources([])
+    assert host.calls == [
+        ["docker", "image", "inspect", "--format", "{{.Id}}", "sha256:abc"],
+        ["docker", "tag", "sha256:abc", "img:1"],
+        ["docker", "rmi", "img:1"],
+        ["docker", "stop", "-t", "10", "c1"],
+        ["docker", "rm", "c1"],
+        ["docker", "inspect", "--format", "{{json .State}}", "c1"],
+        ["docker", "ps", "-a", "--filter", "label=launcher.run", "--format", "{{.State}}"],
+        ["docker", "inspect", "--format", "{{range .Mounts}}{{.Source}}\n{{end}}", "a", "b"],
+    ]
+
+
+def test_answers_are_parsed() -> None:
+    diffs = ["sha256:" + "1" * 64, "sha256:" + "2" * 64]
+    host = FakeHost({
+        ("docker", "image", "ls"): (0, "sha256:b\nsha256:a\nsha256:a\n", ""),
+        ("docker", "image", "inspect"): (0, '["' + '","'.join(diffs) + '"]\nnull\n', ""),
+        ("docker", "inspect", "--format", "{{json .State}}"): (1, "", "No such object"),
+        ("docker", "inspect", "--format", "{{.Image}}"): (0, "sha256:feed\n", ""),
+        ("docker", "info", "--format", "{{json .SecurityOptions}}"): (0, '["name=seccomp","name=rootless"]', ""),
+    })
+    e = Engine(host)
+    assert e.chain_ids() == set(chain_ids(diffs))
+    assert host.calls[-1][-2:] == ["sha256:a", "sha256:b"]  # each image once
+    assert e.container_state("gone") is None
+    assert e.container_image("c1") == "sha256:feed"
+    assert e.security_options() == ["name=seccomp", "name=rootless"]
+
+
+def test_a_run_argv_is_run_as_given_and_nothing_else() -> None:
+    host = FakeHost()
+    Engine(host).run_container(["docker", "run", "-d", "img"])
+    assert host.calls == [["docker", "run", "-d", "img"]]
+    with pytest.raises(ValueError):
+        Engine(host).run_container(["sh", "-c", "true"])
+
+
+@pytest.mark.parametrize(("answer", "words"), [
+    ((127, "", "sh: docker: not found"), "not installed"),
+    ((1, "", "permission denied while trying to connect"), "does not answer"),
+])
+def test_require_maps_a_missing_or_unusable_docker(answer: tuple[int, str, str], words: str) -> None:
+    with pytest.raises(HostNotReady) as err:
+        Engine(FakeHost({("docker", "version"): answer})).require()
+    assert err.value.exit_code == ExitCode.HOST_NOT_READY and words in err.value.one_line()
+
+
+def test_only_a_host_that_can_tunnel_offers_one() -> None:
+    host = FakeHost()
+    assert not host.can_reverse_tunnel()
+    with pytest.raises(NotImplementedError):
+        Engine(host).pull_through_tunnel("127.0.0.1:5001/x@sha256:1", 5001, "127.0.0.1:5000")
