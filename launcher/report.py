@@ -27,15 +27,10 @@ from launcher.manifest import Manifest
 from launcher.progress import NullReporter, Reporter
 from launcher.reportfigures import plot_differences, plot_metric, plot_weights
 from launcher.reportstats import (
-    CONFIDENCE,
     DIFFERENT_SEEDS,
-    MAX_RUNS_ADVISED,
     SAME_SEED,
-    SINGLE,
-    TIGHT_FACTOR,
     GroupStats,
     RunSeries,
-    beta_cdf,
     describe,
     f_quantile,
     group_kind,
@@ -54,32 +49,20 @@ from launcher.workspace import Workspace
 
 # The statistics' names stay importable from here, where tests and the CLI import them.
 __all__ = [
-    "CONFIDENCE",
-    "DIFFERENT_SEEDS",
-    "MAX_RUNS_ADVISED",
-    "SAME_SEED",
     "SCHEMA",
-    "SINGLE",
-    "TIGHT_FACTOR",
     "GroupStats",
     "Report",
     "RunSeries",
-    "beta_cdf",
-    "collect",
-    "compare_group",
     "describe",
-    "epoch_differences",
     "f_quantile",
     "group_kind",
     "interval_factor",
     "percent",
     "ratio_interval",
     "read_share",
-    "render_html",
     "runs_for_tight",
     "runs_to_exclude_all",
     "seed_fixed_spread",
-    "weight_divergence",
     "write_report",
 ]
 
