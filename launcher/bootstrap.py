@@ -13,6 +13,7 @@ from pathlib import Path
 from launcher import docker_engine, imagetree, proc, registry
 from launcher.errors import BuildFailed, LauncherError, NotFound, RegistryUnavailable
 from launcher.hashing import atomic_path
+from launcher.hosts import engine
 from launcher.progress import NullReporter, Reporter
 
 DEFAULT_SUITE = "bookworm"
@@ -94,7 +95,7 @@ def bootstrap(
     norm = imagetree.normalize(raw_id, tag=tag)
     if norm.image_id != raw_id:
         docker_engine.remove_image(raw_id)
-    pushed = proc.run(["docker", "push", tag], check=False)
+    pushed = engine.local().push(tag)
     if pushed.returncode != 0:
         raise RegistryUnavailable(f"docker push {tag} failed: {pushed.last_error_line()}",
                                   "check the registry is running and reachable from the Docker engine")

@@ -16,6 +16,7 @@ from typing import Any
 from launcher import __version__, docker_engine, images, imagetree, proc, recipelayer, wheels
 from launcher.errors import BuildFailed, Corrupt, ImageOutOfDate, NotFound
 from launcher.hashing import atomic_write_bytes, atomic_write_json, sha256_bytes
+from launcher.hosts import engine
 from launcher.lock import parse_lock
 from launcher.progress import NullReporter, Reporter
 from launcher.runtime import code as codedigest
@@ -372,7 +373,7 @@ def ensure_current(ws: Workspace, variant: str, *, recipes: bool = True, allow_b
 def _ensure_base(pin: images.BasePin) -> dict[str, Any]:
     if docker_engine.image_exists(pin.ref):
         return docker_engine.inspect(pin.ref)
-    pulled = proc.run(["docker", "pull", pin.ref], check=False)
+    pulled = engine.local().pull(pin.ref)
     if pulled.returncode != 0:
         raise NotFound(f"base image {pin.ref} cannot be pulled: {pulled.last_error_line()}",
                        "check the digest exists in its registry, or pin a reachable base with "

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import ExitCode, HostNotReady
+from launcher.errors import EngineUnavailable, ExitCode, HostNotReady
 from launcher.hosts.base import Host, HostProcess
 from launcher.hosts.engine import Engine, chain_ids
 from launcher.proc import Completed
@@ -109,3 +109,11 @@ def test_only_a_host_that_can_tunnel_offers_one() -> None:
     assert not host.can_reverse_tunnel()
     with pytest.raises(NotImplementedError):
         Engine(host).pull_through_tunnel("127.0.0.1:5001/x@sha256:1", 5001, "127.0.0.1:5000")
+
+
+@pytest.mark.parametrize(("kind", "error"), [("local", EngineUnavailable), ("ssh", HostNotReady)])
+def test_a_listing_without_an_answer_is_an_engine_error(kind: str, error: type[Exception]) -> None:
+    host = FakeHost({("docker", "image", "ls"): (1, "", "Cannot connect to the Docker daemon")})
+    host.kind = kind
+    with pytest.raises(error, match="Cannot connect"):
+        Engine(host).image_ids()

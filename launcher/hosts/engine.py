@@ -46,7 +46,15 @@ class Engine:
         return "the local Docker engine" if self.host.kind == "local" else f"Docker on {self.host.name}"
 
     def _run(self, *args: str, check: bool = False) -> Completed:
-        return self.host.run(command(*args), check=check)
+        """check: a failure means Docker does not answer (EngineUnavailable here, HostNotReady on a host)."""
+        done = self.host.run(command(*args), check=False)
+        if check and done.returncode != 0:
+            if self.host.kind == "local":
+                raise EngineUnavailable(f"no Docker engine answers ({done.last_error_line()})",
+                                        "start it (`dockerd &` or `systemctl start docker`) or set DOCKER_HOST")
+            raise HostNotReady(f"Docker on {self.host.name} does not answer: {done.last_error_line()}",
+                               f"`launcher provision --host {self.host.name}` says what is missing")
+        return done
 
     # ------------------------------------------------------------ engine
 
@@ -133,6 +141,9 @@ class Engine:
 
     def push(self, ref: str) -> Completed:
         return self._run("push", ref)
+
+    def pull(self, ref: str) -> Completed:
+        return self._run("pull", ref)
 
     def pull_through_tunnel(self, ref: str, remote_port: int, local_address: str) -> Completed:
         """`docker pull ref` on the host while its 127.0.0.1:remote_port reaches local_address here."""

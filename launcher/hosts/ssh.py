@@ -308,13 +308,8 @@ class SSHHost(Host):
         return host
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "kind": self.kind,
-            "hostname": self.target.hostname,
-            "user": self.target.user,
-            "port": self.target.port,
-        }
+        t = self.target
+        return {"name": self.name, "kind": self.kind, "hostname": t.hostname, "user": t.user, "port": t.port}
 
     def _transport(self) -> paramiko.Transport:
         t = self._client.get_transport()
@@ -336,14 +331,8 @@ class SSHHost(Host):
             ) from None
         return chan
 
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        input: bytes | None = None,
-        check: bool = True,
-        timeout: float | None = None,
-    ) -> Completed:
+    def run(self, argv: Sequence[str], *, input: bytes | None = None, check: bool = True,
+            timeout: float | None = None) -> Completed:
         chan = self._channel(argv)
         out: list[bytes] = []
         err: list[bytes] = []
@@ -403,31 +392,14 @@ class SSHHost(Host):
 
     def openssh_options(self, *, scp: bool = False) -> list[str]:
         """Options that make the OpenSSH client verify the host exactly as paramiko did."""
-        opts = [
-            "-F",
-            "/dev/null",
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "StrictHostKeyChecking=yes",
-            "-o",
-            f"UserKnownHostsFile={self.target.known_hosts}",
-            "-o",
-            "GlobalKnownHostsFile=/dev/null",
-            "-o",
-            f"ServerAliveInterval={self.keepalive_s}",
-            "-o",
-            "ServerAliveCountMax=4",
-            "-o",
-            f"ConnectTimeout={int(CONNECT_TIMEOUT_S)}",
-            "-o",
-            "Compression=no",
-            *(["-o", f"Ciphers={FAST_CIPHERS}"] if self.fast_ciphers else []),
-            "-o",
-            f"User={self.target.user}",
-            ("-P" if scp else "-p"),
-            str(self.target.port),
+        settings = [
+            "BatchMode=yes", "StrictHostKeyChecking=yes", f"UserKnownHostsFile={self.target.known_hosts}",
+            "GlobalKnownHostsFile=/dev/null", f"ServerAliveInterval={self.keepalive_s}", "ServerAliveCountMax=4",
+            f"ConnectTimeout={int(CONNECT_TIMEOUT_S)}", "Compression=no",
+            *([f"Ciphers={FAST_CIPHERS}"] if self.fast_ciphers else []), f"User={self.target.user}",
         ]
+        opts = ["-F", "/dev/null", *(w for o in settings for w in ("-o", o))]
+        opts += ["-P" if scp else "-p", str(self.target.port)]
         for ident in self.target.identities:
             opts += ["-i", ident, "-o", "IdentitiesOnly=yes"]
         if self.target.proxy_command:
