@@ -228,7 +228,7 @@ def _delta(x: Any, y: Any) -> dict[str, Any] | None:
 _EXACT_CATEGORY = {
     # The code digest is computed inside the container from what ran: it is the code's identity.
     # How the code got there (baked or mounted) and the git state around it are context.
-    "recipe.tree_digest": "code", "recipe.entry": "code", "recipe.framework": "software",
+    "recipe.tree_digest": "code", "recipe.lib_digest": "code", "recipe.entry": "code", "recipe.framework": "software",
     "recipe.code_source": "info", "recipe.files": "info", "recipe.args": "params", "recipe.volatile": "info",
     "image.git_commit": "info", "image.git_dirty": "info", "image.runtime_digest": "software",
     "image.packages_digest": "software",

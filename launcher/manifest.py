@@ -241,6 +241,9 @@ def assemble(launch: Mapping[str, Any], outputs: Path, files: Mapping[str, Mappi
         "args": list(lrec.get("args") or []),
         "git": dict(lrec.get("git") or {}),
     }
+    lib: dict[str, Any] = code["lib"] if isinstance(code.get("lib"), dict) else {}
+    if lib.get("digest"):  # the shared recipe library the recipe ran with (recipes/_lib)
+        recipe["lib_digest"] = lib["digest"]
     if lrec.get("volatile"):
         recipe["volatile"] = list(lrec["volatile"])
     image = dict(launch["image"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -263,8 +264,12 @@ def test_the_shipped_recipes_copy_cleanly(tmp_path: Path) -> None:
 # The loaders of the real published formats, on small files made here (no TensorFlow needed).
 
 def recipe_module(rel: str) -> Any:
+    """A module of a recipe folder, or of the shared library (``_lib/recipelib/...``), with the
+    library importable as the runtime makes it."""
     import importlib.util
 
+    if str(REPO / "recipes" / "_lib") not in sys.path:
+        sys.path.append(str(REPO / "recipes" / "_lib"))
     spec = importlib.util.spec_from_file_location(rel.replace("/", "_").removesuffix(".py"), REPO / "recipes" / rel)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -277,7 +282,7 @@ def test_mnist_npz_loader_reads_keras_layout_and_names_the_file(tmp_path: Path) 
 
     from launcher.runtime.api import BadData
 
-    data = recipe_module("mnist_convnet/data.py")
+    data = recipe_module("_lib/recipelib/mnist.py")
     np.savez(tmp_path / "mnist.npz", x_train=np.zeros((3, 28, 28), "uint8"), y_train=np.zeros(3, "uint8"),
              x_test=np.zeros((2, 28, 28), "uint8"), y_test=np.zeros(2, "uint8"))
     assert data.load_mnist_npz(tmp_path)["x_test"].shape == (2, 28, 28)
@@ -298,7 +303,7 @@ def test_mnist_npz_loader_reads_keras_layout_and_names_the_file(tmp_path: Path) 
 def test_synthetic_digits_are_the_pinned_dataset() -> None:
     from launcher.runtime import fingerprints as fp
 
-    arrays = recipe_module("mnist_torch/data.py").synthetic_digits()
+    arrays = recipe_module("_lib/recipelib/mnist.py").synthetic_digits()
     pinned = rspec.select_dataset(recipes.load_recipe(Workspace.at(REPO), "mnist_torch").spec,
                                   {"dataset": "synthetic"})
     assert pinned is not None and fp.arrays_fingerprint(arrays)["digest"] == pinned.fingerprint
@@ -360,9 +365,7 @@ def test_pets_partition_is_md5_of_the_pet_id_and_loader_names_missing_trimaps(tm
 def test_dogs_vs_cats_reads_both_layouts_and_names_what_is_missing(tmp_path: Path) -> None:
     from launcher.runtime.api import BadData
 
-    dvc = recipe_module("catsdogs_convnet/dogs_vs_cats.py")
-    assert (REPO / "recipes/catsdogs_convnet/dogs_vs_cats.py").read_bytes() == \
-        (REPO / "recipes/mini_xception/dogs_vs_cats.py").read_bytes(), "the two copies of the loader differ"
+    dvc = recipe_module("_lib/recipelib/dogs_vs_cats.py")
     with pytest.raises(BadData, match=r"train: not found"):
         dvc._split_files(tmp_path)
     subset = tmp_path / "subset"
@@ -386,3 +389,14 @@ def test_dogs_vs_cats_reads_both_layouts_and_names_what_is_missing(tmp_path: Pat
     (kaggle / "dog.1200.jpg").unlink()
     with pytest.raises(BadData, match=r"dog\.1200\.jpg: missing"):
         dvc._split_files(kaggle.parent)
+
+
+def test_the_shared_library_is_not_a_recipe_and_no_recipe_keeps_a_copy_of_its_code() -> None:
+    lib = REPO / "recipes" / "_lib"
+    assert not (lib / rspec.RECIPE_FILE).exists()
+    ws = Workspace.at(REPO)
+    assert {r.name for r in recipes.list_recipes(ws)} == SEED_RECIPES
+    assert "_lib" not in recipes.known_names(ws)
+    shared = {p.read_bytes() for p in (lib / "recipelib").glob("*.py") if p.stat().st_size > 200}
+    copies = [p for p in (REPO / "recipes").glob("*/*.py") if p.parent != lib and p.read_bytes() in shared]
+    assert not copies, f"copies of library modules in recipe folders: {copies}"

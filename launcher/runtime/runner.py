@@ -27,6 +27,8 @@ from launcher.runtime.record import EXIT_BAD_DATA, EXIT_BAD_RECIPE, EXIT_USAGE, 
 
 PREVIOUS_RUN = ("_launcher", "fingerprints", "metrics.jsonl", "model", "weights")
 LAUNCHER_ROOT = Path(launcher.__file__).resolve().parent.parent
+LIB_DIR = "_lib"  # the shared recipe library: a folder beside the recipes, not a recipe
+IMAGE_LIB = Path("/opt/launcher/recipes") / LIB_DIR  # the one baked into an image
 
 
 class RunError(Exception):
@@ -60,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--code-source", default="host", choices=("image", "mounted", "host"),
                      help="where the code comes from: baked into the image, mounted into the container, or "
                      "this machine (recorded in _launcher/code.json)")
+    run.add_argument("--lib", type=Path, help="the shared recipe library put on the recipe's path (default: "
+                     f"{LIB_DIR}/ beside the recipe folder, else the image's {IMAGE_LIB}; recorded in "
+                     "_launcher/code.json)")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     return parser
 
@@ -110,7 +115,8 @@ def prepare(args: argparse.Namespace, tee: Tee) -> tuple[recipe_spec.RecipeSpec,
             spec = recipe_spec.adhoc_spec(script, framework="auto")
     except recipe_spec.SpecError as exc:
         raise RunError(str(exc), EXIT_BAD_RECIPE) from None
-    record_code(spec, args, tee)
+    lib = recipe_lib(spec, args.lib)
+    record_code(spec, args, tee, lib)
     try:
         params = recipe_spec.merge_params(spec, given)
     except recipe_spec.SpecError as exc:
@@ -145,7 +151,8 @@ def prepare(args: argparse.Namespace, tee: Tee) -> tuple[recipe_spec.RecipeSpec,
         "LAUNCHER_RECIPE": spec.name,
         "LAUNCHER_FRAMEWORK": spec.framework,
         "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join(p for p in (str(LAUNCHER_ROOT), env.get("PYTHONPATH", "")) if p),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(LAUNCHER_ROOT), str(lib or ""), env.get("PYTHONPATH", ""))
+                                      if p),
     })
     tee.say(f"recipe {spec.name} ({spec.framework}), params {recipe_spec.params_json(params)}")
     script_args = args.args[1:] if args.args[:1] == ["--"] else list(args.args)
@@ -156,9 +163,27 @@ def prepare(args: argparse.Namespace, tee: Tee) -> tuple[recipe_spec.RecipeSpec,
     return spec, env
 
 
-def record_code(spec: recipe_spec.RecipeSpec, args: argparse.Namespace, tee: Tee) -> None:
+def recipe_lib(spec: recipe_spec.RecipeSpec, given: Path | None) -> Path | None:
+    """The shared recipe library a recipe folder runs with: --lib, else the _lib folder beside
+    the recipe (a workspace's recipes/, or the image's baked ones), else the image's baked _lib
+    (a mounted recipe folder). A plain script gets none: it is its own code."""
+    if given is not None:
+        if not given.is_dir():
+            raise RunError(f"--lib {given} is not a folder", EXIT_USAGE)
+        return given.resolve()
+    if spec.adhoc:
+        return None
+    for lib in (spec.path.parent / LIB_DIR, IMAGE_LIB):
+        if lib.is_dir():
+            return lib.resolve()
+    return None
+
+
+def record_code(spec: recipe_spec.RecipeSpec, args: argparse.Namespace, tee: Tee, lib: Path | None = None) -> None:
     """Write _launcher/code.json: digests of the code about to run, read from the files here
-    (inside the container, from what it executes), never from what the host believes it sent."""
+    (inside the container, from what it executes), never from what the host believes it sent.
+    The shared recipe library on the recipe's path is code that runs too: its digest is beside
+    the recipe's."""
     root: Path = args.code_root.resolve() if args.code_root is not None else spec.path
     code = codemod.describe(root)
     lock = LAUNCHER_ROOT / "lock.txt"
@@ -169,8 +194,13 @@ def record_code(spec: recipe_spec.RecipeSpec, args: argparse.Namespace, tee: Tee
         "lock_sha256": fp.sha256_file(lock) if lock.is_file() else None,
         "packages": installed_packages(),
     }
+    lib_code = codemod.describe(lib) if lib is not None else None
+    if lib_code is not None:
+        doc["lib"] = {**lib_code, "path": str(lib)}
     fp.write_json(args.out / "_launcher/code.json", doc)
     tee.say(f"code {root} ({code['files']} files, {args.code_source}): {code['digest']}")
+    if lib_code is not None:
+        tee.say(f"recipe library {lib} ({lib_code['files']} files): {lib_code['digest']}")
 
 
 def installed_packages() -> dict[str, object]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 from cifar10 import digits_as_cifar, load_batches
+from recipelib.splits import first
 
 from launcher.runtime import api
 
@@ -23,11 +24,8 @@ if p["dataset"] == "cifar10":
 else:
     arrays = digits_as_cifar()
     api.record_dataset(arrays)
-x_train, y_train, x_test, y_test = (arrays[k] for k in ("x_train", "y_train", "x_test", "y_test"))
-if p["train_samples"]:
-    x_train, y_train = x_train[: p["train_samples"]], y_train[: p["train_samples"]]
-if p["test_samples"]:
-    x_test, y_test = x_test[: p["test_samples"]], y_test[: p["test_samples"]]
+x_train, y_train = first(arrays, "train", p["train_samples"])
+x_test, y_test = first(arrays, "test", p["test_samples"])
 x_train = x_train.astype("float32") / 255
 x_test = x_test.astype("float32") / 255
 if p["subtract_pixel_mean"]:

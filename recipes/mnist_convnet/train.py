@@ -7,7 +7,8 @@ import time
 
 import numpy as np
 import tensorflow as tf
-from data import load_digits_as_mnist, load_mnist_npz
+from recipelib.mnist import load_digits_as_mnist, load_mnist_npz
+from recipelib.splits import first
 
 from launcher.runtime import api
 
@@ -21,11 +22,8 @@ if p["dataset"] == "mnist":
 else:
     arrays = load_digits_as_mnist()
     api.record_dataset(arrays)
-x_train, y_train, x_test, y_test = (arrays[k] for k in ("x_train", "y_train", "x_test", "y_test"))
-if p["train_samples"]:
-    x_train, y_train = x_train[: p["train_samples"]], y_train[: p["train_samples"]]
-if p["test_samples"]:
-    x_test, y_test = x_test[: p["test_samples"]], y_test[: p["test_samples"]]
+x_train, y_train = first(arrays, "train", p["train_samples"])
+x_test, y_test = first(arrays, "test", p["test_samples"])
 
 x_train = x_train.reshape(x_train.shape[0], img_rows, img_cols, 1).astype("float32") / 255
 x_test = x_test.reshape(x_test.shape[0], img_rows, img_cols, 1).astype("float32") / 255

@@ -14,7 +14,8 @@ import time
 
 import numpy as np
 import torch
-from data import load_digits_as_mnist, load_mnist_npz, synthetic_digits
+from recipelib.mnist import load_digits_as_mnist, load_mnist_npz, synthetic_digits
+from recipelib.splits import first
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
@@ -31,11 +32,8 @@ if p["dataset"] == "mnist":
 else:
     arrays = load_digits_as_mnist() if p["dataset"] == "digits" else synthetic_digits()
     api.record_dataset(arrays)
-x_train, y_train, x_test, y_test = (arrays[k] for k in ("x_train", "y_train", "x_test", "y_test"))
-if p["train_samples"]:
-    x_train, y_train = x_train[: p["train_samples"]], y_train[: p["train_samples"]]
-if p["test_samples"]:
-    x_test, y_test = x_test[: p["test_samples"]], y_test[: p["test_samples"]]
+x_train, y_train = first(arrays, "train", p["train_samples"])
+x_test, y_test = first(arrays, "test", p["test_samples"])
 print(f"{len(x_train)} train samples, {len(x_test)} test samples")
 
 

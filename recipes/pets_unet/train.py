@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 from pets import load_pets, synthetic
+from recipelib.splits import first
 
 from launcher.runtime import api
 
@@ -35,9 +36,8 @@ else:
     arrays = synthetic(SIZE)
     if SIZE == 128:
         api.record_dataset(arrays)
-x_train, y_train, x_val, y_val = (arrays[k] for k in ("x_train", "y_train", "x_val", "y_val"))
-if p["train_samples"]:
-    x_train, y_train = x_train[: p["train_samples"]], y_train[: p["train_samples"]]
+x_train, y_train = first(arrays, "train", p["train_samples"])
+x_val, y_val = first(arrays, "val")
 print(f"{len(x_train)} train, {len(x_val)} validation pets of {SIZE}x{SIZE} (md5(pet_id) % 10 partition)")
 
 

@@ -1,4 +1,5 @@
-"""MNIST for the convnet: the published mnist.npz (Keras layout) or scikit-learn's bundled digits."""
+"""MNIST for the convnets (Keras and PyTorch): the published mnist.npz (Keras layout), scikit-learn's bundled digits, or
+digit-like images made with numpy (for hosts without scikit-learn, such as a bare GPU VM)."""
 
 from __future__ import annotations
 
@@ -48,3 +49,23 @@ def load_digits_as_mnist() -> dict[str, np.ndarray]:
     x = np.round(images * (255.0 / 16.0)).astype(np.uint8)
     y = d.target.astype(np.uint8)
     return {"x_train": x[:1500], "y_train": y[:1500], "x_test": x[1500:], "y_test": y[1500:]}
+
+
+def synthetic_digits(n_train: int = 1500, n_test: int = 300) -> dict[str, np.ndarray]:
+    """Ten fixed random 28x28 stroke templates, one per class, shifted by up to 2 pixels, with noise.
+
+    Made from a fixed generator: the same arrays on every machine (fingerprint in recipe.toml).
+    """
+    rng = np.random.default_rng(28)
+    templates = (rng.random((10, 7, 7)) < 0.35).astype(np.float64)
+    templates = np.kron(templates, np.ones((3, 3)))  # (10, 21, 21)
+    n = n_train + n_test
+    labels = np.arange(n) % 10
+    images = np.zeros((n, 28, 28))
+    for i in range(n):
+        dy, dx = rng.integers(0, 8, size=2)
+        images[i, dy:dy + 21, dx:dx + 21] = templates[labels[i]]
+    images = np.clip(images * 0.8 + rng.normal(0, 0.15, size=images.shape), 0, 1)
+    x = np.round(images * 255).astype(np.uint8)
+    y = labels.astype(np.uint8)
+    return {"x_train": x[:n_train], "y_train": y[:n_train], "x_test": x[n_train:], "y_test": y[n_train:]}

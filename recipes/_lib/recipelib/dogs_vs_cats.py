@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from recipelib.splits import first
 
+from launcher.runtime import api
 from launcher.runtime.api import BadData
 
 CLASSES = ("cat", "dog")
@@ -98,3 +101,23 @@ def load_folder(root: Path, pdim: int) -> dict[str, np.ndarray]:
         arrays[f"x_{key}"] = np.stack([_decode(p, pdim) for p, _ in files])
         arrays[f"y_{key}"] = np.array([label for _, label in files], dtype=np.int64)
     return arrays
+
+
+def load(dataset: str, pdim: int) -> dict[str, np.ndarray]:
+    """The arrays the dataset param selects: "files" reads --data, anything else is the synthetic
+    set (recorded as the dataset at the PDIM its fingerprint in recipe.toml is pinned for, 180)."""
+    if dataset == "files":
+        return load_folder(api.data_dir(), pdim)
+    arrays = synthetic(pdim)
+    if pdim == 180:
+        api.record_dataset(arrays)
+    return arrays
+
+
+def splits(params: dict[str, Any], pdim: int) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """The (x, y) train and validation splits a recipe's params select (dataset, train_samples)."""
+    arrays = load(params["dataset"], pdim)
+    x_train, y_train = first(arrays, "train", params["train_samples"])
+    x_val, y_val = first(arrays, "val")
+    print(f"{len(x_train)} train, {len(x_val)} validation images of {pdim}x{pdim}")
+    return (x_train, y_train), (x_val, y_val)
