@@ -307,12 +307,13 @@ class VerifyReport:
             return f"{prefix}consistent: run {ref} checked alone: " + ", ".join(parts)
         skipped = self._not_compared()
         tail = f"; {len(skipped)} volatile files differ, not compared" if skipped else ""
-        ref_code = self.reference.recipe.get("tree_digest")
-        other_code = sorted({str(r.manifest.recipe.get("tree_digest")) for r in self.runs
-                             if r.manifest.recipe.get("tree_digest") != ref_code})
-        if other_code:  # the results may agree, but the runs did not run the same code
-            tail += (f"; the code differs ({str(ref_code).removeprefix('sha256:')[:12]} in {ref}, "
-                     + ", ".join(c.removeprefix("sha256:")[:12] for c in other_code[:3]) + " in others)")
+        for key, what in (("tree_digest", "code"), ("lib_digest", "recipe library")):
+            ref_code = self.reference.recipe.get(key)
+            other_code = sorted({str(r.manifest.recipe.get(key)) for r in self.runs
+                                 if r.manifest.recipe.get(key) != ref_code})
+            if other_code:  # the results may agree, but the runs did not run the same code
+                tail += (f"; the {what} differs ({str(ref_code).removeprefix('sha256:')[:12]} in {ref}, "
+                         + ", ".join(c.removeprefix("sha256:")[:12] for c in other_code[:3]) + " in others)")
         if self.identical:
             content = {f["path"]: f for r in self.runs for f in r.content_only}
             if not content:
