@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher import docker_engine, imagetree, proc, registry
-from launcher.errors import BuildFailed, LauncherError, NotFound, RegistryUnavailable
+from launcher.errors import BuildFailed, NotFound, RegistryUnavailable, UsageError
 from launcher.hashing import atomic_path
 from launcher.hosts import engine
 from launcher.progress import NullReporter, Reporter
@@ -45,7 +45,7 @@ def build_rootfs_tar(cache_dir: Path, suite: str, packages: tuple[str, ...], mir
     if shutil.which("debootstrap") is None:
         raise NotFound("debootstrap is not installed", "apt-get install debootstrap")
     if os.geteuid() != 0:
-        raise LauncherError("debootstrap needs root", "run `launcher base bootstrap` as root (or with sudo)")
+        raise UsageError("debootstrap needs root", "run `launcher base bootstrap` as root (or with sudo)")
     task = reporter.task(f"debootstrap {suite} ({', '.join(packages)})")
     with tempfile.TemporaryDirectory(prefix="launcher-rootfs-") as tmp:
         root = Path(tmp) / "root"

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, cast
 
-from launcher.errors import BadData, Corrupt, DiskFull, LauncherError
+from launcher.errors import BadData, CommandFailed, Corrupt, DiskFull, TransferCut
 from launcher.hashing import CHUNK, sha256_file
 from launcher.hosts.base import Host
 from launcher.progress import CountingReader, NullReporter, Reporter
@@ -169,7 +169,7 @@ def _send(host: Host, ds: LocalDataset, tmp: str, rep: Reporter, what: str = "da
         p.stdin.close()
     except (BrokenPipeError, ConnectionError, OSError) as exc:
         p.kill()
-        raise LauncherError(
+        raise TransferCut(
             f"sending the {what} to {host.name} was cut: {p.stderr_text().strip() or exc}",
             "run again; the upload starts over",
         ) from None
@@ -177,7 +177,7 @@ def _send(host: Host, ds: LocalDataset, tmp: str, rep: Reporter, what: str = "da
         task.close()
     rc = p.wait()
     if rc != 0:
-        raise LauncherError(
+        raise CommandFailed(
             f"unpacking the {what} on {host.name} failed (exit {rc}): {p.stderr_text().strip()}",
             "check free space and permissions under ~/.launcher/data on the host",
         )

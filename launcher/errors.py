@@ -36,6 +36,9 @@ class ExitCode(IntEnum):
     NO_GPU = 23  # --variant gpu on a host without a usable NVIDIA GPU
     MISSING_EXTRA = 24  # an optional feature whose packages are not installed (the error names the extra)
     IMAGE_OUT_OF_DATE = 25  # `run --no-build` while the workspace's code, lock or Dockerfile differ from the image
+    TRANSFER_CUT = 26  # a transfer to or from a host stopped half-way (the connection went); rerun to resume
+    COMMAND_FAILED = 27  # a command launcher ran here or on a host failed (docker load, tar, rm...)
+    TIMED_OUT = 28  # a command or a host did not answer in time
     INTERRUPTED = 130
 
 
@@ -152,3 +155,17 @@ class MissingExtra(LauncherError):
 
 class ImageOutOfDate(LauncherError):
     exit_code = ExitCode.IMAGE_OUT_OF_DATE
+
+
+class TransferCut(LauncherError):
+    exit_code = ExitCode.TRANSFER_CUT
+
+
+class CommandFailed(LauncherError):
+    """A command launcher ran (locally or on a host) exited non-zero; the message names it."""
+
+    exit_code = ExitCode.COMMAND_FAILED
+
+
+class TimedOut(LauncherError):
+    exit_code = ExitCode.TIMED_OUT

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from launcher.errors import BadData, Corrupt, LauncherError, NotFound
+from launcher.errors import BadData, Corrupt, MissingExtra, NotFound
 from launcher.weights import WeightArray, Weights
 
 
@@ -17,7 +17,7 @@ def import_h5py() -> Any:
     try:
         import h5py
     except ImportError as exc:
-        raise LauncherError("reading Keras .weights.h5/.keras files needs h5py",
+        raise MissingExtra("reading Keras .weights.h5/.keras files needs h5py",
                             "pip install 'launcher[report]' (or h5py)") from exc
     return h5py
 

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from launcher.errors import ExitCode, LauncherError, NotFound
+from launcher import errors
+from launcher.errors import NotFound, TimedOut
 
 
 @dataclass(frozen=True)
@@ -35,8 +36,8 @@ class Completed:
         return f"exit status {self.returncode}"
 
 
-class CommandFailed(LauncherError):
-    exit_code = ExitCode.FAILURE
+class CommandFailed(errors.CommandFailed):
+    """A local or remote command that exited non-zero, with what it printed."""
 
     def __init__(self, completed: Completed, message: str | None = None, hint: str | None = None) -> None:
         super().__init__(message or f"{completed.argv[0]} failed: {completed.last_error_line()}", hint)
@@ -76,8 +77,8 @@ def run(
     except FileNotFoundError as exc:
         raise NotFound(f"program not found: {args[0]}", f"install {args[0]} and make sure it is on PATH") from exc
     except subprocess.TimeoutExpired as exc:
-        raise LauncherError(f"{args[0]} did not finish within {timeout:.0f} s",
-                            "check that the service it talks to is up") from exc
+        raise TimedOut(f"{args[0]} did not finish within {timeout:.0f} s",
+                       "check that the service it talks to is up") from exc
     done = Completed(args, cp.returncode, cp.stdout or b"", cp.stderr or b"")
     if check and done.returncode != 0:
         raise CommandFailed(done)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.errors import HostNotReady, LauncherError
+from launcher.errors import HostNotReady
 from launcher.hashing import atomic_write_json
 from launcher.hosts.base import Host
 from launcher.workspace import Workspace
@@ -131,7 +131,7 @@ def parse_facts(text: str) -> dict[str, Any]:
 def gather_facts(host: Host) -> dict[str, Any]:
     done = host.run(["sh", "-c", FACTS_SCRIPT], check=False)
     if not done.out.strip():
-        raise LauncherError(
+        raise HostNotReady(
             f"could not read facts from {host.name}: {done.last_error_line()}",
             "check that the host runs a POSIX shell",
         )

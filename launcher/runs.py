@@ -20,6 +20,8 @@ from typing import Any
 from launcher import __version__, recipes, transfer
 from launcher.errors import (
     BadData,
+    CommandFailed,
+    Corrupt,
     DiskFull,
     HostNotReady,
     HostUnreachable,
@@ -132,7 +134,7 @@ def image_record(ws: Workspace, variant: str) -> dict[str, Any]:
             f"build it with `launcher build {variant}`",
         ) from None
     except ValueError:
-        raise LauncherError(f"{path} is not valid JSON", f"rebuild with `launcher build {variant}`") from None
+        raise Corrupt(f"{path} is not valid JSON", f"rebuild with `launcher build {variant}`") from None
     labels = rec.get("labels") or {}
     return {
         "id": rec["image_id"],
@@ -423,7 +425,7 @@ def start_run(
     if started.returncode != 0:
         launch["start_error"] = started.last_error_line()
         atomic_write_json(local / LAUNCH_FILE, launch)
-        raise LauncherError(
+        raise CommandFailed(
             f"the container for {run_id} did not start on {host.name}: {started.last_error_line()}",
             "check the image and Docker on the host",
         )
@@ -713,7 +715,7 @@ def clean(ws: Workspace, run_id: str, *, force: bool = False, reporter: Reporter
         if existed:
             done = host.run(["rm", "-rf", "--", remote], check=False)
             if host.exists(remote):
-                raise LauncherError(
+                raise CommandFailed(
                     f"could not remove {remote} on {host.name}: {done.last_error_line()}",
                     "its files may belong to root (runs from before outputs were handed to the host user): "
                     f"`sudo rm -rf {remote}` on the host",

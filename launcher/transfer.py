@@ -29,10 +29,12 @@ from typing import IO, Any, cast
 
 from launcher import imagetree
 from launcher.errors import (
+    CommandFailed,
     Corrupt,
     DiskFull,
     LauncherError,
     RegistryUnavailable,
+    TransferCut,
     UnsafePath,
     UsageError,
 )
@@ -211,7 +213,7 @@ def ship_image(
             load.stdin.close()
         except (BrokenPipeError, ConnectionError, OSError) as exc:
             load.kill()
-            raise LauncherError(
+            raise TransferCut(
                 f"docker load on {host.name} stopped: {load.stderr_text().strip() or exc}",
                 "check free disk space and dockerd on the host",
             ) from None
@@ -224,7 +226,7 @@ def ship_image(
         save.wait()
     if save_rc != 0:
         err = save.stderr_text().strip()
-        raise LauncherError(f"docker save {image_id[:19]} failed: {err}", "check the local Docker engine")
+        raise CommandFailed(f"docker save {image_id[:19]} failed: {err}", "check the local Docker engine")
     if load_rc != 0:
         text = (load.stderr_text() + load_out).strip()
         if "no space" in text.lower():
@@ -232,7 +234,7 @@ def ship_image(
                 f"{host.name} ran out of disk while loading the image: {text}",
                 "free space on the host (`docker system prune`) and retry",
             )
-        raise LauncherError(
+        raise CommandFailed(
             f"docker load on {host.name} failed: {text.splitlines()[-1] if text else load_rc}",
             "check dockerd on the host (`launcher provision --host ...`)",
         )
@@ -273,7 +275,7 @@ def _ship_from_cache(eng: Engine, image_id: str, cached: tuple[bytes, list[Path 
         load.stdin.close()
     except (BrokenPipeError, ConnectionError, OSError) as exc:
         load.kill()
-        raise LauncherError(f"docker load on {host.name} stopped: {load.stderr_text().strip() or exc}",
+        raise TransferCut(f"docker load on {host.name} stopped: {load.stderr_text().strip() or exc}",
                             "check free disk space and dockerd on the host") from None
     out = load.stdout.read().decode("utf-8", "replace")
     if load.wait() != 0:
@@ -281,7 +283,7 @@ def _ship_from_cache(eng: Engine, image_id: str, cached: tuple[bytes, list[Path 
         if "no space" in text.lower():
             raise DiskFull(f"{host.name} ran out of disk while loading the image: {text}",
                            "free space on the host (`docker system prune`) and retry")
-        raise LauncherError(f"docker load on {host.name} failed: {text.splitlines()[-1] if text else 'error'}",
+        raise CommandFailed(f"docker load on {host.name} failed: {text.splitlines()[-1] if text else 'error'}",
                             "check dockerd on the host (`launcher provision --host ...`)")
 
 
@@ -295,11 +297,11 @@ def _push_to_registry(image_id: str, registry: str) -> str:
     local.tag(image_id, ref, check=True)
     done = local.push(ref)
     if done.returncode != 0:
-        raise LauncherError(f"docker push to {registry} failed: {done.last_error_line()}",
+        raise RegistryUnavailable(f"docker push to {registry} failed: {done.last_error_line()}",
                             "check that the local registry runs and answers on that address")
     match = re.search(r"digest: (sha256:[0-9a-f]{64})", done.out)
     if not match:
-        raise LauncherError(f"docker push to {registry} printed no digest", "check the local registry")
+        raise RegistryUnavailable(f"docker push to {registry} printed no digest", "check the local registry")
     return match.group(1)
 
 
@@ -344,7 +346,7 @@ def ship_image_via_registry(host: Host, image: str, *, registry: str, tag: str |
     finally:
         task.close()
     if done.returncode != 0:
-        raise LauncherError(f"docker pull on {host.name} through the tunnel failed: {done.last_error_line()}",
+        raise CommandFailed(f"docker pull on {host.name} through the tunnel failed: {done.last_error_line()}",
                             "check dockerd on the host")
     lines = done.out.splitlines()
     result = ShipResult(image_id, skipped=False,
@@ -686,7 +688,7 @@ def pull_outputs(
             errors = receive_files(p.stdout, dest, on_bytes=lambda n: task.advance(n), on_file=done)
         except EOFError:
             p.kill()
-            raise LauncherError(
+            raise TransferCut(
                 f"the transfer from {host.name} was cut: {p.stderr_text().strip()}",
                 "run `launcher pull RUN` again; verified files are kept",
             ) from None
@@ -694,7 +696,7 @@ def pull_outputs(
             task.close()
         rc = p.wait()
         if rc != 0:
-            raise LauncherError(
+            raise CommandFailed(
                 f"pulling from {host.name} failed (exit {rc}): {p.stderr_text().strip()}",
                 "run `launcher pull RUN` again; verified files are kept",
             )

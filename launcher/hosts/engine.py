@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from launcher.errors import EngineUnavailable, HostNotReady, LauncherError
+from launcher.errors import EngineUnavailable, HostNotReady, NotFound
 from launcher.hosts.base import Host, HostProcess
 from launcher.hosts.local import LocalHost
 from launcher.proc import Completed
@@ -100,7 +100,7 @@ class Engine:
         done = self._run("image", "inspect", "--format", "{{json .}}", ref)
         if done.returncode != 0:
             if "No such" in done.err or "no such" in done.err:
-                raise LauncherError(f"image {ref} is not in {self.where}", "build it first with `launcher build`")
+                raise NotFound(f"image {ref} is not in {self.where}", "build it first with `launcher build`")
             raise EngineUnavailable(f"{self.where} did not answer: {done.last_error_line()}",
                                     "start dockerd or set DOCKER_HOST")
         info: dict[str, Any] = json.loads(done.out)

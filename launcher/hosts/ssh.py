@@ -31,6 +31,7 @@ from launcher.errors import (
     HostKeyRejected,
     HostUnreachable,
     LauncherError,
+    TimedOut,
     UsageError,
 )
 from launcher.hosts.base import Host, PopenProcess
@@ -366,7 +367,7 @@ class SSHHost(Host):
                     break
                 select.select([chan], [], [], 0.5)
                 if deadline is not None and time.monotonic() > deadline:
-                    raise LauncherError(f"`{argv[0]}` on {self.name} did not finish within {timeout:.0f} s")
+                    raise TimedOut(f"`{argv[0]}` on {self.name} did not finish within {timeout:.0f} s")
             code = chan.recv_exit_status() if chan.status_event.wait(CONNECT_TIMEOUT_S) else -1
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise HostUnreachable(
