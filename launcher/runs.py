@@ -32,8 +32,8 @@ from launcher.errors import (
     UsageError,
 )
 from launcher.hashing import atomic_write_json
-from launcher.hosts import engine
-from launcher.hosts.base import Host, open_host
+from launcher.hosts import engine, open_host
+from launcher.hosts.base import Host
 from launcher.hosts.engine import Engine
 from launcher.manifest import describe_code, read_json_object
 from launcher.progress import NullReporter, Reporter
