@@ -23,6 +23,7 @@ from typing import IO, Any, cast
 from launcher.errors import BadData, CommandFailed, Corrupt, DiskFull, TransferCut
 from launcher.hashing import CHUNK, sha256_file
 from launcher.hosts.base import Host
+from launcher.hostscripts import text as host_script
 from launcher.progress import CountingReader, NullReporter, Reporter
 
 HEADROOM_BYTES = 256 << 20  # left free on the host after an upload
@@ -192,26 +193,6 @@ class HostPrune:
         return {"removed": self.removed, "kept": self.kept, "removed_bytes": sum(r["bytes"] for r in self.removed)}
 
 
-# Prints "<bytes> <age seconds> <name>" for each entry of the data folder (python3 on the host).
-_DATA_LIST = r"""
-import os, sys, time
-root = sys.argv[1]
-try:
-    names = sorted(os.listdir(root))
-except FileNotFoundError:
-    names = []
-for name in names:
-    top, total = os.path.join(root, name), 0
-    for d, _, files in os.walk(top):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(d, f)).st_size
-            except OSError:
-                pass
-    print(total, int(time.time() - os.lstat(top).st_mtime), name)
-"""
-
-
 def prune_host(host: Host, *, dry_run: bool = False) -> HostPrune:
     """Remove the datasets `--data-from` left on host that no container there mounts (running or
     stopped: a stopped run may be restarted or inspected), and uploads interrupted over an hour ago.
@@ -225,7 +206,7 @@ def prune_host(host: Host, *, dry_run: bool = False) -> HostPrune:
     engine.require()  # without it, what containers mount cannot be told
     root = data_root(host)
     mounted = engine.mount_sources(engine.container_ids())
-    listing = host.run([host.python, "-c", _DATA_LIST, root], check=False).out
+    listing = host.run([host.python, "-c", host_script("datalist.py"), root], check=False).out
     for line in listing.splitlines():
         size_s, age_s, name = line.split(" ", 2)
         path, size = f"{root}/{name}", int(size_s)

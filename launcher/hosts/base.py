@@ -16,39 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from launcher.hostscripts import text as host_script
 from launcher.proc import CommandFailed, Completed
-
-# Runs on the host with python3 and the stdlib only: lstat every entry under a directory,
-# hashing regular files unless asked for sizes only. One JSON object per line.
-LIST_SCRIPT = r"""
-import hashlib, json, os, stat, sys
-root, want_hash = sys.argv[1], sys.argv[2] == "1"
-if not os.path.isdir(root):
-    sys.exit(3)
-for dirpath, dirnames, filenames in os.walk(root):
-    dirnames.sort()
-    for name in sorted(dirnames + filenames):
-        full = os.path.join(dirpath, name)
-        rel = os.path.relpath(full, root)
-        st = os.lstat(full)
-        rec = {"path": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-        if stat.S_ISLNK(st.st_mode):
-            rec["kind"] = "symlink"
-            rec["target"] = os.readlink(full)
-        elif stat.S_ISDIR(st.st_mode):
-            rec["kind"] = "dir"
-        elif stat.S_ISREG(st.st_mode):
-            rec["kind"] = "file"
-            if want_hash:
-                h = hashlib.sha256()
-                with open(full, "rb") as f:
-                    for block in iter(lambda: f.read(1 << 20), b""):
-                        h.update(block)
-                rec["sha256"] = "sha256:" + h.hexdigest()
-        else:
-            rec["kind"] = "other"
-        sys.stdout.write(json.dumps(rec) + "\n")
-"""
 
 
 @dataclass(frozen=True)
@@ -180,7 +149,7 @@ class Host(ABC):
 
     def list_dir(self, remote_dir: str, *, hashes: bool = True) -> list[RemoteEntry]:
         """Every entry under remote_dir (lstat, never following links), files hashed on the host."""
-        done = self.run([self.python, "-c", LIST_SCRIPT, remote_dir, "1" if hashes else "0"], check=False)
+        done = self.run([self.python, "-c", host_script("listdir.py"), remote_dir, "1" if hashes else "0"], check=False)
         if done.returncode == 3:
             return []
         if done.returncode != 0:
