@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
 
-from launcher import imagetree
+from launcher import imagetree, layertar
 from launcher.errors import BuildFailed
 from launcher.hashing import atomic_path
 from launcher.hosts import engine
@@ -34,7 +34,7 @@ IMAGE_RECIPES = "opt/launcher/recipes"
 class RecipesLayer:
     diff_id: str
     path: Path  # the layer tar in the layer cache
-    entries: list[imagetree.Entry]
+    entries: list[layertar.Entry]
     digests: dict[str, str]  # recipe folder name -> its code digest
 
 
@@ -82,7 +82,7 @@ def write_layer(folder: Path, layer_cache: Path, epoch: int) -> RecipesLayer:
     write_tar(folder, buf, epoch)
     data = buf.getvalue()
     diff_id = "sha256:" + hashlib.sha256(data).hexdigest()
-    entries, _, _ = imagetree.rewrite_layer(io.BytesIO(data), None, epoch, clamp=False)
+    entries, _, _ = layertar.rewrite_layer(io.BytesIO(data), None, epoch, clamp=False)
     target = layer_cache / "layers" / f"{diff_id.removeprefix('sha256:')}.tar"
     if not target.is_file():
         with atomic_path(target) as tmp:

@@ -45,7 +45,7 @@ def test_run_ids_follow_the_design() -> None:
 )
 def test_outputs_go_to_the_host_user_unless_docker_maps_users(security: str, owner: str | None) -> None:
     from launcher.proc import Completed
-    from launcher.runs import _output_owner
+    from launcher.runhost import output_owner
 
     class Answers:
         def run(self, argv: list[str], **kw: object) -> Completed:
@@ -55,4 +55,4 @@ def test_outputs_go_to_the_host_user_unless_docker_maps_users(security: str, own
         def owner(self) -> str:
             return "1000:1000"
 
-    assert _output_owner(Answers()) == owner  # type: ignore[arg-type]
+    assert output_owner(Answers()) == owner  # type: ignore[arg-type]

@@ -306,14 +306,14 @@ def ps_cmd(
     known_hosts: KnownHostsOpt = None,
 ) -> None:
     """List runs: the workspace's run directories and, with --host, that host's run containers."""
-    from launcher import runs
+    from launcher import runcontrol
 
     ws = workspace_of(ctx)
     if host is None:
-        rows = runs.list_runs(ws)
+        rows = runcontrol.list_runs(ws)
     else:
         with _open(ctx, host, trust_new_host, _host_kw(identity, port, ssh_config, known_hosts)) as h:
-            rows = runs.list_runs(ws, h)
+            rows = runcontrol.list_runs(ws, h)
 
     def text(result: Result) -> None:
         t = Table("run", "recipe", "code", "host", "status", "container")
@@ -339,21 +339,21 @@ def logs_cmd(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the run ends.")] = False,
 ) -> None:
     """Print a run's logs (from its container while it exists, else the pulled train.log)."""
-    from launcher import runs
+    from launcher import runcontrol
 
     lines: list[str] = []
-    runs.logs(workspace_of(ctx), run_id, _sink(ctx, lines), follow=follow)
+    runcontrol.logs(workspace_of(ctx), run_id, _sink(ctx, lines), follow=follow)
     render(ctx, Result("logs", {"run_id": run_id, "lines": lines}), lambda r: None)
 
 
 @command(app, "attach")
 def attach_cmd(ctx: typer.Context, run_id: Annotated[str, typer.Argument(metavar="RUN")]) -> None:
     """Follow a detached run's logs to its end, then pull its outputs."""
-    from launcher import runs
+    from launcher import runcontrol
 
     lines: list[str] = []
     with reporter(ctx) as rep:
-        manifest = runs.attach(workspace_of(ctx), run_id, _sink(ctx, lines), rep)
+        manifest = runcontrol.attach(workspace_of(ctx), run_id, _sink(ctx, lines), rep)
     code = ExitCode.OK if manifest.get("status") == "succeeded" else ExitCode.RUN_FAILED
     render(
         ctx,
@@ -393,9 +393,9 @@ def pull_cmd(
 @command(app, "stop")
 def stop_cmd(ctx: typer.Context, run_id: Annotated[str, typer.Argument(metavar="RUN")]) -> None:
     """Stop a run's container (its outputs so far stay on the host: `launcher pull RUN`)."""
-    from launcher import runs
+    from launcher import runcontrol
 
-    out = runs.stop(workspace_of(ctx), run_id)
+    out = runcontrol.stop(workspace_of(ctx), run_id)
     render(ctx, Result("stop", out, summary=f"stopped {run_id} (exit {out.get('exit_code')})"))
 
 
@@ -427,7 +427,7 @@ def clean_cmd(
     """Free a host's disk: delete runs' directories and containers there once their outputs are
     pulled and still match their manifests (the local run directories stay); with --datasets,
     the datasets sent there that nothing mounts."""
-    from launcher import runs
+    from launcher import runcontrol
 
     if not run_ids and not datasets:
         raise UsageError("nothing to clean", "name runs (`launcher clean RUN...`) or add --datasets --host HOST")
@@ -437,7 +437,7 @@ def clean_cmd(
     done = []
     with reporter(ctx) as rep:
         for run_id in run_ids or []:
-            done.append(runs.clean(ws, run_id, force=force, reporter=rep))
+            done.append(runcontrol.clean(ws, run_id, force=force, reporter=rep))
     data: dict[str, Any] = {"runs": done}
     removed = sum(d["removed"] for d in done)
     parts = [f"removed {removed} of {len(done)} run directories on their hosts; local copies kept"] if done else []
