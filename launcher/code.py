@@ -50,13 +50,18 @@ def git_toplevel(path: Path) -> Path | None:
 
 
 def git_state(path: Path) -> dict[str, Any]:
-    """The commit of the work tree holding path and whether anything under path differs from it
-    (untracked files included); {} outside a git work tree."""
+    """The commit of the work tree holding path and whether the code under path differs from it:
+    changed, untracked or ignored files count (an ignored copy is not committed code either),
+    byte-code caches do not. {} outside a git work tree."""
     head = proc.run(["git", "-C", path, "rev-parse", "HEAD"], check=False)
     if head.returncode != 0:
         return {}
-    status = proc.run(["git", "-C", path, "status", "--porcelain", "--", "."], check=False)
-    return {"commit": head.out.strip(), "dirty": bool(status.out.strip())}
+    status = proc.run(["git", "-C", path, "status", "--porcelain", "--ignored", "--untracked-files=all", "--",
+                       "."], check=False)
+    changed = [line[3:] for line in status.out.splitlines() if len(line) > 3]
+    dirty = any(not any(codedigest.skipped(part, i < len(parts) - 1) for i, part in enumerate(parts))
+                for parts in (c.strip('"').rstrip("/").split("/") for c in changed))
+    return {"commit": head.out.strip(), "dirty": dirty}
 
 
 def _git_listing(root: Path) -> list[str] | None:
