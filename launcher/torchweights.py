@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from launcher.errors import BadData, Corrupt, NotFound
-from launcher.weights import WeightArray, Weights
+from launcher.weights import WeightArray, Weights, open_zip
 
 # PyTorch's zip format: <archive>/data.pkl references storages <archive>/data/<key> by persistent id.
 # Read without torch: the pickle is replayed with stand-ins for torch's classes (nothing of the
@@ -122,13 +122,8 @@ class TorchArchive:
 
 def open_torch_zip(path: Path) -> TorchArchive:
     """Open a torch zip checkpoint without torch (the format of ``torch.save`` since 1.6)."""
-    try:
-        zf = zipfile.ZipFile(path)
-    except FileNotFoundError:
-        raise NotFound(f"no model file {path}") from None
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise BadData(f"{path} is not a PyTorch zip checkpoint ({exc})",
-                      "save it with torch.save (the zip format of PyTorch 1.6 and later)") from exc
+    zf = open_zip(path, lambda exc: BadData(f"{path} is not a PyTorch zip checkpoint ({exc})",
+                                            "save it with torch.save (the zip format of PyTorch 1.6 and later)"))
     pkl = next((n for n in zf.namelist() if n.endswith("data.pkl") and n.count("/") == 1), None)
     if pkl is None:
         zf.close()

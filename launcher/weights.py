@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import io
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from launcher.errors import Corrupt, NotFound
+from launcher.errors import Corrupt, LauncherError, NotFound
 
 
 @dataclass(frozen=True)
@@ -59,15 +59,20 @@ def _split_canonical(name: str) -> tuple[int, str, str] | None:
     return int(order), layer, index
 
 
-def load_canonical(path: Path) -> Weights:
-    """``canonical.npz``: entries ``NNN.<layer>/<i>.npy``; NNN gives the model order."""
+def open_zip(path: Path, unreadable: Callable[[Exception], LauncherError]) -> zipfile.ZipFile:
+    """A model file that is a zip archive; NotFound when missing, unreadable(exc) when it is no zip."""
     try:
-        zf = zipfile.ZipFile(path)
+        return zipfile.ZipFile(path)
     except FileNotFoundError:
         raise NotFound(f"no model file {path}") from None
     except (zipfile.BadZipFile, OSError) as exc:
-        raise Corrupt(f"{path} is not a readable zip archive ({exc})",
-                      "re-pull the run (`launcher pull RUN`)") from exc
+        raise unreadable(exc) from exc
+
+
+def load_canonical(path: Path) -> Weights:
+    """``canonical.npz``: entries ``NNN.<layer>/<i>.npy``; NNN gives the model order."""
+    zf = open_zip(path, lambda exc: Corrupt(f"{path} is not a readable zip archive ({exc})",
+                                            "re-pull the run (`launcher pull RUN`)"))
     entries: list[tuple[int, str, str, str]] = []
     with zf:
         for info in zf.infolist():
@@ -94,13 +99,8 @@ def load_npy(path: Path) -> Weights:
                 return Weights(path, [WeightArray(path.stem, "0", read_npy(f.read(), path.name, path))])
         except FileNotFoundError:
             raise NotFound(f"no model file {path}") from None
-    try:
-        zf = zipfile.ZipFile(path)
-    except FileNotFoundError:
-        raise NotFound(f"no model file {path}") from None
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise Corrupt(f"{path} is not a readable .npz archive ({exc})",
-                      "re-pull the run (`launcher pull RUN`)") from exc
+    zf = open_zip(path, lambda exc: Corrupt(f"{path} is not a readable .npz archive ({exc})",
+                                            "re-pull the run (`launcher pull RUN`)"))
     with zf:
         return Weights(path, [WeightArray(n.removesuffix(".npy"), "0", read_npy(zf.read(n), n, path))
                               for n in zf.namelist()])
