@@ -38,8 +38,8 @@ sys.path.insert(0, str(REPO))
 
 def child(args: argparse.Namespace) -> None:
     """One operation, timed inside the process; prints JSON with seconds and peak RSS."""
-    from launcher import transfer
     from launcher.hosts.ssh import SSHHost
+    from launcher.runs.lifecycle import pull, ship
 
     conn = json.loads(args.child_conn)
     t0 = time.perf_counter()
@@ -52,13 +52,13 @@ def child(args: argparse.Namespace) -> None:
     t1 = time.perf_counter()
     out: dict[str, Any] = {"connect_s": t1 - t0}
     if args.child == "ship" and args.registry:
-        res = transfer.ship_image_via_registry(host, args.image, registry=args.registry)
+        res = ship.ship_image_via_registry(host, args.image, registry=args.registry)
         out.update(res.to_dict())
     elif args.child == "ship":
-        res = transfer.ship_image(host, args.image, cache_dir=Path(args.cache))
+        res = ship.ship_image(host, args.image, cache_dir=Path(args.cache))
         out.update(res.to_dict())
     else:
-        res2 = transfer.pull_outputs(host, args.remote, Path(args.dest))
+        res2 = pull.pull_outputs(host, args.remote, Path(args.dest))
         out.update(res2.to_dict())
     out["op_s"] = time.perf_counter() - t1
     host.close()
@@ -123,7 +123,7 @@ def main() -> None:
         docker_build(big_ctx, f"FROM {base}\nRUN head -c {mb}M /dev/urandom > /opt/framework.bin\n", big)
         ids = {}
         cache = str(work / "cache")
-        from launcher import imagetree
+        from launcher.images import tree as imagetree
 
         base_keys = imagetree.base_layer_keys(base)
         for name in ("a", "b"):
@@ -160,7 +160,7 @@ def main() -> None:
         if shutil.which("docker-registry"):
             import socket
 
-            from launcher import registry
+            from launcher.images import registry
 
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))

@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from runfactory import FakeRun, make_workspace, refresh_manifest, write_run
 
-from launcher.modeldiff import diff_models
 from launcher.runtime.fingerprints import canonical_npz_bytes
-from launcher.verify import verify_checksums
+from launcher.verify.modeldiff import diff_models
+from launcher.verify.verdicts import verify_checksums
 from launcher.workspace import Workspace
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.hashing import sha256_file
-from launcher.lock import HASH
+from launcher.images.lock import HASH
 
 AREAS = ("images", "builds", "wheels", "code", "bootstrap", "registry", "layer-keys")
 ORPHAN_AGE_S = 3600.0

@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 
-from launcher import docker_engine, images, registry
-from launcher.bootstrap import bootstrap
 from launcher.errors import LauncherError
+from launcher.images import builder as docker_engine
+from launcher.images import pins as images
+from launcher.images import registry
+from launcher.images.bootstrap import bootstrap
 from launcher.scaffold import init_workspace
 from launcher.workspace import Workspace, default_cache_dir
 
@@ -95,7 +97,7 @@ def tf_workspace(make_workspace: Callable[[Path], Workspace], tmp_path_factory: 
 @pytest.fixture(scope="session")
 def cpu_image(tf_workspace: Workspace) -> Iterator[dict[str, Any]]:
     """The real TensorFlow CPU image, built once from the committed lock (lockfiles/cpu.txt)."""
-    from launcher.build import build
+    from launcher.images.build import build
 
     rec = build(tf_workspace, "cpu")
     yield {"id": rec.image_id, "tag": rec.tag, "record": rec, "workspace": tf_workspace}

@@ -65,7 +65,7 @@ COPY launcher/ /opt/launcher/launcher/
 def write_tiny_inputs(root: Path, base_ref: str) -> None:
     """The build inputs of the tiny workspace: a lock with no packages, a Dockerfile per variant,
     and images.lock pinning the bootstrapped base by digest."""
-    from launcher import images
+    from launcher.images import pins as images
     from launcher.workspace import VARIANTS, Workspace
 
     for sub in ("lockfiles", "dockerfiles"):
@@ -85,7 +85,7 @@ def tiny_image(tmp_path_factory: pytest.TempPathFactory, base_ref: str) -> Itera
     """Debian + python3 + launcher's in-container runtime + the tiny recipes, built by `launcher
     build` like any image (so runs see a real build record): seconds to build."""
     _need_host_tools()
-    from launcher.build import build
+    from launcher.images.build import build
     from launcher.workspace import Workspace
 
     root = tmp_path_factory.mktemp("tiny-image") / "tiny"
@@ -97,7 +97,7 @@ def tiny_image(tmp_path_factory: pytest.TempPathFactory, base_ref: str) -> Itera
 def make_workspace(root: Path, image: dict[str, Any], variant: str = "cpu") -> Path:
     """A workspace of the tiny recipes built as `launcher build` leaves it (found in the build
     cache when its inputs equal the tiny image's, which is the usual case: no Docker build)."""
-    from launcher.build import build
+    from launcher.images.build import build
     from launcher.workspace import Workspace
 
     write_tiny_inputs(root, image["base"])

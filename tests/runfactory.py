@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 
 from launcher.hashing import atomic_write_json, sha256_bytes, sha256_file
-from launcher.manifest import SCHEMA_VERSION, write_manifest
-from launcher.modeldiff import load_canonical
+from launcher.runs.manifest import SCHEMA_VERSION, write_manifest
 from launcher.runtime import fingerprints as fp
+from launcher.verify.modeldiff import load_canonical
 
 LAYERS: list[tuple[str, list[tuple[int, ...]]]] = [
     ("conv2d", [(3, 3, 1, 4), (4,)]),
@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, list[tuple[int, ...]]]] = [
     ("dense_1", [(16, 10), (10,)]),
 ]
 
-# Shaped like launcher.provision's facts and the runtime's _launcher/runtime.json.
+# Shaped like launcher.hosts.provision's facts and the runtime's _launcher/runtime.json.
 DEFAULT_FACTS: dict[str, Any] = {
     "os": "Debian GNU/Linux 12 (bookworm)", "os_id": "debian", "kernel": "6.1.0-26-amd64", "arch": "x86_64",
     "user": "root", "is_root": True, "cpu_model": "Intel(R) Xeon(R) CPU @ 2.20GHz", "cpu_cores": 2,

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from launcher import build as build_mod
-from launcher import docker_engine
 from launcher.cli import app
 from launcher.errors import ExitCode
-from launcher.lock import parse_lock
+from launcher.images import build as build_mod
+from launcher.images import builder as docker_engine
+from launcher.images.lock import parse_lock
 from launcher.workspace import Workspace
 
 runner = CliRunner()

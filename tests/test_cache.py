@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher import build, cache, docker_engine, lock
+from launcher import cache
+from launcher.images import build, lock
+from launcher.images import builder as docker_engine
 from launcher.workspace import Workspace
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from launcher import code
+from launcher.runs import code
 
 
 def git(root: Path, *args: str) -> None:

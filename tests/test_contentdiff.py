@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from conftest import need
 
-from launcher.contentdiff import compare_files, volatile_field
+from launcher.verify.content import compare_files, volatile_field
 
 
 def _torch() -> object:
@@ -64,8 +64,8 @@ def test_torch_state_dict_is_read_without_torch(tmp_path: Path) -> None:
     _checkpoint(torch, c, bump=1e-3)
     code = ("import sys; sys.modules['torch'] = None\n"  # any `import torch` now fails
             "from pathlib import Path\n"
-            "from launcher.contentdiff import compare_files\n"
-            "from launcher.modeldiff import load_torch\n"
+            "from launcher.verify.content import compare_files\n"
+            "from launcher.verify.modeldiff import load_torch\n"
             f"d = compare_files(Path({str(a)!r}), Path({str(c)!r}))\n"
             "print(d.first_difference['layer'], d.first_difference['array'], len(load_torch(Path("
             f"{str(a)!r})).arrays))\n")

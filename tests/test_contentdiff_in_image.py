@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from launcher.cli import app
-from launcher.contentdiff import compare_files, compare_savedmodel
+from launcher.verify.content import compare_files, compare_savedmodel
 
 pytestmark = [pytest.mark.docker, pytest.mark.tfimage]
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "contentdiff"

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher import datasets
 from launcher.errors import BadData, Corrupt, DiskFull
 from launcher.hosts.base import RemoteEntry
 from launcher.hosts.local import LocalHost
+from launcher.runs import datasets
 
 
 def make(root: Path) -> Path:

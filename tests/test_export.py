@@ -23,11 +23,11 @@ from conftest import need
 from runfactory import FakeRun, make_workspace, pair, refresh_manifest, write_run
 from typer.testing import CliRunner
 
-from launcher import verify
 from launcher.cli import app
 from launcher.errors import ExitCode
-from launcher.export import RUN_ID_TAG, metric_points, run_params
-from launcher.manifest import Manifest, load_manifest
+from launcher.report.export import RUN_ID_TAG, metric_points, run_params
+from launcher.runs.manifest import Manifest, load_manifest
+from launcher.verify import verdicts as verify
 from launcher.workspace import Workspace
 
 # No usage report leaves this machine from a test (MLflow sends one unless told not to).

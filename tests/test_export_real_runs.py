@@ -15,9 +15,9 @@ import pytest
 from test_export import assert_mlflow_holds, assert_tensorboard_holds, cli, mlflow_client
 from typer.testing import CliRunner
 
-from launcher import verify
 from launcher.cli import app
-from launcher.manifest import Manifest, load_manifest
+from launcher.runs.manifest import Manifest, load_manifest
+from launcher.verify import verdicts as verify
 from launcher.workspace import Workspace
 
 pytestmark = [pytest.mark.docker, pytest.mark.tfimage]

@@ -1,4 +1,4 @@
-"""The scripts launcher sends to a host as text (launcher/hostscripts/) run with the system's
+"""The scripts launcher sends to a host as text (launcher/hosts/scripts/) run with the system's
 python3 (or sh) on their own, outside launcher's environment, and print what launcher parses."""
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import pytest
 
 import launcher
 from launcher.hosts.base import parse_listing
-from launcher.hostscripts import text
-from launcher.provision import parse_facts
+from launcher.hosts.provision import parse_facts
+from launcher.hosts.scripts import text
 
-FOLDER = Path(launcher.__file__).parent / "hostscripts"
+FOLDER = Path(launcher.__file__).parent / "hosts" / "scripts"
 SCRIPTS = sorted(p.name for p in FOLDER.iterdir() if p.is_file() and p.name != "__init__.py"
                  and p.suffix in (".py", ".sh"))
 PY_SCRIPTS = [n for n in SCRIPTS if n.endswith(".py")]
@@ -39,12 +39,13 @@ def run_py(name: str, *args: str) -> subprocess.CompletedProcess[str]:
 def test_every_script_is_package_data() -> None:
     assert {"listdir.py", "datalist.py", "facts.sh"} <= set(SCRIPTS)
     # a non-editable install takes only .py files and the package-data globs of pyproject.toml
-    line = re.search(r'^"launcher\.hostscripts" = \[(.*)\]$', (FOLDER.parents[1] / "pyproject.toml").read_text(), re.M)
-    assert line, "pyproject.toml has no package-data line for launcher.hostscripts"
+    pyproject = (FOLDER.parents[2] / "pyproject.toml").read_text()
+    line = re.search(r'^"launcher\.hosts\.scripts" = \[(.*)\]$', pyproject, re.M)
+    assert line, "pyproject.toml has no package-data line for launcher.hosts.scripts"
     patterns = [p.strip().strip('"') for p in line.group(1).split(",")]
     for name in SCRIPTS:
         assert name.endswith(".py") or any(fnmatch(name, p) for p in patterns), f"{name} is not package data"
-        assert resources.files("launcher.hostscripts").joinpath(name).read_text(encoding="utf-8") == text(name)
+        assert resources.files("launcher.hosts.scripts").joinpath(name).read_text(encoding="utf-8") == text(name)
 
 
 @pytest.mark.parametrize("name", PY_SCRIPTS)
@@ -59,7 +60,7 @@ def test_python_script_uses_only_the_standard_library(name: str) -> None:
 
 @pytest.mark.parametrize("name", PY_SCRIPTS)
 def test_python_script_imports_without_running(name: str, capsys: pytest.CaptureFixture[str]) -> None:
-    module = import_module(f"launcher.hostscripts.{name.removesuffix('.py')}")
+    module = import_module(f"launcher.hosts.scripts.{name.removesuffix('.py')}")
     assert callable(module.main)
     assert capsys.readouterr().out == ""
 

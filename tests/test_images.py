@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from launcher import images, registry
 from launcher.cli import app
 from launcher.errors import ExitCode, PinMismatch
+from launcher.images import pins as images
+from launcher.images import registry
 from launcher.scaffold import init_workspace
 from launcher.workspace import Workspace
 

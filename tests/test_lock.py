@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from launcher import lock
 from launcher.cli import app
 from launcher.errors import ExitCode, LockFailed
+from launcher.images import lock
 from launcher.scaffold import init_workspace
 from launcher.workspace import Workspace
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from launcher.errors import Corrupt
-from launcher.modeldiff import (
+from launcher.runtime.fingerprints import canonical_npz_bytes
+from launcher.verify.modeldiff import (
     DIFFERS,
     IDENTICAL,
     MISSING,
@@ -20,7 +21,6 @@ from launcher.modeldiff import (
     load_canonical,
     load_weights,
 )
-from launcher.runtime.fingerprints import canonical_npz_bytes
 
 
 def _layers(seed: int = 0) -> list[tuple[str, list[np.ndarray]]]:

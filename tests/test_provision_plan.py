@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.errors import HostNotReady
-from launcher.provision import install_plan, parse_facts
+from launcher.hosts.provision import install_plan, parse_facts
 
 READY = """os=Ubuntu 22.04.4 LTS
 os_id=ubuntu

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from launcher import recipes
 from launcher.cli import app
 from launcher.errors import BadRecipe, ExitCode, NotFound, UsageError
+from launcher.runs import recipes
 from launcher.runtime import spec as rspec
 from launcher.runtime.code import code_digest
 from launcher.workspace import Workspace

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from launcher.determinism import profile_env
+from launcher.runs.determinism import profile_env
 from launcher.runtime import fingerprints as fp
 
 pytestmark = [pytest.mark.docker, pytest.mark.tfimage]
@@ -224,7 +224,7 @@ def test_a_tf_data_pipeline_is_recorded_by_batch_contents(cpu_image: dict[str, A
 
 def test_a_scaffolded_recipe_folder_of_ones_own_runs_the_same_way(cpu_image: dict[str, Any],
                                                                   tmp_path: Path) -> None:
-    from launcher.recipes import scaffold_recipe
+    from launcher.runs.recipes import scaffold_recipe
     from launcher.workspace import Workspace
 
     for d in ("lockfiles", "dockerfiles", "recipes"):

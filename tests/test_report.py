@@ -12,8 +12,8 @@ import pytest
 from runfactory import FakeRun, make_workspace, write_run
 
 from launcher.errors import HostUnreachable, NotFound, RunFailed, UsageError
-from launcher.experiment import DIFFERENT_SEEDS, SAME_SEED, experiment, plan, run_parallel
-from launcher.report import SCHEMA, write_report
+from launcher.report.assemble import SCHEMA, write_report
+from launcher.runs.experiment import DIFFERENT_SEEDS, SAME_SEED, experiment, plan, run_parallel
 from launcher.workspace import Workspace
 
 
@@ -197,7 +197,7 @@ def test_experiment_command_rejects_bad_seeds_mode(ws: Workspace) -> None:
 
 
 def test_seed_fixed_spread_is_the_ratio_of_standard_deviations() -> None:
-    from launcher.report import GroupStats, RunSeries, describe, group_kind, percent, seed_fixed_spread
+    from launcher.report.assemble import GroupStats, RunSeries, describe, group_kind, percent, seed_fixed_spread
 
     def group(name: str, seeds: list[int], losses: list[float]) -> GroupStats:
         runs = [RunSeries(f"{name}{i}", name, i, s, "succeeded", [{"epoch": 0, "loss": v}])
@@ -223,7 +223,7 @@ def test_experiment_wires_runs_and_hosts(ws: Workspace, monkeypatch: pytest.Monk
     import shutil
 
     import launcher.hosts
-    from launcher import runs
+    from launcher.runs import lifecycle as runs
 
     shutil.copytree(Path(__file__).parent / "fixtures" / "tiny_recipes" / "tiny", ws.recipes / "tiny")
     opened: list[tuple[str | None, dict[str, Any]]] = []

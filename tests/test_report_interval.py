@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import need
 
-from launcher.report import (
+from launcher.report.assemble import (
     f_quantile,
     interval_factor,
     ratio_interval,
@@ -111,7 +111,7 @@ def test_a_share_above_100_percent_is_explained_not_reported() -> None:
 
 
 def test_seed_fixed_spread_carries_the_interval_and_the_advice() -> None:
-    from launcher.report import GroupStats, RunSeries, describe, group_kind
+    from launcher.report.assemble import GroupStats, RunSeries, describe, group_kind
 
     def group(name: str, seeds: list[int], losses: list[float]) -> GroupStats:
         runs = [RunSeries(f"{name}{i}", name, i, s, "succeeded", [{"epoch": 0, "loss": v}])

@@ -28,9 +28,9 @@ from runfactory import FakeRun, refresh_manifest, write_run
 from runfactory import make_workspace as fake_workspace
 from typer.testing import CliRunner
 
-from launcher.build import read_record
 from launcher.cli import app
-from launcher.report import write_report
+from launcher.images.build import read_record
+from launcher.report.assemble import write_report
 from launcher.runtime.code import code_digest
 from launcher.workspace import Workspace
 

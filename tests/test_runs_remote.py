@@ -173,7 +173,7 @@ def test_symlink_output_is_refused_and_nothing_leaves_runs(testhost: TestHost, t
 def test_cut_connection_leaves_the_run_going_and_pull_gets_everything(
     testhost: TestHost, tiny_workspace: Path
 ) -> None:
-    from launcher import runs
+    from launcher.runs import lifecycle as runs
 
     ws = Workspace.at(tiny_workspace)
     opts = {"identity": testhost.key, "known_hosts": testhost.known_hosts, "ssh_config": Path("/dev/null")}
@@ -355,7 +355,7 @@ def test_a_plain_script_runs_with_the_profile_injected(testhost: TestHost, tiny_
 def test_a_network_black_hole_ends_the_wait_and_a_later_pull_gets_everything(
     testhost: TestHost, tiny_workspace: Path
 ) -> None:
-    from launcher import runs
+    from launcher.runs import lifecycle as runs
 
     code, env, err = cli(
         tiny_workspace, "run", "tiny", *ssh_args(testhost), "--detach", "--param", "sleep=12"

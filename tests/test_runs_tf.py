@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from testhost import TestHost
 
-from launcher import runs
 from launcher.hosts.ssh import SSHHost
 from launcher.progress import RecordingReporter
+from launcher.runs import lifecycle as runs
 
 pytestmark = [pytest.mark.testhost, pytest.mark.tfimage]
 

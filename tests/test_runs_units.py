@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.errors import ExitCode, UsageError
-from launcher.runs import new_run_id, parse_params
+from launcher.runs.lifecycle import new_run_id, parse_params
 
 
 def test_params_are_typed() -> None:
@@ -45,7 +45,7 @@ def test_run_ids_follow_the_design() -> None:
 )
 def test_outputs_go_to_the_host_user_unless_docker_maps_users(security: str, owner: str | None) -> None:
     from launcher.proc import Completed
-    from launcher.runhost import output_owner
+    from launcher.runs.placement import output_owner
 
     class Answers:
         def run(self, argv: list[str], **kw: object) -> Completed:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.determinism import profile_env
+from launcher.runs.determinism import profile_env
 
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = json.dumps({"epochs": 2, "train_samples": 256, "test_samples": 64, "device": "cpu"})
@@ -71,7 +71,7 @@ def test_mnist_torch_off_profile_is_unseeded(tmp_path: Path) -> None:
 
 
 def test_a_scaffolded_torch_recipe_runs_and_repeats(tmp_path: Path) -> None:
-    from launcher.recipes import scaffold_recipe
+    from launcher.runs.recipes import scaffold_recipe
     from launcher.workspace import Workspace
 
     for d in ("lockfiles", "dockerfiles", "recipes"):

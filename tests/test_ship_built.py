@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 from testhost import TestHost
 
-from launcher import build, lock, transfer
 from launcher.hosts import engine
 from launcher.hosts.engine import Engine
 from launcher.hosts.ssh import SSHHost
+from launcher.images import build, lock
+from launcher.runs import ship
 from launcher.workspace import Workspace
 
 pytestmark = [pytest.mark.testhost, pytest.mark.docker]
@@ -35,13 +36,13 @@ def test_rebuilt_recipe_layer_ships_alone_from_the_layer_cache(
     ws.lock_in("cpu").write_text("six==1.17.0\npip\nsetuptools\n")
     lock.lock_variant(ws, "cpu")
     first = build.build(ws, "cpu")
-    one = transfer.ship_image(remote, first.tag, cache_dir=ws.cache_dir)
+    one = ship.ship_image(remote, first.tag, cache_dir=ws.cache_dir)
     assert not one.skipped and Engine(remote).has_image(first.image_id)
 
     script.write_text("print('two')\n")
     second = build.build(ws, "cpu")
     assert second.image_id != first.image_id
-    two = transfer.ship_image(remote, second.tag, tag="launcher-test/built:two", cache_dir=ws.cache_dir)
+    two = ship.ship_image(remote, second.tag, tag="launcher-test/built:two", cache_dir=ws.cache_dir)
     n_layers = len(engine.local().inspect_image(second.tag)["RootFS"]["Layers"])
     assert (two.layers_sent, two.layers_skipped) == (1, n_layers - 1)
     assert two.bytes_sent < 64 * 1024

@@ -34,8 +34,8 @@ def test_remote_command_refuses_an_empty_argv() -> None:
 
 
 def test_docker_run_argv_survives_quoting_unchanged() -> None:
-    from launcher.recipes import Recipe
-    from launcher.runs import docker_run_argv
+    from launcher.runs.lifecycle import docker_run_argv
+    from launcher.runs.recipes import Recipe
     from launcher.runtime.spec import RecipeSpec
 
     recipe = Recipe(RecipeSpec(Path("/r/tiny"), "tiny", "none", "train.py"), "sha256:" + "0" * 64)

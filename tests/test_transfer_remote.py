@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from testhost import TestHost
 
-from launcher import transfer
 from launcher.hosts import engine
 from launcher.hosts.engine import Engine
 from launcher.hosts.ssh import SSHHost
+from launcher.runs import pull, ship
 
 pytestmark = pytest.mark.testhost
 
@@ -46,15 +46,15 @@ def test_ship_skips_present_images_and_sends_only_missing_layers(
     first = build_on_top(tiny_image["tag"], tmp_path / "a", uuid.uuid4().bytes * 1000)
     second = build_on_top(tiny_image["tag"], tmp_path / "b", uuid.uuid4().bytes * 1000)
     try:
-        one = transfer.ship_image(remote, first, cache_dir=cache)
+        one = ship.ship_image(remote, first, cache_dir=cache)
         assert not one.skipped and one.layers_sent >= 1
         assert Engine(remote).has_image(one.image_id)
 
-        again = transfer.ship_image(remote, first, cache_dir=cache)
+        again = ship.ship_image(remote, first, cache_dir=cache)
         assert again.skipped and again.bytes_sent == 0
 
         # the rebuilt image differs in its top layer only: that layer alone travels
-        two = transfer.ship_image(remote, second, tag="launcher-test/shipped:two", cache_dir=cache)
+        two = ship.ship_image(remote, second, tag="launcher-test/shipped:two", cache_dir=cache)
         n_layers = len(engine.local().inspect_image(second)["RootFS"]["Layers"])
         assert (two.layers_sent, two.layers_skipped) == (1, n_layers - 1)
         assert two.bytes_sent < 64 * 1024
@@ -86,7 +86,7 @@ def test_pull_verifies_against_the_hosts_hashes_and_resumes(
     root = f"/tmp/pull-{uuid.uuid4().hex[:6]}"
     make_remote_tree(testhost, root)
     dest = tmp_path / "runs" / "r" / "outputs"
-    first = transfer.pull_outputs(remote, root, dest)
+    first = pull.pull_outputs(remote, root, dest)
     expected = host_sha256(testhost, root)
     assert {k: v["sha256"] for k, v in first.files.items()} == expected
     assert sorted(first.transferred) == sorted(expected) and first.refused == []
@@ -94,12 +94,12 @@ def test_pull_verifies_against_the_hosts_hashes_and_resumes(
         assert "sha256:" + hashlib.sha256((dest / rel).read_bytes()).hexdigest() == digest
     assert not list(dest.rglob("*.partial"))
 
-    again = transfer.pull_outputs(remote, root, dest)
+    again = pull.pull_outputs(remote, root, dest)
     assert again.transferred == [] and sorted(again.skipped) == sorted(expected)
 
     (dest / "logs" / "train.log").write_text("tampered\n")
     testhost.exec("sh", "-c", f"echo more >> {root}/model/big.bin")
-    third = transfer.pull_outputs(remote, root, dest)
+    third = pull.pull_outputs(remote, root, dest)
     assert sorted(third.transferred) == ["logs/train.log", "model/big.bin"]
     assert third.files == {k: {"size": v["size"], "sha256": v["sha256"]} for k, v in third.files.items()}
     assert {k: v["sha256"] for k, v in third.files.items()} == host_sha256(testhost, root)
@@ -114,14 +114,14 @@ def test_pull_refuses_symlinks_and_escapes(remote: SSHHost, testhost: TestHost, 
         f"ln -s /etc/passwd {root}/passwd && ln -s / {root}/sub/up && mkfifo {root}/fifo",
     )
     dest = tmp_path / "runs" / "r" / "outputs"
-    result = transfer.pull_outputs(remote, root, dest)
+    result = pull.pull_outputs(remote, root, dest)
     assert sorted(result.files) == ["ok.txt"]
     assert sorted(r.split(" ")[0] for r in result.refused) == ["fifo", "passwd", "sub/up"]
     every = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
     assert every == ["runs", "runs/r", "runs/r/.pulled.json", "runs/r/outputs", "runs/r/outputs/ok.txt"]
 
     # asked directly for an escaping or linked path, the script on the host refuses to send it
-    p = remote.start([remote.python, "-c", transfer.PULL_SCRIPT, root], bulk=True)
+    p = remote.start([remote.python, "-c", pull.PULL_SCRIPT, root], bulk=True)
     p.stdin.write(json.dumps(["../../etc/passwd", "passwd", "sub/up/etc/passwd", "/etc/passwd"]).encode())
     p.stdin.close()
     records = [json.loads(line) for line in p.stdout.read().splitlines()]
@@ -137,7 +137,7 @@ def test_ship_through_a_registry_tunnel_sends_only_new_layers(
     import signal
     import socket
 
-    from launcher import registry
+    from launcher.images import registry
 
     if shutil.which("docker-registry") is None:
         pytest.skip("Debian's docker-registry is not installed (apt-get install docker-registry)")
@@ -148,14 +148,14 @@ def test_ship_through_a_registry_tunnel_sends_only_new_layers(
     first = build_on_top(tiny_image["tag"], tmp_path / "a", uuid.uuid4().bytes * 1000)
     second = build_on_top(tiny_image["tag"], tmp_path / "b", uuid.uuid4().bytes * 1000)
     try:
-        one = transfer.ship_image_via_registry(remote, first, registry=address)
+        one = ship.ship_image_via_registry(remote, first, registry=address)
         assert not one.skipped and Engine(remote).has_image(one.image_id)
-        two = transfer.ship_image_via_registry(remote, second, registry=address, tag="launcher-test/reg:two")
+        two = ship.ship_image_via_registry(remote, second, registry=address, tag="launcher-test/reg:two")
         n_layers = len(engine.local().inspect_image(second)["RootFS"]["Layers"])
         assert (two.layers_sent, two.layers_skipped) == (1, n_layers - 1)
         out = testhost.exec("docker", "run", "--rm", "launcher-test/reg:two", "sha256sum", "/payload.bin")
         assert out.split()[0] == hashlib.sha256((tmp_path / "b" / "payload.bin").read_bytes()).hexdigest()
-        assert transfer.ship_image_via_registry(remote, second, registry=address).skipped
+        assert ship.ship_image_via_registry(remote, second, registry=address).skipped
     finally:
         os.kill(int(started["pid"]), signal.SIGTERM)  # type: ignore[call-overload]
         subprocess.run(["docker", "rmi", "-f", first, second], capture_output=True, check=False)
@@ -166,7 +166,7 @@ def test_ship_through_a_registry_tunnel_sends_only_new_layers(
                 "ls",
                 "--format",
                 "{{.Repository}}:{{.Tag}}",
-                f"{address}/{transfer.SHIP_REPO}",
+                f"{address}/{ship.SHIP_REPO}",
             ],
             capture_output=True,
             text=True,
@@ -189,11 +189,11 @@ def test_pull_and_ship_work_without_the_openssh_client(
         use_openssh=False,
     ) as h:
         assert h.use_openssh is False
-        result = transfer.pull_outputs(h, root, tmp_path / "runs" / "r" / "outputs")
+        result = pull.pull_outputs(h, root, tmp_path / "runs" / "r" / "outputs")
         assert {k: v["sha256"] for k, v in result.files.items()} == host_sha256(testhost, root)
         image = build_on_top(tiny_image["tag"], tmp_path / "img", uuid.uuid4().bytes * 100)
         try:
-            shipped = transfer.ship_image(h, image, cache_dir=tmp_path / "cache")
+            shipped = ship.ship_image(h, image, cache_dir=tmp_path / "cache")
             assert not shipped.skipped and Engine(h).has_image(shipped.image_id)
         finally:
             subprocess.run(["docker", "rmi", "-f", image], capture_output=True, check=False)

@@ -13,7 +13,9 @@ import pytest
 
 from launcher.errors import Corrupt, ExitCode, UnsafePath
 from launcher.hosts.base import RemoteEntry
-from launcher.transfer import chain_ids, classify, receive_files, rewrite_save_stream, safe_relpath
+from launcher.hosts.engine import chain_ids
+from launcher.runs.pull import classify, receive_files, safe_relpath
+from launcher.runs.ship import rewrite_save_stream
 
 
 def frame(path: str, data: bytes, digest: str | None = None) -> bytes:

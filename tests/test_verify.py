@@ -17,8 +17,8 @@ from runfactory import (
 )
 
 from launcher.errors import Corrupt, ExitCode, Incompatible, NotFound, SchemaTooNew, UsageError
-from launcher.manifest import ManifestMissing
-from launcher.verify import (
+from launcher.runs.manifest import ManifestMissing
+from launcher.verify.verdicts import (
     CLASS_ENVIRONMENT,
     CLASS_INPUT,
     CLASS_NONDETERMINISM,

@@ -53,7 +53,7 @@ def test_json_schema(root: Path) -> None:
     assert env["schema"] == "launcher.result/v1" and env["command"] == "verify checksums"
     assert env["exit_code"] == 3 and env["ok"] is False
     data = env["data"]
-    assert data["schema"] == "launcher.verify/v1"
+    assert data["schema"] == "launcher.verify.verdicts/v1"
     assert set(data) == {"schema", "verdict", "mode", "selection", "reference", "recipe", "summary", "integrity",
                          "consistency", "checks", "runs", "artifacts", "explanations", "not_compared", "skipped"}
     assert data["verdict"] == "differs" and data["reference"] == a.name
@@ -121,7 +121,7 @@ def _keys(obj: object, out: set[str]) -> set[str]:
 
 def test_every_json_field_is_documented(root: Path) -> None:
     doc = (Path(__file__).resolve().parent.parent / "docs" / "verify-json.md").read_text()
-    assert "launcher.verify/v1" in doc
+    assert "launcher.verify.verdicts/v1" in doc
     seen: set[str] = set()
     for kw in ({"seed": 43}, {"unseeded_dropout": True, "dropout_entropy": 1}, {"data_version": 1}):
         for d in (root / "runs").iterdir():

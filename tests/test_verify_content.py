@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from launcher.cli import app
 from launcher.errors import Corrupt, ExitCode
-from launcher.verify import CLASS_OUTPUTS, IDENTICAL_CONTENT, verify_checksums
+from launcher.verify.verdicts import CLASS_OUTPUTS, IDENTICAL_CONTENT, verify_checksums
 from launcher.workspace import Workspace
 
 
@@ -106,7 +106,7 @@ def test_canonical_and_layers_both_altered_disagree_with_the_native_save(ws: Wor
     import h5py
 
     _, b = pair(ws.runs)
-    from launcher.modeldiff import load_canonical
+    from launcher.verify.modeldiff import load_canonical
 
     with h5py.File(b / "outputs/model/model.weights.h5", "w") as f:  # the native save, as training wrote it
         for wa in load_canonical(b / "outputs/model/canonical.npz"):

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from runfactory import adopt_outputs, make_workspace
 
-from launcher.determinism import profile_env
 from launcher.errors import ExitCode
-from launcher.verify import CLASS_INPUT, CLASS_NONDETERMINISM, verify_checksums
+from launcher.runs.determinism import profile_env
+from launcher.verify.verdicts import CLASS_INPUT, CLASS_NONDETERMINISM, verify_checksums
 from launcher.workspace import Workspace
 
 RECIPE_TOML = """\

@@ -54,7 +54,7 @@ def export_cmd(
 
     Needs the optional extra "export" of launcher (mlflow-skinny, tensorboard).
     """
-    from launcher.export import TENSORBOARD, export_runs, is_run
+    from launcher.report.export import TENSORBOARD, export_runs, is_run
 
     ws = workspace_of(ctx)
     refs = list(runs or [])

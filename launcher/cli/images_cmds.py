@@ -8,12 +8,13 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from launcher import bootstrap as bootstrap_mod
-from launcher import build as build_mod
-from launcher import images, registry
-from launcher import lock as lock_mod
 from launcher.cli.common import command, render, reporter, stdout, workspace_of
 from launcher.errors import ExitCode
+from launcher.images import bootstrap as bootstrap_mod
+from launcher.images import build as build_mod
+from launcher.images import lock as lock_mod
+from launcher.images import pins as images
+from launcher.images import registry
 from launcher.result import Result
 from launcher.scaffold import init_workspace
 from launcher.workspace import Workspace

@@ -7,9 +7,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from launcher import recipes
 from launcher.cli.common import command, render, stdout, workspace_of
 from launcher.result import Result
+from launcher.runs import recipes
 
 app = typer.Typer(name="recipes", no_args_is_help=True,
                   help="The workspace's training recipes (recipes/<name>/recipe.toml).")

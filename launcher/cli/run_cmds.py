@@ -118,7 +118,7 @@ def provision_cmd(
     known_hosts: KnownHostsOpt = None,
 ) -> None:
     """Inspect a host (OS, CPU, RAM, disk, Docker, GPU) and install Docker / the NVIDIA toolkit."""
-    from launcher import provision
+    from launcher.hosts import provision
 
     ws = workspace_of(ctx)
     with _open(ctx, host, trust_new_host, _host_kw(identity, port, ssh_config, known_hosts)) as h:
@@ -241,7 +241,7 @@ def run_cmd(
     The image is rebuilt first when the workspace's code differs from it (see --no-build), and the
     manifest records the digest of the code the container executed, computed inside it.
     """
-    from launcher import runs
+    from launcher.runs import lifecycle as runs
 
     ws = workspace_of(ctx)
     spec = runs.RunSpec(
@@ -306,7 +306,7 @@ def ps_cmd(
     known_hosts: KnownHostsOpt = None,
 ) -> None:
     """List runs: the workspace's run directories and, with --host, that host's run containers."""
-    from launcher import runcontrol
+    from launcher.runs import control as runcontrol
 
     ws = workspace_of(ctx)
     if host is None:
@@ -339,7 +339,7 @@ def logs_cmd(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the run ends.")] = False,
 ) -> None:
     """Print a run's logs (from its container while it exists, else the pulled train.log)."""
-    from launcher import runcontrol
+    from launcher.runs import control as runcontrol
 
     lines: list[str] = []
     runcontrol.logs(workspace_of(ctx), run_id, _sink(ctx, lines), follow=follow)
@@ -349,7 +349,7 @@ def logs_cmd(
 @command(app, "attach")
 def attach_cmd(ctx: typer.Context, run_id: Annotated[str, typer.Argument(metavar="RUN")]) -> None:
     """Follow a detached run's logs to its end, then pull its outputs."""
-    from launcher import runcontrol
+    from launcher.runs import control as runcontrol
 
     lines: list[str] = []
     with reporter(ctx) as rep:
@@ -375,7 +375,7 @@ def pull_cmd(
     ] = None,
 ) -> None:
     """Copy a run's outputs back, verified (resumable: verified files are skipped)."""
-    from launcher import runs
+    from launcher.runs import lifecycle as runs
 
     with reporter(ctx) as rep:
         out = runs.pull_run(workspace_of(ctx), run_id, reporter=rep, watch=watch)
@@ -393,7 +393,7 @@ def pull_cmd(
 @command(app, "stop")
 def stop_cmd(ctx: typer.Context, run_id: Annotated[str, typer.Argument(metavar="RUN")]) -> None:
     """Stop a run's container (its outputs so far stay on the host: `launcher pull RUN`)."""
-    from launcher import runcontrol
+    from launcher.runs import control as runcontrol
 
     out = runcontrol.stop(workspace_of(ctx), run_id)
     render(ctx, Result("stop", out, summary=f"stopped {run_id} (exit {out.get('exit_code')})"))
@@ -427,7 +427,7 @@ def clean_cmd(
     """Free a host's disk: delete runs' directories and containers there once their outputs are
     pulled and still match their manifests (the local run directories stay); with --datasets,
     the datasets sent there that nothing mounts."""
-    from launcher import runcontrol
+    from launcher.runs import control as runcontrol
 
     if not run_ids and not datasets:
         raise UsageError("nothing to clean", "name runs (`launcher clean RUN...`) or add --datasets --host HOST")
@@ -442,7 +442,7 @@ def clean_cmd(
     removed = sum(d["removed"] for d in done)
     parts = [f"removed {removed} of {len(done)} run directories on their hosts; local copies kept"] if done else []
     if datasets:
-        from launcher import datasets as datasets_mod
+        from launcher.runs import datasets as datasets_mod
 
         with _open(ctx, host, trust_new_host, _host_kw(identity, port, ssh_config, known_hosts)) as h:
             pruned = datasets_mod.prune_host(h, dry_run=dry_run)

@@ -9,8 +9,8 @@ import typer
 from rich.table import Table
 
 from launcher.cli.common import command, render, reporter, stdout, workspace_of
-from launcher.determinism import DEFAULT_SEED
 from launcher.result import Result
+from launcher.runs.determinism import DEFAULT_SEED
 
 app = typer.Typer()
 verify_app = typer.Typer(name="verify", help="Compare runs bit for bit and explain the differences.",
@@ -185,7 +185,7 @@ def checksums(
     Exit 0 when all runs are identical (in bytes or in content), 3 (not reproducible) when any
     differ, 13 when a file is corrupt or a run contradicts its own records.
     """
-    from launcher.verify import verify_checksums
+    from launcher.verify.verdicts import verify_checksums
 
     ws = workspace_of(ctx)
     with reporter(ctx) as rep:
@@ -239,8 +239,8 @@ def experiment_cmd(
         "--identity", "-i", help="Private key file for SSH.")] = None,
 ) -> None:
     """Run replicates of a recipe in a same-seed and a different-seeds group, in parallel across hosts."""
-    from launcher import runs as runs_mod
-    from launcher.experiment import experiment
+    from launcher.runs import lifecycle as runs_mod
+    from launcher.runs.experiment import experiment
 
     ws = workspace_of(ctx)
     host_kw = {"trust_new_host": trust_new_host or None, "identity": identity}
@@ -256,7 +256,7 @@ def experiment_cmd(
 
 
 def _print_report(result: Result) -> None:
-    from launcher.report import percent
+    from launcher.report.assemble import percent
 
     d = result.data
     metrics = d["metrics"]
@@ -306,7 +306,7 @@ def report_cmd(
 ) -> None:
     """Write reports/NAME/: final metrics, the seed-fixed share of the spread with its confidence interval,
     plots (metrics, differences from the reference, final weights per layer), index.html, JSON."""
-    from launcher.report import write_report
+    from launcher.report.assemble import write_report
 
     ws = workspace_of(ctx)
     with reporter(ctx) as rep:
@@ -326,7 +326,7 @@ def models_cmd(
     Exit 0 when every array is bit-identical, 3 when any differs.
     """
     from launcher.errors import ExitCode
-    from launcher.modeldiff import diff_models
+    from launcher.verify.modeldiff import diff_models
 
     diff = diff_models(reference, other)
     data = {"source": str(other), **diff.to_dict()}

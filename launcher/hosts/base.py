@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from launcher.hostscripts import text as host_script
+from launcher.hosts.scripts import text as host_script
 from launcher.proc import CommandFailed, Completed
 
 
@@ -119,7 +119,7 @@ class Host(ABC):
 
     @abstractmethod
     def get_file(self, remote: str, local: Path) -> None:
-        """Copy a file on the host to a local path (not verified: see launcher.transfer)."""
+        """Copy a file on the host to a local path (not verified: see launcher.runs.pull)."""
 
     @abstractmethod
     def home(self) -> str:

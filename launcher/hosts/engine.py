@@ -3,7 +3,7 @@
 One class for the local engine and a remote one: an :class:`Engine` runs over a
 :class:`~launcher.hosts.base.Host`, builds each `docker` argv here and runs it through that host.
 The builder (docker-py builds, `docker save` of a build, bootstrap's import and push) drives
-the local engine itself: see launcher.build, launcher.bootstrap and launcher.imagetree.
+the local engine itself: see launcher.images.build, launcher.images.bootstrap and launcher.images.tree.
 """
 
 from __future__ import annotations

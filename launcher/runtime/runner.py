@@ -84,10 +84,10 @@ class Tee:
 
 
 def host_profile_env(profile: str, seed: int | None, threads: int | None) -> dict[str, str]:
-    """The profile's variables, for a run started on the host (launcher.determinism is not in images)."""
+    """The profile's variables, for a run started on the host (launcher.runs.determinism is not in images)."""
     try:
-        from launcher.determinism import profile_env
         from launcher.errors import UsageError
+        from launcher.runs.determinism import profile_env
     except ImportError:
         raise RunError("--profile needs the launcher package; in a container pass the environment with -e",
                        EXIT_USAGE) from None

@@ -1,0 +1,249 @@
+"""What a host is (the fact sheet) and what it lacks (the install plan).
+
+Facts come from one read-only shell script run on the host (launcher/hosts/scripts/facts.sh).
+The install plan is computed from the facts, so running it again on a ready host plans
+nothing: it is idempotent by construction. GPU steps follow NVIDIA's Container Toolkit
+instructions for Ubuntu/Debian.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.errors import HostNotReady
+from launcher.hashing import atomic_write_json
+from launcher.hosts.base import Host
+from launcher.hosts.scripts import text as host_script
+from launcher.workspace import Workspace
+
+
+def parse_facts(text: str) -> dict[str, Any]:
+    raw: dict[str, str] = {}
+    gpus: list[dict[str, str]] = []
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if not sep:
+            continue
+        if key == "gpu":
+            parts = [p.strip() for p in value.split(",")]
+            gpus.append(
+                {
+                    "name": parts[0],
+                    "driver": parts[1] if len(parts) > 1 else "",
+                    "memory": parts[2] if len(parts) > 2 else "",
+                }
+            )
+        else:
+            raw[key] = value.strip()
+
+    def num(key: str) -> int | None:
+        v = raw.get(key, "")
+        return int(v) if v.isdigit() else None
+
+    docker: dict[str, Any] = {
+        "installed": raw.get("docker_installed") == "1",
+        "usable": raw.get("docker_usable") == "1",
+        "client": raw.get("docker_client", ""),
+    }
+    if "docker_info" in raw:
+        version, _, rest = raw["docker_info"].partition("|")
+        runtimes_json, _, root = rest.rpartition("|")
+        try:
+            runtimes = sorted(json.loads(runtimes_json or "{}"))
+        except ValueError:
+            runtimes = []
+        docker.update(
+            {
+                "server_version": version,
+                "runtimes": runtimes,
+                "root_dir": root,
+                "nvidia_runtime": "nvidia" in runtimes,
+            }
+        )
+    else:
+        docker.update({"server_version": None, "runtimes": [], "nvidia_runtime": False})
+    if "docker_error" in raw:
+        docker["error"] = raw["docker_error"]
+    return {
+        "os": raw.get("os"),
+        "os_id": raw.get("os_id"),
+        "os_version": raw.get("os_version"),
+        "os_codename": raw.get("os_codename"),
+        "kernel": raw.get("kernel"),
+        "arch": raw.get("arch"),
+        "user": raw.get("user"),
+        "is_root": raw.get("uid") == "0",
+        "sudo": raw.get("sudo") == "1",
+        "cpu_model": raw.get("cpu_model") or None,
+        "cpu_cores": num("cpu_cores"),
+        "ram_bytes": num("ram_bytes"),
+        "disk_free_bytes": num("disk_free_bytes"),
+        "docker": docker,
+        "nvidia": {
+            "smi": raw.get("nvidia_smi") == "1",
+            "gpus": gpus,
+            "driver": gpus[0]["driver"] if gpus else None,
+            "container_toolkit": raw.get("nvidia_ctk") == "1",
+        },
+    }
+
+
+def gather_facts(host: Host) -> dict[str, Any]:
+    done = host.run(["sh", "-c", host_script("facts.sh")], check=False)
+    if not done.out.strip():
+        raise HostNotReady(
+            f"could not read facts from {host.name}: {done.last_error_line()}",
+            "check that the host runs a POSIX shell",
+        )
+    facts = parse_facts(done.out)
+    facts["host"] = host.describe()
+    return facts
+
+
+def save_facts(ws: Workspace, host: Host, facts: Mapping[str, Any]) -> None:
+    atomic_write_json(ws.host_facts(host.name), dict(facts))
+
+
+def facts_for_run(ws: Workspace, host: Host) -> dict[str, Any]:
+    """Fresh facts for the manifest, also kept as the host's fact sheet."""
+    facts = gather_facts(host)
+    save_facts(ws, host, facts)
+    return facts
+
+
+@dataclass(frozen=True)
+class Step:
+    why: str
+    command: str  # run with `sh -c` on the host; shown as is by --dry-run
+
+    def to_dict(self) -> dict[str, str]:
+        return {"why": self.why, "command": self.command}
+
+
+NVIDIA_KEYRING = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
+NVIDIA_LIST = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
+
+
+def install_plan(facts: Mapping[str, Any], *, gpu: bool = False) -> list[Step]:
+    """The commands that bring the host to: Docker usable by the user (and, with gpu, the NVIDIA runtime)."""
+    os_id = str(facts.get("os_id") or "")
+    if os_id not in ("ubuntu", "debian"):
+        raise HostNotReady(
+            f"automatic install supports Ubuntu and Debian, not {facts.get('os') or os_id}",
+            "install Docker (and the NVIDIA Container Toolkit) by hand, then rerun provision",
+        )
+    sudo = "" if facts.get("is_root") else "sudo "
+    user = facts.get("user") or "$USER"
+    docker = facts.get("docker") or {}
+    nvidia = facts.get("nvidia") or {}
+    steps: list[Step] = []
+    if not docker.get("installed"):
+        steps += [
+            Step("refresh the package lists", f"{sudo}apt-get update"),
+            Step(
+                "install the Docker engine",
+                f"{sudo}env DEBIAN_FRONTEND=noninteractive apt-get install -y docker.io",
+            ),
+            Step("start Docker now and at boot", f"{sudo}systemctl enable --now docker"),
+        ]
+    if not facts.get("is_root") and not docker.get("usable"):
+        steps.append(
+            Step(
+                f"let {user} use Docker without sudo (takes effect on the next login)",
+                f"{sudo}usermod -aG docker {user}",
+            )
+        )
+    if gpu:
+        if not nvidia.get("smi"):
+            steps += [
+                Step(
+                    "install the NVIDIA driver recommended for this GPU",
+                    f"{sudo}apt-get install -y ubuntu-drivers-common && {sudo}ubuntu-drivers install",
+                ),
+            ]
+        if not nvidia.get("container_toolkit"):
+            steps += [
+                Step(
+                    "add NVIDIA's package signing key",
+                    "curl -fsSL https://nvidia.github.io/libnvidia-container/gpgkey | "
+                    f"{sudo}gpg --dearmor --yes -o {NVIDIA_KEYRING}",
+                ),
+                Step(
+                    "add the NVIDIA Container Toolkit repository",
+                    "curl -fsSL https://nvidia.github.io/libnvidia-container/stable/deb/"
+                    "nvidia-container-toolkit.list | sed 's#deb https://#deb "
+                    f"[signed-by={NVIDIA_KEYRING}] https://#g' | {sudo}tee {NVIDIA_LIST} >/dev/null",
+                ),
+                Step("refresh the package lists", f"{sudo}apt-get update"),
+                Step(
+                    "install the NVIDIA Container Toolkit",
+                    f"{sudo}env DEBIAN_FRONTEND=noninteractive apt-get install -y nvidia-container-toolkit",
+                ),
+            ]
+        if not docker.get("nvidia_runtime"):
+            steps += [
+                Step(
+                    "register the NVIDIA runtime with Docker",
+                    f"{sudo}nvidia-ctk runtime configure --runtime=docker",
+                ),
+                Step("restart Docker to load the runtime", f"{sudo}systemctl restart docker"),
+            ]
+    return steps
+
+
+@dataclass
+class Provisioned:
+    facts: dict[str, Any]
+    plan: list[Step]
+    executed: list[dict[str, Any]]
+    dry_run: bool
+
+    @property
+    def ready(self) -> bool:
+        return not self.plan or (bool(self.executed) and all(e["exit_code"] == 0 for e in self.executed))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "facts": self.facts,
+            "plan": [s.to_dict() for s in self.plan],
+            "executed": self.executed,
+            "dry_run": self.dry_run,
+        }
+
+
+def provision(
+    ws: Workspace, host: Host, *, gpu: bool = False, install: bool = False, dry_run: bool = False
+) -> Provisioned:
+    """Read the facts, plan what is missing, run the plan when asked (never with dry_run)."""
+    facts = gather_facts(host)
+    if install or dry_run:
+        plan = install_plan(facts, gpu=gpu)
+    else:
+        try:
+            plan = install_plan(facts, gpu=gpu)
+        except HostNotReady:
+            plan = []
+    executed: list[dict[str, Any]] = []
+    if install and not dry_run:
+        for step in plan:
+            done = host.run(["sh", "-c", step.command], check=False, timeout=1800)
+            executed.append(
+                {
+                    **step.to_dict(),
+                    "exit_code": done.returncode,
+                    "error": done.last_error_line() if done.returncode else None,
+                }
+            )
+            if done.returncode != 0:
+                save_facts(ws, host, facts)
+                raise HostNotReady(
+                    f"install step failed on {host.name}: {step.command}: {done.last_error_line()}",
+                    "fix the cause on the host and run provision --install again",
+                )
+        if plan:
+            facts = gather_facts(host)
+    save_facts(ws, host, facts)
+    return Provisioned(facts=facts, plan=plan, executed=executed, dry_run=dry_run)

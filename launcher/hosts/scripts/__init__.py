@@ -1,0 +1,28 @@
+"""Scripts that run on a host, kept as files of the package and sent as text.
+
+The rule: each file here runs on a host that has nothing of launcher installed, so a ``.py``
+file uses only the standard library of the host's ``python3`` and a ``.sh`` file only POSIX
+``sh`` and the usual tools. Launcher reads a file's text (:func:`text`) and sends it as an
+argument (``python3 -c TEXT ARGS...`` or ``sh -c TEXT``); nothing is copied to the host.
+
+The ``.py`` files are also modules of the package, so ruff and mypy check them and tests can
+import them: each guards its entry with ``if __name__ == "__main__":`` (true under ``-c``).
+Annotations that name builtin generics are quoted, so that an older ``python3`` on a host
+never evaluates them.
+
+- ``listdir.py``: every entry under a directory (lstat), regular files hashed (``Host.list_dir``).
+- ``datalist.py``: size, age and name of each dataset folder on a host (``datasets.prune_host``).
+- ``facts.sh``: the host's read-only fact sheet (``provision.gather_facts``).
+- ``pull_files.py``: streams a run's output files, hashed as sent (``launcher.runs.pull``).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+
+
+@cache
+def text(name: str) -> str:
+    """The text of the host script ``name`` (a file name in this folder, e.g. ``"listdir.py"``)."""
+    return resources.files(__name__).joinpath(name).read_text(encoding="utf-8")

@@ -1,0 +1,128 @@
+"""The recipes layer: the workspace's recipes as the image's last layer, written by launcher.
+
+The Dockerfile builds the environment (base, locked venv, runtime). The recipes change all
+day, so launcher does not send them through the Docker builder: it writes their layer itself
+as a canonical tar (sorted entries, owner root, modes 0644/0755, every time the build epoch),
+appends it to the normalised environment image's config, and loads the result with the
+environment's layers left out (the engine has them). A recipe edit therefore costs one small
+tar and one small `docker load`, and the image ID is still a function of content only: the
+same recipes on the same environment always give the same layer bytes and the same config.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, Any
+
+from launcher.errors import BuildFailed
+from launcher.hashing import atomic_path
+from launcher.hosts import engine
+from launcher.images import layertar
+from launcher.images import tree as imagetree
+from launcher.runtime import code as codedigest
+
+IMAGE_RECIPES = "opt/launcher/recipes"
+
+
+@dataclass(frozen=True)
+class RecipesLayer:
+    diff_id: str
+    path: Path  # the layer tar in the layer cache
+    entries: list[layertar.Entry]
+    digests: dict[str, str]  # recipe folder name -> its code digest
+
+
+def _dir_info(name: str, epoch: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.DIRTYPE
+    info.mode, info.mtime, info.uid, info.gid, info.uname, info.gname = 0o755, epoch, 0, 0, "", ""
+    return info
+
+
+def write_tar(folder: Path, out: IO[bytes], epoch: int, prefix: str = IMAGE_RECIPES) -> None:
+    """The canonical tar of folder's code files (as runtime.code counts them) under prefix."""
+    files = list(codedigest.iter_files(folder)) if folder.is_dir() else []
+    dirs = {prefix}
+    for rel, _ in files:
+        parts = rel.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            dirs.add(f"{prefix}/{'/'.join(parts[:i])}")
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        entries: list[tuple[str, Path | None]] = [(d, None) for d in dirs]
+        entries += [(f"{prefix}/{rel}", p) for rel, p in files]
+        for name, path in sorted(entries, key=lambda e: e[0]):
+            if path is None:
+                tar.addfile(_dir_info(name, epoch))
+                continue
+            st = path.stat()
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.uid, info.gid, info.uname, info.gname = st.st_size, epoch, 0, 0, "", ""
+            info.mode = 0o755 if st.st_mode & 0o100 else 0o644
+            with open(path, "rb") as f:
+                tar.addfile(info, f)
+
+
+def recipe_digests(folder: Path) -> dict[str, str]:
+    """The code digest of each recipe folder (a folder holding recipe.toml) under folder."""
+    if not folder.is_dir():
+        return {}
+    return {p.name: codedigest.code_digest(p) for p in sorted(folder.iterdir())
+            if p.is_dir() and (p / "recipe.toml").is_file()}
+
+
+def write_layer(folder: Path, layer_cache: Path, epoch: int) -> RecipesLayer:
+    """Write the recipes layer into the layer cache (by its diff ID) and index it."""
+    buf = io.BytesIO()
+    write_tar(folder, buf, epoch)
+    data = buf.getvalue()
+    diff_id = "sha256:" + hashlib.sha256(data).hexdigest()
+    entries, _, _ = layertar.rewrite_layer(io.BytesIO(data), None, epoch, clamp=False)
+    target = layer_cache / "layers" / f"{diff_id.removeprefix('sha256:')}.tar"
+    if not target.is_file():
+        with atomic_path(target) as tmp:
+            tmp.write_bytes(data)
+    return RecipesLayer(diff_id, target, entries, recipe_digests(folder))
+
+
+def compose_config(env_config: bytes, layer: RecipesLayer, labels: Mapping[str, str], epoch: int,
+                   recipes_digest: str) -> bytes:
+    """The environment image's config with the recipes layer and the final labels added."""
+    cfg: dict[str, Any] = json.loads(env_config)
+    inner = dict(cfg.get("config") or {})
+    inner["Labels"] = {**(inner.get("Labels") or {}), **labels}
+    cfg["config"] = inner
+    stamp = datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    cfg["history"] = [*cfg.get("history", []),
+                      {"created": stamp, "created_by": f"launcher: recipes/ -> /{IMAGE_RECIPES}/ ({recipes_digest})"}]
+    cfg["rootfs"] = {"type": "layers", "diff_ids": [*cfg["rootfs"]["diff_ids"], layer.diff_id]}
+    return json.dumps(cfg, sort_keys=True, separators=(",", ":")).encode()
+
+
+def image_id_of(config: bytes) -> str:
+    return "sha256:" + hashlib.sha256(config).hexdigest()
+
+
+def load(config: bytes, layer: RecipesLayer, tag: str) -> str:
+    """Load the composed image into the local engine, sending the recipes layer alone: the
+    engine has the environment's layers, and `docker load` skips a layer it already has."""
+    image_id = image_id_of(config)
+    n = len(json.loads(config)["rootfs"]["diff_ids"])
+    files: list[Path | None] = [None] * (n - 1) + [layer.path]
+    loader = engine.local().load()
+    try:
+        imagetree.write_load_archive(loader.stdin, image_id, config, files, tag=tag)
+        loader.stdin.close()
+    except BrokenPipeError:
+        pass
+    err = loader.stderr_text()
+    if loader.wait() != 0:
+        raise BuildFailed(f"docker load of the recipes layer failed: {err.strip()[:300]}",
+                          "the environment image may be gone from the engine: `launcher build --no-cache`")
+    return image_id

@@ -1,0 +1,124 @@
+"""The wheelhouse: every locked wheel downloaded on the host for the image's platform
+and Python, hash-checked, so the image installs offline (air-gapped hosts need that too)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher import proc
+from launcher.errors import BuildFailed, Corrupt
+from launcher.images.lock import LockedRequirement, normalize_name, parse_lock, pip_env
+from launcher.progress import NullReporter, Reporter
+
+SAVED = re.compile(r"(?:Saved|File was already downloaded)\s+(\S+\.whl)")
+COLLECTING = re.compile(r"^Collecting\s+(\S+)")
+MISMATCH = re.compile(r"(\S+)==(\S+) from [\s\S]*?Expected sha256 (\S+)[\s\S]*?Got\s+(\S+)")
+
+
+@dataclass(frozen=True)
+class Wheelhouse:
+    files: dict[str, Path]  # normalized project name -> wheel file
+    pool: Path
+
+
+def platform_args(python: str, platform: str) -> list[str]:
+    arch = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}.get(platform)
+    if arch is None:
+        raise BuildFailed(f"no wheel platform tags known for {platform}", "use linux/amd64 or linux/arm64")
+    tags = [f"manylinux_2_{n}_{arch}" for n in range(36, 4, -1)] + [f"manylinux2014_{arch}"]
+    if arch == "x86_64":
+        tags += ["manylinux2010_x86_64", "manylinux1_x86_64"]
+    abi = "cp" + python.replace(".", "")
+    args = ["--only-binary=:all:", "--implementation", "cp", "--python-version", python,
+            "--abi", abi, "--abi", "abi3", "--abi", "none"]
+    for t in tags:
+        args += ["--platform", t]
+    return args
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def wheel_project(filename: str) -> str:
+    return normalize_name(filename.split("-", 1)[0])
+
+
+def download(lockfile: Path, pool: Path, *, python: str, platform: str, ca_bundle: Path | None = None,
+             reporter: Reporter | None = None) -> Wheelhouse:
+    rep = reporter or NullReporter()
+    reqs = parse_lock(lockfile.read_text(), str(lockfile))
+    pool.mkdir(parents=True, exist_ok=True)
+    if not reqs:  # an image of the base's own Python: nothing to download
+        return Wheelhouse({}, pool)
+    task = rep.task(f"wheels for {lockfile.name}", total=len(reqs))
+    env, drop = pip_env(ca_bundle)
+    env["COLUMNS"] = "400"  # pip's error output is wrapped to the terminal width otherwise
+    argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes", "--progress-bar", "off",
+            *platform_args(python, platform), "-d", str(pool), "-r", str(lockfile)]
+    p = proc.popen(argv, env=env, drop_env_prefixes=drop, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    saved: dict[str, Path] = {}
+    out_lines: list[str] = []
+    assert p.stdout is not None
+    for raw in p.stdout:
+        line = raw.decode("utf-8", "replace").rstrip()
+        out_lines.append(line)
+        if COLLECTING.match(line):
+            task.advance(1)
+        m = SAVED.search(line)
+        if m:
+            path = Path(m.group(1))
+            path = path if path.is_absolute() else pool / path.name
+            saved[wheel_project(path.name)] = path
+    rc = p.wait()
+    output = "\n".join(out_lines)
+    if rc != 0:
+        mm = MISMATCH.search(output)
+        if mm or "DO NOT MATCH THE HASHES" in output:
+            what = f"{mm.group(1)}=={mm.group(2)}: the lockfile expects sha256 {mm.group(3)[:16]}..., the index " \
+                   f"serves {mm.group(4)[:16]}..." if mm else "a downloaded wheel"
+            raise Corrupt(f"hash mismatch in {lockfile.name} for {what}",
+                          "restore the lockfile from git or regenerate it with `launcher lock`; no image was tagged")
+        last = next((ln for ln in reversed(out_lines) if ln.startswith("ERROR")), out_lines[-1] if out_lines else "")
+        raise BuildFailed(f"downloading the locked wheels failed: {last.removeprefix('ERROR: ')}",
+                          "check the network (or --ca-bundle behind a TLS proxy) and that every package has a "
+                          "wheel for the image's platform")
+    task.close()
+    return Wheelhouse(files=_check(reqs, saved, lockfile), pool=pool)
+
+
+def _check(reqs: list[LockedRequirement], saved: dict[str, Path], lockfile: Path) -> dict[str, Path]:
+    files: dict[str, Path] = {}
+    for req in reqs:
+        path = saved.get(req.name)
+        if path is None or not path.is_file():
+            raise BuildFailed(f"pip did not report a wheel for {req.name}=={req.version}",
+                              f"run `pip download` for it by hand to see why; lockfile {lockfile}")
+        if _sha256(path) not in req.hashes:
+            raise Corrupt(f"{path.name} does not match any hash for {req.name} in {lockfile.name}",
+                          f"delete {path} and build again; if it persists, regenerate the lock")
+        files[req.name] = path
+    return files
+
+
+def link_into(house: Wheelhouse, dest: Path) -> None:
+    """Put the wheels of one lock into a build context (hard links when possible)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in house.files.values():
+        target = dest / path.name
+        try:
+            os.link(path, target)
+        except OSError:
+            import shutil
+
+            shutil.copyfile(path, target)

@@ -1,0 +1,2 @@
+"""Results out: reports over experiment groups (statistics, figures) and exports to MLflow and
+TensorBoard."""

@@ -1,0 +1,142 @@
+"""Commands on runs that exist: list them (ps), their logs, attach to one, stop it, clean it off its host."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from launcher.errors import CommandFailed, HostUnreachable, LauncherError, NotFound, UsageError
+from launcher.hosts.base import Host
+from launcher.hosts.engine import Engine
+from launcher.progress import Reporter
+from launcher.runs.container import RUN_LABEL
+from launcher.runs.lifecycle import LAUNCH_FILE, MANIFEST_FILE, LogSink, pull_run, read_launch, run_dir, wait_run
+from launcher.runs.manifest import describe_code, read_json_object
+from launcher.runs.placement import reopen_host
+from launcher.workspace import Workspace
+
+
+def list_runs(ws: Workspace, host: Host | None = None) -> list[dict[str, Any]]:
+    """Local run directories with their state; with a host, also its launcher containers."""
+    rows: dict[str, dict[str, Any]] = {}
+    if ws.runs.is_dir():
+        for d in sorted(ws.runs.iterdir()):
+            launch = read_json_object(d / LAUNCH_FILE)
+            if not launch:
+                continue
+            manifest = read_json_object(d / MANIFEST_FILE)
+            rows[d.name] = {
+                "run_id": d.name,
+                "recipe": launch.get("recipe", {}).get("name"),
+                "code": describe_code(manifest.get("recipe") or launch.get("recipe") or {}),
+                "group": launch.get("group"),
+                "host": launch.get("host", {}).get("name"),
+                "status": manifest.get("status") or "incomplete",
+                "launched_at": launch.get("launched_at"),
+            }
+    if host is not None:
+        fmt = '{{.Label "' + RUN_LABEL + '"}}\t{{.State}}\t{{.Status}}'
+        for line in Engine(host).ps_by_label(RUN_LABEL, fmt):
+            rid, _, rest = line.partition("\t")
+            st, _, status = rest.partition("\t")
+            row = rows.setdefault(rid, {"run_id": rid, "host": host.name, "status": "unknown here"})
+            row["container"] = st
+            row["container_status"] = status
+    return sorted(rows.values(), key=lambda r: r["run_id"])
+
+
+def logs(ws: Workspace, run_id: str, sink: LogSink, *, follow: bool = False) -> None:
+    """The recipe's output: from the container while it exists, else from the pulled train.log."""
+    launch = read_launch(ws, run_id)
+    pulled = run_dir(ws, run_id) / "outputs" / "logs" / "train.log"
+    try:
+        host = reopen_host(ws, launch)
+    except (HostUnreachable, LauncherError):
+        if pulled.is_file():
+            host = None
+        else:
+            raise
+    try:
+        if host is not None and Engine(host).container_state(launch["container"]) is not None:
+            for line in Engine(host).logs(launch["container"], follow=follow):
+                sink(line.rstrip("\n"))
+            return
+        if pulled.is_file():
+            with open(pulled, encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    sink(line.rstrip("\n"))
+            return
+        raise NotFound(
+            f"no logs for {run_id}: the container is gone and nothing was pulled", "run `launcher pull RUN`"
+        )
+    finally:
+        if host is not None:
+            host.close()
+
+
+def attach(ws: Workspace, run_id: str, sink: LogSink, reporter: Reporter | None = None) -> dict[str, Any]:
+    """Follow a detached run to its end, then pull it."""
+    launch = read_launch(ws, run_id)
+    host = reopen_host(ws, launch)
+    try:
+        if Engine(host).container_state(launch["container"]) is not None:
+            wait_run(ws, run_id, host, on_log=sink)
+        return pull_run(ws, run_id, host, reporter)
+    finally:
+        host.close()
+
+
+def stop(ws: Workspace, run_id: str) -> dict[str, Any]:
+    launch = read_launch(ws, run_id)
+    host = reopen_host(ws, launch)
+    try:
+        done = Engine(host).stop(launch["container"], timeout_s=10)
+        if done.returncode != 0:
+            raise NotFound(
+                f"run {run_id} has no container on {host.name}: {done.last_error_line()}",
+                "it may have finished already: `launcher pull RUN`",
+            )
+        state = Engine(host).container_state(launch["container"]) or {}
+        return {"run_id": run_id, "stopped": True, "exit_code": state.get("ExitCode")}
+    finally:
+        host.close()
+
+
+def clean(ws: Workspace, run_id: str, *, force: bool = False, reporter: Reporter | None = None) -> dict[str, Any]:
+    """Delete a run's directory and container on its host, once the local copy is complete and
+    still matches its manifest (force: without that check). The local run directory stays."""
+    from launcher.runs.manifest import load_manifest
+    from launcher.verify.verdicts import check_integrity
+
+    launch = read_launch(ws, run_id)
+    if not force:
+        check_integrity([load_manifest(run_dir(ws, run_id))], reporter)
+    host = reopen_host(ws, launch)
+    try:
+        remote = str(launch.get("remote_dir") or host.run_dir(run_id))
+        if not remote.endswith(f"/{run_id}") or "/.launcher/" not in remote:
+            raise UsageError(
+                f"run {run_id} records {remote!r} as its directory on {host.name}, which is not a launcher run "
+                "directory",
+                "remove it by hand on the host",
+            )
+        state = Engine(host).container_state(launch["container"])
+        if state and state.get("Running"):
+            raise UsageError(
+                f"run {run_id} is still running on {host.name}", f"stop it first: `launcher stop {run_id}`"
+            )
+        if state is not None:
+            Engine(host).rm(launch["container"])
+        existed = host.exists(remote)
+        if existed:
+            done = host.run(["rm", "-rf", "--", remote], check=False)
+            if host.exists(remote):
+                raise CommandFailed(
+                    f"could not remove {remote} on {host.name}: {done.last_error_line()}",
+                    "its files may belong to root (runs from before outputs were handed to the host user): "
+                    f"`sudo rm -rf {remote}` on the host",
+                )
+        return {"run_id": run_id, "host": host.name, "remote_dir": remote, "removed": existed,
+                "container_removed": state is not None}
+    finally:
+        host.close()
+

@@ -1,0 +1,216 @@
+"""Experiments: replicate runs of one recipe in a same-seed and/or a different-seeds group,
+run in parallel across hosts with one run per host at a time.
+
+The scheduler (:func:`run_parallel`) knows nothing about runs: it hands jobs to one worker
+thread per host, so tests drive it with a fake launch function.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from typing import Any, Generic, TypeVar
+
+from launcher.errors import ExitCode, HostUnreachable, LauncherError, UsageError
+from launcher.progress import NullReporter, Reporter
+from launcher.runs.determinism import DEFAULT_SEED
+from launcher.workspace import Workspace
+
+SEED_MODES = ("same", "different", "both")
+SAME_SEED = "same-seed"
+DIFFERENT_SEEDS = "different-seeds"
+
+J = TypeVar("J")
+H = TypeVar("H")
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    group: str
+    kind: str  # same-seed | different-seeds
+    replicate: int
+    seed: int
+
+
+def plan(recipe: str, runs: int, seeds: str = "both", base_seed: int = DEFAULT_SEED,
+         stamp: str | None = None) -> list[PlannedRun]:
+    """The runs of an experiment, the two groups interleaved so both make progress together."""
+    if runs < 1:
+        raise UsageError(f"--runs must be at least 1, not {runs}")
+    if seeds not in SEED_MODES:
+        raise UsageError(f"--seeds must be one of {', '.join(SEED_MODES)}, not {seeds!r}")
+    stamp = stamp or datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    same = [PlannedRun(f"{recipe}-{stamp}-{SAME_SEED}", SAME_SEED, i, base_seed) for i in range(runs)]
+    diff = [PlannedRun(f"{recipe}-{stamp}-{DIFFERENT_SEEDS}", DIFFERENT_SEEDS, i, base_seed + i)
+            for i in range(runs)]
+    if seeds == "same":
+        return same
+    if seeds == "different":
+        return diff
+    return [job for pair in zip(same, diff, strict=True) for job in pair]
+
+
+@dataclass
+class Outcome(Generic[J]):
+    job: J
+    host: str | None = None
+    value: Any = None
+    error: str | None = None
+    exit_code: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.host is not None
+
+
+def run_parallel(jobs: Sequence[J], hosts: Sequence[H], launch: Callable[[J, H], Any],
+                 name_of: Callable[[H], str] = str,
+                 on_done: Callable[[Outcome[J]], None] | None = None) -> list[Outcome[J]]:
+    """Run every job on some host: one worker per host, so each host runs one job at a time.
+
+    A job that raises is recorded and the worker goes on with the next; a host that turns out
+    unreachable stops taking jobs and the others take over the rest. Jobs no host could take
+    are returned with host None. Results come back in the order of ``jobs``.
+    """
+    if not hosts:
+        raise UsageError("no host to run on", "give --host (or none for the local engine)")
+    outcomes: list[Outcome[J]] = [Outcome(job) for job in jobs]
+    lock = threading.Lock()
+    pending = list(range(len(jobs)))
+    pending.reverse()  # pop() from the end takes jobs in order
+
+    def take() -> int | None:
+        with lock:
+            return pending.pop() if pending else None
+
+    def worker(host: H) -> None:
+        while (i := take()) is not None:
+            out = outcomes[i]
+            out.host = name_of(host)
+            try:
+                out.value = launch(jobs[i], host)
+            except LauncherError as exc:
+                out.error, out.exit_code = exc.one_line(), int(exc.exit_code)
+                if isinstance(exc, HostUnreachable):
+                    if on_done is not None:
+                        on_done(out)
+                    return
+            except Exception as exc:  # one broken run must not take the others down
+                out.error, out.exit_code = f"{type(exc).__name__}: {exc}", int(ExitCode.FAILURE)
+            if on_done is not None:
+                on_done(out)
+
+    threads = [threading.Thread(target=worker, args=(h,), name=f"launcher-host-{k}", daemon=True)
+               for k, h in enumerate(hosts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in pending:
+        outcomes[i].error = "not started: no host was left to run it"
+        outcomes[i].exit_code = int(ExitCode.HOST_UNREACHABLE)
+    return outcomes
+
+
+@dataclass
+class ExperimentResult:
+    recipe: str
+    groups: dict[str, str]  # kind -> group name
+    outcomes: list[Outcome[PlannedRun]] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[Outcome[PlannedRun]]:
+        return [o for o in self.outcomes if not o.ok or _run_failed(o.value)]
+
+    @property
+    def exit_code(self) -> ExitCode:
+        if not self.failed:
+            return ExitCode.OK
+        first = self.failed[0]
+        return ExitCode(first.exit_code) if first.exit_code is not None else ExitCode.RUN_FAILED
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "recipe": self.recipe,
+            "groups": self.groups,
+            "runs": [{**asdict(o.job), "host": o.host, "run_ids": _run_ids(o.value), "error": o.error,
+                      "exit_code": o.exit_code, "ok": o.ok and not _run_failed(o.value)}
+                     for o in self.outcomes],
+        }
+
+
+def _records(value: Any) -> list[dict[str, Any]]:
+    runs = value.get("runs") if isinstance(value, dict) else getattr(value, "runs", value)
+    return [r for r in runs if isinstance(r, dict)] if isinstance(runs, list) else []
+
+
+def _run_ids(value: Any) -> list[str]:
+    return [str(r["run_id"]) for r in _records(value) if "run_id" in r]
+
+
+def _run_failed(value: Any) -> bool:
+    return any(r.get("status") == "failed" for r in _records(value))
+
+
+def _launch_with_runs(ws: Workspace, base: Any, reporter: Reporter,
+                      host_opts: Callable[[str | None], dict[str, Any]]) -> Callable[[PlannedRun, Any], Any]:
+    from launcher.runs import lifecycle as runs
+
+    def launch(job: PlannedRun, host: tuple[str | None, Any]) -> Any:
+        spec_name, handle = host
+        spec = replace(base, seed=job.seed, group=job.group, replicate=job.replicate, detach=False)
+        return runs.run_recipe(ws, spec, handle, reporter, runs=1, seeds=[job.seed],
+                               host_opts=host_opts(spec_name))
+
+    return launch
+
+
+def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
+               hosts: Sequence[str | None] = (None,), *, base_seed: int = DEFAULT_SEED, variant: str = "cpu",
+               profile: str = "deterministic",
+               threads: int | None = None, data: str | None = None, data_from: str | None = None,
+               params: dict[str, Any] | None = None,
+               host_kw: dict[str, Any] | None = None, reporter: Reporter | None = None,
+               launch: Callable[[PlannedRun, Any], Any] | None = None,
+               stamp: str | None = None) -> ExperimentResult:
+    """Plan the groups, open every host (failing early if one is unreachable), run, collect."""
+    rep = reporter or NullReporter()
+    jobs = plan(recipe, runs, seeds, base_seed, stamp)
+    groups = {job.kind: job.group for job in jobs}
+    specs = list(dict.fromkeys(hosts)) or [None]
+    result = ExperimentResult(recipe, groups)
+    task = rep.task(f"experiment {recipe}: {len(jobs)} runs on {len(specs)} hosts", total=len(jobs))
+
+    def done(out: Outcome[PlannedRun]) -> None:
+        task.advance()
+        status = "ok" if out.ok and not _run_failed(out.value) else f"failed: {out.error or 'run failed'}"
+        rep.note(f"{out.job.group} #{out.job.replicate} (seed {out.job.seed}) on {out.host}: {status}")
+
+    try:
+        if launch is not None:
+            result.outcomes = run_parallel(jobs, specs, launch, _host_name, done)
+            return result
+        from launcher.hosts import open_host
+        from launcher.runs import lifecycle as runs_mod
+
+        kw = {k: v for k, v in (host_kw or {}).items() if v is not None}
+        base = runs_mod.RunSpec(recipe=recipe, variant=variant, profile=profile, threads=threads, data=data,
+                                data_from=data_from, params=dict(params or {}))
+        runs_mod.check_params(runs_mod.load_recipe(ws, recipe), base.params)
+        with ExitStack() as stack:
+            opened = []
+            for s in specs:
+                root = ws.root if s is None else None
+                opened.append((s, stack.enter_context(open_host(s, workspace_root=root, **kw))))
+            fn = _launch_with_runs(ws, base, rep, lambda s: runs_mod.host_options(s, **kw))
+            result.outcomes = run_parallel(jobs, opened, fn, lambda h: _host_name(h[0]), done)
+        return result
+    finally:
+        task.close()
+
+
+def _host_name(spec: Any) -> str:
+    return "local" if spec is None else str(spec)

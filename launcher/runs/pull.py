@@ -1,0 +1,306 @@
+"""Pulling a run's outputs back from its host: every file streamed, hashed on both sides, verified.
+
+A small python3 script on the host (launcher/hosts/scripts/pull_files.py, sent as text) hashes
+what it sends; the client hashes what it writes, writes under a temporary name, compares,
+renames. Nothing is ever read whole into memory, and no path the host names can land outside
+the run directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import struct
+import tempfile
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import IO, Any
+
+from launcher.errors import CommandFailed, Corrupt, DiskFull, TransferCut, UnsafePath
+from launcher.hashing import CHUNK, atomic_write_json, sha256_file
+from launcher.hosts.base import Host, RemoteEntry
+from launcher.hosts.scripts import text as host_script
+from launcher.proc import widen_pipe
+from launcher.progress import NullReporter, Reporter
+
+# Runs on the host with its own python3: a file of this package, sent as the text of `python3 -c`.
+PULL_SCRIPT = host_script("pull_files.py")
+STATE_FILE = ".pulled.json"
+
+
+def safe_relpath(rel: str) -> PurePosixPath:
+    """A path that stays under its root: relative, no `..`, no empty or odd parts."""
+    p = PurePosixPath(rel)
+    if (
+        not rel
+        or rel.startswith("/")
+        or "\\" in rel
+        or "\x00" in rel
+        or p.is_absolute()
+        or any(part in ("..", "") for part in rel.split("/"))
+        or rel.split("/")[0] == "."
+    ):
+        raise UnsafePath(
+            f"the host sent an output path that escapes the run directory: {rel!r}",
+            "inspect the run's outputs on the host; nothing was written outside runs/",
+        )
+    return p
+
+
+def _dest(root: Path, rel: str) -> Path:
+    p = safe_relpath(rel)
+    target = root.joinpath(*p.parts)
+    parent = target.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    real_root = root.resolve()
+    if parent.resolve() != real_root and real_root not in parent.resolve().parents:
+        raise UnsafePath(
+            f"{rel!r} would be written outside {root}", "remove the symlinks in the local run directory"
+        )
+    if target.is_symlink():
+        target.unlink()
+    return target
+
+
+@dataclass
+class PullResult:
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)  # rel -> {size, sha256}
+    transferred: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    bytes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "files": len(self.files),
+            "transferred": len(self.transferred),
+            "skipped": len(self.skipped),
+            "refused": self.refused,
+            "bytes": self.bytes,
+        }
+
+
+def _read_exact(stream: IO[bytes], n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = stream.read(n - len(buf))
+        if not chunk:
+            raise EOFError("stream ended early")
+        buf += chunk
+    return bytes(buf)
+
+
+def _json_line(line: bytes) -> dict[str, Any]:
+    if not line.endswith(b"\n"):
+        raise EOFError("stream ended inside a record")
+    try:
+        data = json.loads(line)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise Corrupt(f"the host sent a malformed record: {line[:80]!r}", "run `launcher pull RUN` again")
+    return data
+
+
+class _HashingWriter:
+    """Hashes and writes blocks on a worker thread, so reading the network never waits for the disk."""
+
+    def __init__(self, f: IO[bytes], depth: int = 16) -> None:
+        self.f = f
+        self.h = hashlib.sha256()
+        self.q: queue.Queue[bytes | None] = queue.Queue(maxsize=depth)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._work, daemon=True)
+        self.thread.start()
+
+    def _work(self) -> None:
+        while (block := self.q.get()) is not None:
+            if self.error is None:
+                try:
+                    self.h.update(block)
+                    self.f.write(block)
+                except BaseException as exc:  # handed to the reading thread
+                    self.error = exc
+
+    def write(self, block: bytes) -> None:
+        if self.error is not None:
+            raise self.error
+        self.q.put(block)
+
+    def finish(self, *, abort: bool = False) -> str:
+        if self.thread.is_alive():
+            self.q.put(None)
+            self.thread.join()
+        if self.error is not None and not abort:
+            raise self.error
+        return "sha256:" + self.h.hexdigest()
+
+
+def receive_files(
+    stream: IO[bytes],
+    dest: Path,
+    on_bytes: Callable[[int], None] | None = None,
+    on_file: Callable[[str, int, str], None] | None = None,
+) -> list[tuple[str, str]]:
+    """Read the pull protocol from stream into dest. Returns (path, error) for files the host refused."""
+    errors: list[tuple[str, str]] = []
+    while True:
+        line = stream.readline()
+        if not line:
+            return errors
+        header = _json_line(line)
+        rel = str(header.get("path", ""))
+        if "error" in header:
+            errors.append((rel, str(header["error"])))
+            continue
+        target = _dest(dest, rel)
+        size = 0
+        with tempfile.NamedTemporaryFile(
+            dir=target.parent, prefix=f".{target.name}.", suffix=".partial", delete=False
+        ) as tmp:
+            tmp_path = Path(tmp.name)
+            sink = _HashingWriter(tmp)
+            try:
+                while True:
+                    (n,) = struct.unpack(">Q", _read_exact(stream, 8))
+                    if n == 0:
+                        break
+                    remaining = n
+                    while remaining:
+                        block = stream.read(min(remaining, CHUNK))
+                        if not block:
+                            raise EOFError("stream ended inside a file")
+                        sink.write(block)
+                        remaining -= len(block)
+                        size += len(block)
+                        if on_bytes is not None:
+                            on_bytes(len(block))
+                trailer = _json_line(stream.readline())
+                digest = sink.finish()
+            except OSError as exc:
+                sink.finish(abort=True)
+                tmp_path.unlink(missing_ok=True)
+                if getattr(exc, "errno", None) in (28, 122):
+                    raise DiskFull(
+                        f"no space left while writing {target}", "free space and run `launcher pull` again"
+                    ) from exc
+                raise
+            except BaseException:
+                sink.finish(abort=True)
+                tmp_path.unlink(missing_ok=True)
+                raise
+        if trailer.get("sha256") != digest or trailer.get("size") != size:
+            tmp_path.unlink(missing_ok=True)
+            raise Corrupt(
+                f"{rel}: received {size} bytes with {digest}, the host sent {trailer}",
+                "run `launcher pull RUN` again",
+            )
+        os.chmod(tmp_path, 0o644)
+        os.replace(tmp_path, target)
+        if on_file is not None:
+            on_file(rel, size, digest)
+
+
+def classify(entries: Iterable[RemoteEntry]) -> tuple[list[RemoteEntry], list[str]]:
+    """Split a listing into regular files that are safe to pull and refused entries (with reasons)."""
+    files: list[RemoteEntry] = []
+    refused: list[str] = []
+    for e in entries:
+        try:
+            safe_relpath(e.path)
+        except UnsafePath:
+            refused.append(f"{e.path} (escapes the run directory)")
+            continue
+        if e.kind == "symlink":
+            refused.append(f"{e.path} (a symlink to {e.target})")
+        elif e.kind == "file":
+            files.append(e)
+        elif e.kind != "dir":
+            refused.append(f"{e.path} (not a regular file)")
+    return files, refused
+
+
+def pull_outputs(
+    host: Host,
+    remote_dir: str,
+    dest: Path,
+    *,
+    state_file: Path | None = None,
+    reporter: Reporter | None = None,
+    on_file: Callable[[str, int, str], None] | None = None,
+) -> PullResult:
+    """Copy every regular file under remote_dir into dest, verified; skip files verified before."""
+    rep = reporter or NullReporter()
+    state_path = state_file or dest.parent / STATE_FILE
+    state: dict[str, dict[str, Any]] = {}
+    if state_path.is_file():
+        try:
+            state = json.loads(state_path.read_text())
+        except ValueError:
+            state = {}
+    result = PullResult()
+    files, result.refused = classify(host.list_dir(remote_dir, hashes=False))
+    todo: list[RemoteEntry] = []
+    for e in files:
+        prev = state.get(e.path)
+        local = dest.joinpath(*PurePosixPath(e.path).parts)
+        if (
+            prev
+            and prev.get("size") == e.size
+            and prev.get("mtime_ns") == e.mtime_ns
+            and local.is_file()
+            and local.stat().st_size == e.size
+            and sha256_file(local) == prev.get("sha256")
+        ):
+            result.files[e.path] = {"size": e.size, "sha256": prev["sha256"]}
+            result.skipped.append(e.path)
+        else:
+            todo.append(e)
+    mtimes = {e.path: e.mtime_ns for e in todo}
+    if todo:
+        dest.mkdir(parents=True, exist_ok=True)
+        task = rep.task(
+            f"pull {len(todo)} files from {host.name}", total=float(sum(e.size for e in todo)), unit="B"
+        )
+
+        def done(rel: str, size: int, digest: str) -> None:
+            result.files[rel] = {"size": size, "sha256": digest}
+            result.transferred.append(rel)
+            result.bytes += size
+            state[rel] = {"size": size, "sha256": digest, "mtime_ns": mtimes.get(rel, 0)}
+            atomic_write_json(state_path, state)
+            if on_file is not None:
+                on_file(rel, size, digest)
+
+        p = host.start([host.python, "-c", PULL_SCRIPT, remote_dir], bulk=True)
+        widen_pipe(p.stdout)
+        try:
+            p.stdin.write(json.dumps([e.path for e in todo]).encode())
+            p.stdin.close()
+            errors = receive_files(p.stdout, dest, on_bytes=lambda n: task.advance(n), on_file=done)
+        except EOFError:
+            p.kill()
+            raise TransferCut(
+                f"the transfer from {host.name} was cut: {p.stderr_text().strip()}",
+                "run `launcher pull RUN` again; verified files are kept",
+            ) from None
+        finally:
+            task.close()
+        rc = p.wait()
+        if rc != 0:
+            raise CommandFailed(
+                f"pulling from {host.name} failed (exit {rc}): {p.stderr_text().strip()}",
+                "run `launcher pull RUN` again; verified files are kept",
+            )
+        result.refused += [f"{rel} ({why})" for rel, why in errors if why != "No such file or directory"]
+    return result
+
+
+def check_remote_digests(host: Host, remote_dir: str, files: dict[str, dict[str, Any]]) -> list[str]:
+    """Paths whose sha256 on the host now differs from what was pulled (the host hashes them again)."""
+    remote = {e.path: e.sha256 for e in host.list_dir(remote_dir, hashes=True) if e.kind == "file"}
+    return [rel for rel, rec in files.items() if remote.get(rel) not in (None, rec["sha256"])]

@@ -1,0 +1,122 @@
+"""A run's spec before it starts: its options, its params checked against the recipe, its image, its code plan."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from launcher import __version__
+from launcher.errors import Corrupt, NotFound, UsageError
+from launcher.runs import recipes
+from launcher.runs.recipes import Recipe
+from launcher.workspace import VARIANTS, Workspace
+
+
+@dataclass
+class RunSpec:
+    recipe: str
+    variant: str = "cpu"
+    seed: int | None = None
+    profile: str = "deterministic"
+    threads: int | None = None
+    data: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    group: str | None = None
+    replicate: int = 0
+    detach: bool = False
+    ship_via: str | None = None  # None: docker save | load; or a registry address such as 127.0.0.1:5000
+    data_from: str | None = None  # a dataset folder on this machine, sent to the host by content
+    data_source: dict[str, Any] | None = None  # where the data came from (set by runhost.place_data)
+    args: list[str] = field(default_factory=list)  # the script's own argv (after `--`)
+    code: str | None = None  # --code DIR: the folder a plain script is sent with
+    entry: str | None = None  # --entry FILE: the script of a folder without recipe.toml
+    mount: bool = False  # mount the workspace recipe read-only instead of running the baked copy
+    build: bool = True  # rebuild a stale image first; False: refuse to run stale code
+    code_plan: dict[str, Any] | None = None  # what code runs and where the host has it (set by runhost.place_code)
+
+
+def parse_params(pairs: Sequence[str]) -> dict[str, Any]:
+    """KEY=VALUE strings -> typed values (JSON numbers, booleans, else the string itself)."""
+    return dict(recipes.parse_param(p) for p in pairs)
+
+
+def load_recipe(ws: Workspace, name_or_path: str, entry: str | None = None) -> Recipe:
+    return recipes.load_recipe(ws, name_or_path, entry=entry)
+
+
+def check_params(recipe: Recipe, given: Mapping[str, Any]) -> dict[str, Any]:
+    if recipe.adhoc and given:
+        raise UsageError(
+            f"--param {next(iter(given))}=... given, but the plain script {recipe.entry} declares no params",
+            f"pass its own arguments after `--` (launcher run {recipe.entry} -- --{next(iter(given))} VALUE), "
+            "or declare params in a recipe.toml",
+        )
+    if not recipe.adhoc:
+        unknown = sorted(set(given) - set(recipe.params))
+        if unknown:
+            raise UsageError(
+                f"recipe {recipe.name} has no param {unknown[0]!r}",
+                f"its params are: {', '.join(sorted(recipe.params)) or 'none'}",
+            )
+    return dict(given)
+
+
+def image_record(ws: Workspace, variant: str) -> dict[str, Any]:
+    if variant not in VARIANTS:
+        raise UsageError(f"unknown variant {variant!r}", f"use one of: {', '.join(VARIANTS)}")
+    path = ws.build_record(variant)
+    try:
+        rec = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise NotFound(
+            f"no {variant} image has been built in this workspace",
+            f"build it with `launcher build {variant}`",
+        ) from None
+    except ValueError:
+        raise Corrupt(f"{path} is not valid JSON", f"rebuild with `launcher build {variant}`") from None
+    labels = rec.get("labels") or {}
+    return {
+        "id": rec["image_id"],
+        "tag": rec.get("tag"),
+        "variant": variant,
+        "base_digest": labels.get("org.launcher.base-digest"),
+        "lock_sha256": labels.get("org.launcher.lock-sha256"),
+        "git_commit": labels.get("org.launcher.git-commit"),
+        # outside git the commit is "unknown", and so is whether the tree was clean
+        "git_dirty": (str(labels.get("org.launcher.git-dirty", "")).lower() in ("1", "true", "yes")
+                      if labels.get("org.launcher.git-commit", "unknown") != "unknown" else None),
+        "launcher_version": labels.get("org.launcher.version") or __version__,
+        "recipes": dict((rec.get("extra") or {}).get("recipes") or {}),
+    }
+
+
+def baked(ws: Workspace, recipe: Recipe, mount: bool = False) -> bool:
+    """Whether the run executes the copy of the recipe baked into the image (a workspace recipe,
+    not mounted), rather than code mounted from the host."""
+    return not mount and not recipe.adhoc and recipe.path.parent == ws.recipes.resolve()
+
+
+def plan_code(ws: Workspace, spec: RunSpec, recipe: Recipe) -> dict[str, Any]:
+    """What code the run executes: the recipe baked into the image, or a folder to mount (a plain
+    script's project, a recipe folder from outside the workspace, or --mount), snapshotted here
+    by its code digest."""
+    from launcher.runs import code
+
+    if spec.code and not recipe.adhoc:
+        raise UsageError("--code is for plain scripts", f"{recipe.name} is a recipe folder: it is its own code")
+    if baked(ws, recipe, spec.mount):
+        return {"source": "image", "git": code.git_state(recipe.path)}
+    root = Path(spec.code) if spec.code else None
+    if recipe.adhoc:
+        script = recipe.path
+        if root is None:
+            root = code.git_toplevel(script.parent) or script.parent
+        tree = code.select(root, script)
+    else:
+        tree = code.select(recipe.path)
+    local = code.snapshot(tree, ws.cache_dir)
+    return {"source": "mounted", "local": str(local), **tree.to_dict()}
+

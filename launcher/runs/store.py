@@ -1,0 +1,157 @@
+"""The run store: finding the completed runs of a workspace, by id, group or recipe, and
+choosing which runs a verification compares (reference first)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import Incompatible, LauncherError, NotFound, UsageError
+from launcher.runs.manifest import Manifest, load_manifest
+from launcher.workspace import Workspace
+
+
+def _completed_manifests(ws: Workspace) -> list[Manifest]:
+    out: list[Manifest] = []
+    if not ws.runs.is_dir():
+        return out
+    for d in sorted(ws.runs.iterdir()):
+        if d.is_dir() and (d / "manifest.json").is_file():
+            try:
+                out.append(load_manifest(d))
+            except LauncherError:
+                continue  # a broken run elsewhere must not stop verifying the others; named runs still raise
+    return out
+
+
+def resolve_run(ws: Workspace, ref: str) -> Path:
+    """A run id under runs/, or a path to a run directory."""
+    candidate = ws.runs / ref
+    if "/" not in ref and candidate.is_dir():
+        return candidate
+    as_path = Path(ref)
+    if as_path.is_dir():
+        return as_path.resolve()
+    matches: list[Path] = []
+    if ws.runs.is_dir() and "/" not in ref:
+        matches = sorted(p for p in ws.runs.glob(f"{ref}*") if p.is_dir())
+    if len(matches) == 1:
+        return matches[0]
+    if len(matches) > 1:
+        raise UsageError(f"run {ref!r} is ambiguous: {', '.join(p.name for p in matches[:5])}",
+                         "give more of the run id")
+    raise NotFound(f"no run {ref!r} under {ws.runs}", "list runs with `launcher ps`")
+
+
+def skipped_in_group(ws: Workspace, group: str) -> list[dict[str, str]]:
+    """Runs of the group (by their launch.json) that verify leaves out: no manifest yet, or unreadable."""
+    out: list[dict[str, str]] = []
+    if not ws.runs.is_dir():
+        return out
+    for d in sorted(ws.runs.iterdir()):
+        launch = _read_json_quiet(d / "launch.json")
+        if not isinstance(launch, dict) or launch.get("group") != group:
+            continue
+        try:
+            load_manifest(d)
+        except LauncherError as exc:
+            out.append({"run_id": d.name, "reason": exc.one_line()})
+    return out
+
+
+def _read_json_quiet(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def group_runs(ws: Workspace, group: str) -> list[Manifest]:
+    runs = [m for m in _completed_manifests(ws) if m.group == group]
+    return sorted(runs, key=lambda m: (m.replicate, m.started_at, m.run_id))
+
+
+def latest_group(ws: Workspace) -> str:
+    runs = _completed_manifests(ws)
+    if not runs:
+        raise NotFound(f"no completed runs under {ws.runs}",
+                       "start some with `launcher run RECIPE` or `launcher experiment RECIPE --runs 2`")
+    return max(runs, key=lambda m: (m.started_at, m.run_id)).group
+
+
+
+def _load_named(ws: Workspace, refs: Iterable[str]) -> list[Manifest]:
+    out: list[Manifest] = []
+    seen: set[Path] = set()
+    for ref in refs:
+        d = resolve_run(ws, ref)
+        if d in seen:
+            continue
+        seen.add(d)
+        out.append(load_manifest(d))
+    return out
+
+
+@dataclass(frozen=True)
+class Selection:
+    reference: Manifest
+    runs: list[Manifest]  # reference first
+    note: str | None = None  # how the runs were chosen, when it is not obvious
+
+    @property
+    def alone(self) -> bool:
+        return len(self.runs) == 1
+
+
+def _previous_of_recipe(ws: Workspace, latest: Manifest) -> Manifest | None:
+    key = (latest.started_at, latest.run_id)
+    earlier = [m for m in _completed_manifests(ws) if m.recipe_name == latest.recipe_name
+               and (m.started_at, m.run_id) < key and m.run_dir.resolve() != latest.run_dir.resolve()]
+    return max(earlier, key=lambda m: (m.started_at, m.run_id), default=None)
+
+
+def select_runs(ws: Workspace, run_ids: list[str] | None, against: str | None,
+                group: str | None = None) -> Selection:
+    """The runs to verify, reference first.
+
+    Named runs, a group, or (neither) the latest group; when that group holds one run, the
+    latest run is compared with the previous run of its recipe. One run with nothing to compare
+    it with is checked alone.
+    """
+    if run_ids and group:
+        raise UsageError("name runs or a group, not both", "drop the run ids or --group")
+    note = None
+    if run_ids:
+        runs = _load_named(ws, run_ids)
+    elif group is not None:
+        runs = group_runs(ws, group)
+        if not runs:
+            raise NotFound(f"no completed runs in group {group!r} under {ws.runs}",
+                           "check the group name in a run's manifest.json")
+    else:
+        runs = group_runs(ws, latest_group(ws))
+        if len(runs) == 1 and against is None:
+            previous = _previous_of_recipe(ws, runs[0])
+            if previous is not None:
+                note = (f"the latest run {runs[0].run_id} against the previous run of {runs[0].recipe_name}, "
+                        f"{previous.run_id}")
+                runs = [previous, runs[0]]
+            else:
+                note = f"the only run of {runs[0].recipe_name}"
+    if against is not None:
+        ref = _load_named(ws, [against])[0]
+        runs = [ref, *(m for m in runs if m.run_dir.resolve() != ref.run_dir.resolve())]
+    ref = runs[0]
+    recipes = {m.recipe_name for m in runs}
+    if len(recipes) > 1:
+        other = next(m for m in runs if m.recipe_name != ref.recipe_name)
+        raise Incompatible(
+            f"runs of different recipes cannot be compared: {ref.run_id} ran {ref.recipe_name!r}, "
+            f"{other.run_id} ran {other.recipe_name!r}",
+            "verify runs of one recipe (a group from `launcher experiment`, or runs named one by one)",
+        )
+    return Selection(ref, runs, note)
+

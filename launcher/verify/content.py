@@ -1,0 +1,113 @@
+"""Compare the files ML code writes by their content, not their bytes.
+
+Two saves of the same weights rarely have the same bytes: a ``.keras`` zip carries entry dates
+and a ``date_saved``, a PyTorch zip a random serialization id, a TensorBoard event file a wall
+time in every record (and the time, host and pid in its name), a SavedModel graph ids that
+change on every export. :func:`compare_files` reads both files in their format and answers
+whether their content is equal, what differs in the bytes only, and where the content differs
+(for weights, the first differing layer and array, through :mod:`launcher.verify.modeldiff`). This
+module picks the comparer by file name; the comparers are in :mod:`launcher.verify.contentlogs`,
+:mod:`launcher.verify.contentmodels` and :mod:`launcher.verify.contenttf`.
+
+Formats: ``.keras``; HDF5 ``.h5``/``.hdf5`` (Keras full-model and weights saves); SavedModel
+directories (``variables/`` read by hand from TensorFlow's tensor bundle; ``saved_model.pb``
+and ``fingerprint.pb`` are not compared); PyTorch ``.pt``/``.pth`` zips (read without torch);
+safetensors; ``.npy``/``.npz``; TensorBoard event files; CSV, JSON and JSON-lines logs. A
+format not listed, or a file that cannot be read as its name says, is compared by bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+import zipfile
+from pathlib import Path, PurePosixPath
+
+from launcher.errors import LauncherError
+from launcher.verify.contentlogs import (
+    VOLATILE_FIELD_SUFFIXES,
+    VOLATILE_FIELDS,
+    ContentDiff,
+    compare_csv,
+    compare_json,
+    compare_jsonl,
+    first_json_difference,
+    volatile_field,
+)
+from launcher.verify.contentmodels import compare_hdf5, compare_keras, compare_npy, compare_safetensors, compare_torch
+from launcher.verify.contenttf import (
+    SAVED_MODEL_PB,
+    SAVED_MODEL_UNCOMPARED,
+    compare_events,
+    compare_savedmodel,
+    load_tensor_bundle,
+    proto_fields,
+    read_records,
+    read_table,
+    savedmodel_root,
+)
+
+# The comparers' names stay importable from here, where verify and the tests import them.
+__all__ = [
+    "EVENTS_MARK",
+    "SAVED_MODEL_PB",
+    "SAVED_MODEL_UNCOMPARED",
+    "VOLATILE_FIELDS",
+    "VOLATILE_FIELD_SUFFIXES",
+    "ContentDiff",
+    "compare_csv",
+    "compare_events",
+    "compare_files",
+    "compare_hdf5",
+    "compare_json",
+    "compare_jsonl",
+    "compare_keras",
+    "compare_npy",
+    "compare_safetensors",
+    "compare_savedmodel",
+    "compare_torch",
+    "file_format",
+    "first_json_difference",
+    "load_tensor_bundle",
+    "proto_fields",
+    "read_records",
+    "read_table",
+    "savedmodel_root",
+    "volatile_field",
+]
+
+EVENTS_MARK = "tfevents"
+
+def file_format(name: str) -> str | None:
+    """The format a file name says, or None (then bytes are compared)."""
+    low = name.lower()
+    base = PurePosixPath(low).name
+    if EVENTS_MARK in base and base.startswith("events.out."):
+        return "tfevents"
+    for suffix, fmt in ((".keras", "keras"), (".h5", "hdf5"), (".hdf5", "hdf5"), (".pt", "torch"),
+                        (".pth", "torch"), (".safetensors", "safetensors"), (".npy", "npy"), (".npz", "npz"),
+                        (".csv", "csv"), (".tsv", "csv"), (".jsonl", "jsonl"), (".json", "json")):
+        if low.endswith(suffix):
+            return fmt
+    return None
+
+
+def compare_files(a: Path, b: Path, name: str | None = None) -> ContentDiff | None:
+    """Compare two files by the content their format holds; None when the format is not known.
+
+    A file that cannot be read as its format is reported as differing in content, with why.
+    """
+    fmt = file_format(name or a.name)
+    if fmt is None:
+        return None
+    try:
+        return _COMPARERS[fmt](a, b)
+    except (LauncherError, OSError, ValueError, KeyError, zipfile.BadZipFile, struct.error) as exc:
+        why = exc.one_line() if isinstance(exc, LauncherError) else f"{type(exc).__name__}: {exc}"
+        return ContentDiff(fmt, False, [], f"cannot be read as {fmt}: {why}")
+
+
+_COMPARERS = {
+    "keras": compare_keras, "hdf5": compare_hdf5, "torch": compare_torch, "safetensors": compare_safetensors,
+    "npy": compare_npy, "npz": compare_npy, "csv": compare_csv, "json": compare_json, "jsonl": compare_jsonl,
+    "tfevents": compare_events,
+}

@@ -1,0 +1,448 @@
+"""Why two runs differ: where (model arrays, initial weights, dataset and batch fingerprints,
+metrics) and why (the manifests' environment diff, reduced to a one-line classification); and
+one run checked against its own records (canonical weights, per-layer digests, native save)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import Corrupt, LauncherError
+from launcher.runs.manifest import Manifest
+from launcher.verify.modeldiff import ModelDiff, Weights, diff_models, load_canonical, load_weights
+
+# How an artifact of a run compares with the reference's.
+IDENTICAL = "identical"
+IDENTICAL_CONTENT = "identical-content"  # other bytes, the same content (zip dates, wall times...)
+DIFFERS = "differs"
+MISSING = "missing"
+REFERENCE = "reference"
+
+# Classifications of a run compared with the reference.
+CLASS_IDENTICAL = "identical"
+CLASS_NONDETERMINISM = "nondeterminism"
+CLASS_ENVIRONMENT = "environment"
+CLASS_INPUT = "input-change"
+CLASS_OUTPUTS = "outputs"  # training identical; some other output differs
+
+CANONICAL_MODEL = "outputs/model/canonical.npz"
+LAYERS = "outputs/weights/layers.json"
+NATIVE_MODELS = ("outputs/model/model.weights.h5", "outputs/model/model.pt", "outputs/model/model.keras")
+DATASET = "outputs/fingerprints/dataset.json"
+INITIAL_WEIGHTS = "outputs/fingerprints/initial_weights.json"
+BATCHES = "outputs/fingerprints/batches.jsonl"
+METRICS = "outputs/metrics.jsonl"
+
+
+# ---------------------------------------------------------------- explanations
+
+
+def repull_hint(m: Manifest) -> str:
+    return f"the file changed after the pull; re-pull the run (`launcher pull {m.run_id}`)"
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise Corrupt(f"{path} is not valid JSON ({exc})", "re-pull the run (`launcher pull RUN`)") from exc
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]] | None:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    rows: list[dict[str, Any]] = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise Corrupt(f"{path}: line {n} is not valid JSON ({exc.msg})",
+                          "re-pull the run (`launcher pull RUN`)") from exc
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def read_metrics(m: Manifest) -> list[dict[str, Any]] | None:
+    return _read_jsonl(m.file(METRICS))
+
+
+def explain_model(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
+    for rel in (CANONICAL_MODEL, *NATIVE_MODELS):
+        if ref.artifact(rel) and run.artifact(rel):
+            try:
+                diff: ModelDiff = diff_models(ref.file(rel), run.file(rel))
+            except LauncherError as exc:
+                return {"source": rel, "error": exc.one_line()}
+            out = diff.to_dict()
+            out.pop("reference")
+            out.pop("other")
+            return {"source": rel, **out}
+    return None
+
+
+def explain_initial_weights(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
+    a, b = _read_json(ref.file(INITIAL_WEIGHTS)), _read_json(run.file(INITIAL_WEIGHTS))
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return None
+    arrays_a = a.get("arrays") or {}
+    arrays_b = b.get("arrays") or {}
+    differing = [k for k in arrays_a if arrays_a.get(k) != arrays_b.get(k)]
+    differing += [k for k in arrays_b if k not in arrays_a]
+    same = a.get("digest") == b.get("digest") and not differing
+    first = differing[0] if differing else None
+    layer, _, array = first.rpartition("/") if first else ("", "", "")
+    return {
+        "same": same,
+        "reference_digest": a.get("digest"), "digest": b.get("digest"),
+        "arrays_differing": len(differing),
+        "first_difference": {"layer": layer, "array": array} if first else None,
+    }
+
+
+def explain_data(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
+    a, b = _read_json(ref.file(DATASET)), _read_json(run.file(DATASET))
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return None
+    ea, eb = a.get("entries") or {}, b.get("entries") or {}
+    differing = sorted(k for k in set(ea) | set(eb) if ea.get(k) != eb.get(k)) if isinstance(ea, dict) \
+        and isinstance(eb, dict) else []
+    return {
+        "same": a.get("digest") == b.get("digest"),
+        "reference_digest": a.get("digest"), "digest": b.get("digest"),
+        "kind": a.get("kind"),
+        "entries_differing": differing[:20],
+    }
+
+
+def _by_epoch(rows: list[dict[str, Any]]) -> dict[tuple[int, int], dict[str, Any]]:
+    """Rows keyed by (fit, epoch): a recipe that calls fit() twice numbers its epochs from 0 again."""
+    out: dict[tuple[int, int], dict[str, Any]] = {}
+    for row in rows:
+        e, fit = row.get("epoch"), row.get("fit", 0)
+        if isinstance(e, int) and isinstance(fit, int):
+            out[(fit, e)] = row
+    return out
+
+
+def _where(key: tuple[int, int], **extra: Any) -> dict[str, Any]:
+    fit, epoch = key
+    return {"epoch": epoch, **({"fit": fit} if fit else {}), **extra}
+
+
+def explain_batches(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
+    a, b = _read_jsonl(ref.file(BATCHES)), _read_jsonl(run.file(BATCHES))
+    if a is None or b is None:
+        return None
+    by_a, by_b = _by_epoch(a), _by_epoch(b)
+    differing: list[int] = []
+    unrecorded: list[str] = []
+    compared = 0
+    first: dict[str, Any] | None = None
+    for key in sorted(set(by_a) | set(by_b)):
+        ra, rb = by_a.get(key), by_b.get(key)
+        if (ra and "unrecorded" in ra) or (rb and "unrecorded" in rb):
+            unrecorded.append(str((ra or {}).get("unrecorded") or (rb or {}).get("unrecorded")))
+            continue
+        compared += 1
+        if ra is not None and rb is not None and ra.get("digest") == rb.get("digest") \
+                and ra.get("batches") == rb.get("batches"):
+            continue
+        differing.append(key[1])
+        if first is None:
+            ba = (ra or {}).get("batches") or []
+            bb = (rb or {}).get("batches") or []
+            pairs = enumerate(zip(ba, bb, strict=False))
+            idx = next((i for i, (x, y) in pairs if x != y), min(len(ba), len(bb)))
+            first = _where(key, batch=idx)
+    out: dict[str, Any] = {
+        # None: the batch order could not be recorded (e.g. a tf.data pipeline), so nothing is known.
+        "same": (not differing) if compared else None,
+        "epochs_compared": compared,
+        "epochs_differing": differing,
+        "first_divergence": first,
+    }
+    if unrecorded:
+        out["unrecorded"] = sorted(set(unrecorded))
+    return out
+
+
+def _metric_names(rows: list[dict[str, Any]]) -> list[str]:
+    names: list[str] = []
+    for row in rows:
+        for k, v in row.items():
+            if k != "epoch" and isinstance(v, (int, float)) and not isinstance(v, bool) and k not in names:
+                names.append(k)
+    return names
+
+
+def explain_metrics(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
+    a, b = read_metrics(ref), read_metrics(run)
+    if a is None or b is None:
+        return None
+    by_a, by_b = _by_epoch(a), _by_epoch(b)
+    epochs = sorted(set(by_a) & set(by_b))
+    names = _metric_names(a)
+    first: dict[str, Any] | None = None
+    for key in epochs:
+        deltas = {k: _delta(by_a[key].get(k), by_b[key].get(k)) for k in names}
+        deltas = {k: v for k, v in deltas.items() if v is not None}
+        if deltas:
+            first = _where(key, metrics=deltas)
+            break
+    final = None
+    if epochs:
+        last = epochs[-1]
+        deltas = {k: _delta(by_a[last].get(k), by_b[last].get(k)) for k in names}
+        final = _where(last, metrics={k: v for k, v in deltas.items() if v is not None})
+    return {
+        "same": first is None and len(a) == len(b),
+        "epochs_compared": len(epochs),
+        "epochs": {"reference": len(a), "run": len(b)},
+        "first_divergence": first,
+        "final": final,
+    }
+
+
+def _delta(x: Any, y: Any) -> dict[str, Any] | None:
+    if x == y:
+        return None
+    out: dict[str, Any] = {"reference": x, "run": y}
+    if isinstance(x, (int, float)) and isinstance(y, (int, float)):
+        out["abs_diff"] = abs(float(y) - float(x))
+    return out
+
+
+# ---------------------------------------------------------------- environment diff
+
+# Flattened manifest keys -> category. Categories "code", "data", "seed" and "params" are
+# inputs; "hardware" and "software" are the environment; "info" never explains a difference.
+_EXACT_CATEGORY = {
+    # The code digest is computed inside the container from what ran: it is the code's identity.
+    # How the code got there (baked or mounted) and the git state around it are context.
+    "recipe.tree_digest": "code", "recipe.lib_digest": "code", "recipe.entry": "code", "recipe.framework": "software",
+    "recipe.code_source": "info", "recipe.files": "info", "recipe.args": "params", "recipe.volatile": "info",
+    "image.git_commit": "info", "image.git_dirty": "info", "image.runtime_digest": "software",
+    "image.packages_digest": "software",
+    "seed": "seed",
+    "image.id": "software", "image.base_digest": "software", "image.lock_sha256": "software",
+    "image.variant": "hardware", "image.launcher_version": "software", "image.tag": "info",
+    "determinism.profile": "software", "determinism.threads": "software",
+    "host.name": "info", "host.kind": "info",
+}
+_SEED_ENV = ("LAUNCHER_SEED", "PYTHONHASHSEED")
+_HARDWARE_WORDS = ("cpu", "gpu", "driver", "cuda", "cudnn", "device", "arch", "machine", "cores", "nproc",
+                   "isa")
+# Host facts that describe access and capacity, not what computes the bits.
+_INFO_FACTS = ("user", "is_root", "sudo", "docker", "ram_bytes", "disk", "root_dir", "container_toolkit",
+               "nvidia.smi")
+_VOLATILE_WORDS = ("time", "_at", "date", "uptime", "free", "avail", "load", "pid", "hostname", "boot",
+                   "container", "run_id", "elapsed", "duration")
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
+    if isinstance(value, Mapping) and value:
+        for k in sorted(value):
+            _flatten(f"{prefix}.{k}" if prefix else str(k), value[k], out)
+    else:
+        out[prefix] = value
+
+
+def environment_view(m: Manifest) -> dict[str, Any]:
+    """The manifest fields that can explain a difference, flattened to dotted keys."""
+    flat: dict[str, Any] = {}
+    for key in ("recipe", "image", "determinism", "host", "runtime", "params"):
+        if key in m.data:
+            _flatten(key, m.data[key], flat)
+    flat["seed"] = m.seed
+    flat.pop("recipe.name", None)
+    return {k: v for k, v in flat.items() if not _is_volatile_key(k)}
+
+
+def _is_volatile_key(key: str) -> bool:
+    leaf = key.rsplit(".", 1)[-1].lower()
+    return any(w in leaf for w in _VOLATILE_WORDS)
+
+
+def categorize(key: str) -> str:
+    if key in _EXACT_CATEGORY:
+        return _EXACT_CATEGORY[key]
+    if key.startswith("params."):
+        return "params"
+    if key.startswith("recipe.git."):
+        return "info"
+    if key.startswith(("determinism.env.", "runtime.env.")):
+        return "seed" if key.rsplit(".", 1)[-1] in _SEED_ENV else "software"
+    if key == "runtime.seed":
+        return "seed"
+    if key.startswith("host.") and not key.startswith("host.facts."):
+        return "info"
+    lower = key.lower()
+    if key.startswith("host.facts.") and any(w in lower for w in _INFO_FACTS):
+        return "info"
+    if key.startswith(("host.facts.", "runtime.")) and any(w in lower for w in _HARDWARE_WORDS):
+        return "hardware"
+    return "software"
+
+
+def environment_diff(ref: Manifest, run: Manifest) -> list[dict[str, Any]]:
+    a, b = environment_view(ref), environment_view(run)
+    rows = []
+    for key in sorted(set(a) | set(b)):
+        if a.get(key) != b.get(key):
+            rows.append({"key": key, "category": categorize(key), "reference": a.get(key), "run": b.get(key)})
+    return rows
+
+
+INPUT_CATEGORIES = ("code", "data", "seed", "params")
+
+
+def training_identical(model: Mapping[str, Any] | None, initial: Mapping[str, Any] | None,
+                       data: Mapping[str, Any] | None, batches: Mapping[str, Any] | None,
+                       metrics: Mapping[str, Any] | None) -> bool:
+    """Every model array, fingerprint and metric recorded in both runs is identical (and some were)."""
+    if model is None and metrics is None:
+        return False
+    if model is not None and model.get("identical") is not True:
+        return False
+    return all(part is None or part.get("same") is not False for part in (initial, data, batches, metrics))
+
+
+def classify(identical: bool, env: list[dict[str, Any]], data: Mapping[str, Any] | None,
+             model: Mapping[str, Any] | None, initial: Mapping[str, Any] | None,
+             batches: Mapping[str, Any] | None, seeded: bool = True,
+             metrics: Mapping[str, Any] | None = None,
+             files: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """One line: identical; only other outputs differ; nondeterminism in training;
+    environment-dependent; or an input change. Never nondeterminism when training was identical."""
+    if identical:
+        return {"kind": CLASS_IDENTICAL, "causes": [], "line": "identical"}
+    if files is not None and training_identical(model, initial, data, batches, metrics):
+        named = [_file_phrase(f) for f in files[:3]] + ([f"and {len(files) - 3} more"] if len(files) > 3 else [])
+        return {"kind": CLASS_OUTPUTS, "causes": ["outputs"],
+                "line": "training identical (every model array, fingerprint and metric); differs only in "
+                        f"other outputs: {', '.join(named) or 'none named'}"}
+    by_cat: dict[str, list[str]] = {}
+    for row in env:
+        by_cat.setdefault(row["category"], []).append(row["key"])
+    if data is not None and not data.get("same", True):
+        by_cat.setdefault("data", []).insert(0, "dataset fingerprint")
+    inputs = [c for c in INPUT_CATEGORIES if c in by_cat]
+    if inputs:
+        parts = []
+        for c in inputs:
+            if c == "seed":
+                seed = next((r for r in env if r["key"] == "seed"), None)
+                parts.append(f"seed ({seed['reference']} -> {seed['run']})" if seed else "seed")
+            elif c == "data":
+                parts.append("data (" + ", ".join(by_cat["data"]) + ")")
+            elif c == "code":
+                parts.append("code (" + ", ".join(by_cat["code"]) + ")")
+            else:
+                names = ", ".join("script arguments" if k == "recipe.args" else k.removeprefix("params.")
+                                  for k in by_cat["params"])
+                parts.append(f"params ({names})")
+        return {"kind": CLASS_INPUT, "causes": inputs,
+                "line": "differs in " + ", ".join(parts) + ": an input change"}
+    if "hardware" in by_cat:
+        keys = by_cat["hardware"][:3]
+        causes = ["hardware", "software"] if "software" in by_cat else ["hardware"]
+        return {"kind": CLASS_ENVIRONMENT, "causes": causes,
+                "line": f"differs on different hardware ({', '.join(keys)}): environment-dependent"}
+    if "software" in by_cat:
+        keys = by_cat["software"][:3]
+        return {"kind": CLASS_ENVIRONMENT, "causes": ["software"],
+                "line": f"differs in the software environment ({', '.join(keys)}): environment-dependent"}
+    where = []
+    if initial is not None:
+        where.append("initial weights " + ("identical" if initial.get("same") else "already differ"))
+    if batches is not None and batches.get("same") is not None:
+        where.append("batches " + ("identical" if batches["same"] else "differ"))
+    first = (model or {}).get("first_difference")
+    if first:
+        where.append(f"first differing layer {first['layer']} array {first['array']}")
+    detail = f" ({'; '.join(where)})" if where else ""
+    return {"kind": CLASS_NONDETERMINISM, "causes": ["training"],
+            "line": ("differs with the same environment and seed: nondeterminism in training" if seeded
+                     else "differs with the same environment and no fixed seed (profile off?): "
+                     "nondeterminism expected") + detail}
+
+
+def _file_phrase(f: Mapping[str, Any]) -> str:
+    name = str(f["path"]).removeprefix("outputs/")
+    content = f.get("content")
+    if f.get("status") == MISSING:
+        return f"{name} (in one run only)"
+    if content and content.get("difference"):
+        return f"{name} ({content['difference']})"
+    return f"{name} (bytes; format not compared by content)"
+
+
+# ---------------------------------------------------------------- one run against itself
+
+
+def _digest_arrays(weights: Weights) -> list[tuple[str, str, str]]:
+    from launcher.runtime.fingerprints import array_digest
+
+    return [(a.layer, a.array, array_digest(a.value)) for a in weights]
+
+
+def check_consistency(m: Manifest) -> dict[str, Any]:
+    """Cross-check one run's records of its final weights against each other.
+
+    ``model/canonical.npz`` against ``weights/layers.json`` (the per-layer sha256 the runtime
+    wrote at the end of training) and against the native save where it can be read. A
+    mismatch means a file was altered after training: Corrupt (exit 13), naming the array.
+    """
+    out: dict[str, Any] = {"layers": None, "native": None}
+    if not m.artifact(CANONICAL_MODEL):
+        return out
+    canonical = _digest_arrays(load_canonical(m.file(CANONICAL_MODEL)))
+    hint = ("the run's files were altered after training; re-pull the run (`launcher pull "
+            f"{m.run_id}`) if the host's copy is intact, or run it again")
+    doc = _read_json(m.file(LAYERS)) if m.artifact(LAYERS) else None
+    if isinstance(doc, dict) and isinstance(doc.get("layers"), list):
+        recorded = [(str(layer.get("name")), str(arr.get("index")), str(arr.get("sha256")))
+                    for layer in doc["layers"] if isinstance(layer, dict)
+                    for arr in layer.get("arrays") or [] if isinstance(arr, dict)]
+        for (layer, array, got), rec in zip(canonical, recorded, strict=False):
+            if (layer, array, got) != rec:
+                raise Corrupt(f"run {m.run_id} is inconsistent: {CANONICAL_MODEL.removeprefix('outputs/')} layer "
+                              f"{layer} array {array} (sha256 {got[7:19]}…) does not match its per-layer digest in "
+                              f"weights/layers.json ({rec[0]}/{rec[1]} {rec[2][7:19]}…)", hint)
+        if len(canonical) != len(recorded):
+            raise Corrupt(f"run {m.run_id} is inconsistent: {len(canonical)} arrays in canonical.npz, "
+                          f"{len(recorded)} in weights/layers.json", hint)
+        out["layers"] = {"arrays": len(canonical), "ok": True}
+    for rel in NATIVE_MODELS:
+        if not m.artifact(rel):
+            continue
+        try:
+            native = load_weights(m.file(rel))
+        except LauncherError as exc:
+            out["native"] = {"source": rel, "ok": None, "skipped": exc.one_line()}
+            continue
+        found = {d for _, _, d in _digest_arrays(native)}
+        shapes = {(a.value.shape, a.value.dtype.str) for a in native}
+        by_key = {(a.layer, a.array): a for a in native}
+        canonical_weights = load_canonical(m.file(CANONICAL_MODEL)) if len(canonical) else None
+        for (layer, array, digest), wa in zip(canonical, canonical_weights or [], strict=False):
+            if digest in found:
+                continue
+            twin = by_key.get((layer, array))
+            comparable = twin is not None or (wa.value.shape, wa.value.dtype.str) in shapes
+            if comparable:
+                raise Corrupt(f"run {m.run_id} is inconsistent: canonical.npz layer {layer} array {array} is not "
+                              f"in its native save {rel.removeprefix('outputs/')}", hint)
+        out["native"] = {"source": rel, "ok": True}
+        break
+    return out
+
