@@ -12,6 +12,7 @@ import pytest
 from runfactory import FakeRun, make_workspace, write_run
 
 from launcher.errors import HostUnreachable, NotFound, RunFailed, UsageError
+from launcher.hosts.spec import HostSpec
 from launcher.report.assemble import SCHEMA, write_report
 from launcher.runs.experiment import DIFFERENT_SEEDS, SAME_SEED, experiment, plan, run_parallel
 from launcher.workspace import Workspace
@@ -90,10 +91,10 @@ def test_experiment_with_a_fake_launcher_then_report(ws: Workspace) -> None:
     calls: list[tuple[str, int, str]] = []
     lock = threading.Lock()
 
-    def launch(job: Any, host: str) -> dict[str, Any]:
+    def launch(job: Any, host: HostSpec) -> dict[str, Any]:
         with lock:
             n = len(calls)
-            calls.append((job.group, job.seed, host))
+            calls.append((job.group, job.seed, host.name))
         run_id = f"20261122T1000{n:02d}-mnist_convnet-{n:06x}"
         # Same-seed replicates differ a little (an unseeded kernel); different seeds differ more.
         write_run(ws.runs, FakeRun(run_id=run_id, group=job.group, replicate=job.replicate, seed=job.seed,
@@ -101,7 +102,7 @@ def test_experiment_with_a_fake_launcher_then_report(ws: Workspace) -> None:
                                    started_at=f"2026-11-22T10:00:{n:02d}Z"))
         return {"runs": [{"run_id": run_id, "status": "succeeded"}]}
 
-    res = experiment(ws, "mnist_convnet", 4, "both", ["10.0.0.1", "10.0.0.2"], launch=launch,
+    res = experiment(ws, "mnist_convnet", 4, "both", [HostSpec("10.0.0.1"), HostSpec("10.0.0.2")], launch=launch,
                      stamp="20261122T100000")
     assert res.exit_code == 0 and len(calls) == 8
     assert {h for _, _, h in calls} == {"10.0.0.1", "10.0.0.2"}
@@ -222,11 +223,10 @@ def test_experiment_wires_runs_and_hosts(ws: Workspace, monkeypatch: pytest.Monk
     """The default launcher: one open host per --host, one run_recipe call per planned run."""
     import shutil
 
-    import launcher.hosts
     from launcher.runs import lifecycle as runs
 
     shutil.copytree(Path(__file__).parent / "fixtures" / "tiny_recipes" / "tiny", ws.recipes / "tiny")
-    opened: list[tuple[str | None, dict[str, Any]]] = []
+    opened: list[tuple[HostSpec, Path | None]] = []
     closed: list[str] = []
     calls: list[dict[str, Any]] = []
     lock = threading.Lock()
@@ -241,9 +241,9 @@ def test_experiment_wires_runs_and_hosts(ws: Workspace, monkeypatch: pytest.Monk
         def __exit__(self, *exc: object) -> None:
             closed.append(self.name)
 
-    def open_host(spec: str | None, **kw: Any) -> FakeHost:
-        opened.append((spec, kw))
-        return FakeHost(spec or "local")
+    def open_host(spec: HostSpec, workspace_root: Path | None = None) -> FakeHost:
+        opened.append((spec, workspace_root))
+        return FakeHost(spec.name)
 
     def run_recipe(ws_: Workspace, spec: runs.RunSpec, host: FakeHost, reporter: Any, **kw: Any) -> Any:
         with lock:
@@ -252,19 +252,19 @@ def test_experiment_wires_runs_and_hosts(ws: Workspace, monkeypatch: pytest.Monk
         time.sleep(0.05)  # a run takes a while, so both hosts get work
         return runs.RunOutcome(group=spec.group or "", runs=[{"run_id": f"r{n}", "status": "succeeded"}])
 
-    monkeypatch.setattr(launcher.hosts, "open_host", open_host)
+    monkeypatch.setattr(HostSpec, "open", open_host)
     monkeypatch.setattr(runs, "run_recipe", run_recipe)
-    res = experiment(ws, "tiny", 2, "both", ["h1", "h2"], base_seed=5, params={"size_kb": 1},
-                     data_from="/some/dataset", host_kw={"identity": None, "trust_new_host": True})
+    hosts = [HostSpec("h1", trust_new_host=True, port=2222), HostSpec("h2", trust_new_host=True, port=2222)]
+    res = experiment(ws, "tiny", 2, "both", hosts, base_seed=5, params={"size_kb": 1}, data_from="/some/dataset")
     assert res.exit_code == 0
-    assert [s for s, _ in opened] == ["h1", "h2"] and sorted(closed) == ["h1", "h2"]
-    assert all(kw == {"workspace_root": None, "trust_new_host": True} for _, kw in opened)
+    assert [s for s, _ in opened] == hosts and sorted(closed) == ["h1", "h2"]
+    assert all(root is None for _, root in opened)  # an SSH host has no local workspace root
     assert len(calls) == 4 and {c["host"] for c in calls} == {"h1", "h2"}
     for c in calls:
         assert c["runs"] == 1 and c["seeds"] == [c["spec"].seed]
         assert c["spec"].recipe == "tiny" and c["spec"].params == {"size_kb": 1}
         assert c["spec"].data_from == "/some/dataset"  # each host's run_recipe sends it there
-        assert c["host_opts"]["spec"] in ("h1", "h2")
+        assert c["host_spec"] in hosts and c["host_spec"].to_record()["port"] == 2222
     same = sorted(c["spec"].seed for c in calls if c["spec"].group.endswith("same-seed"))
     diff = sorted(c["spec"].seed for c in calls if c["spec"].group.endswith("different-seeds"))
     assert same == [5, 5] and diff == [5, 6]

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from launcher.cli import app
 from launcher.errors import ExitCode, HostUnreachable, LauncherError
 from launcher.hosts import engine
+from launcher.hosts.spec import HostSpec
 from launcher.hosts.ssh import SSHHost
 from launcher.workspace import Workspace
 
@@ -184,7 +185,7 @@ def test_cut_connection_leaves_the_run_going_and_pull_gets_everything(
     def attached() -> None:
         try:
             runs.run_recipe(
-                ws, spec, host, host_opts=runs.host_options(testhost.spec, **opts), on_log=lambda _: None
+                ws, spec, host, host_spec=HostSpec(testhost.spec, **opts), on_log=lambda _: None
             )
         except BaseException as exc:
             failure.append(exc)

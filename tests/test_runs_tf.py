@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from testhost import TestHost
 
+from launcher.hosts.spec import HostSpec
 from launcher.hosts.ssh import SSHHost
 from launcher.progress import RecordingReporter
 from launcher.runs import lifecycle as runs
@@ -27,7 +28,7 @@ def test_mnist_convnet_trains_on_the_ssh_host_and_comes_back_verified(
     lines: list[str] = []
     with SSHHost.connect(testhost.spec, **opts) as host:  # type: ignore[arg-type]
         out = runs.run_recipe(
-            ws, spec, host, rep, host_opts=runs.host_options(testhost.spec, **opts), on_log=lines.append
+            ws, spec, host, rep, host_spec=HostSpec(testhost.spec, **opts), on_log=lines.append
         )
     manifest = out.runs[0]
     assert manifest["status"] == "succeeded", "\n".join(lines[-30:])

@@ -10,54 +10,18 @@ from rich.table import Table
 from rich.text import Text
 
 from launcher.cli.common import command, options, render, reporter, stdout, workspace_of
+from launcher.cli.hostopts import with_host
 from launcher.errors import ExitCode, UsageError
+from launcher.hosts.spec import HostSpec
 from launcher.result import Result
 
 app = typer.Typer()
 
-HostOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--host",
-        "-H",
-        help="SSH destination: HOST, USER@HOST, USER@HOST:PORT or a ~/.ssh/config alias. "
-        "Default: the local Docker engine.",
-    ),
-]
-TrustOpt = Annotated[
-    bool,
-    typer.Option(
-        "--trust-new-host",
-        help="Record the host key of a host not yet in known_hosts (check its fingerprint first).",
-    ),
-]
-IdentityOpt = Annotated[Path | None, typer.Option("--identity", "-i", help="Private key file for SSH.")]
-PortOpt = Annotated[
-    int | None, typer.Option("--port", "-p", help="SSH port (default: from ~/.ssh/config, else 22).")
-]
-SSHConfigOpt = Annotated[
-    Path | None, typer.Option("--ssh-config", help="SSH config file (default ~/.ssh/config).")
-]
-KnownHostsOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--known-hosts",
-        help="known_hosts file (default: UserKnownHostsFile from the SSH config, else ~/.ssh/known_hosts).",
-    ),
-]
+LOCAL = HostSpec()  # what a command gets without --host (@with_host passes the real value)
 
 
-def _host_kw(
-    identity: Path | None, port: int | None, ssh_config: Path | None, known_hosts: Path | None
-) -> dict[str, Any]:
-    return {"identity": identity, "port": port, "ssh_config": ssh_config, "known_hosts": known_hosts}
-
-
-def _open(ctx: typer.Context, host: str | None, trust: bool, kw: dict[str, Any]) -> Any:
-    from launcher.hosts import open_host
-
-    root = workspace_of(ctx).root if host is None else None
-    return open_host(host, trust_new_host=trust, workspace_root=root, **kw)
+def _open(ctx: typer.Context, host: HostSpec) -> Any:
+    return host.open(workspace_of(ctx).root if host.local else None)
 
 
 def _size(n: int | None) -> str:
@@ -101,9 +65,10 @@ def _facts_text(result: Result) -> None:
 
 
 @command(app, "provision")
+@with_host()
 def provision_cmd(
     ctx: typer.Context,
-    host: HostOpt = None,
+    host: HostSpec = LOCAL,
     gpu: Annotated[
         bool, typer.Option("--gpu", help="Also plan the NVIDIA driver, Container Toolkit and runtime.")
     ] = False,
@@ -111,17 +76,12 @@ def provision_cmd(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the exact install commands; change nothing.")
     ] = False,
-    trust_new_host: TrustOpt = False,
-    identity: IdentityOpt = None,
-    port: PortOpt = None,
-    ssh_config: SSHConfigOpt = None,
-    known_hosts: KnownHostsOpt = None,
 ) -> None:
     """Inspect a host (OS, CPU, RAM, disk, Docker, GPU) and install Docker / the NVIDIA toolkit."""
     from launcher.hosts import provision
 
     ws = workspace_of(ctx)
-    with _open(ctx, host, trust_new_host, _host_kw(identity, port, ssh_config, known_hosts)) as h:
+    with _open(ctx, host) as h:
         done = provision.provision(ws, h, gpu=gpu, install=install, dry_run=dry_run)
     ready = done.facts["docker"].get("usable") and (not gpu or done.facts["docker"].get("nvidia_runtime"))
     if dry_run:
@@ -147,6 +107,7 @@ def _run_text(result: Result) -> None:
 
 
 @command(app, "run")
+@with_host()
 def run_cmd(
     ctx: typer.Context,
     recipe: Annotated[
@@ -165,7 +126,7 @@ def run_cmd(
             show_default=False,
         ),
     ] = None,
-    host: HostOpt = None,
+    host: HostSpec = LOCAL,
     variant: Annotated[str, typer.Option("--variant", help="Image variant: cpu or gpu.")] = "cpu",
     seed: Annotated[list[int] | None, typer.Option("--seed", help="Seed; repeat for several seeds.")] = None,
     determinism: Annotated[
@@ -230,11 +191,6 @@ def run_cmd(
         str | None,
         typer.Option("--entry", metavar="FILE", help="Run FILE inside the folder RECIPE, which has no recipe.toml."),
     ] = None,
-    trust_new_host: TrustOpt = False,
-    identity: IdentityOpt = None,
-    port: PortOpt = None,
-    ssh_config: SSHConfigOpt = None,
-    known_hosts: KnownHostsOpt = None,
 ) -> None:
     """Run a recipe or a script in its pinned image on the local engine or a host over SSH, determinism injected.
 
@@ -263,12 +219,11 @@ def run_cmd(
         build=not no_build,
     )
     runs.load_recipe(ws, recipe, entry=entry)
-    kw = _host_kw(identity, port, ssh_config, known_hosts)
     opts = options(ctx)
     sink = (
         None if opts.json or opts.quiet else (lambda line: stdout.print(line, markup=False, highlight=False))
     )
-    with _open(ctx, host, trust_new_host, kw) as h, reporter(ctx) as rep:
+    with _open(ctx, host) as h, reporter(ctx) as rep:
         outcome = runs.run_recipe(
             ws,
             spec,
@@ -277,7 +232,7 @@ def run_cmd(
             runs=runs_n,
             seeds=seed or [],
             on_log=sink,
-            host_opts=runs.host_options(host, **kw),
+            host_spec=host,
         )
     failed = outcome.failed
     code = ExitCode.RUN_FAILED if failed else ExitCode.OK
@@ -296,23 +251,19 @@ def run_cmd(
 
 
 @command(app, "ps")
+@with_host()
 def ps_cmd(
     ctx: typer.Context,
-    host: HostOpt = None,
-    trust_new_host: TrustOpt = False,
-    identity: IdentityOpt = None,
-    port: PortOpt = None,
-    ssh_config: SSHConfigOpt = None,
-    known_hosts: KnownHostsOpt = None,
+    host: HostSpec = LOCAL,
 ) -> None:
     """List runs: the workspace's run directories and, with --host, that host's run containers."""
     from launcher.runs import control as runcontrol
 
     ws = workspace_of(ctx)
-    if host is None:
+    if host.local:
         rows = runcontrol.list_runs(ws)
     else:
-        with _open(ctx, host, trust_new_host, _host_kw(identity, port, ssh_config, known_hosts)) as h:
+        with _open(ctx, host) as h:
             rows = runcontrol.list_runs(ws, h)
 
     def text(result: Result) -> None:
@@ -400,6 +351,7 @@ def stop_cmd(ctx: typer.Context, run_id: Annotated[str, typer.Argument(metavar="
 
 
 @command(app, "clean")
+@with_host()
 def clean_cmd(
     ctx: typer.Context,
     run_ids: Annotated[
@@ -417,12 +369,7 @@ def clean_cmd(
         ),
     ] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="With --datasets: list, delete nothing.")] = False,
-    host: HostOpt = None,
-    trust_new_host: TrustOpt = False,
-    identity: IdentityOpt = None,
-    port: PortOpt = None,
-    ssh_config: SSHConfigOpt = None,
-    known_hosts: KnownHostsOpt = None,
+    host: HostSpec = LOCAL,
 ) -> None:
     """Free a host's disk: delete runs' directories and containers there once their outputs are
     pulled and still match their manifests (the local run directories stay); with --datasets,
@@ -431,7 +378,7 @@ def clean_cmd(
 
     if not run_ids and not datasets:
         raise UsageError("nothing to clean", "name runs (`launcher clean RUN...`) or add --datasets --host HOST")
-    if datasets and host is None:
+    if datasets and host.local:
         raise UsageError("--datasets needs --host", "the local engine mounts datasets where they are")
     ws = workspace_of(ctx)
     done = []
@@ -444,7 +391,7 @@ def clean_cmd(
     if datasets:
         from launcher.runs import datasets as datasets_mod
 
-        with _open(ctx, host, trust_new_host, _host_kw(identity, port, ssh_config, known_hosts)) as h:
+        with _open(ctx, host) as h:
             pruned = datasets_mod.prune_host(h, dry_run=dry_run)
         data["datasets"] = pruned.to_dict()
         verb = "would remove" if dry_run else "removed"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -9,6 +10,8 @@ import typer
 from rich.table import Table
 
 from launcher.cli.common import command, render, reporter, stdout, workspace_of
+from launcher.cli.hostopts import with_host
+from launcher.hosts.spec import HostSpec
 from launcher.result import Result
 from launcher.runs.determinism import DEFAULT_SEED
 
@@ -210,6 +213,7 @@ def _print_experiment(result: Result) -> None:
 
 
 @command(app, "experiment")
+@with_host(multiple=True)
 def experiment_cmd(
     ctx: typer.Context,
     recipe: Annotated[str, typer.Argument(help="A recipe name (recipes/NAME).")],
@@ -217,9 +221,7 @@ def experiment_cmd(
     seeds: Annotated[str, typer.Option(
         "--seeds", help="same: one seed for every run; different: a seed per run; both: one group of each.")
     ] = "both",
-    host: Annotated[list[str] | None, typer.Option(
-        "--host", "-H", help="SSH destination; repeat to spread runs over hosts (one run per host at a "
-        "time). Default: the local Docker engine.")] = None,
+    host: Sequence[HostSpec] = (),
     seed: Annotated[int, typer.Option("--seed", help="The seed of the same-seed group; the first of the "
                                       "different-seeds group.")] = DEFAULT_SEED,
     variant: Annotated[str, typer.Option("--variant", help="Image variant: cpu or gpu.")] = "cpu",
@@ -233,22 +235,17 @@ def experiment_cmd(
         "--data-from", metavar="DIR", help="Dataset folder on this machine: sent to each host by content "
         "(once per host), then mounted read-only like --data.")] = None,
     param: Annotated[list[str] | None, typer.Option("--param", help="KEY=VALUE; repeatable.")] = None,
-    trust_new_host: Annotated[bool, typer.Option(
-        "--trust-new-host", help="Record the host key of a host not yet in known_hosts.")] = False,
-    identity: Annotated[Path | None, typer.Option(
-        "--identity", "-i", help="Private key file for SSH.")] = None,
 ) -> None:
     """Run replicates of a recipe in a same-seed and a different-seeds group, in parallel across hosts."""
     from launcher.runs import lifecycle as runs_mod
     from launcher.runs.experiment import experiment
 
     ws = workspace_of(ctx)
-    host_kw = {"trust_new_host": trust_new_host or None, "identity": identity}
     with reporter(ctx) as rep:
-        res = experiment(ws, recipe, runs, seeds, list(host or []) or [None], base_seed=seed, variant=variant,
+        res = experiment(ws, recipe, runs, seeds, host, base_seed=seed, variant=variant,
                          profile=determinism, threads=threads, data=data,
                          data_from=str(data_from) if data_from else None,
-                         params=runs_mod.parse_params(param or []), host_kw=host_kw, reporter=rep)
+                         params=runs_mod.parse_params(param or []), reporter=rep)
     n_failed = len(res.failed)
     summary = (f"{len(res.outcomes)} runs in {len(res.groups)} groups" if not n_failed
                else f"{n_failed} of {len(res.outcomes)} runs failed")

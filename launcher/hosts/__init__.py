@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from launcher.hosts.base import Host, HostProcess, RemoteEntry
-from launcher.hosts.local import LocalHost
-from launcher.hosts.ssh import SSHHost
+from launcher.hosts.spec import HostSpec
 
-__all__ = ["Host", "HostProcess", "RemoteEntry", "open_host"]
+__all__ = ["Host", "HostProcess", "HostSpec", "RemoteEntry", "open_host"]
 
 
 def open_host(
@@ -22,13 +21,4 @@ def open_host(
     known_hosts: Path | None = None,
 ) -> Host:
     """None (or "local") is the local Docker engine; anything else is an SSH destination."""
-    if spec is None or spec == "local":
-        return LocalHost(workspace_root=workspace_root)
-    return SSHHost.connect(
-        spec,
-        trust_new_host=trust_new_host,
-        identity=identity,
-        port=port,
-        ssh_config=ssh_config,
-        known_hosts=known_hosts,
-    )
+    return HostSpec(spec, trust_new_host, identity, port, ssh_config, known_hosts).open(workspace_root)

@@ -1,9 +1,11 @@
-"""The run container's contract (design.md) as data: its name, its label, its mounts, its `docker run` argv."""
+"""The run container's contract (design.md) as data: its name, its label, its mounts, its command,
+its `docker run` argv."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from launcher.hosts import engine
@@ -20,49 +22,70 @@ def container_name(run_id: str) -> str:
     return f"launcher-{run_id}"
 
 
-def docker_run_argv(
-    *,
-    run_id: str,
-    image_id: str,
-    env: Mapping[str, str],
-    host_out: str,
-    recipe: Recipe,
-    params: Mapping[str, Any],
-    data: str | None = None,
-    gpu: bool = False,
-    host_code: str | None = None,
-    code_entry: str | None = None,
-    args: Sequence[str] = (),
-    owner: str | None = None,
-) -> list[str]:
-    """The container contract of design.md, as an argv. host_code: the code folder on the host,
-    mounted read-only (a plain script's project, or a recipe folder run without baking);
-    code_entry: the script inside it. owner ("UID:GID"): who gets the outputs when the run ends
-    (the container runs as root; the user on the host should own what it wrote)."""
-    argv = engine.command("run", "-d", "--name", container_name(run_id), "--label", f"{RUN_LABEL}={run_id}")
-    for key, value in sorted(env.items()):
-        argv += ["-e", f"{key}={value}"]
-    if owner:
-        argv += ["-e", f"LAUNCHER_OWNER={owner}"]
-    argv += ["-v", f"{host_out}:{CONTAINER_OUT}"]
-    if data:
-        argv += ["-v", f"{data}:{CONTAINER_DATA}:ro"]
-    if host_code:
-        argv += ["-v", f"{host_code}:{CONTAINER_CODE}:ro"]
-    if gpu:
-        argv += ["--gpus", "all"]
-    argv += [image_id, "python", "-m", "launcher.runtime", "run"]
-    if host_code and recipe.adhoc:
-        argv += ["--script", f"{CONTAINER_CODE}/{code_entry or recipe.path.name}", "--code-root", CONTAINER_CODE]
-    elif host_code:
+@dataclass(frozen=True)
+class ContainerJob:
+    """One run's container, whatever places it: the image, the determinism env, the runtime's
+    arguments and the host folders it mounts. host_code: the code folder on the host, mounted
+    read-only (a plain script's project, or a recipe folder run without baking); code_entry: the
+    script inside it. owner ("UID:GID"): who gets the outputs when the run ends (the container
+    runs as root; the user on the host should own what it wrote); the placement sets it."""
+
+    run_id: str
+    image_id: str
+    env: Mapping[str, str]
+    host_out: str
+    recipe: Recipe
+    params: Mapping[str, Any]
+    data: str | None = None
+    gpu: bool = False
+    host_code: str | None = None
+    code_entry: str | None = None
+    args: Sequence[str] = ()
+    owner: str | None = None
+
+    @property
+    def name(self) -> str:
+        return container_name(self.run_id)
+
+
+def runtime_argv(job: ContainerJob) -> list[str]:
+    """The command the container runs: launcher's runtime with the recipe or script, its outputs and data."""
+    argv = ["python", "-m", "launcher.runtime", "run"]
+    if job.host_code and job.recipe.adhoc:
+        argv += ["--script", f"{CONTAINER_CODE}/{job.code_entry or job.recipe.path.name}",
+                 "--code-root", CONTAINER_CODE]
+    elif job.host_code:
         argv += ["--recipe", CONTAINER_CODE]
     else:
-        argv += ["--recipe", f"{IMAGE_RECIPES}/{recipe.name}"]
-    argv += ["--code-source", "mounted" if host_code else "image", "--out", CONTAINER_OUT]
-    if data:
+        argv += ["--recipe", f"{IMAGE_RECIPES}/{job.recipe.name}"]
+    argv += ["--code-source", "mounted" if job.host_code else "image", "--out", CONTAINER_OUT]
+    if job.data:
         argv += ["--data", CONTAINER_DATA]
-    argv += ["--params", json.dumps(dict(params), sort_keys=True, separators=(",", ":"))]
-    if args:
-        argv += ["--", *args]
+    argv += ["--params", json.dumps(dict(job.params), sort_keys=True, separators=(",", ":"))]
+    if job.args:
+        argv += ["--", *job.args]
     return argv
 
+
+def mounts(job: ContainerJob) -> list[tuple[str, str, bool]]:
+    """(host path, container path, read-only) for each folder the container sees."""
+    out = [(job.host_out, CONTAINER_OUT, False)]
+    if job.data:
+        out.append((job.data, CONTAINER_DATA, True))
+    if job.host_code:
+        out.append((job.host_code, CONTAINER_CODE, True))
+    return out
+
+
+def docker_run_argv(job: ContainerJob) -> list[str]:
+    """The container contract of design.md as a detached `docker run` argv."""
+    argv = engine.command("run", "-d", "--name", job.name, "--label", f"{RUN_LABEL}={job.run_id}")
+    for key, value in sorted(job.env.items()):
+        argv += ["-e", f"{key}={value}"]
+    if job.owner:
+        argv += ["-e", f"LAUNCHER_OWNER={job.owner}"]
+    for host_path, inside, read_only in mounts(job):
+        argv += ["-v", f"{host_path}:{inside}" + (":ro" if read_only else "")]
+    if job.gpu:
+        argv += ["--gpus", "all"]
+    return [*argv, job.image_id, *runtime_argv(job)]

@@ -6,17 +6,15 @@ from typing import Any
 
 from launcher.errors import CommandFailed, HostUnreachable, LauncherError, NotFound, UsageError
 from launcher.hosts.base import Host
-from launcher.hosts.engine import Engine
 from launcher.progress import Reporter
-from launcher.runs.container import RUN_LABEL
 from launcher.runs.lifecycle import LAUNCH_FILE, MANIFEST_FILE, LogSink, pull_run, read_launch, run_dir, wait_run
 from launcher.runs.manifest import describe_code, read_json_object
-from launcher.runs.placement import reopen_host
+from launcher.runs.placement import Placement, open_placement, placement_for
 from launcher.workspace import Workspace
 
 
-def list_runs(ws: Workspace, host: Host | None = None) -> list[dict[str, Any]]:
-    """Local run directories with their state; with a host, also its launcher containers."""
+def list_runs(ws: Workspace, target: Host | Placement | None = None) -> list[dict[str, Any]]:
+    """Local run directories with their state; with a target, also the runs it knows (containers)."""
     rows: dict[str, dict[str, Any]] = {}
     if ws.runs.is_dir():
         for d in sorted(ws.runs.iterdir()):
@@ -33,14 +31,13 @@ def list_runs(ws: Workspace, host: Host | None = None) -> list[dict[str, Any]]:
                 "status": manifest.get("status") or "incomplete",
                 "launched_at": launch.get("launched_at"),
             }
-    if host is not None:
-        fmt = '{{.Label "' + RUN_LABEL + '"}}\t{{.State}}\t{{.Status}}'
-        for line in Engine(host).ps_by_label(RUN_LABEL, fmt):
-            rid, _, rest = line.partition("\t")
-            st, _, status = rest.partition("\t")
-            row = rows.setdefault(rid, {"run_id": rid, "host": host.name, "status": "unknown here"})
-            row["container"] = st
-            row["container_status"] = status
+    if target is not None:
+        placement = placement_for(target)
+        for listed in placement.listed():
+            row = rows.setdefault(listed.run_id,
+                                  {"run_id": listed.run_id, "host": placement.name, "status": "unknown here"})
+            row["container"] = listed.state
+            row["container_status"] = listed.status
     return sorted(rows.values(), key=lambda r: r["run_id"])
 
 
@@ -48,16 +45,17 @@ def logs(ws: Workspace, run_id: str, sink: LogSink, *, follow: bool = False) -> 
     """The recipe's output: from the container while it exists, else from the pulled train.log."""
     launch = read_launch(ws, run_id)
     pulled = run_dir(ws, run_id) / "outputs" / "logs" / "train.log"
+    placement: Placement | None
     try:
-        host = reopen_host(ws, launch)
+        placement = open_placement(ws, launch)
     except (HostUnreachable, LauncherError):
         if pulled.is_file():
-            host = None
+            placement = None
         else:
             raise
     try:
-        if host is not None and Engine(host).container_state(launch["container"]) is not None:
-            for line in Engine(host).logs(launch["container"], follow=follow):
+        if placement is not None and placement.state(launch) is not None:
+            for line in placement.logs(launch, follow=follow):
                 sink(line.rstrip("\n"))
             return
         if pulled.is_file():
@@ -69,36 +67,24 @@ def logs(ws: Workspace, run_id: str, sink: LogSink, *, follow: bool = False) -> 
             f"no logs for {run_id}: the container is gone and nothing was pulled", "run `launcher pull RUN`"
         )
     finally:
-        if host is not None:
-            host.close()
+        if placement is not None:
+            placement.close()
 
 
 def attach(ws: Workspace, run_id: str, sink: LogSink, reporter: Reporter | None = None) -> dict[str, Any]:
     """Follow a detached run to its end, then pull it."""
     launch = read_launch(ws, run_id)
-    host = reopen_host(ws, launch)
-    try:
-        if Engine(host).container_state(launch["container"]) is not None:
-            wait_run(ws, run_id, host, on_log=sink)
-        return pull_run(ws, run_id, host, reporter)
-    finally:
-        host.close()
+    with open_placement(ws, launch) as placement:
+        if placement.state(launch) is not None:
+            wait_run(ws, run_id, placement, on_log=sink)
+        return pull_run(ws, run_id, placement, reporter)
 
 
 def stop(ws: Workspace, run_id: str) -> dict[str, Any]:
     launch = read_launch(ws, run_id)
-    host = reopen_host(ws, launch)
-    try:
-        done = Engine(host).stop(launch["container"], timeout_s=10)
-        if done.returncode != 0:
-            raise NotFound(
-                f"run {run_id} has no container on {host.name}: {done.last_error_line()}",
-                "it may have finished already: `launcher pull RUN`",
-            )
-        state = Engine(host).container_state(launch["container"]) or {}
-        return {"run_id": run_id, "stopped": True, "exit_code": state.get("ExitCode")}
-    finally:
-        host.close()
+    with open_placement(ws, launch) as placement:
+        state = placement.stop(launch)
+        return {"run_id": run_id, "stopped": True, "exit_code": state.exit_code if state else None}
 
 
 def clean(ws: Workspace, run_id: str, *, force: bool = False, reporter: Reporter | None = None) -> dict[str, Any]:
@@ -110,8 +96,8 @@ def clean(ws: Workspace, run_id: str, *, force: bool = False, reporter: Reporter
     launch = read_launch(ws, run_id)
     if not force:
         check_integrity([load_manifest(run_dir(ws, run_id))], reporter)
-    host = reopen_host(ws, launch)
-    try:
+    with open_placement(ws, launch) as placement:
+        host = placement.host
         remote = str(launch.get("remote_dir") or host.run_dir(run_id))
         if not remote.endswith(f"/{run_id}") or "/.launcher/" not in remote:
             raise UsageError(
@@ -119,13 +105,13 @@ def clean(ws: Workspace, run_id: str, *, force: bool = False, reporter: Reporter
                 "directory",
                 "remove it by hand on the host",
             )
-        state = Engine(host).container_state(launch["container"])
-        if state and state.get("Running"):
+        state = placement.state(launch)
+        if state and state.running:
             raise UsageError(
                 f"run {run_id} is still running on {host.name}", f"stop it first: `launcher stop {run_id}`"
             )
         if state is not None:
-            Engine(host).rm(launch["container"])
+            placement.release(launch)
         existed = host.exists(remote)
         if existed:
             done = host.run(["rm", "-rf", "--", remote], check=False)
@@ -137,6 +123,3 @@ def clean(ws: Workspace, run_id: str, *, force: bool = False, reporter: Reporter
                 )
         return {"run_id": run_id, "host": host.name, "remote_dir": remote, "removed": existed,
                 "container_removed": state is not None}
-    finally:
-        host.close()
-

@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from typing import Any, Generic, TypeVar
 
 from launcher.errors import ExitCode, HostUnreachable, LauncherError, UsageError
+from launcher.hosts.spec import HostSpec
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.determinism import DEFAULT_SEED
 from launcher.workspace import Workspace
@@ -155,32 +156,30 @@ def _run_failed(value: Any) -> bool:
     return any(r.get("status") == "failed" for r in _records(value))
 
 
-def _launch_with_runs(ws: Workspace, base: Any, reporter: Reporter,
-                      host_opts: Callable[[str | None], dict[str, Any]]) -> Callable[[PlannedRun, Any], Any]:
+def _launch_with_runs(ws: Workspace, base: Any, reporter: Reporter) -> Callable[[PlannedRun, Any], Any]:
     from launcher.runs import lifecycle as runs
 
-    def launch(job: PlannedRun, host: tuple[str | None, Any]) -> Any:
-        spec_name, handle = host
+    def launch(job: PlannedRun, host: tuple[HostSpec, Any]) -> Any:
+        host_spec, handle = host
         spec = replace(base, seed=job.seed, group=job.group, replicate=job.replicate, detach=False)
-        return runs.run_recipe(ws, spec, handle, reporter, runs=1, seeds=[job.seed],
-                               host_opts=host_opts(spec_name))
+        return runs.run_recipe(ws, spec, handle, reporter, runs=1, seeds=[job.seed], host_spec=host_spec)
 
     return launch
 
 
 def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
-               hosts: Sequence[str | None] = (None,), *, base_seed: int = DEFAULT_SEED, variant: str = "cpu",
+               hosts: Sequence[HostSpec] = (), *, base_seed: int = DEFAULT_SEED, variant: str = "cpu",
                profile: str = "deterministic",
                threads: int | None = None, data: str | None = None, data_from: str | None = None,
                params: dict[str, Any] | None = None,
-               host_kw: dict[str, Any] | None = None, reporter: Reporter | None = None,
+               reporter: Reporter | None = None,
                launch: Callable[[PlannedRun, Any], Any] | None = None,
                stamp: str | None = None) -> ExperimentResult:
     """Plan the groups, open every host (failing early if one is unreachable), run, collect."""
     rep = reporter or NullReporter()
     jobs = plan(recipe, runs, seeds, base_seed, stamp)
     groups = {job.kind: job.group for job in jobs}
-    specs = list(dict.fromkeys(hosts)) or [None]
+    specs = list(dict.fromkeys(hosts)) or [HostSpec()]
     result = ExperimentResult(recipe, groups)
     task = rep.task(f"experiment {recipe}: {len(jobs)} runs on {len(specs)} hosts", total=len(jobs))
 
@@ -193,19 +192,16 @@ def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
         if launch is not None:
             result.outcomes = run_parallel(jobs, specs, launch, _host_name, done)
             return result
-        from launcher.hosts import open_host
         from launcher.runs import lifecycle as runs_mod
 
-        kw = {k: v for k, v in (host_kw or {}).items() if v is not None}
         base = runs_mod.RunSpec(recipe=recipe, variant=variant, profile=profile, threads=threads, data=data,
                                 data_from=data_from, params=dict(params or {}))
         runs_mod.check_params(runs_mod.load_recipe(ws, recipe), base.params)
         with ExitStack() as stack:
             opened = []
             for s in specs:
-                root = ws.root if s is None else None
-                opened.append((s, stack.enter_context(open_host(s, workspace_root=root, **kw))))
-            fn = _launch_with_runs(ws, base, rep, lambda s: runs_mod.host_options(s, **kw))
+                opened.append((s, stack.enter_context(s.open(ws.root if s.local else None))))
+            fn = _launch_with_runs(ws, base, rep)
             result.outcomes = run_parallel(jobs, opened, fn, lambda h: _host_name(h[0]), done)
         return result
     finally:
@@ -213,4 +209,4 @@ def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
 
 
 def _host_name(spec: Any) -> str:
-    return "local" if spec is None else str(spec)
+    return spec.name if isinstance(spec, HostSpec) else "local" if spec is None else str(spec)

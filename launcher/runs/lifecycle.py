@@ -1,8 +1,9 @@
-"""A run's life: start it in a container on a host, wait for it, pull its outputs, finish its manifest.
+"""A run's life: start it where its placement puts it, wait for it, pull its outputs, finish its manifest.
 
-Its spec and code plan are in :mod:`launcher.runs.spec`, the container's argv in
-:mod:`launcher.runs.container`, the host's side in :mod:`launcher.runs.placement`, and the commands on
-existing runs (ps, logs, attach, stop, clean) in :mod:`launcher.runs.control`.
+Its spec and code plan are in :mod:`launcher.runs.spec`, its container in
+:mod:`launcher.runs.container`, where and how it is placed in :mod:`launcher.runs.placement` (the
+only way this module reaches a target), and the commands on existing runs (ps, logs, attach, stop,
+clean) in :mod:`launcher.runs.control`.
 A run directory ``runs/<run-id>/`` gets ``launch.json`` when the container starts, the
 verified ``outputs/`` as they are pulled, and ``manifest.json`` last, so a directory
 without a manifest is never mistaken for a finished run.
@@ -20,75 +21,37 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from launcher.errors import (
-    BadData,
-    CommandFailed,
-    DiskFull,
-    NotFound,
-    UnsafePath,
-    UsageError,
-)
+from launcher.errors import CommandFailed, NotFound, UnsafePath, UsageError
 from launcher.hashing import atomic_write_json
 from launcher.hosts.base import Host
-from launcher.hosts.engine import Engine
+from launcher.hosts.spec import HostSpec
 from launcher.progress import NullReporter, Reporter
-from launcher.runs.container import (
-    CONTAINER_CODE,
-    CONTAINER_DATA,
-    CONTAINER_OUT,
-    IMAGE_RECIPES,
-    RUN_LABEL,
-    container_name,
-    docker_run_argv,
-)
-from launcher.runs.placement import gpu_ready, host_options, output_owner, place_code, place_data, reopen_host
+from launcher.runs.container import ContainerJob
+from launcher.runs.placement import Placement, RunState, open_placement, placement_for
 from launcher.runs.pull import STATE_FILE, PullResult, pull_outputs
 from launcher.runs.recipes import Recipe
-from launcher.runs.ship import ship_image, ship_image_via_registry
-from launcher.runs.spec import (
-    RunSpec,
-    baked,
-    check_params,
-    image_record,
-    load_recipe,
-    parse_params,
-    plan_code,
-)
+from launcher.runs.spec import RunSpec, check_params, image_record, load_recipe, parse_params, plan_code
 from launcher.workspace import Workspace
 
 LAUNCH_FILE = "launch.json"
 MANIFEST_FILE = "manifest.json"
-MIN_FREE_BYTES = 512 << 20
 _RUN_ID = re.compile(r"^[0-9]{8}T[0-9]{6}-[A-Za-z0-9_.-]+-[0-9a-f]{6}$")
 
 LogSink = Callable[[str], None]
 
+# what callers of a run's life also need from its spec (one import for the CLI and the experiment)
 __all__ = [
-    "CONTAINER_CODE",
-    "CONTAINER_DATA",
-    "CONTAINER_OUT",
-    "IMAGE_RECIPES",
     "LAUNCH_FILE",
     "MANIFEST_FILE",
-    "MIN_FREE_BYTES",
-    "RUN_LABEL",
     "LogSink",
     "RunOutcome",
     "RunSpec",
-    "baked",
     "check_params",
-    "container_name",
-    "docker_run_argv",
-    "follow_logs",
-    "host_options",
-    "image_record",
     "load_recipe",
     "new_run_id",
     "parse_params",
-    "plan_code",
     "pull_run",
     "read_launch",
-    "reopen_host",
     "run_dir",
     "run_recipe",
     "start_run",
@@ -123,71 +86,57 @@ def run_dir(ws: Workspace, run_id: str) -> Path:
     return ws.runs / run_id
 
 
-def _with_data(spec: RunSpec, host: Host, reporter: Reporter | None) -> RunSpec:
-    """The spec with its --data-from folder sent to the host and mounted from there like --data."""
-    path, source = place_data(host, str(spec.data_from), spec.data, reporter)
+def _with_data(spec: RunSpec, placement: Placement, reporter: Reporter | None) -> RunSpec:
+    """The spec with its --data-from folder sent to the target and mounted from there like --data."""
+    if spec.data:
+        raise UsageError(
+            "--data and --data-from both given", "--data names a folder on the host, --data-from one here: pick one"
+        )
+    path, source = placement.send_data(Path(str(spec.data_from)).expanduser(), reporter)
     return replace(spec, data=path, data_from=None, data_source=source)
+
+
+def _with_code(spec: RunSpec, placement: Placement, reporter: Reporter | None) -> RunSpec:
+    """The spec with mounted code placed where the target mounts it from; baked code needs nothing."""
+    plan = dict(spec.code_plan or {})
+    if plan.get("source") != "mounted" or plan.get("host_path"):
+        return spec
+    return replace(spec, code_plan=placement.send_code(plan, reporter))
 
 
 def start_run(
     ws: Workspace,
     spec: RunSpec,
-    host: Host,
+    target: Host | Placement,
     reporter: Reporter | None = None,
     *,
-    host_opts: Mapping[str, Any] | None = None,
+    host_spec: HostSpec | None = None,
     facts: Mapping[str, Any] | None = None,
     recipe: Recipe | None = None,
     cache_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """Check everything, ship the image, start the container detached; return the launch record."""
+    """Check everything, ship the image, start the run detached; return the launch record."""
     from launcher.runs import determinism
 
     rep = reporter or NullReporter()
+    placement = placement_for(target, host_spec)
     recipe = recipe or load_recipe(ws, spec.recipe, entry=spec.entry)
     params = check_params(recipe, spec.params)
     env = determinism.profile_env(spec.profile, spec.seed, spec.threads)
     image = image_record(ws, spec.variant)
     baked_digests = image.pop("recipes", {})
-    Engine(host).require()
-    if spec.variant == "gpu":
-        gpu_ready(host)
+    placement.prepare(spec.variant)
     if spec.data_from:
-        spec = _with_data(spec, host, rep)
+        spec = _with_data(spec, placement, rep)
     if spec.code_plan is None:
         spec = replace(spec, code_plan=plan_code(ws, spec, recipe))
-    spec = replace(spec, code_plan=place_code(spec.code_plan, host, rep))
+    spec = _with_code(spec, placement, rep)
     plan = spec.code_plan or {}
-    root = host.runs_root()
-    host.makedirs(root)
-    free = host.free_bytes(root)
-    if free < MIN_FREE_BYTES:
-        raise DiskFull(
-            f"{host.name} has only {free >> 20} MiB free under {root}; a run needs at least "
-            f"{MIN_FREE_BYTES >> 20} MiB",
-            "free space on the host and retry",
-        )
-    if spec.data and not host.exists(spec.data):
-        raise BadData(
-            f"the data path {spec.data} does not exist on {host.name}",
-            "give a path on the host that runs the recipe",
-        )
-    if spec.ship_via:
-        shipped = ship_image_via_registry(
-            host, image["id"], registry=spec.ship_via, tag=image.get("tag"), reporter=rep,
-            cache_dir=cache_dir or ws.cache_dir,
-        )
-    else:
-        shipped = ship_image(
-            host, image["id"], tag=image.get("tag"), reporter=rep, cache_dir=cache_dir or ws.cache_dir
-        )
-    run_id = new_run_id(recipe.name)
-    group = spec.group or run_id
-    remote = host.run_dir(run_id)
-    host.makedirs(f"{remote}/out")
-    host_code = plan.get("host_path")
     data = str(PurePosixPath(spec.data)) if spec.data else None
-    argv = docker_run_argv(
+    run_id = new_run_id(recipe.name)
+    remote = placement.run_dir(run_id, data)
+    shipped = placement.ship(image, via=spec.ship_via, reporter=rep, cache_dir=cache_dir or ws.cache_dir)
+    job = ContainerJob(
         run_id=run_id,
         image_id=image["id"],
         env=env,
@@ -196,18 +145,18 @@ def start_run(
         params=params,
         data=data,
         gpu=spec.variant == "gpu",
-        host_code=host_code,
+        host_code=plan.get("host_path"),
         code_entry=plan.get("entry") or None,
-        args=spec.args,
-        owner=output_owner(host),
+        args=tuple(spec.args),
     )
     launch = {
         "run_id": run_id,
-        "group": group,
+        "group": spec.group or run_id,
         "replicate": spec.replicate,
-        "host": host.describe(),
-        "host_options": dict(host_opts or host_options(None)),
-        "container": container_name(run_id),
+        "host": placement.host.describe(),
+        "host_options": placement.host_spec.to_record(),
+        "placement": placement.record(),
+        "container": job.name,
         "remote_dir": remote,
         "recipe": {
             "name": recipe.name,
@@ -236,23 +185,17 @@ def start_run(
         "facts": dict(facts or {}),
         "ship": shipped.to_dict(),
         "launched_at": utc_now(),
-        "argv": argv,
     }
     local = ws.runs / run_id
+    atomic_write_json(local / LAUNCH_FILE, launch)  # before the start: a started run is never unrecorded
+    try:
+        launch.update(placement.start(job))
+    except CommandFailed as exc:
+        launch["start_error"] = exc.message
+        atomic_write_json(local / LAUNCH_FILE, launch)
+        raise
     atomic_write_json(local / LAUNCH_FILE, launch)
-    started = Engine(host).run_container(argv)
-    if started.returncode != 0:
-        launch["start_error"] = started.last_error_line()
-        atomic_write_json(local / LAUNCH_FILE, launch)
-        raise CommandFailed(
-            f"the container for {run_id} did not start on {host.name}: {started.last_error_line()}",
-            "check the image and Docker on the host",
-        )
-    ran = Engine(host).container_image(container_name(run_id))
-    if ran is not None:
-        launch["image_ran"] = ran
-        atomic_write_json(local / LAUNCH_FILE, launch)
-    rep.note(f"started {run_id} on {host.name}")
+    rep.note(f"started {run_id} on {placement.name}")
     return launch
 
 
@@ -265,35 +208,31 @@ def read_launch(ws: Workspace, run_id: str) -> dict[str, Any]:
         raise NotFound(f"no run {run_id} in {ws.runs}", "see `launcher ps` for run ids") from None
 
 
-def follow_logs(host: Host, container: str, sink: LogSink) -> None:
-    for line in Engine(host).logs(container, follow=True):
-        sink(line.rstrip("\n"))
-
-
 def wait_run(
-    ws: Workspace, run_id: str, host: Host, *, on_log: LogSink | None = None, poll_s: float = 1.0
+    ws: Workspace, run_id: str, target: Host | Placement, *, on_log: LogSink | None = None, poll_s: float = 1.0
 ) -> int:
-    """Wait for the container to exit (streaming its logs) and return its exit code."""
+    """Wait for the run to end (streaming its logs) and return its exit code."""
     launch = read_launch(ws, run_id)
-    name = launch["container"]
+    placement = placement_for(target)
     if on_log is not None:
-        follow_logs(host, name, on_log)
+        for line in placement.logs(launch, follow=True):
+            on_log(line.rstrip("\n"))
     while True:
-        state = Engine(host).container_state(name)
+        state = placement.state(launch)
         if state is None:
             raise NotFound(
-                f"the container of {run_id} is gone from {host.name}",
+                f"the container of {run_id} is gone from {placement.name}",
                 "its outputs may still be there: `launcher pull RUN`",
             )
-        if not state.get("Running") and state.get("Status") in ("exited", "dead", "created"):
-            return int(state.get("ExitCode", -1))
+        if state.ended:
+            return -1 if state.exit_code is None else state.exit_code
         time.sleep(poll_s)
 
 
 def pull_run(
     ws: Workspace,
     run_id: str,
-    host: Host | None = None,
+    target: Host | Placement | None = None,
     reporter: Reporter | None = None,
     *,
     watch: float | None = None,
@@ -305,16 +244,16 @@ def pull_run(
     Returns the manifest, or, while the run still goes (and watch is None), a status record.
     """
     launch = read_launch(ws, run_id)
-    own = host is None
-    h = host or reopen_host(ws, launch)
+    own = target is None
+    placement = open_placement(ws, launch) if target is None else placement_for(target)
     local = run_dir(ws, run_id)
     try:
         while True:
-            state = Engine(h).container_state(launch["container"])
-            running = bool(state and state.get("Running"))
+            state = placement.state(launch)
+            running = bool(state and state.running)
             result = pull_outputs(
-                h,
-                f"{launch['remote_dir']}/out",
+                placement.host,
+                placement.outputs(launch),
                 local / "outputs",
                 state_file=local / STATE_FILE,
                 reporter=reporter,
@@ -334,25 +273,19 @@ def pull_run(
             time.sleep(watch)
         if state is None and not result.files:
             raise NotFound(
-                f"run {run_id} has neither a container nor outputs on {h.name}",
+                f"run {run_id} has neither a container nor outputs on {placement.name}",
                 "it may have been removed on the host",
             )
-        manifest = _finish(ws, launch, h, result, state)
+        manifest = _finish(ws, launch, result, state)
         if remove_container and state is not None:
-            Engine(h).rm(launch["container"])
+            placement.release(launch)
         return manifest
     finally:
         if own:
-            h.close()
+            placement.close()
 
 
-def _finish(
-    ws: Workspace,
-    launch: Mapping[str, Any],
-    host: Host,
-    result: PullResult,
-    state: Mapping[str, Any] | None,
-) -> dict[str, Any]:
+def _finish(ws: Workspace, launch: Mapping[str, Any], result: PullResult, state: RunState | None) -> dict[str, Any]:
     from launcher.runs.manifest import assemble, write_manifest
 
     local = run_dir(ws, launch["run_id"])
@@ -364,19 +297,23 @@ def _finish(
 def run_recipe(
     ws: Workspace,
     spec: RunSpec,
-    host: Host,
+    target: Host | Placement,
     reporter: Reporter | None = None,
     *,
     runs: int = 1,
     seeds: Sequence[int | None] = (),
     on_log: LogSink | None = None,
-    host_opts: Mapping[str, Any] | None = None,
+    host_spec: HostSpec | None = None,
     facts: Mapping[str, Any] | None = None,
     cache_dir: Path | None = None,
 ) -> RunOutcome:
-    """Run the recipe `runs` times for each seed (one group), waiting and pulling unless detached."""
+    """Run the recipe `runs` times for each seed (one group), waiting and pulling unless detached.
+
+    target: an opened host (its runs placed directly on its Docker engine) or any Placement;
+    host_spec: how to reopen the host later (recorded in each launch record)."""
     if runs < 1:
         raise UsageError(f"--runs must be at least 1, not {runs}", "drop --runs or give a positive number")
+    placement = placement_for(target, host_spec)
     recipe = load_recipe(ws, spec.recipe, entry=spec.entry)
     check_params(recipe, spec.params)
     from launcher.images import build
@@ -396,27 +333,22 @@ def run_recipe(
     if facts is None:
         from launcher.hosts import provision
 
-        facts = provision.facts_for_run(ws, host)
-    if spec.data_from:  # sent once for every replicate, after the cheap checks
-        Engine(host).require()
-        spec = _with_data(spec, host, reporter)
-    if (spec.code_plan or {}).get("source") == "mounted":
-        Engine(host).require()
-        spec = replace(spec, code_plan=place_code(spec.code_plan, host, reporter))
+        facts = provision.facts_for_run(ws, placement.host)
+    if spec.data_from or plan.get("source") == "mounted":  # sent once for every replicate, after the cheap checks
+        placement.prepare(spec.variant)
+    if spec.data_from:
+        spec = _with_data(spec, placement, reporter)
+    spec = _with_code(spec, placement, reporter)
     out: list[dict[str, Any]] = []
     replicate = spec.replicate  # experiments hand out replicate numbers across hosts
     for seed in seed_list:
         for _ in range(runs):
             one = RunSpec(**{**asdict(spec), "seed": seed, "group": group, "replicate": replicate})
-            launch = start_run(
-                ws, one, host, reporter, host_opts=host_opts, facts=facts, recipe=recipe, cache_dir=cache_dir
-            )
+            launch = start_run(ws, one, placement, reporter, facts=facts, recipe=recipe, cache_dir=cache_dir)
             replicate += 1
             if spec.detach:
                 out.append(launch)
                 continue
-            wait_run(ws, launch["run_id"], host, on_log=on_log)
-            out.append(pull_run(ws, launch["run_id"], host, reporter))
+            wait_run(ws, launch["run_id"], placement, on_log=on_log)
+            out.append(pull_run(ws, launch["run_id"], placement, reporter))
     return RunOutcome(group=group, runs=out, detached=spec.detach)
-
-

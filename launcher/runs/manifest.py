@@ -10,10 +10,13 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.errors import Corrupt, NotFound, SchemaTooNew
 from launcher.hashing import atomic_write_json
+
+if TYPE_CHECKING:
+    from launcher.runs.placement import RunState
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -215,9 +218,9 @@ def read_json_object(path: Path) -> dict[str, Any]:
 
 
 def assemble(launch: Mapping[str, Any], outputs: Path, files: Mapping[str, Mapping[str, Any]],
-             state: Mapping[str, Any] | None, now: str) -> dict[str, Any]:
+             state: RunState | None, now: str) -> dict[str, Any]:
     """The manifest of a finished run, from its launch record, its pulled outputs (files: the
-    verified ones, by path under outputs/) and the container's last state.
+    verified ones, by path under outputs/) and its last state where it was placed.
 
     What ran is read from what ran: the code digest, the runtime's digest and the lock are the
     ones the runtime computed inside the container (``_launcher/code.json``), the image ID the
@@ -227,7 +230,7 @@ def assemble(launch: Mapping[str, Any], outputs: Path, files: Mapping[str, Mappi
     exit_rec = read_json_object(outputs / "_launcher" / "exit.json")
     exit_code = exit_rec.get("exit_code")
     if not isinstance(exit_code, int):
-        exit_code = int(state.get("ExitCode", -1)) if state else -1
+        exit_code = state.exit_code if state and state.exit_code is not None else -1
     code = read_json_object(outputs / "_launcher" / "code.json")
     ran: dict[str, Any] = code["recipe"] if isinstance(code.get("recipe"), dict) else {}
     lrec = launch["recipe"]
@@ -266,8 +269,8 @@ def assemble(launch: Mapping[str, Any], outputs: Path, files: Mapping[str, Mappi
         "image": image,
         "host": {**launch["host"], "facts": launch.get("facts", {})},
         "runtime": read_json_object(outputs / "_launcher" / "runtime.json"),
-        "started_at": str(exit_rec.get("started_at") or (state or {}).get("StartedAt") or launch["launched_at"]),
-        "ended_at": str(exit_rec.get("ended_at") or (state or {}).get("FinishedAt") or now),
+        "started_at": str(exit_rec.get("started_at") or (state.started_at if state else None) or launch["launched_at"]),
+        "ended_at": str(exit_rec.get("ended_at") or (state.finished_at if state else None) or now),
         "exit_code": exit_code,
         "status": "succeeded" if exit_code == 0 else "failed",
         "data": launch.get("data"),

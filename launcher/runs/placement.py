@@ -1,37 +1,254 @@
-"""A run's host: the options to reopen it, whether it can run the variant, and the data and code sent to it."""
+"""Where runs are placed, and how one run there is started, watched, stopped and collected.
+
+:class:`Placement` is the seam a run target implements; :mod:`launcher.runs.lifecycle` and
+:mod:`launcher.runs.control` call nothing else to reach a target. Today's target is
+:class:`DirectPlacement`: containers on one host's Docker engine (the local one, or one over SSH).
+A Slurm cluster or a cloud VM launcher creates is a new implementation, named in the launch
+record by its ``kind`` and reopened from it by :func:`open_placement`. The contract a target
+meets is in docs/design.md.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
-from launcher.errors import HostNotReady, NoGpu, UsageError
-from launcher.hosts import open_host
+from launcher.errors import BadData, CommandFailed, DiskFull, HostNotReady, NoGpu, NotFound, UsageError
 from launcher.hosts.base import Host
 from launcher.hosts.engine import Engine
+from launcher.hosts.spec import HostSpec
 from launcher.progress import Reporter
+from launcher.runs.container import RUN_LABEL, ContainerJob, container_name, docker_run_argv
+from launcher.runs.ship import ShipResult, ship_image, ship_image_via_registry
 from launcher.workspace import Workspace
 
-
-def host_options(spec: str | None, **opts: Any) -> dict[str, Any]:
-    return {
-        "spec": spec,
-        **{k: (str(v) if isinstance(v, Path) else v) for k, v in opts.items() if v is not None},
-    }
+MIN_FREE_BYTES = 512 << 20
 
 
-def reopen_host(ws: Workspace, launch: Mapping[str, Any]) -> Host:
-    opts = dict(launch.get("host_options") or {"spec": None})
-    spec = opts.pop("spec", None)
-    kw: dict[str, Any] = {
-        k: (Path(v) if k in ("identity", "ssh_config", "known_hosts") else v) for k, v in opts.items()
-    }
-    return open_host(spec, workspace_root=ws.root, **kw)
+@dataclass(frozen=True)
+class RunState:
+    """A placed run as its target sees it. ended: it will not change any more (exited, or never started)."""
+
+    running: bool
+    ended: bool
+    exit_code: int | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
 
 
-def gpu_ready(host: Host) -> None:
-    runtimes = Engine(host).runtimes()
+@dataclass(frozen=True)
+class ListedRun:
+    run_id: str
+    state: str
+    status: str
+
+
+class Placement(ABC):
+    """A run target. ``host`` is the machine launcher talks to for it: data, code and images are
+    sent there, outputs are read from there (for a cluster, its login node)."""
+
+    kind: str = ""
+
+    def __init__(self, host: Host, host_spec: HostSpec | None = None) -> None:
+        self.host = host
+        self.host_spec = host_spec or HostSpec(None if host.kind == "local" else host.name)
+
+    @property
+    def name(self) -> str:
+        return self.host.name
+
+    def record(self) -> dict[str, Any]:
+        """What the launch record keeps to reopen this placement (see :func:`open_placement`)."""
+        return {"kind": self.kind}
+
+    # -- once per group: can the target run it, and the inputs every run of the group shares
+    @abstractmethod
+    def prepare(self, variant: str) -> None:
+        """Fail early (HostNotReady, NoGpu) when the target cannot run this image variant."""
+
+    def send_data(self, local: Path, reporter: Reporter | None) -> tuple[str, dict[str, Any]]:
+        """Send a dataset folder from this machine (once per content); return where runs mount it
+        from and the data source record."""
+        from launcher.runs import datasets
+
+        placed = datasets.place(self.host, local, reporter)
+        return placed.path, {"kind": "sent", "local": str(local.resolve()), **placed.to_dict()}
+
+    def send_code(self, plan: Mapping[str, Any], reporter: Reporter | None) -> dict[str, Any]:
+        """Put the snapshot of mounted code where runs mount it from (sent once per content)."""
+        from launcher.runs import datasets
+
+        placed = datasets.place(self.host, Path(plan["local"]), reporter, area="code",
+                                name=str(plan["digest"]).removeprefix("sha256:"))
+        return {**plan, "host_path": placed.path, "sent": placed.sent}
+
+    @abstractmethod
+    def ship(self, image: Mapping[str, Any], *, via: str | None, reporter: Reporter | None,
+             cache_dir: Path) -> ShipResult:
+        """Make the image available where the runs start (only what the target lacks travels)."""
+
+    # -- one run
+    def run_dir(self, run_id: str, data: str | None) -> str:
+        """Create the run's directory (its outputs go to <dir>/out) after checking room and data."""
+        root = self.host.runs_root()
+        self.host.makedirs(root)
+        free = self.host.free_bytes(root)
+        if free < MIN_FREE_BYTES:
+            raise DiskFull(
+                f"{self.name} has only {free >> 20} MiB free under {root}; a run needs at least "
+                f"{MIN_FREE_BYTES >> 20} MiB",
+                "free space on the host and retry",
+            )
+        if data and not self.host.exists(data):
+            raise BadData(f"the data path {data} does not exist on {self.name}",
+                          "give a path on the host that runs the recipe")
+        remote = self.host.run_dir(run_id)
+        self.host.makedirs(f"{remote}/out")
+        return remote
+
+    @abstractmethod
+    def start(self, job: ContainerJob) -> dict[str, Any]:
+        """Start the run detached; return what the launch record must keep about it
+        (at least ``container`` and, when known, ``image_ran``: the image ID it started from)."""
+
+    @abstractmethod
+    def state(self, launch: Mapping[str, Any]) -> RunState | None:
+        """None when the target no longer knows the run."""
+
+    @abstractmethod
+    def logs(self, launch: Mapping[str, Any], *, follow: bool = False) -> Iterator[str]: ...
+
+    @abstractmethod
+    def stop(self, launch: Mapping[str, Any]) -> RunState | None: ...
+
+    @abstractmethod
+    def release(self, launch: Mapping[str, Any]) -> None:
+        """Forget the finished run on the target (its outputs stay until cleaned)."""
+
+    @abstractmethod
+    def listed(self) -> list[ListedRun]:
+        """launcher's runs the target knows, with their state."""
+
+    def outputs(self, launch: Mapping[str, Any]) -> str:
+        """The folder on ``host`` the run writes its outputs to."""
+        return f"{launch['remote_dir']}/out"
+
+    def close(self) -> None:
+        self.host.close()
+
+    def __enter__(self) -> Placement:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+class DirectPlacement(Placement):
+    """Containers on one host's Docker engine: `docker run -d` there, state and logs from it."""
+
+    kind = "direct"
+
+    def __init__(self, host: Host, host_spec: HostSpec | None = None) -> None:
+        super().__init__(host, host_spec)
+        self.engine = Engine(host)
+
+    def prepare(self, variant: str) -> None:
+        self.engine.require()
+        if variant == "gpu":
+            gpu_ready(self.host, self.engine)
+
+    def send_code(self, plan: Mapping[str, Any], reporter: Reporter | None) -> dict[str, Any]:
+        if self.host.kind == "local":  # the local engine mounts the snapshot where it is
+            return {**plan, "host_path": plan["local"], "sent": False}
+        return super().send_code(plan, reporter)
+
+    def ship(self, image: Mapping[str, Any], *, via: str | None, reporter: Reporter | None,
+             cache_dir: Path) -> ShipResult:
+        if via:
+            return ship_image_via_registry(self.host, image["id"], registry=via, tag=image.get("tag"),
+                                           reporter=reporter, cache_dir=cache_dir)
+        return ship_image(self.host, image["id"], tag=image.get("tag"), reporter=reporter, cache_dir=cache_dir)
+
+    def start(self, job: ContainerJob) -> dict[str, Any]:
+        argv = docker_run_argv(replace(job, owner=output_owner(self.host, self.engine)))
+        record: dict[str, Any] = {"container": job.name, "argv": argv}
+        started = self.engine.run_container(argv)
+        if started.returncode != 0:
+            raise CommandFailed(
+                f"the container for {job.run_id} did not start on {self.name}: {started.last_error_line()}",
+                "check the image and Docker on the host",
+            )
+        ran = self.engine.container_image(job.name)
+        if ran is not None:
+            record["image_ran"] = ran
+        return record
+
+    def _container(self, launch: Mapping[str, Any]) -> str:
+        return str(launch.get("container") or container_name(str(launch["run_id"])))
+
+    def state(self, launch: Mapping[str, Any]) -> RunState | None:
+        s = self.engine.container_state(self._container(launch))
+        if s is None:
+            return None
+        running = bool(s.get("Running"))
+        return RunState(
+            running=running,
+            ended=not running and s.get("Status") in ("exited", "dead", "created"),
+            exit_code=int(s["ExitCode"]) if isinstance(s.get("ExitCode"), int) else None,
+            started_at=s.get("StartedAt"),
+            finished_at=s.get("FinishedAt"),
+        )
+
+    def logs(self, launch: Mapping[str, Any], *, follow: bool = False) -> Iterator[str]:
+        return self.engine.logs(self._container(launch), follow=follow)
+
+    def stop(self, launch: Mapping[str, Any]) -> RunState | None:
+        done = self.engine.stop(self._container(launch), timeout_s=10)
+        if done.returncode != 0:
+            raise NotFound(
+                f"run {launch['run_id']} has no container on {self.name}: {done.last_error_line()}",
+                "it may have finished already: `launcher pull RUN`",
+            )
+        return self.state(launch)
+
+    def release(self, launch: Mapping[str, Any]) -> None:
+        self.engine.rm(self._container(launch))
+
+    def listed(self) -> list[ListedRun]:
+        fmt = '{{.Label "' + RUN_LABEL + '"}}\t{{.State}}\t{{.Status}}'
+        out = []
+        for line in self.engine.ps_by_label(RUN_LABEL, fmt):
+            rid, _, rest = line.partition("\t")
+            state, _, status = rest.partition("\t")
+            out.append(ListedRun(rid, state, status))
+        return out
+
+
+KINDS: dict[str, type[Placement]] = {DirectPlacement.kind: DirectPlacement}
+
+
+def placement_for(target: Host | Placement, host_spec: HostSpec | None = None) -> Placement:
+    """A Placement as it is, or an opened host as the direct placement on it."""
+    return target if isinstance(target, Placement) else DirectPlacement(target, host_spec)
+
+
+def open_placement(ws: Workspace, launch: Mapping[str, Any]) -> Placement:
+    """Reopen the placement a run was started with, from its launch record."""
+    kind = str((launch.get("placement") or {}).get("kind") or DirectPlacement.kind)
+    cls = KINDS.get(kind)
+    if cls is None:
+        raise UsageError(f"run {launch.get('run_id')} was placed by {kind!r}, which this launcher does not know",
+                         "use the launcher version that started it")
+    spec = HostSpec.from_record(launch.get("host_options"))
+    return cls(spec.open(ws.root if spec.local else None), spec)
+
+
+def gpu_ready(host: Host, engine: Engine | None = None) -> None:
+    runtimes = (engine or Engine(host)).runtimes()
     smi = host.run(["nvidia-smi", "-L"], check=False)
     if smi.returncode != 0 or "GPU" not in smi.out:
         raise NoGpu(
@@ -45,44 +262,11 @@ def gpu_ready(host: Host) -> None:
         )
 
 
-def output_owner(host: Host) -> str | None:
+def output_owner(host: Host, engine: Engine | None = None) -> str | None:
     """Whom the container should hand its outputs to: the host user, unless Docker there is
     rootless or remaps user namespaces. Then the container's root already writes as that user
     on the host, and a chown inside would hand the files to a subordinate ID instead."""
-    opts = Engine(host).security_options()
+    opts = (engine or Engine(host)).security_options()
     if opts is None or any("rootless" in o or "userns" in o for o in opts):
         return None
     return host.owner()
-
-
-def place_data(host: Host, data_from: str, data: str | None,
-               reporter: Reporter | None) -> tuple[str, dict[str, Any]]:
-    """Resolve --data-from: the dataset is sent to the host (once per content) and mounted
-    from where it landed, exactly like --data. Returns that path and the data source record."""
-    if data:
-        raise UsageError(
-            "--data and --data-from both given", "--data names a folder on the host, --data-from one here: pick one"
-        )
-    from launcher.runs import datasets
-
-    local = Path(data_from).expanduser()
-    placed = datasets.place(host, local, reporter)
-    return placed.path, {"kind": "sent", "local": str(local.resolve()), **placed.to_dict()}
-
-
-def place_code(code_plan: Mapping[str, Any] | None, host: Host, reporter: Reporter | None) -> dict[str, Any]:
-    """Put the snapshot of mounted code on the host (sent once per content); baked code needs nothing.
-    Returns the code plan with where the host has the code."""
-    plan = dict(code_plan or {})
-    if plan.get("source") != "mounted" or plan.get("host_path"):
-        return plan
-    if host.kind == "local":  # the local engine mounts the snapshot where it is
-        plan["host_path"], plan["sent"] = plan["local"], False
-        return plan
-    from launcher.runs import datasets
-
-    placed = datasets.place(host, Path(plan["local"]), reporter, area="code",
-                            name=str(plan["digest"]).removeprefix("sha256:"))
-    plan["host_path"] = placed.path
-    plan["sent"] = placed.sent
-    return plan

@@ -29,13 +29,13 @@ class RunSpec:
     detach: bool = False
     ship_via: str | None = None  # None: docker save | load; or a registry address such as 127.0.0.1:5000
     data_from: str | None = None  # a dataset folder on this machine, sent to the host by content
-    data_source: dict[str, Any] | None = None  # where the data came from (set by runhost.place_data)
+    data_source: dict[str, Any] | None = None  # where the data came from (set when the placement receives it)
     args: list[str] = field(default_factory=list)  # the script's own argv (after `--`)
     code: str | None = None  # --code DIR: the folder a plain script is sent with
     entry: str | None = None  # --entry FILE: the script of a folder without recipe.toml
     mount: bool = False  # mount the workspace recipe read-only instead of running the baked copy
     build: bool = True  # rebuild a stale image first; False: refuse to run stale code
-    code_plan: dict[str, Any] | None = None  # what code runs and where the host has it (set by runhost.place_code)
+    code_plan: dict[str, Any] | None = None  # what code runs and where the host has it (set by Placement.send_code)
 
 
 def parse_params(pairs: Sequence[str]) -> dict[str, Any]:

@@ -1,0 +1,78 @@
+"""The host options every host command shares, declared once: `@with_host()` adds --host and the SSH
+options to a command and hands it one :class:`~launcher.hosts.spec.HostSpec` (or, with
+``multiple=True``, a list of them, one per --host) in its ``host`` parameter."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from launcher.hosts.spec import HostSpec
+
+DESTINATION = "HOST, USER@HOST, USER@HOST:PORT or a ~/.ssh/config alias"
+PANEL = "Host (SSH) options"
+
+
+def _options(multiple: bool) -> list[inspect.Parameter]:
+    host_help = (
+        f"SSH destination: {DESTINATION}; repeat to spread runs over hosts (one run per host at a time). "
+        "Default: the local Docker engine."
+        if multiple
+        else f"SSH destination: {DESTINATION}. Default: the local Docker engine."
+    )
+    host_type: Any = list[str] | None if multiple else str | None
+    declared: list[tuple[str, Any, Any]] = [
+        ("host", Annotated[host_type, typer.Option(
+            "--host", "-H", metavar="HOST", help=host_help, rich_help_panel=PANEL)], None),
+        ("trust_new_host", Annotated[bool, typer.Option(
+            "--trust-new-host", rich_help_panel=PANEL,
+            help="Record the host key of a host not yet in known_hosts (check its fingerprint first).")], False),
+        ("identity", Annotated[Path | None, typer.Option(
+            "--identity", "-i", metavar="FILE", rich_help_panel=PANEL, help="Private key file for SSH.")], None),
+        ("port", Annotated[int | None, typer.Option(
+            "--port", "-p", rich_help_panel=PANEL, help="SSH port (default: from ~/.ssh/config, else 22).")], None),
+        ("ssh_config", Annotated[Path | None, typer.Option(
+            "--ssh-config", metavar="FILE", rich_help_panel=PANEL,
+            help="SSH config file (default ~/.ssh/config).")], None),
+        ("known_hosts", Annotated[Path | None, typer.Option(
+            "--known-hosts", metavar="FILE", rich_help_panel=PANEL,
+            help="known_hosts file (default: UserKnownHostsFile from the SSH config, else ~/.ssh/known_hosts).")],
+         None),
+    ]
+    return [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=ann)
+            for name, ann, default in declared]
+
+
+def with_host(*, multiple: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command the shared host options; it must declare a ``host`` parameter, which receives
+    the HostSpec (a list of them with multiple=True; one local spec when no --host was given)."""
+
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        sig = inspect.signature(fn, eval_str=True)
+        if "host" not in sig.parameters:
+            raise TypeError(f"{fn.__name__} has no `host` parameter for @with_host")
+        own = [p for name, p in sig.parameters.items() if name != "host"]
+        extra = _options(multiple)
+        names = [p.name for p in extra]
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            given = {name: kwargs.pop(name) for name in names}
+            destinations = given.pop("host")
+            base = HostSpec(**given)
+            if multiple:
+                kwargs["host"] = [base.to(d) for d in (destinations or [None])]
+            else:
+                kwargs["host"] = base.to(destinations)
+            return fn(*args, **kwargs)
+
+        wrapper.__signature__ = sig.replace(parameters=[*own, *extra])  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {**{p.name: p.annotation for p in own + extra}, "return": sig.return_annotation}
+        return wrapper
+
+    return deco
