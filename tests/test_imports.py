@@ -110,3 +110,13 @@ def test_no_cycle_hidden_in_function_level_imports() -> None:
     known = {_module_name(p) for p in paths}
     graph = {_module_name(p): _imports(p, known) for p in paths}
     assert _cycles(graph) == KNOWN_CYCLES
+
+
+BENCHMARKS = sorted((PACKAGE.parent / "benchmarks").glob("*.py"))
+
+
+@pytest.mark.parametrize("script", BENCHMARKS, ids=lambda p: p.name)
+def test_benchmark_scripts_import_and_explain_themselves(script: Path) -> None:
+    """The benchmarks are run by hand, so a moved module would otherwise break them unnoticed."""
+    done = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "usage" in done.stdout.lower(), f"{script.name}: {done.stderr[-800:]}"
