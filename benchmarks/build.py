@@ -25,10 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from launcher.images import build, registry, wheels
 from launcher.images import pins as images
 from launcher.images.bootstrap import bootstrap
 from launcher.images.lock import lock_variant
-from launcher.images import build, registry, wheels
 from launcher.scaffold import init_workspace
 from launcher.workspace import Workspace, default_cache_dir
 
