@@ -39,6 +39,9 @@ class ExitCode(IntEnum):
     TRANSFER_CUT = 26  # a transfer to or from a host stopped half-way (the connection went); rerun to resume
     COMMAND_FAILED = 27  # a command launcher ran here or on a host failed (docker load, tar, rm...)
     TIMED_OUT = 28  # a command or a host did not answer in time
+    NO_SCHEDULER = 29  # --scheduler slurm on a host without the Slurm client (sbatch)
+    SCHEDULER_DOWN = 30  # the cluster's controller does not answer (scontrol ping)
+    UNKNOWN_PARTITION = 31  # --partition names no partition of the cluster
     INTERRUPTED = 130
 
 
@@ -169,3 +172,15 @@ class CommandFailed(LauncherError):
 
 class TimedOut(LauncherError):
     exit_code = ExitCode.TIMED_OUT
+
+
+class NoScheduler(LauncherError):
+    exit_code = ExitCode.NO_SCHEDULER
+
+
+class SchedulerDown(LauncherError):
+    exit_code = ExitCode.SCHEDULER_DOWN
+
+
+class UnknownPartition(LauncherError):
+    exit_code = ExitCode.UNKNOWN_PARTITION

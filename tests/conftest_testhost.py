@@ -52,6 +52,19 @@ def testhost(tmp_path_factory: pytest.TempPathFactory) -> Iterator[th.TestHost]:
         host.stop()
 
 
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Two test hosts running a real Slurm cluster (tests/slurmcluster.py); the first is its login node."""
+    _need_host_tools()
+    import slurmcluster
+
+    cluster = slurmcluster.start_cluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
 TINY_DOCKERFILE = """\
 # The tiny test image: the pinned base's python3 and launcher's runtime, no packages.
 ARG LAUNCHER_BASE

@@ -14,7 +14,8 @@ from launcher.cli import app
 from launcher.errors import UsageError
 from launcher.hosts.local import LocalHost
 from launcher.hosts.spec import HostSpec
-from launcher.runs.placement import DirectPlacement, open_placement
+from launcher.runs.placement import DirectPlacement
+from launcher.runs.targets import open_placement
 from launcher.workspace import Workspace
 
 HOST_OPTIONS = {"--host", "--trust-new-host", "--identity", "--port", "--ssh-config", "--known-hosts"}
@@ -87,5 +88,5 @@ def test_a_run_is_reopened_through_the_placement_it_was_started_with(tmp_path: P
     # launch records from before placements were recorded are direct placements
     with open_placement(ws, {"run_id": "r", "host_options": {"spec": None}}) as placement:
         assert isinstance(placement, DirectPlacement)
-    with pytest.raises(UsageError, match="placed by 'slurm'"):
-        open_placement(ws, {**launch, "placement": {"kind": "slurm"}})
+    with pytest.raises(UsageError, match="placed by 'kubernetes'"):
+        open_placement(ws, {**launch, "placement": {"kind": "kubernetes"}})

@@ -135,12 +135,18 @@ def test_every_json_field_is_documented(root: Path) -> None:
     assert undocumented == [], undocumented
 
 
-def test_a_failed_run_is_flagged(root: Path) -> None:
-    _, b = pair(root / "runs")
+def test_a_failed_run_is_left_out_of_its_group_and_flagged_when_named(root: Path) -> None:
+    a, b = pair(root / "runs")
     edit_manifest(b, status="failed", exit_code=1)
-    code, out, _ = _invoke(root, "verify", "checksums")
+    code, out, _ = _invoke(root, "verify", "checksums")  # the latest group: a failure is not a result
     assert code == 0
+    assert f"left out {b.name}: failed (exit 1); not a result, so not compared" in out
+    code, out, _ = _invoke(root, "verify", "checksums", a.name, b.name)  # named: compared, and flagged
     assert f"run {b.name} failed (its recipe exited non-zero)" in out
+    edit_manifest(a, status="cancelled", exit_code=143)
+    code, _, err = _invoke(root, "verify", "checksums")
+    assert code == ExitCode.RUN_FAILED
+    assert "ended cancelled or failed (2 runs): nothing to compare" in err
 
 
 def test_verify_models_command(root: Path) -> None:

@@ -1,4 +1,5 @@
-"""The host options every host command shares, declared once: `@with_host()` adds --host and the SSH
+"""The host options every host command shares, declared once (and the cluster options of run and
+experiment): `@with_host()` adds --host and the SSH
 options to a command and hands it one :class:`~launcher.hosts.spec.HostSpec` (or, with
 ``multiple=True``, a list of them, one per --host) in its ``host`` parameter."""
 
@@ -12,7 +13,10 @@ from typing import Annotated, Any
 
 import typer
 
+from launcher.errors import UsageError
+from launcher.hosts.base import Host
 from launcher.hosts.spec import HostSpec
+from launcher.runs.placement import Placement
 
 DESTINATION = "HOST, USER@HOST, USER@HOST:PORT or a ~/.ssh/config alias"
 PANEL = "Host (SSH) options"
@@ -76,3 +80,48 @@ def with_host(*, multiple: bool = False) -> Callable[[Callable[..., Any]], Calla
         return wrapper
 
     return deco
+
+
+SCHEDULER_PANEL = "Cluster options"
+SchedulerOpt = Annotated[str | None, typer.Option(
+    "--scheduler", metavar="slurm", rich_help_panel=SCHEDULER_PANEL,
+    help="Place the runs through the cluster's scheduler, reached at --host (its login node): the replicates "
+    "become one job array, the image travels once to the shared filesystem. Default: containers on --host itself.")]
+PartitionOpt = Annotated[str | None, typer.Option(
+    "--partition", metavar="NAME", rich_help_panel=SCHEDULER_PANEL,
+    help="Slurm partition (default: the cluster's default partition).")]
+SlurmOpt = Annotated[list[str] | None, typer.Option(
+    "--slurm-opt", metavar="KEY=VALUE", rich_help_panel=SCHEDULER_PANEL,
+    help="An sbatch option for the job array, e.g. time=00:30:00 or gres=gpu:a100:1; repeatable.")]
+MaxParallelOpt = Annotated[int | None, typer.Option(
+    "--max-parallel", metavar="K", rich_help_panel=SCHEDULER_PANEL,
+    help="Run at most K replicates of the array at once (sbatch --array=0-N%K).")]
+
+
+def target(host: Host, spec: HostSpec, scheduler: str | None, partition: str | None,
+           slurm_opt: list[str] | None, max_parallel: int | None) -> Host | Placement:
+    """The opened host itself (direct runs), or the cluster placement on it."""
+    if not check_cluster_options(scheduler, partition, slurm_opt, max_parallel):
+        return host
+    from launcher.runs.slurm import SlurmPlacement, parse_slurm_opts
+
+    return SlurmPlacement(host, spec, partition=partition, options=parse_slurm_opts(slurm_opt or []),
+                          max_parallel=max_parallel)
+
+
+def check_cluster_options(scheduler: str | None, partition: str | None, slurm_opt: list[str] | None,
+                          max_parallel: int | None) -> bool:
+    """Whether the runs go through a scheduler; a usage error for options that do not fit together."""
+    if scheduler is None:
+        if partition or slurm_opt or max_parallel:
+            raise UsageError("--partition, --slurm-opt and --max-parallel need --scheduler slurm",
+                             "add --scheduler slurm, or drop them")
+        return False
+    if scheduler != "slurm":
+        raise UsageError(f"unknown scheduler {scheduler!r}", "the one scheduler launcher drives is slurm")
+    if max_parallel is not None and max_parallel < 1:
+        raise UsageError(f"--max-parallel must be at least 1, not {max_parallel}", "give a positive number")
+    from launcher.runs.slurm import parse_slurm_opts
+
+    parse_slurm_opts(slurm_opt or [])
+    return True

@@ -10,7 +10,15 @@ from rich.table import Table
 from rich.text import Text
 
 from launcher.cli.common import command, options, render, reporter, stdout, workspace_of
-from launcher.cli.hostopts import with_host
+from launcher.cli.hostopts import (
+    MaxParallelOpt,
+    PartitionOpt,
+    SchedulerOpt,
+    SlurmOpt,
+    check_cluster_options,
+    target,
+    with_host,
+)
 from launcher.errors import ExitCode, UsageError
 from launcher.hosts.spec import HostSpec
 from launcher.result import Result
@@ -64,6 +72,24 @@ def _facts_text(result: Result) -> None:
     stdout.print(result.summary, markup=False)
 
 
+def _cluster_text(result: Result) -> None:
+    c = result.data["cluster"]
+    stdout.print(f"{c['slurm_version']} at {result.data['host']}; launcher's area {c['shared_area']} "
+                 "(must be shared with the nodes)", markup=False)
+    stdout.print("partitions: " + ", ".join(
+        f"{p['name']}{' (default)' if p['default'] else ''} {p['state']}, {p['nodes']} nodes" for p in c["partitions"]),
+        markup=False)
+    t = Table("node", "cpus", "memory", "gpus", "state", "docker", "nvidia runtime", "enroot")
+    for n in c["nodes"]:
+        t.add_row(*(Text(str(x)) for x in (n["name"], n["cpus"], _size((n["memory_mb"] or 0) << 20), n["gpus"] or "-",
+                                           n["state"], n.get("docker") or n.get("probe_error") or "no",
+                                           "yes" if n.get("nvidia_runtime") else "no",
+                                           "yes" if n.get("enroot") else "no")))
+    stdout.print(t)
+    stdout.print(f"pyxis (srun --container-image): {'yes' if c['pyxis'] else 'no'}", markup=False)
+    stdout.print(result.summary, markup=False)
+
+
 @command(app, "provision")
 @with_host()
 def provision_cmd(
@@ -76,11 +102,26 @@ def provision_cmd(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the exact install commands; change nothing.")
     ] = False,
+    scheduler: SchedulerOpt = None,
 ) -> None:
-    """Inspect a host (OS, CPU, RAM, disk, Docker, GPU) and install Docker / the NVIDIA toolkit."""
+    """Inspect a host (OS, CPU, RAM, disk, Docker, GPU) and install Docker / the NVIDIA toolkit.
+    With --scheduler slurm: the cluster behind the login node (partitions, nodes, Docker on each)."""
     from launcher.hosts import provision
 
     ws = workspace_of(ctx)
+    if check_cluster_options(scheduler, None, None, None):
+        if gpu or install or dry_run:
+            raise UsageError("--gpu, --install and --dry-run are for one host",
+                             "provision each node by its own --host, or drop them")
+        from launcher.runs.slurm import cluster_facts
+
+        with _open(ctx, host) as h:
+            facts = cluster_facts(h)
+        usable = [n for n in facts["nodes"] if n.get("docker")]
+        summary = (f"{len(facts['nodes'])} nodes, {len(usable)} with a usable Docker engine"
+                   + ("" if len(usable) == len(facts["nodes"]) else "; runs need Docker on every node"))
+        render(ctx, Result("provision", {"host": h.name, "cluster": facts}, summary=summary), _cluster_text)
+        return
     with _open(ctx, host) as h:
         done = provision.provision(ws, h, gpu=gpu, install=install, dry_run=dry_run)
     ready = done.facts["docker"].get("usable") and (not gpu or done.facts["docker"].get("nvidia_runtime"))
@@ -191,6 +232,10 @@ def run_cmd(
         str | None,
         typer.Option("--entry", metavar="FILE", help="Run FILE inside the folder RECIPE, which has no recipe.toml."),
     ] = None,
+    scheduler: SchedulerOpt = None,
+    partition: PartitionOpt = None,
+    slurm_opt: SlurmOpt = None,
+    max_parallel: MaxParallelOpt = None,
 ) -> None:
     """Run a recipe or a script in its pinned image on the local engine or a host over SSH, determinism injected.
 
@@ -227,7 +272,7 @@ def run_cmd(
         outcome = runs.run_recipe(
             ws,
             spec,
-            h,
+            target(h, host, scheduler, partition, slurm_opt, max_parallel),
             rep,
             runs=runs_n,
             seeds=seed or [],
@@ -255,16 +300,18 @@ def run_cmd(
 def ps_cmd(
     ctx: typer.Context,
     host: HostSpec = LOCAL,
+    scheduler: SchedulerOpt = None,
 ) -> None:
-    """List runs: the workspace's run directories and, with --host, that host's run containers."""
+    """List runs: the workspace's run directories and, with --host, that host's run containers
+    (with --scheduler slurm: the cluster's queued and running replicates)."""
     from launcher.runs import control as runcontrol
 
     ws = workspace_of(ctx)
-    if host.local:
+    if host.local and scheduler is None:
         rows = runcontrol.list_runs(ws)
     else:
         with _open(ctx, host) as h:
-            rows = runcontrol.list_runs(ws, h)
+            rows = runcontrol.list_runs(ws, target(h, host, scheduler, None, None, None))
 
     def text(result: Result) -> None:
         t = Table("run", "recipe", "code", "host", "status", "container")
@@ -343,11 +390,17 @@ def pull_cmd(
 
 @command(app, "stop")
 def stop_cmd(ctx: typer.Context, run_id: Annotated[str, typer.Argument(metavar="RUN")]) -> None:
-    """Stop a run's container (its outputs so far stay on the host: `launcher pull RUN`)."""
+    """Stop a run's container (its outputs so far stay on the host: `launcher pull RUN`). A cluster run:
+    cancel its whole job array, and pull every replicate's outputs and manifest."""
     from launcher.runs import control as runcontrol
 
-    out = runcontrol.stop(workspace_of(ctx), run_id)
-    render(ctx, Result("stop", out, summary=f"stopped {run_id} (exit {out.get('exit_code')})"))
+    with reporter(ctx) as rep:
+        out = runcontrol.stop(workspace_of(ctx), run_id, rep)
+    summary = f"stopped {run_id} (exit {out.get('exit_code')})"
+    if out.get("runs"):
+        summary = f"stopped the job array of {run_id}: " + ", ".join(
+            f"{r['run_id']} {r['status']}" for r in out["runs"])
+    render(ctx, Result("stop", out, summary=summary))
 
 
 @command(app, "clean")

@@ -10,7 +10,15 @@ import typer
 from rich.table import Table
 
 from launcher.cli.common import command, render, reporter, stdout, workspace_of
-from launcher.cli.hostopts import with_host
+from launcher.cli.hostopts import (
+    MaxParallelOpt,
+    PartitionOpt,
+    SchedulerOpt,
+    SlurmOpt,
+    check_cluster_options,
+    target,
+    with_host,
+)
 from launcher.hosts.spec import HostSpec
 from launcher.result import Result
 from launcher.runs.determinism import DEFAULT_SEED
@@ -222,6 +230,10 @@ def experiment_cmd(
         "--seeds", help="same: one seed for every run; different: a seed per run; both: one group of each.")
     ] = "both",
     host: Sequence[HostSpec] = (),
+    scheduler: SchedulerOpt = None,
+    partition: PartitionOpt = None,
+    slurm_opt: SlurmOpt = None,
+    max_parallel: MaxParallelOpt = None,
     seed: Annotated[int, typer.Option("--seed", help="The seed of the same-seed group; the first of the "
                                       "different-seeds group.")] = DEFAULT_SEED,
     variant: Annotated[str, typer.Option("--variant", help="Image variant: cpu or gpu.")] = "cpu",
@@ -241,11 +253,18 @@ def experiment_cmd(
     from launcher.runs.experiment import experiment
 
     ws = workspace_of(ctx)
+    cluster = None
+    if check_cluster_options(scheduler, partition, slurm_opt, max_parallel):
+
+        def cluster(h: Any, spec: HostSpec) -> Any:
+            return target(h, spec, scheduler, partition, slurm_opt, max_parallel)
+
     with reporter(ctx) as rep:
         res = experiment(ws, recipe, runs, seeds, host, base_seed=seed, variant=variant,
                          profile=determinism, threads=threads, data=data,
                          data_from=str(data_from) if data_from else None,
-                         params=runs_mod.parse_params(param or []), reporter=rep)
+                         params=runs_mod.parse_params(param or []), reporter=rep,
+                         placement=cluster)
     n_failed = len(res.failed)
     summary = (f"{len(res.outcomes)} runs in {len(res.groups)} groups" if not n_failed
                else f"{n_failed} of {len(res.outcomes)} runs failed")

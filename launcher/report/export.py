@@ -96,7 +96,7 @@ def select_runs(ws: Workspace, refs: Sequence[str], group: str | None = None) ->
                 seen.add(d.resolve())
                 out.append(load_manifest(d))
         return out
-    runs = verify.group_runs(ws, group if group is not None else verify.latest_group(ws))
+    runs = verify.group_runs(ws, group if group is not None else verify.latest_group(ws), results_only=False)
     if not runs:
         raise NotFound(f"no completed runs in group {group!r} under {ws.runs}",
                        "check the group name in a run's manifest.json")

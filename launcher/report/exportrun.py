@@ -114,7 +114,7 @@ def group_verdicts(ws: Workspace, manifests: Sequence[Manifest], reporter: Repor
     for m in manifests:
         by_group.setdefault(m.group, []).append(m)
     for group, members in by_group.items():
-        complete = verify.group_runs(ws, group)
+        complete = verify.group_runs(ws, group, results_only=False)
         if len(complete) < 2:
             for m in members:
                 out[m.run_id] = Verdict(VERDICT_NONE, VERDICT_NONE,

@@ -77,9 +77,10 @@ def mounts(job: ContainerJob) -> list[tuple[str, str, bool]]:
     return out
 
 
-def docker_run_argv(job: ContainerJob) -> list[str]:
-    """The container contract of design.md as a detached `docker run` argv."""
-    argv = engine.command("run", "-d", "--name", job.name, "--label", f"{RUN_LABEL}={job.run_id}")
+def docker_run_argv(job: ContainerJob, *, detach: bool = True) -> list[str]:
+    """The container contract of design.md as a `docker run` argv (detached, unless a batch job waits on it)."""
+    argv = engine.command("run", *(["-d"] if detach else []), "--name", job.name,
+                          "--label", f"{RUN_LABEL}={job.run_id}")
     for key, value in sorted(job.env.items()):
         argv += ["-e", f"{key}={value}"]
     if job.owner:

@@ -9,7 +9,8 @@ from launcher.hosts.base import Host
 from launcher.progress import Reporter
 from launcher.runs.lifecycle import LAUNCH_FILE, MANIFEST_FILE, LogSink, pull_run, read_launch, run_dir, wait_run
 from launcher.runs.manifest import describe_code, read_json_object
-from launcher.runs.placement import Placement, open_placement, placement_for
+from launcher.runs.placement import Placement, placement_for
+from launcher.runs.targets import open_placement
 from launcher.workspace import Workspace
 
 
@@ -80,11 +81,19 @@ def attach(ws: Workspace, run_id: str, sink: LogSink, reporter: Reporter | None 
         return pull_run(ws, run_id, placement, reporter)
 
 
-def stop(ws: Workspace, run_id: str) -> dict[str, Any]:
+def stop(ws: Workspace, run_id: str, reporter: Reporter | None = None) -> dict[str, Any]:
     launch = read_launch(ws, run_id)
     with open_placement(ws, launch) as placement:
         state = placement.stop(launch)
-        return {"run_id": run_id, "stopped": True, "exit_code": state.exit_code if state else None}
+        out: dict[str, Any] = {"run_id": run_id, "stopped": True, "exit_code": state.exit_code if state else None}
+        together = placement.stopped_with(launch)
+        if len(together) > 1 or placement.parallel:  # a job array: every replicate gets its manifest now
+            out["runs"] = []
+            for rid in together:
+                if (run_dir(ws, rid) / LAUNCH_FILE).is_file():
+                    m = pull_run(ws, rid, placement, reporter)
+                    out["runs"].append({"run_id": rid, "status": m.get("status"), "exit_code": m.get("exit_code")})
+        return out
 
 
 def clean(ws: Workspace, run_id: str, *, force: bool = False, reporter: Reporter | None = None) -> dict[str, Any]:

@@ -174,7 +174,8 @@ def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
                params: dict[str, Any] | None = None,
                reporter: Reporter | None = None,
                launch: Callable[[PlannedRun, Any], Any] | None = None,
-               stamp: str | None = None) -> ExperimentResult:
+               stamp: str | None = None,
+               placement: Callable[[Any, HostSpec], Any] | None = None) -> ExperimentResult:
     """Plan the groups, open every host (failing early if one is unreachable), run, collect."""
     rep = reporter or NullReporter()
     jobs = plan(recipe, runs, seeds, base_seed, stamp)
@@ -201,11 +202,49 @@ def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
             opened = []
             for s in specs:
                 opened.append((s, stack.enter_context(s.open(ws.root if s.local else None))))
+            if placement is not None:  # a cluster: each group is one job array; the scheduler spreads it
+                if len(opened) != 1:
+                    raise UsageError("a cluster is reached through one login node", "give --host once")
+                spec, host = opened[0]
+                result.outcomes = _on_cluster(ws, base, jobs, placement(host, spec), spec.name, rep, done)
+                return result
             fn = _launch_with_runs(ws, base, rep)
             result.outcomes = run_parallel(jobs, opened, fn, lambda h: _host_name(h[0]), done)
         return result
     finally:
         task.close()
+
+
+def _on_cluster(ws: Workspace, base: Any, jobs: Sequence[PlannedRun], target: Any, name: str,
+                reporter: Reporter, done: Callable[[Outcome[PlannedRun]], None]) -> list[Outcome[PlannedRun]]:
+    """Submit each group as one job array (detached), then wait for and pull every replicate."""
+    from launcher.runs import lifecycle as runs
+
+    outcomes = [Outcome(job, host=name) for job in jobs]
+    started: dict[int, str] = {}
+    for kind in (SAME_SEED, DIFFERENT_SEEDS):
+        idx = [i for i, job in enumerate(jobs) if job.kind == kind]
+        if not idx:
+            continue
+        spec = replace(base, group=jobs[idx[0]].group, replicate=0, detach=True)
+        try:
+            sub = runs.run_recipe(ws, spec, target, reporter, runs=1, seeds=[jobs[i].seed for i in idx],
+                                  host_spec=target.host_spec)
+        except LauncherError as exc:
+            for i in idx:
+                outcomes[i].error, outcomes[i].exit_code = exc.one_line(), int(exc.exit_code)
+                done(outcomes[i])
+            continue
+        for i, launch in zip(idx, sub.runs, strict=True):
+            started[i] = launch["run_id"]
+    for i, run_id in sorted(started.items()):
+        try:
+            runs.wait_run(ws, run_id, target)
+            outcomes[i].value = {"runs": [runs.pull_run(ws, run_id, target, reporter)]}
+        except LauncherError as exc:
+            outcomes[i].error, outcomes[i].exit_code = exc.one_line(), int(exc.exit_code)
+        done(outcomes[i])
+    return outcomes
 
 
 def _host_name(spec: Any) -> str:

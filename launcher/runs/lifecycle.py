@@ -27,10 +27,11 @@ from launcher.hosts.base import Host
 from launcher.hosts.spec import HostSpec
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.container import ContainerJob
-from launcher.runs.placement import Placement, RunState, open_placement, placement_for
+from launcher.runs.placement import Placement, RunState, placement_for
 from launcher.runs.pull import STATE_FILE, PullResult, pull_outputs
 from launcher.runs.recipes import Recipe
 from launcher.runs.spec import RunSpec, check_params, image_record, load_recipe, parse_params, plan_code
+from launcher.runs.targets import open_placement
 from launcher.workspace import Workspace
 
 LAUNCH_FILE = "launch.json"
@@ -116,10 +117,44 @@ def start_run(
     cache_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Check everything, ship the image, start the run detached; return the launch record."""
+    placement = placement_for(target, host_spec)
+    launch, job = _launch(ws, spec, placement, reporter, facts=facts, recipe=recipe, cache_dir=cache_dir)
+    return _start(ws, placement, [(launch, job)], reporter)[0]
+
+
+def _start(ws: Workspace, placement: Placement, launches: Sequence[tuple[dict[str, Any], ContainerJob]],
+           reporter: Reporter | None) -> list[dict[str, Any]]:
+    """Start prepared runs together (their launch records already written); record what the target says."""
+    rep = reporter or NullReporter()
+    try:
+        started = placement.start_array([job for _, job in launches])
+    except CommandFailed as exc:
+        for launch, _ in launches:
+            launch["start_error"] = exc.message
+            atomic_write_json(ws.runs / launch["run_id"] / LAUNCH_FILE, launch)
+        raise
+    for (launch, _), record in zip(launches, started, strict=True):
+        launch.update(record)
+        atomic_write_json(ws.runs / launch["run_id"] / LAUNCH_FILE, launch)
+        rep.note(f"started {launch['run_id']} on {placement.name}")
+    return [launch for launch, _ in launches]
+
+
+def _launch(
+    ws: Workspace,
+    spec: RunSpec,
+    placement: Placement,
+    reporter: Reporter | None,
+    *,
+    facts: Mapping[str, Any] | None,
+    recipe: Recipe | None,
+    cache_dir: Path | None,
+) -> tuple[dict[str, Any], ContainerJob]:
+    """Everything before the start: checks, data and code placed, the image shipped, the run directory
+    made; the launch record written (a run is never started unrecorded). Returns it and the job."""
     from launcher.runs import determinism
 
     rep = reporter or NullReporter()
-    placement = placement_for(target, host_spec)
     recipe = recipe or load_recipe(ws, spec.recipe, entry=spec.entry)
     params = check_params(recipe, spec.params)
     env = determinism.profile_env(spec.profile, spec.seed, spec.threads)
@@ -186,17 +221,8 @@ def start_run(
         "ship": shipped.to_dict(),
         "launched_at": utc_now(),
     }
-    local = ws.runs / run_id
-    atomic_write_json(local / LAUNCH_FILE, launch)  # before the start: a started run is never unrecorded
-    try:
-        launch.update(placement.start(job))
-    except CommandFailed as exc:
-        launch["start_error"] = exc.message
-        atomic_write_json(local / LAUNCH_FILE, launch)
-        raise
-    atomic_write_json(local / LAUNCH_FILE, launch)
-    rep.note(f"started {run_id} on {placement.name}")
-    return launch
+    atomic_write_json(ws.runs / run_id / LAUNCH_FILE, launch)
+    return launch, job
 
 
 def read_launch(ws: Workspace, run_id: str) -> dict[str, Any]:
@@ -289,6 +315,8 @@ def _finish(ws: Workspace, launch: Mapping[str, Any], result: PullResult, state:
     from launcher.runs.manifest import assemble, write_manifest
 
     local = run_dir(ws, launch["run_id"])
+    if state is not None and state.image_ran:  # a target that learns the image only when the run starts
+        launch = {**launch, "image_ran": state.image_ran}
     data = assemble(launch, local / "outputs", result.files, state, utc_now())
     write_manifest(local, data)
     return data
@@ -339,16 +367,24 @@ def run_recipe(
     if spec.data_from:
         spec = _with_data(spec, placement, reporter)
     spec = _with_code(spec, placement, reporter)
+    specs = [RunSpec(**{**asdict(spec), "seed": seed, "group": group, "replicate": spec.replicate + i})
+             for i, seed in enumerate(s for s in seed_list for _ in range(runs))]  # replicates numbered across seeds
     out: list[dict[str, Any]] = []
-    replicate = spec.replicate  # experiments hand out replicate numbers across hosts
-    for seed in seed_list:
-        for _ in range(runs):
-            one = RunSpec(**{**asdict(spec), "seed": seed, "group": group, "replicate": replicate})
-            launch = start_run(ws, one, placement, reporter, facts=facts, recipe=recipe, cache_dir=cache_dir)
-            replicate += 1
-            if spec.detach:
-                out.append(launch)
-                continue
-            wait_run(ws, launch["run_id"], placement, on_log=on_log)
+    if placement.parallel:  # the target runs the group at once (a job array): start all, then collect each
+        prepared = [_launch(ws, one, placement, reporter, facts=facts, recipe=recipe, cache_dir=cache_dir)
+                    for one in specs]
+        launches = _start(ws, placement, prepared, reporter)
+        if spec.detach:
+            return RunOutcome(group=group, runs=launches, detached=True)
+        for i, launch in enumerate(launches):
+            wait_run(ws, launch["run_id"], placement, on_log=on_log if i == 0 else None)
             out.append(pull_run(ws, launch["run_id"], placement, reporter))
+        return RunOutcome(group=group, runs=out)
+    for one in specs:
+        launch = start_run(ws, one, placement, reporter, facts=facts, recipe=recipe, cache_dir=cache_dir)
+        if spec.detach:
+            out.append(launch)
+            continue
+        wait_run(ws, launch["run_id"], placement, on_log=on_log)
+        out.append(pull_run(ws, launch["run_id"], placement, reporter))
     return RunOutcome(group=group, runs=out, detached=spec.detach)

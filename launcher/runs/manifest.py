@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
-STATUSES = ("succeeded", "failed")
+STATUSES = ("succeeded", "failed", "cancelled")
 
 # field -> accepted types; only what readers rely on is required, the rest is passed through.
 _REQUIRED: dict[str, tuple[type, ...]] = {
@@ -268,11 +268,13 @@ def assemble(launch: Mapping[str, Any], outputs: Path, files: Mapping[str, Mappi
         "determinism": launch["determinism"],
         "image": image,
         "host": {**launch["host"], "facts": launch.get("facts", {})},
+        "placement": {"kind": (launch.get("placement") or {}).get("kind", "direct"),
+                      **dict(state.info if state else {})},
         "runtime": read_json_object(outputs / "_launcher" / "runtime.json"),
         "started_at": str(exit_rec.get("started_at") or (state.started_at if state else None) or launch["launched_at"]),
         "ended_at": str(exit_rec.get("ended_at") or (state.finished_at if state else None) or now),
         "exit_code": exit_code,
-        "status": "succeeded" if exit_code == 0 else "failed",
+        "status": "cancelled" if state and state.status == "cancelled" else "succeeded" if exit_code == 0 else "failed",
         "data": launch.get("data"),
         "data_source": launch.get("data_source"),
         "artifacts": [{"path": f"outputs/{rel}", "size": rec["size"], "sha256": rec["sha256"]}

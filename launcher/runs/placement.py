@@ -1,43 +1,48 @@
 """Where runs are placed, and how one run there is started, watched, stopped and collected.
 
 :class:`Placement` is the seam a run target implements; :mod:`launcher.runs.lifecycle` and
-:mod:`launcher.runs.control` call nothing else to reach a target. Today's target is
-:class:`DirectPlacement`: containers on one host's Docker engine (the local one, or one over SSH).
-A Slurm cluster or a cloud VM launcher creates is a new implementation, named in the launch
-record by its ``kind`` and reopened from it by :func:`open_placement`. The contract a target
-meets is in docs/design.md.
+:mod:`launcher.runs.control` call nothing else to reach a target. :class:`DirectPlacement` puts
+containers on one host's Docker engine (the local one, or one over SSH); a Slurm cluster is
+:class:`launcher.runs.slurm.SlurmPlacement`; a cloud VM launcher creates would be a direct placement
+on the host it created. Each is named in the launch record by its ``kind`` and reopened from it by
+:func:`launcher.runs.targets.open_placement`. The contract a target meets is in docs/design.md.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from launcher.errors import BadData, CommandFailed, DiskFull, HostNotReady, NoGpu, NotFound, UsageError
+from launcher.errors import BadData, CommandFailed, DiskFull, HostNotReady, NoGpu, NotFound
 from launcher.hosts.base import Host
 from launcher.hosts.engine import Engine
 from launcher.hosts.spec import HostSpec
 from launcher.progress import Reporter
 from launcher.runs.container import RUN_LABEL, ContainerJob, container_name, docker_run_argv
 from launcher.runs.ship import ShipResult, ship_image, ship_image_via_registry
-from launcher.workspace import Workspace
 
 MIN_FREE_BYTES = 512 << 20
 
 
 @dataclass(frozen=True)
 class RunState:
-    """A placed run as its target sees it. ended: it will not change any more (exited, or never started)."""
+    """A placed run as its target sees it. ended: it will not change any more (exited, or never started).
+    status: what the target says the run came to when that is more than its exit code ("cancelled");
+    image_ran: the image ID the run started from, where the target learns it only then; info: what the
+    manifest records about where it ran (a cluster: job ID, array index, node, the node's facts)."""
 
     running: bool
     ended: bool
     exit_code: int | None = None
     started_at: str | None = None
     finished_at: str | None = None
+    status: str | None = None
+    image_ran: str | None = None
+    info: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,7 @@ class Placement(ABC):
     sent there, outputs are read from there (for a cluster, its login node)."""
 
     kind: str = ""
+    parallel: bool = False  # True: a group's runs start together (start_array); False: one after the other
 
     def __init__(self, host: Host, host_spec: HostSpec | None = None) -> None:
         self.host = host
@@ -62,8 +68,13 @@ class Placement(ABC):
         return self.host.name
 
     def record(self) -> dict[str, Any]:
-        """What the launch record keeps to reopen this placement (see :func:`open_placement`)."""
+        """What the launch record keeps to reopen this placement (see runs/targets.py)."""
         return {"kind": self.kind}
+
+    @classmethod
+    def reopen(cls, host: Host, host_spec: HostSpec, record: Mapping[str, Any]) -> Placement:
+        """The placement again, from its record() and its reopened host."""
+        return cls(host, host_spec)
 
     # -- once per group: can the target run it, and the inputs every run of the group shares
     @abstractmethod
@@ -115,6 +126,10 @@ class Placement(ABC):
         """Start the run detached; return what the launch record must keep about it
         (at least ``container`` and, when known, ``image_ran``: the image ID it started from)."""
 
+    def start_array(self, jobs: Sequence[ContainerJob]) -> list[dict[str, Any]]:
+        """Start several runs of one group together (a parallel target); by default one by one."""
+        return [self.start(job) for job in jobs]
+
     @abstractmethod
     def state(self, launch: Mapping[str, Any]) -> RunState | None:
         """None when the target no longer knows the run."""
@@ -124,6 +139,10 @@ class Placement(ABC):
 
     @abstractmethod
     def stop(self, launch: Mapping[str, Any]) -> RunState | None: ...
+
+    def stopped_with(self, launch: Mapping[str, Any]) -> list[str]:
+        """The run ids that stop(launch) stops: the run alone, or every replicate of its job array."""
+        return [str(launch["run_id"])]
 
     @abstractmethod
     def release(self, launch: Mapping[str, Any]) -> None:
@@ -228,23 +247,9 @@ class DirectPlacement(Placement):
         return out
 
 
-KINDS: dict[str, type[Placement]] = {DirectPlacement.kind: DirectPlacement}
-
-
 def placement_for(target: Host | Placement, host_spec: HostSpec | None = None) -> Placement:
     """A Placement as it is, or an opened host as the direct placement on it."""
     return target if isinstance(target, Placement) else DirectPlacement(target, host_spec)
-
-
-def open_placement(ws: Workspace, launch: Mapping[str, Any]) -> Placement:
-    """Reopen the placement a run was started with, from its launch record."""
-    kind = str((launch.get("placement") or {}).get("kind") or DirectPlacement.kind)
-    cls = KINDS.get(kind)
-    if cls is None:
-        raise UsageError(f"run {launch.get('run_id')} was placed by {kind!r}, which this launcher does not know",
-                         "use the launcher version that started it")
-    spec = HostSpec.from_record(launch.get("host_options"))
-    return cls(spec.open(ws.root if spec.local else None), spec)
 
 
 def gpu_ready(host: Host, engine: Engine | None = None) -> None:

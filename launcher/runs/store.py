@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.errors import Incompatible, LauncherError, NotFound, UsageError
+from launcher.errors import Incompatible, LauncherError, NotFound, RunFailed, UsageError
 from launcher.runs.manifest import Manifest, load_manifest
 from launcher.workspace import Workspace
 
@@ -56,9 +56,14 @@ def skipped_in_group(ws: Workspace, group: str) -> list[dict[str, str]]:
         if not isinstance(launch, dict) or launch.get("group") != group:
             continue
         try:
-            load_manifest(d)
+            m = load_manifest(d)
         except LauncherError as exc:
             out.append({"run_id": d.name, "reason": exc.one_line()})
+            continue
+        if m.status != "succeeded":
+            error = (m.data.get("placement") or {}).get("error")
+            out.append({"run_id": d.name, "reason": f"{m.status} (exit {m.data.get('exit_code')})"
+                        + (f": {error}" if error else "") + "; not a result, so not compared"})
     return out
 
 
@@ -69,8 +74,10 @@ def _read_json_quiet(path: Path) -> Any:
         return None
 
 
-def group_runs(ws: Workspace, group: str) -> list[Manifest]:
-    runs = [m for m in _completed_manifests(ws) if m.group == group]
+def group_runs(ws: Workspace, group: str, *, results_only: bool = True) -> list[Manifest]:
+    """The group's finished runs, in replicate order; results_only: only those that succeeded (a failed or
+    cancelled run is listed by skipped_in_group instead of being compared as if it were a result)."""
+    runs = [m for m in _completed_manifests(ws) if m.group == group and (m.status == "succeeded" or not results_only)]
     return sorted(runs, key=lambda m: (m.replicate, m.started_at, m.run_id))
 
 
@@ -113,6 +120,20 @@ def _previous_of_recipe(ws: Workspace, latest: Manifest) -> Manifest | None:
     return max(earlier, key=lambda m: (m.started_at, m.run_id), default=None)
 
 
+def _results_of(ws: Workspace, group: str) -> list[Manifest]:
+    runs = group_runs(ws, group)
+    if runs:
+        return runs
+    finished = group_runs(ws, group, results_only=False)
+    if not finished:
+        raise NotFound(f"no completed runs in group {group!r} under {ws.runs}",
+                       "check the group name in a run's manifest.json")
+    states = sorted({m.status for m in finished})
+    raise RunFailed(f"every run of group {group!r} ended {' or '.join(states)} ({len(finished)} runs): "
+                    "nothing to compare",
+                    f"read their logs (`launcher logs {finished[0].run_id}`), fix the cause and run again")
+
+
 def select_runs(ws: Workspace, run_ids: list[str] | None, against: str | None,
                 group: str | None = None) -> Selection:
     """The runs to verify, reference first.
@@ -127,13 +148,11 @@ def select_runs(ws: Workspace, run_ids: list[str] | None, against: str | None,
     if run_ids:
         runs = _load_named(ws, run_ids)
     elif group is not None:
-        runs = group_runs(ws, group)
-        if not runs:
-            raise NotFound(f"no completed runs in group {group!r} under {ws.runs}",
-                           "check the group name in a run's manifest.json")
+        runs = _results_of(ws, group)
     else:
-        runs = group_runs(ws, latest_group(ws))
-        if len(runs) == 1 and against is None:
+        group = latest_group(ws)
+        runs = _results_of(ws, group)
+        if len(runs) == 1 and against is None and len(group_runs(ws, group, results_only=False)) == 1:
             previous = _previous_of_recipe(ws, runs[0])
             if previous is not None:
                 note = (f"the latest run {runs[0].run_id} against the previous run of {runs[0].recipe_name}, "
