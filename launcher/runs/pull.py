@@ -13,7 +13,6 @@ import json
 import os
 import queue
 import struct
-import tempfile
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from launcher.progress import NullReporter, Reporter
 # Runs on the host with its own python3: a file of this package, sent as the text of `python3 -c`.
 PULL_SCRIPT = host_script("pull_files.py")
 STATE_FILE = ".pulled.json"
+JOURNAL_SUFFIX = ".log"  # .pulled.json.log: the files verified since the state file was last written
 
 
 def safe_relpath(rel: str) -> PurePosixPath:
@@ -51,16 +51,22 @@ def safe_relpath(rel: str) -> PurePosixPath:
     return p
 
 
-def _dest(root: Path, rel: str) -> Path:
+def _dest(root: Path, rel: str, checked: set[Path] | None = None) -> Path:
+    """Where rel lands under root, its folder made and checked to resolve inside root (once per
+    folder when the caller keeps `checked`: many small files in one folder cost one check)."""
     p = safe_relpath(rel)
     target = root.joinpath(*p.parts)
     parent = target.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    real_root = root.resolve()
-    if parent.resolve() != real_root and real_root not in parent.resolve().parents:
-        raise UnsafePath(
-            f"{rel!r} would be written outside {root}", "remove the symlinks in the local run directory"
-        )
+    if checked is None or parent not in checked:
+        parent.mkdir(parents=True, exist_ok=True)
+        real_root = root.resolve()
+        real_parent = parent.resolve()
+        if real_parent != real_root and real_root not in real_parent.parents:
+            raise UnsafePath(
+                f"{rel!r} would be written outside {root}", "remove the symlinks in the local run directory"
+            )
+        if checked is not None:
+            checked.add(parent)
     if target.is_symlink():
         target.unlink()
     return target
@@ -107,15 +113,18 @@ def _json_line(line: bytes) -> dict[str, Any]:
 
 
 class _HashingWriter:
-    """Hashes and writes blocks on a worker thread, so reading the network never waits for the disk."""
+    """Hashes and writes blocks; past the first INLINE bytes on a worker thread, so reading the network
+    never waits for the disk on big files, and a small file costs no thread."""
+
+    INLINE = 4 << 20
 
     def __init__(self, f: IO[bytes], depth: int = 16) -> None:
         self.f = f
         self.h = hashlib.sha256()
         self.q: queue.Queue[bytes | None] = queue.Queue(maxsize=depth)
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._work, daemon=True)
-        self.thread.start()
+        self.inline = 0
+        self.thread: threading.Thread | None = None
 
     def _work(self) -> None:
         while (block := self.q.get()) is not None:
@@ -129,10 +138,18 @@ class _HashingWriter:
     def write(self, block: bytes) -> None:
         if self.error is not None:
             raise self.error
+        if self.thread is None:
+            if self.inline + len(block) <= self.INLINE:
+                self.inline += len(block)
+                self.h.update(block)
+                self.f.write(block)
+                return
+            self.thread = threading.Thread(target=self._work, daemon=True)
+            self.thread.start()
         self.q.put(block)
 
     def finish(self, *, abort: bool = False) -> str:
-        if self.thread.is_alive():
+        if self.thread is not None and self.thread.is_alive():
             self.q.put(None)
             self.thread.join()
         if self.error is not None and not abort:
@@ -148,6 +165,7 @@ def receive_files(
 ) -> list[tuple[str, str]]:
     """Read the pull protocol from stream into dest. Returns (path, error) for files the host refused."""
     errors: list[tuple[str, str]] = []
+    checked: set[Path] = set()
     while True:
         line = stream.readline()
         if not line:
@@ -157,12 +175,11 @@ def receive_files(
         if "error" in header:
             errors.append((rel, str(header["error"])))
             continue
-        target = _dest(dest, rel)
+        target = _dest(dest, rel, checked)
         size = 0
-        with tempfile.NamedTemporaryFile(
-            dir=target.parent, prefix=f".{target.name}.", suffix=".partial", delete=False
-        ) as tmp:
-            tmp_path = Path(tmp.name)
+        tmp_path = target.with_name(f".{target.name}.{os.getpid()}.partial")
+        fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        with os.fdopen(fd, "wb") as tmp:
             sink = _HashingWriter(tmp)
             try:
                 while True:
@@ -205,6 +222,30 @@ def receive_files(
             on_file(rel, size, digest)
 
 
+def read_state(state_path: Path) -> dict[str, dict[str, Any]]:
+    """What earlier pulls verified: the state file, then its journal's lines on top (a pull that was
+    cut leaves its journal; a torn last line, or any unreadable one, is ignored: that file is pulled again)."""
+    state: dict[str, dict[str, Any]] = {}
+    try:
+        loaded = json.loads(state_path.read_text())
+        if isinstance(loaded, dict):
+            state = loaded
+    except (OSError, ValueError):
+        pass
+    try:
+        with open(state_path.with_name(state_path.name + JOURNAL_SUFFIX), encoding="utf-8") as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict) and isinstance(rec.get("path"), str):
+                    state[rec.pop("path")] = rec
+    except OSError:
+        pass
+    return state
+
+
 def classify(entries: Iterable[RemoteEntry]) -> tuple[list[RemoteEntry], list[str]]:
     """Split a listing into regular files that are safe to pull and refused entries (with reasons)."""
     files: list[RemoteEntry] = []
@@ -236,12 +277,8 @@ def pull_outputs(
     """Copy every regular file under remote_dir into dest, verified; skip files verified before."""
     rep = reporter or NullReporter()
     state_path = state_file or dest.parent / STATE_FILE
-    state: dict[str, dict[str, Any]] = {}
-    if state_path.is_file():
-        try:
-            state = json.loads(state_path.read_text())
-        except ValueError:
-            state = {}
+    journal_path = state_path.with_name(state_path.name + JOURNAL_SUFFIX)
+    state = read_state(state_path)
     result = PullResult()
     files, result.refused = classify(host.list_dir(remote_dir, hashes=False))
     todo: list[RemoteEntry] = []
@@ -267,12 +304,17 @@ def pull_outputs(
             f"pull {len(todo)} files from {host.name}", total=float(sum(e.size for e in todo)), unit="B"
         )
 
+        journal = open(journal_path, "a", encoding="utf-8")
+
         def done(rel: str, size: int, digest: str) -> None:
             result.files[rel] = {"size": size, "sha256": digest}
             result.transferred.append(rel)
             result.bytes += size
-            state[rel] = {"size": size, "sha256": digest, "mtime_ns": mtimes.get(rel, 0)}
-            atomic_write_json(state_path, state)
+            rec = {"size": size, "sha256": digest, "mtime_ns": mtimes.get(rel, 0)}
+            state[rel] = rec
+            # one appended line per verified file (O(1)); folded into the state file when the pull ends
+            journal.write(json.dumps({"path": rel, **rec}, separators=(",", ":")) + "\n")
+            journal.flush()
             if on_file is not None:
                 on_file(rel, size, digest)
 
@@ -290,6 +332,9 @@ def pull_outputs(
             ) from None
         finally:
             task.close()
+            journal.close()
+        atomic_write_json(state_path, state)  # the journal folded in: then it can go
+        journal_path.unlink(missing_ok=True)
         rc = p.wait()
         if rc != 0:
             raise CommandFailed(

@@ -15,9 +15,11 @@ import stat
 import struct
 import sys
 import threading
+from collections.abc import Iterator
 from typing import IO, Any
 
 F_SETPIPE_SZ = 1031
+SMALL = 1 << 20
 
 
 def produce(f: IO[bytes], q: "queue.Queue[bytes]", h: Any) -> None:
@@ -46,20 +48,29 @@ def open_regular(root: str, rel: str) -> "tuple[int | None, str | None]":
     return fd, None
 
 
+def blocks(f: IO[bytes], h: Any, small: bool) -> "Iterator[bytes]":
+    """The file's blocks, hashed: a small file read here, a big one read ahead on another thread."""
+    if small:
+        while block := f.read(1 << 20):
+            h.update(block)
+            yield block
+        return
+    q: queue.Queue[bytes] = queue.Queue(16)
+    worker = threading.Thread(target=produce, args=(f, q, h))
+    worker.start()
+    while block := q.get():
+        yield block
+    worker.join()
+
+
 def send(fd: int, out: IO[bytes]) -> None:
     h, size = hashlib.sha256(), 0
+    small = os.fstat(fd).st_size <= SMALL
     with os.fdopen(fd, "rb") as f:
-        q: queue.Queue[bytes] = queue.Queue(16)
-        worker = threading.Thread(target=produce, args=(f, q, h))
-        worker.start()
-        while True:
-            block = q.get()
-            if not block:
-                break
+        for block in blocks(f, h, small):
             size += len(block)
             out.write(struct.pack(">Q", len(block)))
             out.write(block)
-        worker.join()
     out.write(struct.pack(">Q", 0))
     out.write((json.dumps({"size": size, "sha256": "sha256:" + h.hexdigest()}) + "\n").encode())
 
