@@ -84,9 +84,27 @@ def test_ssh_config_alias_user_port_identity_known_hosts(tmp_path: Path) -> None
         port=2222,
         identities=(f"{tmp_path}/key",),
         known_hosts=tmp_path / "kh",
+        config=conf,
     )
     explicit = resolve_target("root@gpu1", ssh_config=conf, identity=tmp_path / "other", port=22)
     assert (explicit.user, explicit.port, explicit.identities) == ("root", 22, (str(tmp_path / "other"),))
+
+
+def test_include_and_proxyjump_are_read_as_openssh_reads_them(tmp_path: Path) -> None:
+    (tmp_path / "conf.d").mkdir()
+    (tmp_path / "conf.d" / "10-lab.conf").write_text(
+        "Host lab-gpu\n  HostName 10.9.0.5\n  User researcher\n  ProxyJump bastion,inner\n")
+    (tmp_path / "conf.d" / "00-bastion.conf").write_text("Host bastion\n  HostName 203.0.113.4\n  User jump\n")
+    conf = tmp_path / "config"
+    conf.write_text(f"Include {tmp_path}/conf.d/*.conf\nHost *\n  Port 2200\n")
+    t = resolve_target("lab-gpu", ssh_config=conf)
+    assert (t.hostname, t.user, t.port) == ("10.9.0.5", "researcher", 2200)
+    assert t.proxy_jump == ("bastion", "inner") and t.config == conf
+    hop = resolve_target("bastion", ssh_config=conf)
+    assert (hop.hostname, hop.user, hop.proxy_jump) == ("203.0.113.4", "jump", ())
+    (tmp_path / "loop").write_text(f"Include {tmp_path}/loop\n")
+    with pytest.raises(UsageError, match="includes itself"):
+        resolve_target("x", ssh_config=tmp_path / "loop")
 
 
 def test_known_hosts_names_follow_openssh() -> None:

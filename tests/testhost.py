@@ -138,7 +138,11 @@ def _wait_port(ip: str, port: int, deadline: float) -> None:
         time.sleep(0.2)
 
 
-def start_testhost(workdir: Path, cache_dir: Path | None = None) -> TestHost:
+def start_testhost(workdir: Path, cache_dir: Path | None = None, *, network: str | None = None,
+                   also: tuple[str, ...] = (), reachable: bool = True) -> TestHost:
+    """network: the Docker network it runs on (its address there is `ip`; default: the bridge);
+    also: more networks it joins (a bastion on the bridge and on an internal network);
+    reachable False: this machine cannot reach it (an internal network), so sshd is awaited inside."""
     image = import_image(rootfs_tarball(HOST_PACKAGES, cache_dir), "launcher-testhost")
     workdir.mkdir(parents=True, exist_ok=True)
     name = f"launcher-testhost-{uuid.uuid4().hex[:8]}"
@@ -164,6 +168,7 @@ def start_testhost(workdir: Path, cache_dir: Path | None = None) -> TestHost:
         "testhost",
         "--label",
         LABEL,
+        *(["--network", network] if network else []),
         *RUN_FLAGS,
         "-v",
         f"{volume}:/var/lib/docker",
@@ -185,11 +190,20 @@ def start_testhost(workdir: Path, cache_dir: Path | None = None) -> TestHost:
         volume=volume,
     )
     try:
+        net = network or "bridge"
         host.ip = _sh(
-            "docker", "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", container
+            "docker", "inspect", "-f", f'{{{{(index .NetworkSettings.Networks "{net}").IPAddress}}}}', container
         ).strip()
+        for other in also:
+            _sh("docker", "network", "connect", other, container)
         deadline = time.monotonic() + 60
-        _wait_port(host.ip, 22, deadline)
+        if reachable:
+            _wait_port(host.ip, 22, deadline)
+        else:
+            while host.exec("sh", "-c", "test -s /run/sshd.pid && echo up", check=False).strip() != "up":
+                if time.monotonic() > deadline:
+                    raise RuntimeError("sshd in the test host did not start")
+                time.sleep(0.2)
         host_pub = host.exec("cat", "/etc/ssh/ssh_host_ed25519_key.pub").split()
         host.known_hosts.write_text(f"{host.ip} {host_pub[0]} {host_pub[1]}\n")
         host.host_key_fingerprint = _sh(

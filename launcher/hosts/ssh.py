@@ -18,7 +18,6 @@ import subprocess
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -35,6 +34,7 @@ from launcher.errors import (
     UsageError,
 )
 from launcher.hosts.base import Host, PopenProcess
+from launcher.hosts.sshconfig import SSHTarget, resolve_target
 from launcher.proc import CommandFailed, Completed
 
 KEEPALIVE_S = 15
@@ -65,77 +65,6 @@ def fingerprint(key: paramiko.PKey) -> str:
 
 def known_hosts_name(hostname: str, port: int) -> str:
     return hostname if port == 22 else f"[{hostname}]:{port}"
-
-
-@dataclass(frozen=True)
-class SSHTarget:
-    """Where to connect, after ~/.ssh/config and the command-line options are applied."""
-
-    spec: str
-    hostname: str
-    user: str
-    port: int
-    identities: tuple[str, ...] = ()
-    known_hosts: Path = field(default_factory=lambda: Path.home() / ".ssh" / "known_hosts")
-    proxy_command: str | None = None
-
-    @property
-    def destination(self) -> str:
-        return f"{self.user}@{self.hostname}"
-
-
-def _split_spec(spec: str) -> tuple[str | None, str, int | None]:
-    text = spec.removeprefix("ssh://")
-    user, _, hostport = text.rpartition("@")
-    host, port = hostport, None
-    if hostport.startswith("["):
-        inner, _, rest = hostport[1:].partition("]")
-        host = inner
-        if rest.startswith(":"):
-            port = _port(rest[1:], spec)
-    elif hostport.count(":") == 1:
-        host, _, p = hostport.partition(":")
-        port = _port(p, spec)
-    if not host:
-        raise UsageError(f"no host name in {spec!r}", "write the host as HOST, USER@HOST or USER@HOST:PORT")
-    return (user or None), host, port
-
-
-def _port(text: str, spec: str) -> int:
-    if not text.isdigit() or not 0 < int(text) < 65536:
-        raise UsageError(f"bad port in {spec!r}", "a port is a number from 1 to 65535")
-    return int(text)
-
-
-def resolve_target(
-    spec: str,
-    *,
-    port: int | None = None,
-    identity: Path | None = None,
-    ssh_config: Path | None = None,
-    known_hosts: Path | None = None,
-) -> SSHTarget:
-    """Apply ~/.ssh/config (aliases, User, Port, IdentityFile, UserKnownHostsFile) to spec."""
-    user, alias, spec_port = _split_spec(spec)
-    config_path = ssh_config if ssh_config is not None else Path.home() / ".ssh" / "config"
-    conf: dict[str, Any] = {}
-    if config_path.is_file():
-        conf = dict(paramiko.SSHConfig.from_path(str(config_path)).lookup(alias))
-    identities = (
-        [str(identity)] if identity else [os.path.expanduser(p) for p in conf.get("identityfile", [])]
-    )
-    kh = known_hosts
-    if kh is None and conf.get("userknownhostsfile"):
-        kh = Path(os.path.expanduser(str(conf["userknownhostsfile"]).split()[0]))
-    return SSHTarget(
-        spec=spec,
-        hostname=str(conf.get("hostname", alias)),
-        user=user or str(conf.get("user") or os.environ.get("USER") or "root"),
-        port=port or spec_port or int(conf.get("port", 22)),
-        identities=tuple(identities),
-        known_hosts=kh or Path.home() / ".ssh" / "known_hosts",
-        proxy_command=conf.get("proxycommand"),
-    )
 
 
 class _KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
@@ -220,6 +149,8 @@ class SSHHost(Host):
         self._client = client
         self._home: str | None = None
         self._sftp: paramiko.SFTPClient | None = None
+        self.via: SSHHost | None = None  # the jump host this one is reached through
+        self._hops: list[SSHHost] = []  # the jump hosts this one opened (closed with it)
         have = shutil.which("ssh") is not None and shutil.which("scp") is not None
         self.use_openssh = have if use_openssh is None else (use_openssh and have)
 
@@ -236,10 +167,40 @@ class SSHHost(Host):
         use_openssh: bool | None = None,
         keepalive_s: int = KEEPALIVE_S,
         dead_peer_s: int = DEAD_PEER_S,
+        via: SSHHost | None = None,
     ) -> SSHHost:
+        """Connect, through the ProxyCommand or the ProxyJump hops of the SSH config (each hop held to
+        the same host-key rules), or through `via` (the previous hop of a chain)."""
         target = resolve_target(
             spec, port=port, identity=identity, ssh_config=ssh_config, known_hosts=known_hosts
         )
+        hops: list[SSHHost] = []
+        if via is None and target.proxy_jump and not target.proxy_command:
+            for hop in target.proxy_jump:
+                try:
+                    hops.append(cls.connect(hop, trust_new_host=trust_new_host, ssh_config=target.config,
+                                            known_hosts=known_hosts, use_openssh=use_openssh,
+                                            keepalive_s=keepalive_s, dead_peer_s=dead_peer_s,
+                                            via=hops[-1] if hops else None))
+                except BaseException:
+                    for h in reversed(hops):
+                        h.close()
+                    raise
+            via = hops[-1]
+        try:
+            host = cls._connect(target, trust_new_host=trust_new_host, identity=identity,
+                                use_openssh=use_openssh, keepalive_s=keepalive_s, dead_peer_s=dead_peer_s,
+                                via=via)
+        except BaseException:
+            for h in reversed(hops):
+                h.close()
+            raise
+        host._hops = hops
+        return host
+
+    @classmethod
+    def _connect(cls, target: SSHTarget, *, trust_new_host: bool, identity: Path | None, use_openssh: bool | None,
+                 keepalive_s: int, dead_peer_s: int, via: SSHHost | None) -> SSHHost:
         if identity is not None and not identity.is_file():
             raise UsageError(
                 f"identity file {identity} does not exist", "pass the private key with --identity"
@@ -249,7 +210,11 @@ class SSHHost(Host):
             client.load_system_host_keys(str(target.known_hosts))
         client.set_missing_host_key_policy(_KnownHostsPolicy(target, trust_new_host))
         where = f"{target.destination}:{target.port}"
-        sock = paramiko.ProxyCommand(target.proxy_command) if target.proxy_command else None
+        sock: Any = None
+        if via is not None:
+            sock = via.forward(target.hostname, target.port)
+        elif target.proxy_command:
+            sock = paramiko.ProxyCommand(target.proxy_command)
         try:
             client.connect(
                 target.hostname,
@@ -306,7 +271,20 @@ class SSHHost(Host):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, dead_peer_s * 1000)
         host = cls(target, client, use_openssh=use_openssh)
         host.keepalive_s = keepalive_s
+        host.via = via
         return host
+
+    def forward(self, hostname: str, port: int) -> paramiko.Channel:
+        """A channel from this host to hostname:port (this host as a jump host)."""
+        try:
+            return self._transport().open_channel("direct-tcpip", (hostname, port), ("127.0.0.1", 0),
+                                                  timeout=CONNECT_TIMEOUT_S)
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise HostUnreachable(
+                f"the jump host {self.target.destination} cannot reach {hostname}:{port}: {exc}",
+                "check HostName and Port of the host behind it, and that the jump host allows forwarding "
+                "(AllowTcpForwarding)",
+            ) from None
 
     def describe(self) -> dict[str, Any]:
         t = self.target
@@ -403,7 +381,12 @@ class SSHHost(Host):
         opts += ["-P" if scp else "-p", str(self.target.port)]
         for ident in self.target.identities:
             opts += ["-i", ident, "-o", "IdentitiesOnly=yes"]
-        if self.target.proxy_command:
+        if self.via is not None:  # the same hops, each verified by its own options, written out in full
+            hop = self.via
+            through = ["ssh", *hop.openssh_options(), "-W", f"{self.target.hostname}:{self.target.port}",
+                       hop.target.hostname]
+            opts += ["-o", "ProxyCommand=" + shlex.join(through).replace("%", "%%")]
+        elif self.target.proxy_command:
             opts += ["-o", f"ProxyCommand={self.target.proxy_command}"]
         return opts
 
@@ -484,6 +467,8 @@ class SSHHost(Host):
         if self._sftp is not None:
             self._sftp.close()
         self._client.close()
+        for hop in reversed(self._hops):
+            hop.close()
 
 
 def probe(hostname: str, port: int, timeout: float = 3.0) -> bool:
