@@ -64,6 +64,36 @@ def test_ship_skips_present_images_and_sends_only_missing_layers(
         subprocess.run(["docker", "rmi", "-f", first, second], capture_output=True, check=False)
 
 
+def test_three_ships_at_once_send_the_image_once(testhost: TestHost, tiny_image: dict[str, Any],
+                                                  tmp_path: Path) -> None:
+    """Runs started together to a fresh host: the first ship sends, the others wait for it and skip."""
+    import threading
+
+    image = build_on_top(tiny_image["tag"], tmp_path / "c", uuid.uuid4().bytes * 4000)
+    results: list[ship.ShipResult] = []
+    errors: list[BaseException] = []
+
+    def one() -> None:
+        try:
+            with SSHHost.connect(testhost.spec, identity=testhost.key, known_hosts=testhost.known_hosts,
+                                 ssh_config=Path("/dev/null")) as h:
+                results.append(ship.ship_image(h, image, cache_dir=tmp_path / f"cache-{threading.get_ident()}"))
+        except BaseException as exc:
+            errors.append(exc)
+
+    try:
+        threads = [threading.Thread(target=one) for _ in range(3)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert not errors, errors
+        assert sorted(r.skipped for r in results) == [False, True, True]
+        assert sum(r.bytes_sent for r in results) == next(r.bytes_sent for r in results if not r.skipped) > 64000
+    finally:
+        subprocess.run(["docker", "rmi", "-f", image], capture_output=True, check=False)
+
+
 def make_remote_tree(testhost: TestHost, root: str) -> None:
     testhost.exec(
         "sh",

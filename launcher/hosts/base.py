@@ -12,6 +12,7 @@ import json
 import subprocess
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -180,6 +181,24 @@ class Host(ABC):
         """Free space on the filesystem holding path (its nearest existing parent)."""
         out = self.run(["df", "-Pk", path]).out.splitlines()
         return int(out[-1].split()[3]) * 1024
+
+    @contextmanager
+    def exclusive(self, name: str) -> Iterator[None]:
+        """Hold a lock named `name` on this host (flock on ~/.launcher/locks/NAME) while the block runs:
+        launcher processes on several machines, or several on one, take turns. A host without flock
+        runs the block unlocked."""
+        path = f"{self.runs_root().rsplit('/', 1)[0]}/locks/{name}"
+        script = 'mkdir -p "$(dirname "$1")" && exec flock -x "$1" sh -c "echo locked; exec cat >/dev/null"'
+        proc = self.start(["sh", "-c", script, "sh", path])
+        try:
+            proc.stdout.readline()  # "locked" once held; nothing if flock is missing (then unlocked)
+            yield
+        finally:
+            try:
+                proc.stdin.close()  # cat ends, flock lets go
+                proc.wait(timeout=10)
+            except Exception:  # a lost connection or a stuck process: the host drops the lock itself
+                proc.kill()
 
     def can_reverse_tunnel(self) -> bool:
         return False

@@ -139,10 +139,23 @@ def ship_image(
     info = engine.local().inspect_image(image)
     image_id = str(info["Id"])
     eng = Engine(host)
-    if eng.has_image(image_id):
-        if tag:
-            eng.tag(image_id, tag)
-        return ShipResult(image_id, skipped=True, seconds=time.monotonic() - started)
+    if not eng.has_image(image_id):
+        # one ship of an image to a host at a time: runs started together send it once, the others wait
+        with host.exclusive(f"ship-{image_id.removeprefix('sha256:')[:16]}"):
+            if not eng.has_image(image_id):
+                result = _send(host, eng, info, image_id, rep, cache_dir, only_missing_layers)
+                if tag:
+                    eng.tag(image_id, tag)
+                result.seconds = time.monotonic() - started
+                return result
+    if tag:
+        eng.tag(image_id, tag)
+    return ShipResult(image_id, skipped=True, seconds=time.monotonic() - started)
+
+
+def _send(host: Host, eng: Engine, info: dict[str, Any], image_id: str, rep: Reporter, cache_dir: Path | None,
+          only_missing_layers: bool) -> ShipResult:
+    """Send what the host lacks of the image (by docker load from the layer cache or a rewritten save)."""
     diffs = list(info.get("RootFS", {}).get("Layers") or [])
     chains = chain_ids(diffs)
     present = eng.chain_ids() if only_missing_layers else set()
@@ -186,9 +199,6 @@ def ship_image(
         if not eng.has_image(image_id):
             raise Corrupt(f"after loading, {host.name} does not have image {image_id}",
                           "retry; if it persists, remove the image's layers on the host (`docker image prune`)")
-        if tag:
-            eng.tag(image_id, tag)
-        result.seconds = time.monotonic() - started
         return result
 
     save = engine.local().save(image_id)
@@ -234,9 +244,6 @@ def ship_image(
             f"after loading, {host.name} does not have image {image_id}",
             "retry; if it persists, remove the image's layers on the host (`docker image prune`)",
         )
-    if tag:
-        eng.tag(image_id, tag)
-    result.seconds = time.monotonic() - started
     return result
 
 
