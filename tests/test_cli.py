@@ -87,3 +87,36 @@ def test_recipes_new_scaffolds_a_recipe_in_the_workspace(tmp_path: Path) -> None
     assert "my_model" in listed.stdout
     bad = runner.invoke(app, ["-w", str(tmp_path), "init", "elsewhere", "my_model"])
     assert bad.exit_code == ExitCode.USAGE
+
+
+def test_global_options_are_accepted_after_every_command(tmp_path: Path) -> None:
+    """`launcher verify checksums --json` as the README writes it, not only `launcher --json verify ...`."""
+    import typer
+
+    def commands(group: object, prefix: str = "") -> dict[str, object]:
+        out: dict[str, object] = {}
+        for name, cmd in getattr(group, "commands", {}).items():
+            if hasattr(cmd, "commands"):
+                out.update(commands(cmd, f"{prefix}{name} "))
+            else:
+                out[f"{prefix}{name}"] = cmd
+        return out
+
+    every = commands(typer.main.get_command(app))
+    assert len(every) > 20
+    for name, cmd in every.items():
+        opts = {o for p in getattr(cmd, "params", []) for o in p.opts}
+        assert {"--json", "--quiet", "--debug", "--workspace"} <= opts, name
+    ws = tmp_path / "ws"
+    assert runner.invoke(app, ["init", str(ws)]).exit_code == 0
+    res = runner.invoke(app, ["recipes", "list", "--json", "-w", str(ws)])
+    assert res.exit_code == 0 and json.loads(res.stdout)["command"] == "recipes list"
+    res = runner.invoke(app, ["verify", "checksums", "--workspace", str(ws), "--json"])
+    assert res.exit_code == ExitCode.NOT_FOUND
+    assert json.loads(res.stdout)["exit_code"] == ExitCode.NOT_FOUND and "Traceback" not in res.output
+    res = runner.invoke(app, ["ps", "-w", str(ws), "--quiet", "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["data"]["runs"] == []
+    res = runner.invoke(app, ["ps", "-w", str(ws)])
+    assert res.exit_code == 0 and "no runs in" in res.stdout and "launcher run RECIPE" in res.stdout
+    res = runner.invoke(app, ["build", "nope", "-w", str(ws), "--debug"])
+    assert res.exception is not None and not isinstance(res.exception, SystemExit)  # --debug: the traceback

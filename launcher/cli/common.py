@@ -3,13 +3,15 @@ place where a LauncherError becomes a line on stderr and an exit code."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -181,9 +183,50 @@ def command(group: typer.Typer, name: str) -> Callable[[Callable[..., Any]], Cal
     full = f"{prefix} {name}".strip()
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-        return group.command(name)(guarded(full)(fn))
+        return group.command(name)(global_options(guarded(full)(fn)))
 
     return deco
+
+
+GLOBAL_PANEL = "Global options (also before the command)"
+_GLOBALS: list[tuple[str, Any]] = [
+    ("workspace", Annotated[Path | None, typer.Option(
+        "--workspace", "-w", metavar="DIR", rich_help_panel=GLOBAL_PANEL,
+        help="Workspace directory (default: the current directory or the nearest parent that is one).")]),
+    ("json_out", Annotated[bool, typer.Option(
+        "--json", rich_help_panel=GLOBAL_PANEL, help="Print a versioned JSON result on stdout.")]),
+    ("debug", Annotated[bool, typer.Option(
+        "--debug", rich_help_panel=GLOBAL_PANEL, help="Show tracebacks on errors.")]),
+    ("quiet", Annotated[bool, typer.Option("--quiet", "-q", rich_help_panel=GLOBAL_PANEL, help="No progress bars.")]),
+]
+
+
+def global_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Accept the global options after the command too (`launcher verify checksums --json`): they are
+    added to the command's signature and merged into the root's Options before the command runs."""
+    sig = inspect.signature(fn, eval_str=True)
+    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None if name == "workspace" else False,
+                               annotation=ann) for name, ann in _GLOBALS]
+    names = [p.name for p in extra]
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        given = {name: kwargs.pop(name, None) for name in names}
+        ctx = next((a for a in [*args, *kwargs.values()] if hasattr(a, "find_root")), None)
+        if ctx is not None:
+            root = ctx.find_root()
+            opts = root.obj if isinstance(root.obj, Options) else Options()
+            opts.workspace = given["workspace"] or opts.workspace
+            opts.json = bool(given["json_out"]) or opts.json
+            opts.debug = bool(given["debug"]) or opts.debug
+            opts.quiet = bool(given["quiet"]) or opts.quiet
+            root.obj = opts
+        return fn(*args, **kwargs)
+
+    params = [*sig.parameters.values(), *extra]
+    wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {**{p.name: p.annotation for p in params}, "return": sig.return_annotation}
+    return wrapper
 
 
 def guarded(command: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

@@ -314,6 +314,10 @@ def ps_cmd(
             rows = runcontrol.list_runs(ws, target(h, host, scheduler, None, None, None))
 
     def text(result: Result) -> None:
+        if not result.data["runs"]:
+            where = f" or on {host.name}" if not host.local else ""
+            stdout.print(f"no runs in {ws.runs}{where} yet; start one with `launcher run RECIPE`", markup=False)
+            return
         t = Table("run", "recipe", "code", "host", "status", "container")
         for r in result.data["runs"]:
             cells = (r["run_id"], r.get("recipe"), r.get("code"), r.get("host"), r["status"],
