@@ -303,20 +303,17 @@ class SlurmPlacement(Placement):
     def logs(self, launch: Mapping[str, Any], *, follow: bool = False) -> Iterator[str]:
         path = str(self._slurm(launch)["log"])
         offset = 0
+
+        def since() -> str:  # the log from byte `offset` on (nothing while the task has not started)
+            return self.host.run(["sh", "-c", 'test -f "$1" && tail -c +"$2" "$1" || true', "sh", path,
+                                  str(offset + 1)], check=False).out
+
         while True:
-            done = self.host.run(["sh", "-c", 'test -f "$1" && tail -c +"$2" "$1" || true', "sh", path,
-                                  str(offset + 1)], check=False)
-            chunk = done.out
-            if chunk:
-                offset += len(chunk.encode())
-                yield from chunk.splitlines(keepends=True)
-            if not follow:
-                return
-            state = self.state(launch)
-            if state is None or state.ended:
-                tail = self.host.run(["sh", "-c", 'test -f "$1" && tail -c +"$2" "$1" || true', "sh", path,
-                                      str(offset + 1)], check=False).out
-                yield from tail.splitlines(keepends=True)
+            state = self.state(launch) if follow else None
+            chunk = since()  # read after the state: a task seen ended has written all its log
+            offset += len(chunk.encode())
+            yield from chunk.splitlines(keepends=True)
+            if not follow or state is None or state.ended:
                 return
             time.sleep(1.0)
 
@@ -335,10 +332,14 @@ class SlurmPlacement(Placement):
             time.sleep(1.0)
         return self.state(launch)
 
+    def _array_runs(self, job_id: str) -> dict[str, str]:
+        """Array index -> run id of a job array this launcher submitted (from its runs.txt)."""
+        key = (self.host.read_text(f"{self.area}/slurm/jobs/{job_id}") or "").strip()
+        table = (self.host.read_text(f"{self.area}/slurm/{key}/runs.txt") or "") if key else ""
+        return dict(row.split(" ", 1) for row in table.splitlines() if " " in row)
+
     def stopped_with(self, launch: Mapping[str, Any]) -> list[str]:
-        key = (self.host.read_text(f"{self.area}/slurm/jobs/{self._slurm(launch)['job_id']}") or "").strip()
-        table = self.host.read_text(f"{self.area}/slurm/{key}/runs.txt") if key else None
-        ids = [row.split(" ", 1)[1].strip() for row in (table or "").splitlines() if " " in row]
+        ids = list(self._array_runs(str(self._slurm(launch)["job_id"])).values())
         return ids or [str(launch["run_id"])]
 
     def release(self, launch: Mapping[str, Any]) -> None:
@@ -354,9 +355,7 @@ class SlurmPlacement(Placement):
                 continue
             job_id, idx, state = parts[0], parts[1], parts[2]
             if job_id not in names:
-                key = (self.host.read_text(f"{self.area}/slurm/jobs/{job_id}") or "").strip()
-                table = self.host.read_text(f"{self.area}/slurm/{key}/runs.txt") if key else ""
-                names[job_id] = dict(row.split(" ", 1) for row in (table or "").splitlines() if " " in row)
+                names[job_id] = self._array_runs(job_id)
             run_id = names[job_id].get(idx)
             if run_id:
                 node = parts[3] if len(parts) > 3 else "-"

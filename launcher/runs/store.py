@@ -120,11 +120,12 @@ def _previous_of_recipe(ws: Workspace, latest: Manifest) -> Manifest | None:
     return max(earlier, key=lambda m: (m.started_at, m.run_id), default=None)
 
 
-def _results_of(ws: Workspace, group: str) -> list[Manifest]:
-    runs = group_runs(ws, group)
-    if runs:
-        return runs
+def _results_of(ws: Workspace, group: str) -> tuple[list[Manifest], int]:
+    """The group's succeeded runs, and how many runs it finished in all (failed and cancelled too)."""
     finished = group_runs(ws, group, results_only=False)
+    runs = [m for m in finished if m.status == "succeeded"]
+    if runs:
+        return runs, len(finished)
     if not finished:
         raise NotFound(f"no completed runs in group {group!r} under {ws.runs}",
                        "check the group name in a run's manifest.json")
@@ -148,11 +149,10 @@ def select_runs(ws: Workspace, run_ids: list[str] | None, against: str | None,
     if run_ids:
         runs = _load_named(ws, run_ids)
     elif group is not None:
-        runs = _results_of(ws, group)
+        runs, _ = _results_of(ws, group)
     else:
-        group = latest_group(ws)
-        runs = _results_of(ws, group)
-        if len(runs) == 1 and against is None and len(group_runs(ws, group, results_only=False)) == 1:
+        runs, finished = _results_of(ws, latest_group(ws))
+        if len(runs) == 1 and against is None and finished == 1:
             previous = _previous_of_recipe(ws, runs[0])
             if previous is not None:
                 note = (f"the latest run {runs[0].run_id} against the previous run of {runs[0].recipe_name}, "
