@@ -42,6 +42,7 @@ class ExitCode(IntEnum):
     NO_SCHEDULER = 29  # --scheduler slurm on a host without the Slurm client (sbatch)
     SCHEDULER_DOWN = 30  # the cluster's controller does not answer (scontrol ping)
     UNKNOWN_PARTITION = 31  # --partition names no partition of the cluster
+    SLURM_REFUSED = 32  # sbatch refuses the job: a --slurm-opt value or a limit of the partition
     INTERRUPTED = 130
 
 
@@ -184,3 +185,7 @@ class SchedulerDown(LauncherError):
 
 class UnknownPartition(LauncherError):
     exit_code = ExitCode.UNKNOWN_PARTITION
+
+
+class SlurmRefused(LauncherError):
+    exit_code = ExitCode.SLURM_REFUSED
