@@ -255,3 +255,86 @@ def start_cluster(workdir: Path, cache_dir: Path | None = None, timeout: float =
     except BaseException:
         _remove(nodes, shared_volume, network)
         raise
+
+
+@dataclass
+class ClusterRegistry:
+    """A TLS registry the cluster's nodes pull from, as a lab runs one: Debian's docker-registry on this
+    machine, listening on the cluster network's gateway address, with a certificate from a CA of its own
+    that this machine's Docker engine and every node's trust (/etc/docker/certs.d/ADDRESS/ca.crt)."""
+
+    __test__ = False
+
+    address: str
+    process: subprocess.Popen[bytes]
+    certs_dirs: list[Path]
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        for d in self.certs_dirs:
+            subprocess.run(["rm", "-rf", str(d)], check=False)
+
+
+def _free_port(address: str) -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((address, 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_https(url: str, ca: Path, deadline: float, log: Path) -> None:
+    import ssl
+    import urllib.request
+
+    ctx = ssl.create_default_context(cafile=str(ca))
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2, context=ctx) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the test registry did not answer on {url}: {log.read_text()[-2000:]}")
+        time.sleep(0.2)
+
+
+def start_registry(cluster: SlurmCluster, workdir: Path, timeout: float = 20) -> ClusterRegistry:
+    gateway = _sh("docker", "network", "inspect", "-f", "{{(index .IPAM.Config 0).Gateway}}", cluster.network).strip()
+    address = f"{gateway}:{_free_port(gateway)}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    ca_key, ca, key, csr, cert = (workdir / n for n in ("ca.key", "ca.crt", "reg.key", "reg.csr", "reg.crt"))
+    _sh("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=launcher test CA",
+        "-keyout", str(ca_key), "-out", str(ca))
+    _sh("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={gateway}", "-keyout", str(key),
+        "-out", str(csr))
+    ext = workdir / "san.cnf"
+    ext.write_text(f"subjectAltName=IP:{gateway}\n")
+    _sh("openssl", "x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
+        "-days", "2", "-extfile", str(ext), "-out", str(cert))
+    config = workdir / "registry.yml"
+    config.write_text(
+        f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {workdir / 'data'}\n"
+        f"http:\n  addr: {address}\n  tls:\n    certificate: {cert}\n    key: {key}\n"
+    )
+    log = open(workdir / "registry.log", "ab")
+    process = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=log, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL)
+    here = Path("/etc/docker/certs.d") / address
+    registry = ClusterRegistry(address=address, process=process, certs_dirs=[here])
+    try:
+        here.mkdir(parents=True, exist_ok=True)
+        (here / "ca.crt").write_bytes(ca.read_bytes())
+        for node in cluster.nodes:
+            node.exec("mkdir", "-p", f"/etc/docker/certs.d/{address}")
+            _write(node, f"/etc/docker/certs.d/{address}/ca.crt", ca.read_bytes(), "root:root", "0644")
+        _wait_https(f"https://{address}/v2/", ca, time.monotonic() + timeout, workdir / "registry.log")
+        return registry
+    except BaseException:
+        registry.stop()
+        raise

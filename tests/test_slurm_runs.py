@@ -198,3 +198,85 @@ def test_ps_logs_and_pull_watch_follow_a_detached_array(slurm_cluster: SlurmClus
     code, out = _cli(tiny_workspace, "pull", first)
     assert code == 0
     assert [m["status"] for m in _manifests(tiny_workspace)] == ["succeeded", "succeeded"]
+
+
+@pytest.fixture
+def cluster_registry(slurm_cluster: SlurmCluster, tmp_path: Path) -> Any:
+    """A TLS registry on the cluster's network that this machine pushes to and the nodes pull from."""
+    import slurmcluster
+
+    reg = slurmcluster.start_registry(slurm_cluster, tmp_path / "registry")
+    try:
+        yield reg
+    finally:
+        slurm_cluster.login.exec("rm", "-f", f"{slurm_cluster.shared}/cluster.json")  # the shared path again
+        reg.stop()
+
+
+def test_with_a_registry_set_the_nodes_pull_the_image_by_digest(
+    slurm_cluster: SlurmCluster, cluster_registry: Any, tiny_workspace: Path
+) -> None:
+    addr = cluster_registry.address
+    res = runner.invoke(app, ["--workspace", str(tiny_workspace), "--json", "provision", *_on(slurm_cluster.login),
+                              "--scheduler", "slurm", "--registry", addr])
+    assert res.exit_code == 0, res.output
+    cluster = json.loads(res.stdout)["data"]["cluster"]
+    assert cluster["settings"] == {"registry": addr}
+    assert [n["reaches_registry"] for n in cluster["nodes"]] == [True, True]
+    code, out = _cli(tiny_workspace, "provision", *_on(slurm_cluster.login), "--scheduler", "slurm")
+    assert code == 0 and f"runs get the image: pushed to {addr}, pulled by digest on each node" in out
+    # neither node has the image, and there is no archive to load: only the registry can give it
+    for node in slurm_cluster.nodes:
+        node.exec("sh", "-c", "docker ps -aq | xargs -r docker rm -f >/dev/null; docker images -q | sort -u | "
+                  "xargs -r docker rmi -f >/dev/null 2>&1 || true")
+    slurm_cluster.login.exec("rm", "-rf", f"{slurm_cluster.shared}/images")
+    code, out = _cli(tiny_workspace, "run", "tiny", *_on(slurm_cluster.login), "--scheduler", "slurm",
+                     "--runs", "2", "--seed", "4", "--slurm-opt", "exclusive")
+    assert code == 0, out
+    manifests = _manifests(tiny_workspace)
+    assert [m["status"] for m in manifests] == ["succeeded"] * 2
+    image = manifests[0]["image"]["id"]
+    source = manifests[0]["placement"]["image_source"]
+    assert source["kind"] == "registry" and re.fullmatch(rf"{re.escape(addr)}/launcher/ship@sha256:[0-9a-f]{{64}}",
+                                                         source["ref"])
+    assert {m["image"]["id"] for m in manifests} == {image}  # the ID each task checked before it ran
+    assert not slurm_cluster.login.exec("sh", "-c", f"ls {slurm_cluster.shared}/images 2>/dev/null || true").strip()
+    for name in {m["placement"]["node"] for m in manifests}:  # each node that ran one pulled it by that digest
+        digests = slurm_cluster.node(name).exec("docker", "image", "inspect", "-f", "{{.Id}} {{.RepoDigests}}", image)
+        assert digests.split()[0] == image and source["ref"] in digests
+    code, out = _cli(tiny_workspace, "verify", "checksums", "--group", manifests[0]["group"])
+    assert code == 0 and "identical" in out
+    # --ship-via shared still takes the archive path for one run
+    code, out = _cli(tiny_workspace, "run", "tiny", *_on(slurm_cluster.login), "--scheduler", "slurm",
+                     "--ship-via", "shared")
+    assert code == 0, out
+    (single,) = [m for m in _manifests(tiny_workspace) if m["group"] != manifests[0]["group"]]
+    assert single["status"] == "succeeded" and single["placement"]["image_source"] == {"kind": "shared"}
+    archives = slurm_cluster.login.exec("ls", f"{slurm_cluster.shared}/images").split()
+    assert archives == [image.removeprefix("sha256:") + ".tar"]
+
+
+def test_a_registry_the_nodes_cannot_reach_is_refused_and_nothing_is_recorded(
+    slurm_cluster: SlurmCluster, cluster_registry: Any, tiny_workspace: Path
+) -> None:
+    closed = cluster_registry.address.rsplit(":", 1)[0] + ":1"  # the gateway, a port nothing listens on
+    code, out = _cli(tiny_workspace, "provision", *_on(slurm_cluster.login), "--scheduler", "slurm",
+                     "--registry", closed)
+    assert code == ExitCode.REGISTRY_UNAVAILABLE, out
+    assert f"node1, node2 cannot reach registry {closed} (nothing was changed)" in out and "Traceback" not in out
+    assert slurm_cluster.login.exec("sh", "-c", f"cat {slurm_cluster.shared}/cluster.json 2>/dev/null || true") == ""
+
+
+def test_slurm_opt_values_sbatch_refuses_stop_the_run_before_anything_is_shipped(
+    slurm_cluster: SlurmCluster, tiny_workspace: Path
+) -> None:
+    slurm_cluster.login.exec("rm", "-rf", f"{slurm_cluster.shared}/images")
+    code, out = _cli(tiny_workspace, "run", "tiny", *_on(slurm_cluster.login), "--scheduler", "slurm",
+                     "--slurm-opt", "time=banana")
+    assert code == ExitCode.SLURM_REFUSED, out
+    assert "sbatch on" in out and "refuses the job" in out and "time" in out.lower() and "Traceback" not in out
+    code, out = _cli(tiny_workspace, "run", "tiny", *_on(slurm_cluster.login), "--scheduler", "slurm",
+                     "--slurm-opt", "no-such-option=1")
+    assert code == ExitCode.SLURM_REFUSED, out
+    assert not slurm_cluster.login.exec("sh", "-c", f"ls {slurm_cluster.shared}/images 2>/dev/null || true").strip()
+    assert not list((tiny_workspace / "runs").glob("*/launch.json"))

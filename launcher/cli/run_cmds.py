@@ -79,14 +79,22 @@ def _cluster_text(result: Result) -> None:
     stdout.print("partitions: " + ", ".join(
         f"{p['name']}{' (default)' if p['default'] else ''} {p['state']}, {p['nodes']} nodes" for p in c["partitions"]),
         markup=False)
-    t = Table("node", "cpus", "memory", "gpus", "state", "docker", "nvidia runtime", "enroot")
+    reg = c.get("registry")
+    t = Table("node", "cpus", "memory", "gpus", "state", "docker", "nvidia runtime", "enroot",
+              *(["reaches registry"] if reg else []))
     for n in c["nodes"]:
         t.add_row(*(Text(str(x)) for x in (n["name"], n["cpus"], _size((n["memory_mb"] or 0) << 20), n["gpus"] or "-",
                                            n["state"], n.get("docker") or n.get("probe_error") or "no",
                                            "yes" if n.get("nvidia_runtime") else "no",
-                                           "yes" if n.get("enroot") else "no")))
+                                           "yes" if n.get("enroot") else "no",
+                                           *([{True: "yes", False: "no"}.get(n.get("reaches_registry"), "-")]
+                                             if reg else []))))
     stdout.print(t)
     stdout.print(f"pyxis (srun --container-image): {'yes' if c['pyxis'] else 'no'}", markup=False)
+    s = c.get("settings") or {}
+    where = (f"pushed to {s['registry']}, pulled by digest on each node" if s.get("registry")
+             else f"an archive on the shared filesystem ({c['shared_area']}/images), loaded on each node")
+    stdout.print(f"runs get the image: {where}; containers run by {s.get('runtime') or 'docker'}", markup=False)
     stdout.print(result.summary, markup=False)
 
 
@@ -103,9 +111,23 @@ def provision_cmd(
         bool, typer.Option("--dry-run", help="Print the exact install commands; change nothing.")
     ] = False,
     scheduler: SchedulerOpt = None,
+    registry: Annotated[
+        str | None,
+        typer.Option("--registry", metavar="ADDRESS", rich_help_panel="Cluster options",
+                     help="With --scheduler slurm: a registry the compute nodes pull from (HOST:PORT). Checked from "
+                     "every node, then kept in the cluster's settings: runs push the image there and each node "
+                     "pulls it by digest. `none` forgets it (the image goes by the shared filesystem again)."),
+    ] = None,
+    container_runtime: Annotated[
+        str | None,
+        typer.Option("--container-runtime", metavar="docker|pyxis", rich_help_panel="Cluster options",
+                     help="With --scheduler slurm: run each replicate with the node's Docker engine (default) or "
+                     "with Pyxis/enroot (`srun --container-image`, needs --registry); kept in the cluster's settings."),
+    ] = None,
 ) -> None:
     """Inspect a host (OS, CPU, RAM, disk, Docker, GPU) and install Docker / the NVIDIA toolkit.
-    With --scheduler slurm: the cluster behind the login node (partitions, nodes, Docker on each)."""
+    With --scheduler slurm: the cluster behind the login node (partitions, nodes, Docker on each),
+    and its settings (--registry, --container-runtime)."""
     from launcher.hosts import provision
 
     ws = workspace_of(ctx)
@@ -113,15 +135,20 @@ def provision_cmd(
         if gpu or install or dry_run:
             raise UsageError("--gpu, --install and --dry-run are for one host",
                              "provision each node by its own --host, or drop them")
-        from launcher.runs.slurm import cluster_facts
+        from launcher.runs.slurm import cluster_facts, configure
 
         with _open(ctx, host) as h:
-            facts = cluster_facts(h)
+            facts = cluster_facts(h, registry=None if registry == "none" else registry)
+            if registry or container_runtime:
+                facts["settings"] = configure(h, facts, registry=registry, runtime=container_runtime)
         usable = [n for n in facts["nodes"] if n.get("docker")]
         summary = (f"{len(facts['nodes'])} nodes, {len(usable)} with a usable Docker engine"
                    + ("" if len(usable) == len(facts["nodes"]) else "; runs need Docker on every node"))
         render(ctx, Result("provision", {"host": h.name, "cluster": facts}, summary=summary), _cluster_text)
         return
+    if registry or container_runtime:
+        raise UsageError("--registry and --container-runtime are cluster settings",
+                         "give them with --scheduler slurm and the login node as --host")
     with _open(ctx, host) as h:
         done = provision.provision(ws, h, gpu=gpu, install=install, dry_run=dry_run)
     ready = done.facts["docker"].get("usable") and (not gpu or done.facts["docker"].get("nvidia_runtime"))
@@ -200,7 +227,9 @@ def run_cmd(
             "--ship-via",
             metavar="REGISTRY",
             help="Ship the image through this local registry (e.g. 127.0.0.1:5000) and a reverse SSH tunnel "
-            "instead of docker save/load: a rebuild then sends only its new layers.",
+            "instead of docker save/load: a rebuild then sends only its new layers. On a Slurm cluster: a registry "
+            "its nodes pull from, or `shared` for an archive on its shared filesystem (default: the registry set "
+            "by `provision --scheduler slurm --registry`, else `shared`).",
         ),
     ] = None,
     no_build: Annotated[

@@ -285,15 +285,16 @@ def _ship_from_cache(eng: Engine, image_id: str, cached: tuple[bytes, list[Path 
 SHIP_REPO = "launcher/ship"
 
 
-def _push_to_registry(image_id: str, registry: str) -> str:
-    """Push the image to the local registry (only layers it lacks travel); return the manifest digest."""
+def push_to_registry(image_id: str, registry: str) -> str:
+    """Push the image to a registry (only layers it lacks travel); return the manifest digest."""
     ref = f"{registry}/{SHIP_REPO}:{image_id.removeprefix('sha256:')[:32]}"
     local = engine.local()
     local.tag(image_id, ref, check=True)
     done = local.push(ref)
     if done.returncode != 0:
         raise RegistryUnavailable(f"docker push to {registry} failed: {done.last_error_line()}",
-                            "check that the local registry runs and answers on that address")
+                                  "check that the registry runs and answers on that address (a TLS registry "
+                                  f"with its own CA: put the CA in /etc/docker/certs.d/{registry}/ca.crt here)")
     match = re.search(r"digest: (sha256:[0-9a-f]{64})", done.out)
     if not match:
         raise RegistryUnavailable(f"docker push to {registry} printed no digest", "check the local registry")
@@ -331,7 +332,7 @@ def ship_image_via_registry(host: Host, image: str, *, registry: str, tag: str |
         registry_mod.start_local_registry(cache_dir / "registry", registry)
     task = rep.task(f"ship image {image_id[7:19]} to {host.name} via {registry}")
     try:
-        digest = _push_to_registry(image_id, registry)
+        digest = push_to_registry(image_id, registry)
         for _ in range(5):
             port = random.randint(20000, 60000)
             done = eng.pull_through_tunnel(f"127.0.0.1:{port}/{SHIP_REPO}@{digest}", port, registry)

@@ -2,12 +2,22 @@
 
 The replicates of a group become one job array. launcher's area on the login node
 (``~/.launcher``: run directories, datasets, code snapshots, images) must be on the filesystem
-the compute nodes share with it, as a home directory on a cluster is. The image travels once,
-as a `docker save` archive named by its image ID under ``~/.launcher/images/``; each array task
-loads it on its node only when the node lacks that image ID, checks that the image it is about to
-run has the pinned ID, runs the same container as a direct run (docs/design.md), and writes
-``task.json`` (exit code, node, job and array index) and the node's fact sheet into its run
-directory. launcher reads those, and squeue, to know a replicate's state.
+the compute nodes share with it, as a home directory on a cluster is. The image reaches the nodes
+in one of two ways, never by a tag:
+
+- through a registry the nodes can pull from (the default once ``provision --registry`` has
+  recorded one in the cluster's settings, ``~/.launcher/cluster.json``): launcher pushes the image
+  from here (only the layers the registry lacks) and each task pulls it by manifest digest;
+- through the shared filesystem (air-gapped clusters, and ``--ship-via shared``): the image travels
+  once as a `docker save` archive named by its image ID under ``~/.launcher/images/``.
+
+Either way each array task fetches the image only when its node lacks that image ID, checks that the
+image it is about to run has the pinned ID, runs the same container as a direct run (docs/design.md),
+and writes ``task.json`` (exit code, node, job and array index) and the node's fact sheet into its
+run directory. launcher reads those, squeue, and sacct where the cluster keeps accounting, to know
+a replicate's state. On clusters whose nodes run containers through Pyxis/enroot rather than a
+Docker engine (settings ``"runtime": "pyxis"``), each task runs ``srun --container-image`` with the
+image pinned by digest instead.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from launcher.errors import (
     CommandFailed,
     NoScheduler,
     SchedulerDown,
+    SlurmRefused,
     TransferCut,
     UnknownPartition,
     UsageError,
@@ -33,15 +44,21 @@ from launcher.hosts.base import Host
 from launcher.hosts.scripts import text as host_script
 from launcher.hosts.spec import HostSpec
 from launcher.progress import NullReporter, Reporter
-from launcher.runs.container import ContainerJob, docker_run_argv
+from launcher.runs.container import ContainerJob, docker_run_argv, mounts, runtime_argv
 from launcher.runs.placement import ListedRun, Placement, RunState
-from launcher.runs.ship import ShipResult
+from launcher.runs.ship import SHIP_REPO, ShipResult, push_to_registry
 
 JOB_NAME = "launcher"
 TASK_FILE = "task.json"
 NODE_FACTS = "node-facts.txt"
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING")
 CHUNK = 1 << 20
+SETTINGS_FILE = "cluster.json"
+SHARED_VIA = "shared"  # --ship-via shared: the image archive on the shared filesystem, even with a registry set
+RUNTIMES = ("docker", "pyxis")
+UNQUOTE = r"""tr -d '"\\'"""  # an error line quoted into task.json's JSON: no quotes, no backslashes
+# sacct states of a task that ended without writing task.json (killed before or outside its script)
+CANCELLED_STATES = ("CANCELLED", "PREEMPTED", "REVOKED", "DEADLINE")
 
 
 def parse_slurm_opts(items: Sequence[str]) -> dict[str, str]:
@@ -58,6 +75,46 @@ def parse_slurm_opts(items: Sequence[str]) -> dict[str, str]:
     return out
 
 
+def read_settings(login: Host) -> dict[str, Any]:
+    """The cluster's settings, kept on its shared filesystem so every client of the cluster sees them:
+    {"registry": ADDRESS the nodes pull from, "runtime": "docker" | "pyxis"}."""
+    area = login.runs_root().rsplit("/", 1)[0]
+    text = login.read_text(f"{area}/{SETTINGS_FILE}") or ""
+    try:
+        data = json.loads(text) if text.strip() else {}
+    except ValueError:
+        data = {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_settings(login: Host, settings: Mapping[str, Any]) -> None:
+    area = login.runs_root().rsplit("/", 1)[0]
+    login.makedirs(area)
+    path = f"{area}/{SETTINGS_FILE}"
+    login.run(["sh", "-c", 'cat > "$1.part" && mv -f "$1.part" "$1"', "sh", path],
+              input=(json.dumps(dict(settings), indent=2, sort_keys=True) + "\n").encode())
+
+
+def pyxis_image(ref: str) -> str:
+    """REGISTRY/REPO@DIGEST as Pyxis/enroot name it: REGISTRY#REPO@DIGEST (a bare name means Docker Hub)."""
+    name, _, digest = ref.partition("@")
+    registry, _, repo = name.partition("/")
+    return f"{registry}#{repo}@{digest}"
+
+
+def pyxis_srun_argv(job: ContainerJob, ref: str) -> list[str]:
+    """The container contract of design.md as one `srun` step under Pyxis: the image pinned by digest,
+    the same mounts and the runtime's command; the determinism environment is exported by the task
+    script and named in --container-env so it overrides the image's own values."""
+    binds = ",".join(f"{host}:{inside}" + (":ro" if ro else "") for host, inside, ro in mounts(job))
+    argv = ["srun", "--ntasks=1", f"--container-image={pyxis_image(ref)}", f"--container-mounts={binds}",
+            "--no-container-mount-home", "--container-workdir=/"]
+    names = sorted(job.env)
+    if names:
+        argv.append("--container-env=" + ",".join(names))
+    return [*argv, *runtime_argv(job)]
+
+
 class SlurmPlacement(Placement):
     """Replicates as a Slurm job array, each task a container on its node's Docker engine."""
 
@@ -70,15 +127,25 @@ class SlurmPlacement(Placement):
         self.partition = partition
         self.options = dict(options or {})
         self.max_parallel = max_parallel
+        self.settings: dict[str, Any] = {}
+        # where the tasks get the image: {"kind": "registry", "ref": REG/REPO@DIGEST} or {"kind": "shared"}
+        self.image_source: dict[str, Any] = {"kind": SHARED_VIA}
 
     @classmethod
     def reopen(cls, host: Host, host_spec: HostSpec, record: Mapping[str, Any]) -> Placement:
-        return cls(host, host_spec, partition=record.get("partition"), options=record.get("options") or {},
-                   max_parallel=record.get("max_parallel"))
+        placement = cls(host, host_spec, partition=record.get("partition"), options=record.get("options") or {},
+                        max_parallel=record.get("max_parallel"))
+        placement.image_source = dict(record.get("image_source") or {"kind": SHARED_VIA})
+        placement.settings = {"runtime": record.get("runtime") or "docker"}
+        return placement
+
+    @property
+    def runtime(self) -> str:
+        return str(self.settings.get("runtime") or "docker")
 
     def record(self) -> dict[str, Any]:
         return {"kind": self.kind, "partition": self.partition, "options": self.options,
-                "max_parallel": self.max_parallel}
+                "max_parallel": self.max_parallel, "image_source": self.image_source, "runtime": self.runtime}
 
     @property
     def area(self) -> str:
@@ -107,6 +174,34 @@ class SlurmPlacement(Placement):
                     f"the cluster has no partition {self.partition!r} (it has: {', '.join(sorted(names)) or 'none'})",
                     "pick one of those with --partition, or drop --partition for the default",
                 )
+        self.settings = read_settings(self.host)
+        if self.runtime not in RUNTIMES:
+            raise UsageError(f"the cluster's settings name an unknown container runtime {self.runtime!r}",
+                             "run `launcher provision --scheduler slurm --container-runtime docker|pyxis`")
+        if self.options or self.max_parallel:
+            self._test_submit(variant)
+
+    def _header_options(self, n: int, gpu: bool) -> list[str]:
+        """The sbatch options of an n-task array (without output paths): array, partition, GPUs, --slurm-opt."""
+        limit = f"%{self.max_parallel}" if self.max_parallel else ""
+        opts = [f"--job-name={JOB_NAME}", f"--array=0-{n - 1}{limit}"]
+        if self.partition:
+            opts.append(f"--partition={self.partition}")
+        if gpu and "gpus-per-task" not in self.options and "gres" not in self.options:
+            opts.append("--gpus-per-task=1")
+        opts += [f"--{k}={v}" if v else f"--{k}" for k, v in sorted(self.options.items())]
+        return opts
+
+    def _test_submit(self, variant: str) -> None:
+        """Let sbatch judge the --slurm-opt values before anything is shipped (`--test-only` submits nothing)."""
+        done = self.host.run(["sbatch", "--test-only", *self._header_options(1, variant == "gpu"),
+                              "--output=/dev/null", "--wrap=true"], check=False)
+        if done.returncode != 0:
+            raise SlurmRefused(
+                f"sbatch on {self.name} refuses the job: {done.last_error_line() or 'no reason given'}",
+                "fix or drop the --slurm-opt (or --max-parallel) value it names; "
+                "`sbatch --help` on the login node lists the options",
+            )
 
     # -- the image, once, on the shared filesystem
     def image_archive(self, image_id: str) -> str:
@@ -114,9 +209,13 @@ class SlurmPlacement(Placement):
 
     def ship(self, image: Mapping[str, Any], *, via: str | None, reporter: Reporter | None,
              cache_dir: Path) -> ShipResult:
-        if via:
-            raise UsageError("--ship-via is for direct runs",
-                             "drop it: a cluster gets the image on its shared filesystem")
+        registry = None if via == SHARED_VIA else (via or self.settings.get("registry"))
+        if registry:
+            return self._ship_to_registry(str(image["id"]), str(registry), reporter)
+        if self.runtime == "pyxis":
+            raise UsageError("Pyxis runs images from a registry; this cluster has none set",
+                             "run `launcher provision --scheduler slurm --registry ADDRESS`, or give --ship-via")
+        self.image_source = {"kind": SHARED_VIA}
         image_id = str(image["id"])
         archive = self.image_archive(image_id)
         if self.host.exists(archive):
@@ -151,15 +250,50 @@ class SlurmPlacement(Placement):
             task.close()
         return ShipResult(image_id=image_id, skipped=False, bytes_sent=sent, seconds=time.monotonic() - started)
 
+    def _ship_to_registry(self, image_id: str, registry: str, reporter: Reporter | None) -> ShipResult:
+        """Push from here; every task pulls by manifest digest (the same digest names the same image ID)."""
+        rep = reporter or NullReporter()
+        started = time.monotonic()
+        task = rep.task(f"image {image_id[7:19]} to registry {registry} (the nodes pull it by digest)")
+        try:
+            digest = push_to_registry(image_id, registry)
+        finally:
+            task.close()
+        self.image_source = {"kind": "registry", "registry": registry, "ref": f"{registry}/{SHIP_REPO}@{digest}"}
+        return ShipResult(image_id=image_id, skipped=False, seconds=time.monotonic() - started)
+
     # -- the job array
     def start(self, job: ContainerJob) -> dict[str, Any]:
         return self.start_array([job])[0]
 
-    def _task_script(self, job: ContainerJob, run_dir: str, owner: str | None) -> str:
-        argv = docker_run_argv(replace(job, owner=owner), detach=False)
+    def _fetch_image(self, image: str) -> list[str]:
+        """Shell lines giving the node the image when it lacks that ID: a pull by digest from the
+        registry, or a load of the archive on the shared filesystem. What went wrong lands in $FETCHED."""
         q = shlex.quote
-        image, archive = job.image_id, self.image_archive(job.image_id)
-        return "\n".join([
+        if self.image_source.get("kind") == "registry":
+            get = f"docker pull -q {q(str(self.image_source['ref']))}"
+        else:
+            archive = self.image_archive(image)
+            get = f"test -f {q(archive)} && docker load -q -i {q(archive)} || echo no image archive {q(archive)}"
+        inspect = "HAVE=$(docker image inspect --format '{{.Id}}' \"$IMAGE\" 2>/dev/null || true)"
+        return [
+            inspect,
+            'if [ -z "$HAVE" ]; then',
+            f"  FETCHED=$( ( {get} ) 2>&1 >/dev/null | tail -n 1 | {UNQUOTE})",
+            f"  {inspect}",
+            "fi",
+            'if [ "$HAVE" != "$IMAGE" ]; then',
+            '  MSG="node ${SLURMD_NODENAME:-$(hostname)} does not have the pinned image $IMAGE'
+            ' (it has: ${HAVE:-none}${FETCHED:+; $FETCHED}); nothing was run"',
+            '  echo "launcher: $MSG" >&2',
+            '  write_task 125 failed "$MSG"',
+            "  exit 125",
+            "fi",
+        ]
+
+    def _task_script(self, job: ContainerJob, run_dir: str, owner: str | None) -> str:
+        q = shlex.quote
+        lines = [
             "#!/bin/bash",
             f"# launcher run {job.run_id}: one replicate, run by its array task",
             "set -u",
@@ -172,35 +306,33 @@ class SlurmPlacement(Placement):
             '"$(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$RUN/task.json.part" && mv -f "$RUN/task.json.part" "$RUN/task.json"',
             "}",
             f"sh -c {q(host_script('facts.sh'))} > \"$RUN/{NODE_FACTS}\" 2>/dev/null || true",
-            f"IMAGE={q(image)}",
-            "HAVE=$(docker image inspect --format '{{.Id}}' \"$IMAGE\" 2>/dev/null || true)",
-            f'if [ -z "$HAVE" ] && [ -f {q(archive)} ]; then',
-            f"  docker load -q -i {q(archive)} >/dev/null 2>&1 || true",
-            "  HAVE=$(docker image inspect --format '{{.Id}}' \"$IMAGE\" 2>/dev/null || true)",
-            "fi",
-            'if [ "$HAVE" != "$IMAGE" ]; then',
-            '  MSG="node ${SLURMD_NODENAME:-$(hostname)} does not have the pinned image $IMAGE'
-            ' (it has: ${HAVE:-none}); nothing was run"',
-            '  echo "launcher: $MSG" >&2',
-            '  write_task 125 failed "$MSG"',
-            "  exit 125",
-            "fi",
-            f"NAME={q(job.name)}",
-            'docker rm -f "$NAME" >/dev/null 2>&1 || true',
-            "cancelled() {",
-            '  docker stop -t 5 "$NAME" >/dev/null 2>&1',
-            '  write_task 143 cancelled "cancelled by Slurm (scancel or time limit)"',
-            "  exit 143",
-            "}",
-            "trap cancelled TERM INT",
-            f"{shlex.join(argv)} &",
-            "wait $!",
-            "RC=$?",
-            'docker rm "$NAME" >/dev/null 2>&1 || true',
-            'if [ "$RC" -eq 0 ]; then write_task 0 succeeded ""; else write_task "$RC" failed "exit $RC"; fi',
-            'exit "$RC"',
-            "",
-        ])
+            f"IMAGE={q(job.image_id)}",
+        ]
+        if self.runtime == "pyxis":
+            # enroot keeps no Docker image ID; the manifest digest it pulls by names exactly this image ID
+            lines += ['HAVE="$IMAGE"', *(f"export {k}={q(str(v))}" for k, v in sorted(job.env.items())),
+                      f"{shlex.join(pyxis_srun_argv(job, str(self.image_source['ref'])))} &", "STEP=$!",
+                      "cancelled() {", '  kill -TERM "$STEP" 2>/dev/null; wait "$STEP" 2>/dev/null',
+                      '  write_task 143 cancelled "cancelled by Slurm (scancel or time limit)"', "  exit 143", "}",
+                      "trap cancelled TERM INT", 'wait "$STEP"', "RC=$?"]
+        else:
+            argv = docker_run_argv(replace(job, owner=owner), detach=False)
+            lines += [*self._fetch_image(job.image_id),
+                      f"NAME={q(job.name)}",
+                      'docker rm -f "$NAME" >/dev/null 2>&1 || true',
+                      "cancelled() {",
+                      '  docker stop -t 5 "$NAME" >/dev/null 2>&1',
+                      '  write_task 143 cancelled "cancelled by Slurm (scancel or time limit)"',
+                      "  exit 143",
+                      "}",
+                      "trap cancelled TERM INT",
+                      f"{shlex.join(argv)} &",
+                      "wait $!",
+                      "RC=$?",
+                      'docker rm "$NAME" >/dev/null 2>&1 || true']
+        lines += ['if [ "$RC" -eq 0 ]; then write_task 0 succeeded ""; else write_task "$RC" failed "exit $RC"; fi',
+                  'exit "$RC"', ""]
+        return "\n".join(lines)
 
     def start_array(self, jobs: Sequence[ContainerJob]) -> list[dict[str, Any]]:
         """Submit the jobs as one array: task i runs jobs[i]. Returns each job's launch fields."""
@@ -211,19 +343,9 @@ class SlurmPlacement(Placement):
         run_dirs = [job.host_out.rsplit("/", 1)[0] for job in jobs]
         for job, run_dir in zip(jobs, run_dirs, strict=True):
             self._write(f"{run_dir}/task.sh", self._task_script(job, run_dir, owner))
-        limit = f"%{self.max_parallel}" if self.max_parallel else ""
-        header = [
-            "#!/bin/bash",
-            f"#SBATCH --job-name={JOB_NAME}",
-            f"#SBATCH --array=0-{len(jobs) - 1}{limit}",
-            f"#SBATCH --output={array_dir}/task-%a.log",
-            "#SBATCH --open-mode=append",
-        ]
-        if self.partition:
-            header.append(f"#SBATCH --partition={self.partition}")
-        if any(job.gpu for job in jobs) and "gpus-per-task" not in self.options and "gres" not in self.options:
-            header.append("#SBATCH --gpus-per-task=1")
-        header += [f"#SBATCH --{k}={v}" if v else f"#SBATCH --{k}" for k, v in sorted(self.options.items())]
+        opts = [*self._header_options(len(jobs), any(job.gpu for job in jobs)),
+                f"--output={array_dir}/task-%a.log", "--open-mode=append"]
+        header = ["#!/bin/bash", *(f"#SBATCH {opt}" for opt in opts)]
         tasks = " ".join(shlex.quote(f"{d}/task.sh") for d in run_dirs)
         body = [f"TASKS=({tasks})", 'exec bash "${TASKS[${SLURM_ARRAY_TASK_ID:-0}]}"', ""]
         self._write(f"{array_dir}/array.sh", "\n".join(header + body))
@@ -231,8 +353,8 @@ class SlurmPlacement(Placement):
         done = self.host.run(["sbatch", "--parsable", f"{array_dir}/array.sh"], check=False)
         job_id = done.out.strip().split(";")[0]
         if done.returncode != 0 or not job_id.isdigit():
-            raise CommandFailed(f"sbatch refused the job array on {self.name}: {done.last_error_line()}",
-                                "check the partition and --slurm-opt values against the cluster's limits")
+            raise SlurmRefused(f"sbatch refused the job array on {self.name}: {done.last_error_line()}",
+                               "check the partition and --slurm-opt values against the cluster's limits")
         self._write(f"{self.area}/slurm/jobs/{job_id}", key + "\n")
         return [{"container": job.name,
                  "slurm": {"job_id": job_id, "array_index": i, "array_size": len(jobs),
@@ -282,9 +404,7 @@ class SlurmPlacement(Placement):
                 return RunState(running=True, ended=False)
             task = self._task(launch)  # it may have ended between the two reads
         if task is None:
-            return RunState(running=False, ended=True, exit_code=None, status="cancelled",
-                            info={"kind": self.kind, **self._slurm_info(launch), "error": "left the queue before "
-                                  "it ran (cancelled, or lost with its node)"})
+            return self._ended_unseen(launch)
         facts_text = self.host.read_text(f"{self._slurm(launch)['run_dir']}/{NODE_FACTS}") or ""
         from launcher.hosts.provision import parse_facts
 
@@ -296,9 +416,39 @@ class SlurmPlacement(Placement):
                         finished_at=task.get("ended_at"), status=str(task.get("status") or "") or None,
                         image_ran=task.get("image_ran") or None, info=info)
 
+    def accounting(self, launch: Mapping[str, Any]) -> dict[str, str] | None:
+        """What sacct says of the task (state, exit code, node), or None where the cluster keeps no accounting."""
+        s = self._slurm(launch)
+        done = self.host.run(["sacct", "-n", "-P", "-X", "-j", f"{s['job_id']}_{s['array_index']}",
+                              "-o", "State,ExitCode,NodeList"], check=False)
+        rows = [line.split("|") for line in done.out.splitlines() if line.count("|") >= 2]
+        if done.returncode != 0 or not rows:
+            return None
+        state, code, node = rows[-1][:3]
+        return {"state": state.strip(), "exit_code": code.strip(), "node": node.strip()}
+
+    def _ended_unseen(self, launch: Mapping[str, Any]) -> RunState:
+        """A task that left the queue without writing task.json: killed before its script ran, or with its node.
+        sacct says which where the cluster keeps accounting; without it the replicate counts as cancelled."""
+        info: dict[str, Any] = {"kind": self.kind, **self._slurm_info(launch)}
+        acct = self.accounting(launch)
+        if acct is None:
+            info["error"] = ("left the queue before it ran (cancelled, or lost with its node; this cluster keeps "
+                             "no accounting, so sacct cannot say which)")
+            return RunState(running=False, ended=True, exit_code=None, status="cancelled", info=info)
+        state = acct["state"].split()[0] if acct["state"] else "UNKNOWN"
+        info.update(node=acct["node"] if acct["node"] not in ("", "None assigned") else None,
+                    error=f"Slurm says {acct['state'] or 'nothing'} (exit {acct['exit_code'] or '?'}) "
+                          "and the task wrote no result")
+        status = "cancelled" if state in CANCELLED_STATES else "failed"
+        code, _, _sig = acct["exit_code"].partition(":")
+        return RunState(running=False, ended=True, exit_code=int(code) if code.isdigit() and status == "failed"
+                        else None, status=status, info=info)
+
     def _slurm_info(self, launch: Mapping[str, Any]) -> dict[str, Any]:
         s = self._slurm(launch)
-        return {"job_id": s["job_id"], "array_index": s["array_index"], "partition": self.partition}
+        return {"job_id": s["job_id"], "array_index": s["array_index"], "partition": self.partition,
+                "image_source": self.image_source, "runtime": self.runtime}
 
     def logs(self, launch: Mapping[str, Any], *, follow: bool = False) -> Iterator[str]:
         path = str(self._slurm(launch)["log"])
@@ -363,9 +513,10 @@ class SlurmPlacement(Placement):
         return out
 
 
-def cluster_facts(login: Host) -> dict[str, Any]:
+def cluster_facts(login: Host, *, registry: str | None = None) -> dict[str, Any]:
     """The cluster's fact sheet, from its login node: Slurm version, partitions, nodes (CPUs, memory,
-    GPUs, state), and for each node, from a one-task job on it, its Docker engine and Pyxis/enroot."""
+    GPUs, state), and for each node, from a one-task job on it, its Docker engine, Pyxis/enroot and
+    whether it reaches the registry (the one given, else the one in the cluster's settings)."""
     placement = SlurmPlacement(login)
     placement.prepare("cpu")  # the same refusals as a run: no sbatch, no controller
     version = login.run(["sinfo", "--version"], check=False).out.strip()
@@ -380,8 +531,15 @@ def cluster_facts(login: Host) -> dict[str, Any]:
         nodes.setdefault(name, {"name": name, "cpus": int(cpus) if cpus.isdigit() else None,
                                 "memory_mb": int(mem) if mem.isdigit() else None,
                                 "gpus": "" if gres in ("(null)", "") else gres, "state": state})
+    settings = read_settings(login)
+    registry = registry or settings.get("registry")
     probe = ("docker info --format 'docker={{.ServerVersion}} runtimes={{range $k, $v := .Runtimes}}{{$k}},{{end}}' "
              "2>/dev/null || echo docker=; command -v enroot >/dev/null && echo enroot=1 || echo enroot=0")
+    if registry:
+        where, _, port = str(registry).rpartition(":")
+        where, port = (where, port) if port.isdigit() else (str(registry), "443")
+        probe += (f"; timeout 5 bash -c {shlex.quote(f'</dev/tcp/{where}/{port}')} 2>/dev/null "
+                  "&& echo registry=1 || echo registry=0")
     for name, node in nodes.items():
         if node["state"].rstrip("*~#") not in ("idle", "mix", "alloc"):
             node["docker"] = None  # down or drained: not probed
@@ -392,8 +550,42 @@ def cluster_facts(login: Host) -> dict[str, Any]:
         node["docker"] = kv.get("docker") or None
         node["nvidia_runtime"] = "nvidia" in kv.get("runtimes", "")
         node["enroot"] = kv.get("enroot") == "1"
+        if registry:
+            node["reaches_registry"] = kv.get("registry") == "1"
         if done.returncode != 0 and not kv:
             node["probe_error"] = done.last_error_line()
     pyxis = "--container-image" in login.run(["srun", "--help"], check=False).out
     return {"slurm_version": version, "partitions": parts, "nodes": list(nodes.values()), "pyxis": pyxis,
-            "shared_area": placement.area}
+            "shared_area": placement.area, "registry": registry, "settings": settings}
+
+
+def configure(login: Host, facts: Mapping[str, Any], *, registry: str | None, runtime: str | None) -> dict[str, Any]:
+    """Record the cluster's registry and container runtime in its settings, once every node that can
+    run work was seen to reach the registry. registry "none" forgets it (the shared filesystem again)."""
+    from launcher.errors import RegistryUnavailable
+
+    settings = dict(facts.get("settings") or {})
+    if registry == "none":
+        settings.pop("registry", None)
+    elif registry:
+        probed = [n for n in facts["nodes"] if "reaches_registry" in n]
+        cut = [n["name"] for n in probed if not n["reaches_registry"]]
+        if cut or not probed:
+            raise RegistryUnavailable(
+                f"{', '.join(cut) or 'no node'} cannot reach registry {registry} (nothing was changed)",
+                "give an address the compute nodes reach (their firewall, DNS), or leave the image on the "
+                "shared filesystem (no --registry)",
+            )
+        settings["registry"] = registry
+    if runtime:
+        if runtime not in RUNTIMES:
+            raise UsageError(f"unknown container runtime {runtime!r}", f"use one of: {', '.join(RUNTIMES)}")
+        if runtime == "pyxis" and not facts.get("pyxis"):
+            raise UsageError("the cluster's srun has no --container-image (no Pyxis plugin)",
+                             "keep --container-runtime docker")
+        if runtime == "pyxis" and not settings.get("registry"):
+            raise UsageError("Pyxis runs images from a registry; this cluster has none set",
+                             "give --registry ADDRESS with --container-runtime pyxis")
+        settings["runtime"] = runtime
+    write_settings(login, settings)
+    return settings

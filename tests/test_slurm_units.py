@@ -1,0 +1,167 @@
+"""The Slurm placement's generated commands and its reading of sacct, without a cluster: what the
+real-cluster tests (test_slurm_runs.py) cannot reach here, a Pyxis/enroot cluster and Slurm accounting."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher.proc import Completed
+from launcher.runs.container import ContainerJob, runtime_argv
+from launcher.runs.recipes import Recipe
+from launcher.runs.slurm import SlurmPlacement, pyxis_image, pyxis_srun_argv
+from launcher.runtime.spec import RecipeSpec
+
+DIGEST = "sha256:" + "d" * 64
+IMAGE = "sha256:" + "a" * 64
+REF = f"registry.lab.example:5000/launcher/ship@{DIGEST}"
+
+
+@dataclass
+class FakeLogin:
+    """A login node that answers each command from a table of canned results (prefix match)."""
+
+    answers: dict[tuple[str, ...], tuple[int, str, str]] = field(default_factory=dict)
+    calls: list[list[str]] = field(default_factory=list)
+    name: str = "login"
+    kind: str = "ssh"
+
+    def run(self, argv: list[str], check: bool = False, **_: Any) -> Completed:
+        self.calls.append(list(argv))
+        for prefix, (rc, out, err) in self.answers.items():
+            if tuple(argv[: len(prefix)]) == prefix:
+                return Completed(tuple(argv), rc, out.encode(), err.encode())
+        return Completed(tuple(argv), 0, b"", b"")
+
+    def runs_root(self) -> str:
+        return "/home/u/.launcher/runs"
+
+    def read_text(self, path: str) -> str | None:
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": "ssh"}
+
+
+def _job(tmp: Path, **kw: Any) -> ContainerJob:
+    recipe = Recipe(RecipeSpec(Path("/r/tiny"), "tiny", "none", "train.py"), "sha256:" + "0" * 64)
+    return ContainerJob(run_id="20260101T000000-tiny-abcdef", image_id=IMAGE,
+                        env={"LAUNCHER_SEED": "7", "TF_DETERMINISTIC_OPS": "1", "PYTHONHASHSEED": "7"},
+                        host_out=str(tmp / "run" / "out"), recipe=recipe, params={"msg": "it's"},
+                        data="/data/my set", **kw)
+
+
+def _pyxis(login: FakeLogin) -> SlurmPlacement:
+    placement = SlurmPlacement(login)  # type: ignore[arg-type]
+    placement.settings = {"registry": "registry.lab.example:5000", "runtime": "pyxis"}
+    placement.image_source = {"kind": "registry", "registry": "registry.lab.example:5000", "ref": REF}
+    return placement
+
+
+def test_pyxis_names_the_image_by_registry_hash_repository_and_digest() -> None:
+    assert pyxis_image(REF) == f"registry.lab.example:5000#launcher/ship@{DIGEST}"
+
+
+def test_the_pyxis_step_has_the_run_contract_mounts_env_names_and_command(tmp_path: Path) -> None:
+    job = _job(tmp_path)
+    argv = pyxis_srun_argv(job, REF)
+    assert argv[:2] == ["srun", "--ntasks=1"]
+    opts = dict(a.split("=", 1) for a in argv if a.startswith("--container"))
+    assert opts["--container-image"] == f"registry.lab.example:5000#launcher/ship@{DIGEST}"
+    assert opts["--container-mounts"].split(",") == [f"{tmp_path}/run/out:/launcher/out",
+                                                     "/data/my set:/launcher/data:ro"]
+    assert opts["--container-env"].split(",") == sorted(job.env)
+    assert "--no-container-mount-home" in argv
+    assert argv[-len(runtime_argv(job)):] == runtime_argv(job)
+
+
+def test_the_generated_pyxis_task_runs_srun_with_the_determinism_env_and_records_the_result(tmp_path: Path) -> None:
+    """Run the generated task script with bash, a stand-in `srun` first on PATH recording what it got."""
+    job = _job(tmp_path)
+    run_dir = tmp_path / "run"
+    (run_dir / "out").mkdir(parents=True)
+    script = _pyxis(FakeLogin())._task_script(job, str(run_dir), owner=None)
+    assert "docker run" not in script and "docker pull" not in script  # no engine on a Pyxis node
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    seen = tmp_path / "srun.json"
+    fake = bin_dir / "srun"
+    fake.write_text(
+        "#!/usr/bin/env python3\nimport json, os, sys\n"
+        f"json.dump({{'argv': sys.argv[1:], 'env': dict(os.environ)}}, open({str(seen)!r}, 'w'))\n"
+        "sys.exit(int(os.environ.get('FAKE_RC', '0')))\n"
+    )
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURMD_NODENAME": "gpu07",
+           "SLURM_ARRAY_JOB_ID": "41", "SLURM_ARRAY_TASK_ID": "0", "SLURM_JOB_PARTITION": "a100"}
+    (run_dir / "task.sh").write_text(script)
+    done = subprocess.run(["bash", str(run_dir / "task.sh")], env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(seen.read_text())
+    assert got["argv"] == pyxis_srun_argv(job, REF)[1:]
+    assert {k: got["env"][k] for k in job.env} == dict(job.env)
+    task = json.loads((run_dir / "task.json").read_text())
+    assert (task["status"], task["exit_code"], task["node"], task["job_id"], task["partition"]) == (
+        "succeeded", 0, "gpu07", "41", "a100")
+    assert task["image_ran"] == IMAGE
+    done = subprocess.run(["bash", str(run_dir / "task.sh")], env={**env, "FAKE_RC": "3"}, capture_output=True,
+                          text=True, check=False)
+    assert done.returncode == 3
+    assert json.loads((run_dir / "task.json").read_text())["status"] == "failed"
+
+
+def test_a_docker_task_pulls_by_digest_and_quotes_what_docker_said_into_valid_json(tmp_path: Path) -> None:
+    login = FakeLogin()
+    placement = _pyxis(login)
+    placement.settings["runtime"] = "docker"
+    script = placement._task_script(_job(tmp_path), str(tmp_path / "run"), owner="1000:1000")
+    assert f"docker pull -q {shlex.quote(REF)}" in script
+    (tmp_path / "run" / "out").mkdir(parents=True)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(  # an engine without the image whose pull fails with a quoted message
+        '#!/bin/sh\ncase "$1" in pull) echo \'Error response from daemon: manifest "x" unknown\\\\\' >&2; exit 1;; '
+        "*) exit 1;; esac\n")
+    (bin_dir / "docker").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURMD_NODENAME": "n3"}
+    (tmp_path / "run" / "task.sh").write_text(script)
+    done = subprocess.run(["bash", str(tmp_path / "run" / "task.sh")], env=env, capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 125
+    task = json.loads((tmp_path / "run" / "task.json").read_text())
+    assert task["status"] == "failed" and "does not have the pinned image" in task["error"]
+    assert "manifest x unknown" in task["error"]
+
+
+LAUNCH = {"run_id": "r1", "slurm": {"job_id": "41", "array_index": 2, "log": "/x", "run_dir": "/home/u/r1"}}
+
+
+@pytest.mark.parametrize(("sacct", "status", "code", "node"), [
+    ("CANCELLED by 1000|0:15|None assigned\n", "cancelled", None, None),
+    ("NODE_FAIL|0:0|gpu03\n", "failed", 0, "gpu03"),
+    ("TIMEOUT|0:0|gpu04\n", "failed", 0, "gpu04"),
+    ("OUT_OF_MEMORY|0:125|gpu05\n", "failed", 0, "gpu05"),
+])
+def test_a_task_that_wrote_no_result_is_explained_by_sacct(sacct: str, status: str, code: int | None,
+                                                           node: str | None) -> None:
+    login = FakeLogin({("squeue",): (0, "", ""), ("sacct",): (0, sacct, "")})
+    state = SlurmPlacement(login).state(LAUNCH)  # type: ignore[arg-type]
+    assert state is not None and state.ended
+    assert (state.status, state.exit_code, state.info["node"]) == (status, code, node)
+    assert f"Slurm says {sacct.split('|')[0]}" in state.info["error"]
+    assert ["sacct", "-n", "-P", "-X", "-j", "41_2", "-o", "State,ExitCode,NodeList"] in login.calls
+
+
+def test_without_accounting_the_fallback_says_why_it_cannot_tell() -> None:
+    login = FakeLogin({("squeue",): (0, "", ""),
+                       ("sacct",): (1, "", "sacct: error: Slurm accounting storage is disabled\n")})
+    state = SlurmPlacement(login).state(LAUNCH)  # type: ignore[arg-type]
+    assert state is not None and state.status == "cancelled"
+    assert "keeps no accounting" in state.info["error"]
