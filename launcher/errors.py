@@ -43,6 +43,7 @@ class ExitCode(IntEnum):
     SCHEDULER_DOWN = 30  # the cluster's controller does not answer (scontrol ping)
     UNKNOWN_PARTITION = 31  # --partition names no partition of the cluster
     SLURM_REFUSED = 32  # sbatch refuses the job: a --slurm-opt value or a limit of the partition
+    BAD_CONFIG = 40  # launcher.toml or a LAUNCHER_* variable holds a value launcher refuses; the error names it
     INTERRUPTED = 130
 
 
@@ -189,3 +190,9 @@ class UnknownPartition(LauncherError):
 
 class SlurmRefused(LauncherError):
     exit_code = ExitCode.SLURM_REFUSED
+
+
+class BadConfig(LauncherError):
+    """launcher.toml or a LAUNCHER_* environment variable holds a value launcher refuses."""
+
+    exit_code = ExitCode.BAD_CONFIG

@@ -73,6 +73,13 @@ class Workspace:
     def images_lock(self) -> Path:
         return self.lockfiles / "images.lock"
 
+    def variants(self) -> tuple[str, ...]:
+        """The image variants of the workspace: each NAME with lockfiles/NAME.in and dockerfiles/NAME.Dockerfile."""
+        if not self.lockfiles.is_dir():
+            return ()
+        return tuple(sorted(p.name[: -len(".in")] for p in self.lockfiles.glob("*.in")
+                            if self.dockerfile(p.name[: -len(".in")]).is_file()))
+
     def lock_in(self, variant: str) -> Path:
         return self.lockfiles / f"{variant}.in"
 

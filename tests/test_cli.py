@@ -110,7 +110,7 @@ def test_global_options_are_accepted_after_every_command(tmp_path: Path) -> None
     ws = tmp_path / "ws"
     assert runner.invoke(app, ["init", str(ws)]).exit_code == 0
     res = runner.invoke(app, ["recipes", "list", "--json", "-w", str(ws)])
-    assert res.exit_code == 0 and json.loads(res.stdout)["command"] == "recipes list"
+    assert res.exit_code == 0 and json.loads(res.stdout)["command"] == "recipes ls"
     res = runner.invoke(app, ["verify", "checksums", "--workspace", str(ws), "--json"])
     assert res.exit_code == ExitCode.NOT_FOUND
     assert json.loads(res.stdout)["exit_code"] == ExitCode.NOT_FOUND and "Traceback" not in res.output

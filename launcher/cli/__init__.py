@@ -12,8 +12,18 @@ from typing import Annotated
 import typer
 
 from launcher import __version__
-from launcher.cli import cache_cmds, export_cmds, images_cmds, recipe_cmds, run_cmds, verify_cmds
-from launcher.cli.common import Options
+from launcher.cli import (
+    cache_cmds,
+    config_cmds,
+    export_cmds,
+    images_cmds,
+    recipe_cmds,
+    run_cmds,
+    verify_cmds,
+)
+from launcher.cli.common import Options, fail
+from launcher.cli.params import ARGV, LauncherGroup
+from launcher.errors import LauncherError
 
 app = typer.Typer(
     name="launcher",
@@ -25,7 +35,7 @@ app = typer.Typer(
         "compare the results bit for bit (`launcher verify checksums`)."
     ),
     no_args_is_help=True,
-    add_completion=False,
+    cls=LauncherGroup,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -41,7 +51,7 @@ def _version(value: bool) -> None:
 def _root(
     ctx: typer.Context,
     workspace: Annotated[Path | None, typer.Option(
-        "--workspace", "-w", help="Workspace directory (holds lockfiles/, dockerfiles/, recipes/). "
+        "--workspace", "-w", metavar="DIR", help="Workspace directory (holds lockfiles/, dockerfiles/, recipes/). "
         "Default: the current directory or the nearest parent that is one.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print a versioned JSON result on stdout.")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")] = False,
@@ -50,12 +60,26 @@ def _root(
                                           help="Print the version and exit.")] = False,
 ) -> None:
     ctx.obj = Options(workspace=workspace, json=json_out, debug=debug, quiet=quiet)
+    try:
+        config_cmds.apply_defaults(ctx)  # launcher.toml and LAUNCHER_* as the defaults of what follows
+    except LauncherError as exc:
+        if debug or "--debug" in _options_typed(ctx):
+            raise
+        ctx.obj.json = json_out or "--json" in _options_typed(ctx)
+        fail(ctx, ctx.invoked_subcommand or "launcher", exc)
+        raise typer.Exit(int(exc.exit_code)) from None
+
+
+def _options_typed(ctx: typer.Context) -> list[str]:
+    """The arguments as typed, up to a lone `--` (global options may follow the command)."""
+    argv = list(ctx.meta.get(ARGV) or [])
+    return argv[: argv.index("--")] if "--" in argv else argv
 
 
 # Each module declares its commands on its own Typer: a named one is a group (`launcher recipes ...`),
 # a nameless one adds its commands here at the top level. In the order of the chain, as --help lists them.
-for _commands in (images_cmds, recipe_cmds, run_cmds, verify_cmds, export_cmds, cache_cmds):
-    app.add_typer(_commands.app)
+for _commands in (images_cmds, recipe_cmds, run_cmds, verify_cmds, export_cmds, cache_cmds, config_cmds):
+    app.add_typer(_commands.app, cls=LauncherGroup)
 
 
 def _terminate(signum: int, frame: object) -> None:

@@ -10,18 +10,18 @@ from rich.table import Table
 
 from launcher import cache as cache_mod
 from launcher.cli.common import command, options, render, stdout
+from launcher.cli.params import group
 from launcher.result import Result
 from launcher.workspace import Workspace, default_cache_dir
 
-app = typer.Typer(
-    name="cache",
-    help="The cache shared by every workspace on this machine (~/.cache/launcher, or $LAUNCHER_CACHE): "
+app = group(
+    "cache",
+    "The cache shared by every workspace on this machine (~/.cache/launcher, or $LAUNCHER_CACHE): "
     "image layers for shipping, build records, wheels, bootstrapped bases.",
-    no_args_is_help=True,
 )
 
 
-@command(app, "ls")
+@command(app, "ls", aliases=("list",))
 def ls_cmd(ctx: typer.Context) -> None:
     """Show each area of the cache with its files and size."""
     root = default_cache_dir()

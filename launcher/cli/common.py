@@ -175,15 +175,22 @@ def fail(ctx: typer.Context | None, command: str, exc: LauncherError) -> None:
     stderr.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
 
 
-def command(group: typer.Typer, name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def command(group: typer.Typer, name: str, *, aliases: tuple[str, ...] = ()) -> Callable[
+        [Callable[..., Any]], Callable[..., Any]]:
     """Declare a command of `group`, guarded under its full name (`launcher recipes new` reports errors
     as "recipes new"). The one way commands are registered: each *_cmds module declares its own Typer
-    and launcher/cli/__init__.py adds it, as a named group or, when it has no name, at the top level."""
+    and launcher/cli/__init__.py adds it, as a named group or, when it has no name, at the top level.
+    aliases: older spellings that keep working, hidden from help (`cache ls` for `cache list`)."""
+    from launcher.cli.params import LauncherCommand
+
     prefix = group.info.name if isinstance(group.info.name, str) else ""
     full = f"{prefix} {name}".strip()
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-        return group.command(name)(global_options(guarded(full)(fn)))
+        wrapped = global_options(guarded(full)(fn))
+        for alias in aliases:
+            group.command(alias, cls=LauncherCommand, hidden=True)(wrapped)
+        return group.command(name, cls=LauncherCommand)(wrapped)
 
     return deco
 

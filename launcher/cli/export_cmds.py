@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 from rich.table import Table
 
 from launcher.cli.common import command, render, reporter, stdout, workspace_of
+from launcher.cli.params import complete_run
 from launcher.errors import UsageError
 from launcher.result import Result
 
@@ -33,18 +34,19 @@ def _print_export(result: Result) -> None:
 def export_cmd(
     ctx: typer.Context,
     runs: Annotated[list[str] | None, typer.Argument(
-        metavar="RUN... [DIR]",
+        metavar="[RUN...] [DIR]", autocompletion=complete_run,
         help="Run ids (or run directories); default: the runs of the most recent group. With --to tensorboard "
         "the last argument is the log directory (or give --logdir).")] = None,
-    to: Annotated[str, typer.Option("--to", help="mlflow or tensorboard.")] = "mlflow",
+    to: Annotated[Literal["mlflow", "tensorboard"], typer.Option("--to", help="Where the runs go.")] = "mlflow",
     tracking_uri: Annotated[str | None, typer.Option(
-        "--tracking-uri", help="MLflow tracking URI: a server (http://127.0.0.1:5000) or a directory. "
+        "--tracking-uri", metavar="URI", help="MLflow tracking URI: a server (http://127.0.0.1:5000) or a directory. "
         "Default: the file store mlruns/ in the workspace.")] = None,
     experiment: Annotated[str | None, typer.Option(
-        "--experiment", help="MLflow experiment name. Default: the recipe's name.")] = None,
+        "--experiment", metavar="NAME", help="MLflow experiment name. Default: the recipe's name.")] = None,
     logdir: Annotated[Path | None, typer.Option(
-        "--logdir", help="TensorBoard log directory (the same as the last argument).")] = None,
-    group: Annotated[str | None, typer.Option("--group", "-g", help="Export the runs of this group.")] = None,
+        "--logdir", metavar="DIR", help="TensorBoard log directory (the same as the last argument).")] = None,
+    group: Annotated[str | None, typer.Option(
+        "--group", "-g", metavar="NAME", help="Export the runs of this group.")] = None,
 ) -> None:
     """Export runs to MLflow (params, per-epoch metrics, tags, artifacts) or TensorBoard event files.
 

@@ -9,10 +9,11 @@ import functools
 import inspect
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 
+from launcher.cli.params import complete_host
 from launcher.errors import UsageError
 from launcher.hosts.base import Host
 from launcher.hosts.spec import HostSpec
@@ -32,14 +33,16 @@ def _options(multiple: bool) -> list[inspect.Parameter]:
     host_type: Any = list[str] | None if multiple else str | None
     declared: list[tuple[str, Any, Any]] = [
         ("host", Annotated[host_type, typer.Option(
-            "--host", "-H", metavar="HOST", help=host_help, rich_help_panel=PANEL)], None),
+            "--host", "-H", metavar="HOST", help=host_help, rich_help_panel=PANEL, autocompletion=complete_host)],
+         None),
         ("trust_new_host", Annotated[bool, typer.Option(
             "--trust-new-host", rich_help_panel=PANEL,
             help="Record the host key of a host not yet in known_hosts (check its fingerprint first).")], False),
         ("identity", Annotated[Path | None, typer.Option(
             "--identity", "-i", metavar="FILE", rich_help_panel=PANEL, help="Private key file for SSH.")], None),
         ("port", Annotated[int | None, typer.Option(
-            "--port", "-p", rich_help_panel=PANEL, help="SSH port (default: from ~/.ssh/config, else 22).")], None),
+            "--port", "-p", metavar="PORT", rich_help_panel=PANEL,
+            help="SSH port (default: from ~/.ssh/config, else 22).")], None),
         ("ssh_config", Annotated[Path | None, typer.Option(
             "--ssh-config", metavar="FILE", rich_help_panel=PANEL,
             help="SSH config file (default ~/.ssh/config).")], None),
@@ -83,8 +86,8 @@ def with_host(*, multiple: bool = False) -> Callable[[Callable[..., Any]], Calla
 
 
 SCHEDULER_PANEL = "Cluster options"
-SchedulerOpt = Annotated[str | None, typer.Option(
-    "--scheduler", metavar="slurm", rich_help_panel=SCHEDULER_PANEL,
+SchedulerOpt = Annotated[Literal["slurm"] | None, typer.Option(
+    "--scheduler", rich_help_panel=SCHEDULER_PANEL,
     help="Place the runs through the cluster's scheduler, reached at --host (its login node): the replicates "
     "become one job array, the image travels once to the shared filesystem. Default: containers on --host itself.")]
 PartitionOpt = Annotated[str | None, typer.Option(

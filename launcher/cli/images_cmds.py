@@ -9,7 +9,8 @@ import typer
 from rich.table import Table
 
 from launcher.cli.common import command, render, reporter, stdout, workspace_of
-from launcher.errors import ExitCode
+from launcher.cli.params import VariantOpt, check_variant, complete_variants, group
+from launcher.errors import ExitCode, UsageError
 from launcher.images import bootstrap as bootstrap_mod
 from launcher.images import build as build_mod
 from launcher.images import lock as lock_mod
@@ -20,20 +21,36 @@ from launcher.scaffold import init_workspace
 from launcher.workspace import Workspace
 
 CA_HELP = "CA bundle for TLS to the package index (behind an intercepting proxy). Default: pip's own settings."
-Variant = Annotated[str, typer.Argument(help="Image variant: cpu or gpu.")]
+CaBundleOpt = Annotated[Path | None, typer.Option("--ca-bundle", metavar="FILE", help=CA_HELP)]
+# `launcher build gpu`, as the README once wrote it: the positional variant still works, hidden.
+OldVariantArg = Annotated[str | None, typer.Argument(hidden=True, show_default=False)]
+VariantsOpt = Annotated[str, typer.Option(
+    "--variant", autocompletion=complete_variants, help="One image variant of the workspace, or all of them.")]
 
 app = typer.Typer()
-base_app = typer.Typer(name="base", help="Pin base images by digest in lockfiles/images.lock.",
-                       no_args_is_help=True)
+base_app = group("base", "Pin base images by digest in lockfiles/images.lock.")
 app.add_typer(base_app)
+
+
+def _variant(ctx: typer.Context, ws: Workspace, variant: str, positional: str | None) -> str:
+    """--variant, or the older positional spelling (`build gpu`); a usage error when they disagree."""
+    from typer._click.core import ParameterSource
+
+    if positional is not None and positional != variant:
+        if ctx.get_parameter_source("variant") == ParameterSource.COMMANDLINE:
+            raise UsageError(f"two variants given: {positional!r} and --variant {variant!r}",
+                             "give one, as --variant NAME")
+        variant = positional
+    return check_variant(ws, variant)
 
 
 @command(app, "init")
 def init_cmd(
     ctx: typer.Context,
-    directory: Annotated[Path, typer.Argument(help="Where to create the workspace.")] = Path("."),
+    directory: Annotated[Path, typer.Argument(metavar="DIR", help="Where to create the workspace.")] = Path("."),
     from_workspace: Annotated[Path | None, typer.Option(
-        "--from", help="Copy the locks, Dockerfiles and recipes of this workspace instead of the templates.")] = None,
+        "--from", metavar="DIR",
+        help="Copy the locks, Dockerfiles and recipes of this workspace instead of the templates.")] = None,
 ) -> None:
     """Create a workspace in DIR (`launcher recipes new NAME` then scaffolds a recipe in it)."""
     src = Workspace.discover(from_workspace) if from_workspace else None
@@ -47,11 +64,11 @@ def init_cmd(
 @command(app, "lock")
 def lock_cmd(
     ctx: typer.Context,
-    variant: Annotated[str, typer.Option("--variant", help="cpu, gpu or all.")] = "all",
+    variants: VariantsOpt = "all",
     upgrade: Annotated[bool, typer.Option("--upgrade", help="Pick the newest allowed versions of everything.")] = False,
     upgrade_package: Annotated[list[str] | None, typer.Option(
-        "--upgrade-package", "-P", help="Upgrade only this package (repeatable).")] = None,
-    ca_bundle: Annotated[Path | None, typer.Option("--ca-bundle", help=CA_HELP)] = None,
+        "--upgrade-package", "-P", metavar="NAME", help="Upgrade only this package (repeatable).")] = None,
+    ca_bundle: CaBundleOpt = None,
 ) -> None:
     """Lock Python dependencies: every package pinned with == and its sha256 hashes.
 
@@ -59,6 +76,7 @@ def lock_cmd(
     lockfiles/images.lock), and locking again with nothing changed rewrites nothing.
     """
     ws = workspace_of(ctx)
+    variant = check_variant(ws, variants, all_ok=True)
     if variant != "all":
         images.check_variant(variant)
     with reporter(ctx) as rep:
@@ -74,47 +92,53 @@ def lock_cmd(
 @command(base_app, "resolve")
 def base_resolve(
     ctx: typer.Context,
-    ref: Annotated[str, typer.Argument(help="A public image tag, e.g. python:3.11-slim-bookworm.")],
-    variant: Annotated[str, typer.Option("--variant", help="cpu, gpu or all.")] = "all",
-    python: Annotated[str, typer.Option("--python", help="The image's Python (major.minor).")] = "3.11",
-    ca_bundle: Annotated[Path | None, typer.Option("--ca-bundle", help="CA bundle for the registry's TLS.")] = None,
+    ref: Annotated[str, typer.Argument(metavar="REF", help="A public image tag, e.g. python:3.11-slim-bookworm.")],
+    variants: VariantsOpt = "all",
+    python: Annotated[str, typer.Option("--python", metavar="X.Y", help="The image's Python (major.minor).")] = "3.11",
+    ca_bundle: Annotated[Path | None, typer.Option(
+        "--ca-bundle", metavar="FILE", help="CA bundle for the registry's TLS.")] = None,
 ) -> None:
     """Resolve REF's tag to its registry digest and pin it in images.lock."""
     ws = workspace_of(ctx)
+    variant = check_variant(ws, variants, all_ok=True)
     parsed = registry.ImageRef.parse(ref)
     digest = registry.resolve_digest(ref, ca_bundle=ca_bundle)
     if parsed.digest and parsed.digest != digest:
         raise images.PinMismatch(f"{ref} names {parsed.digest} but the registry serves {digest}",
                                  "drop the @digest part to pin what the tag points to now")
     pinned = parsed.pinned(digest)
-    variants = ["cpu", "gpu"] if variant == "all" else [images.check_variant(variant)]
+    pinned_variants = ["cpu", "gpu"] if variant == "all" else [images.check_variant(variant)]
     try:
         lock = images.load(ws)
     except images.NotFound:
         lock = images.ImagesLock()
-    for v in variants:
+    for v in pinned_variants:
         lock.pins[v] = images.BasePin(v, pinned, python=python)
     changed = images.save(ws, lock)
-    render(ctx, Result("base resolve", {"ref": pinned, "digest": digest, "variants": variants, "changed": changed},
-                       summary=f"{', '.join(variants)} base pinned: {pinned}"))
+    render(ctx, Result("base resolve",
+                       {"ref": pinned, "digest": digest, "variants": pinned_variants, "changed": changed},
+                       summary=f"{', '.join(pinned_variants)} base pinned: {pinned}"))
 
 
 @command(base_app, "bootstrap")
 def base_bootstrap(
     ctx: typer.Context,
-    variant: Annotated[str, typer.Option("--variant", help="cpu, gpu or all.")] = "all",
-    registry_addr: Annotated[str, typer.Option("--registry", help="Registry to push to.")] = registry.DEFAULT_LOCAL,
+    variants: VariantsOpt = "all",
+    registry_addr: Annotated[str, typer.Option(
+        "--registry", metavar="HOST:PORT", help="Registry to push to.")] = registry.DEFAULT_LOCAL,
     start_registry: Annotated[bool, typer.Option(
         "--start-registry", help="Start a local registry on --registry (loopback) if none answers.")] = False,
-    suite: Annotated[str, typer.Option("--suite", help="Debian suite.")] = bootstrap_mod.DEFAULT_SUITE,
-    mirror: Annotated[str, typer.Option("--mirror", help="Debian mirror.")] = bootstrap_mod.DEFAULT_MIRROR,
+    suite: Annotated[str, typer.Option("--suite", metavar="NAME", help="Debian suite.")] = bootstrap_mod.DEFAULT_SUITE,
+    mirror: Annotated[str, typer.Option(
+        "--mirror", metavar="URL", help="Debian mirror.")] = bootstrap_mod.DEFAULT_MIRROR,
 ) -> None:
     """Build a minimal Debian + Python base with debootstrap, push it and pin its digest.
 
     For machines without Docker Hub, and for teams that cannot use public registries.
     """
     ws = workspace_of(ctx)
-    variants = ["cpu", "gpu"] if variant == "all" else [images.check_variant(variant)]
+    variant = check_variant(ws, variants, all_ok=True)
+    pinned_variants = ["cpu", "gpu"] if variant == "all" else [images.check_variant(variant)]
     started = None
     if start_registry:
         started = registry.start_local_registry(ws.cache_dir / "registry", registry_addr)
@@ -125,27 +149,29 @@ def base_bootstrap(
         lock = images.load(ws)
     except images.NotFound:
         lock = images.ImagesLock()
-    for v in variants:
+    for v in pinned_variants:
         lock.pins[v] = images.BasePin(v, res.ref, python=res.python, source="bootstrap")
     images.save(ws, lock)
     data = {"ref": res.ref, "digest": res.digest, "image_id": res.image_id, "python": res.python,
-            "variants": variants, "rootfs_cached": res.rootfs_cached, "registry": started}
-    render(ctx, Result("base bootstrap", data, summary=f"{', '.join(variants)} base pinned: {res.ref}"))
+            "variants": pinned_variants, "rootfs_cached": res.rootfs_cached, "registry": started}
+    render(ctx, Result("base bootstrap", data, summary=f"{', '.join(pinned_variants)} base pinned: {res.ref}"))
 
 
 @command(app, "build")
 def build_cmd(
     ctx: typer.Context,
-    variant: Variant = "cpu",
+    positional: OldVariantArg = None,
+    variant: VariantOpt = "cpu",
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Build every step again.")] = False,
-    ca_bundle: Annotated[Path | None, typer.Option("--ca-bundle", help=CA_HELP)] = None,
+    ca_bundle: CaBundleOpt = None,
 ) -> None:
-    """Build dockerfiles/<variant>.Dockerfile FROM the pinned base, installing offline from the lock.
+    """Build dockerfiles/VARIANT.Dockerfile FROM the pinned base, installing offline from the lock.
 
     The tag is a hash of the Dockerfile, the lockfile, the base digest and the recipes, so
     building unchanged inputs again is a no-op. The build record lands in .launcher/builds/.
     """
     ws = workspace_of(ctx)
+    variant = _variant(ctx, ws, variant, positional)
     with reporter(ctx) as rep:
         rec = build_mod.build(ws, variant, nocache=no_cache, ca_bundle=ca_bundle, reporter=rep)
     data = rec.to_json() | {"noop": rec.noop}
@@ -157,10 +183,11 @@ def build_cmd(
 @command(app, "rebuild")
 def rebuild_cmd(
     ctx: typer.Context,
-    variant: Variant = "cpu",
+    positional: OldVariantArg = None,
+    variant: VariantOpt = "cpu",
     verify: Annotated[bool, typer.Option("--verify/--no-verify",
                                          help="Compare with the recorded build (exit 3 if it differs).")] = True,
-    ca_bundle: Annotated[Path | None, typer.Option("--ca-bundle", help=CA_HELP)] = None,
+    ca_bundle: CaBundleOpt = None,
 ) -> None:
     """Rebuild the image from scratch from the same lock and digest, and prove it is the same.
 
@@ -168,6 +195,7 @@ def rebuild_cmd(
     hashes, link targets; no mtimes) and the image ID with the recorded build.
     """
     ws = workspace_of(ctx)
+    variant = _variant(ctx, ws, variant, positional)
     with reporter(ctx) as rep:
         rep_ = build_mod.rebuild(ws, variant, verify=verify, ca_bundle=ca_bundle, reporter=rep)
     code = ExitCode.OK if rep_.tree_matches else ExitCode.NOT_REPRODUCIBLE
@@ -194,8 +222,10 @@ def rebuild_cmd(
 @command(base_app, "registry")
 def base_registry(
     ctx: typer.Context,
-    address: Annotated[str, typer.Option("--address", help="Loopback address to listen on.")] = registry.DEFAULT_LOCAL,
-    storage: Annotated[Path | None, typer.Option("--storage", help="Where blobs live. Default: the cache dir.")] = None,
+    address: Annotated[str, typer.Option(
+        "--address", metavar="HOST:PORT", help="Loopback address to listen on.")] = registry.DEFAULT_LOCAL,
+    storage: Annotated[Path | None, typer.Option(
+        "--storage", metavar="DIR", help="Where blobs live. Default: the cache dir.")] = None,
 ) -> None:
     """Start a local registry (Debian's docker-registry) on loopback, if none answers there."""
     from launcher.workspace import default_cache_dir

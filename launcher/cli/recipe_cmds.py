@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 from rich.table import Table
 
 from launcher.cli.common import command, render, stdout, workspace_of
+from launcher.cli.params import complete_recipe, group
 from launcher.result import Result
 from launcher.runs import recipes
 
-app = typer.Typer(name="recipes", no_args_is_help=True,
-                  help="The workspace's training recipes (recipes/<name>/recipe.toml).")
+app = group("recipes", "The workspace's training recipes (recipes/NAME/recipe.toml).")
 
 
-@command(app, "list")
+@command(app, "ls", aliases=("list",))
 def list_cmd(ctx: typer.Context) -> None:
     """List the recipes of the workspace."""
     ws = workspace_of(ctx)
@@ -32,13 +32,14 @@ def list_cmd(ctx: typer.Context) -> None:
             table.add_row(r.name, r.framework, r.spec.description)
         stdout.print(table)
 
-    render(ctx, Result("recipes list", data, summary=f"{len(found)} recipes"), text)
+    render(ctx, Result("recipes ls", data, summary=f"{len(found)} recipes"), text)
 
 
 @command(app, "show")
 def show_cmd(
     ctx: typer.Context,
-    name: Annotated[str, typer.Argument(help="A recipe name, a recipe folder or a .py script.")],
+    name: Annotated[str, typer.Argument(metavar="RECIPE", autocompletion=complete_recipe,
+                                        help="A recipe name, a recipe folder or a .py script.")],
 ) -> None:
     """Show a recipe: entry, params with defaults, datasets and their expected fingerprints."""
     recipe = recipes.load_recipe(workspace_of(ctx), name)
@@ -64,8 +65,9 @@ def show_cmd(
 @command(app, "new")
 def new_cmd(
     ctx: typer.Context,
-    name: Annotated[str, typer.Argument(help="The new recipe's name (a folder under recipes/).")],
-    framework: Annotated[str, typer.Option("--framework", help="tensorflow or torch.")] = "tensorflow",
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The new recipe's name (a folder under recipes/).")],
+    framework: Annotated[Literal["tensorflow", "torch"], typer.Option(
+        "--framework", help="The framework train.py is written for.")] = "tensorflow",
 ) -> None:
     """Scaffold recipes/NAME/ with a recipe.toml and a train.py that runs as it is."""
     recipe = recipes.scaffold_recipe(workspace_of(ctx), name, framework)

@@ -19,6 +19,19 @@ from launcher.cli.hostopts import (
     target,
     with_host,
 )
+from launcher.cli.params import (
+    DataOpt,
+    DeterminismOpt,
+    ParamOpt,
+    RunArg,
+    RunsArg,
+    SeedOpt,
+    ThreadsOpt,
+    VariantOpt,
+    check_variant,
+    complete_recipe,
+    threads_for,
+)
 from launcher.errors import ExitCode, UsageError
 from launcher.hosts.spec import HostSpec
 from launcher.result import Result
@@ -182,6 +195,7 @@ def run_cmd(
         str,
         typer.Argument(
             metavar="RECIPE",
+            autocompletion=complete_recipe,
             help="A recipe name (recipes/NAME), a recipe folder, a .py script (sent with its project folder), "
             "or a folder with --entry.",
         ),
@@ -195,17 +209,11 @@ def run_cmd(
         ),
     ] = None,
     host: HostSpec = LOCAL,
-    variant: Annotated[str, typer.Option("--variant", help="Image variant: cpu or gpu.")] = "cpu",
-    seed: Annotated[list[int] | None, typer.Option("--seed", help="Seed; repeat for several seeds.")] = None,
-    determinism: Annotated[
-        str, typer.Option("--determinism", "--profile", help="strict | deterministic | seeded | off")
-    ] = "deterministic",
-    threads: Annotated[
-        int | None, typer.Option("--threads", help="Fixed intra/inter-op thread count.")
-    ] = None,
-    data: Annotated[
-        str | None, typer.Option("--data", help="Dataset folder on the host, mounted read-only.")
-    ] = None,
+    variant: VariantOpt = "cpu",
+    seed: SeedOpt = None,
+    determinism: DeterminismOpt = "deterministic",
+    threads: ThreadsOpt = None,
+    data: DataOpt = None,
     data_from: Annotated[
         Path | None,
         typer.Option(
@@ -215,12 +223,14 @@ def run_cmd(
             "files sends nothing), then mounted read-only like --data.",
         ),
     ] = None,
-    param: Annotated[list[str] | None, typer.Option("--param", help="KEY=VALUE; repeatable.")] = None,
-    runs_n: Annotated[int, typer.Option("--runs", help="Replicates per seed, grouped for verify.")] = 1,
+    param: ParamOpt = None,
+    runs_n: Annotated[int, typer.Option("--runs", "-n", metavar="N",
+                                        help="Replicates per seed, grouped for verify.")] = 1,
     detach: Annotated[
         bool, typer.Option("--detach", "-d", help="Start and return; `launcher pull` later.")
     ] = False,
-    group: Annotated[str | None, typer.Option("--group", help="Group name (default: generated).")] = None,
+    group: Annotated[str | None, typer.Option("--group", "-g", metavar="NAME",
+                                              help="Group name (default: generated).")] = None,
     ship_via: Annotated[
         str | None,
         typer.Option(
@@ -274,6 +284,8 @@ def run_cmd(
     from launcher.runs import lifecycle as runs
 
     ws = workspace_of(ctx)
+    variant = check_variant(ws, variant)
+    threads = threads_for(ctx, determinism, threads)
     spec = runs.RunSpec(
         recipe=recipe,
         variant=variant,
@@ -366,7 +378,7 @@ def _sink(ctx: typer.Context, lines: list[str]) -> Any:
 @command(app, "logs")
 def logs_cmd(
     ctx: typer.Context,
-    run_id: Annotated[str, typer.Argument(metavar="RUN")],
+    run_id: RunArg,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the run ends.")] = False,
 ) -> None:
     """Print a run's logs (from its container while it exists, else the pulled train.log)."""
@@ -378,7 +390,7 @@ def logs_cmd(
 
 
 @command(app, "attach")
-def attach_cmd(ctx: typer.Context, run_id: Annotated[str, typer.Argument(metavar="RUN")]) -> None:
+def attach_cmd(ctx: typer.Context, run_id: RunArg) -> None:
     """Follow a detached run's logs to its end, then pull its outputs."""
     from launcher.runs import control as runcontrol
 
@@ -400,9 +412,10 @@ def attach_cmd(ctx: typer.Context, run_id: Annotated[str, typer.Argument(metavar
 @command(app, "pull")
 def pull_cmd(
     ctx: typer.Context,
-    run_id: Annotated[str, typer.Argument(metavar="RUN")],
+    run_id: RunArg,
     watch: Annotated[
-        float | None, typer.Option("--watch", help="Copy back every SECONDS while the run goes, then finish.")
+        float | None, typer.Option("--watch", metavar="SECONDS",
+                                   help="Copy back every SECONDS while the run goes, then finish.")
     ] = None,
 ) -> None:
     """Copy a run's outputs back, verified (resumable: verified files are skipped)."""
@@ -422,7 +435,7 @@ def pull_cmd(
 
 
 @command(app, "stop")
-def stop_cmd(ctx: typer.Context, run_id: Annotated[str, typer.Argument(metavar="RUN")]) -> None:
+def stop_cmd(ctx: typer.Context, run_id: RunArg) -> None:
     """Stop a run's container (its outputs so far stay on the host: `launcher pull RUN`). A cluster run:
     cancel its whole job array, and pull every replicate's outputs and manifest."""
     from launcher.runs import control as runcontrol
@@ -440,9 +453,7 @@ def stop_cmd(ctx: typer.Context, run_id: Annotated[str, typer.Argument(metavar="
 @with_host()
 def clean_cmd(
     ctx: typer.Context,
-    run_ids: Annotated[
-        list[str] | None, typer.Argument(metavar="RUN", help="Run ids (see `launcher ps`).")
-    ] = None,
+    run_ids: RunsArg = None,
     force: Annotated[
         bool, typer.Option("--force", help="Delete the host's copy even if the local one is not complete.")
     ] = False,

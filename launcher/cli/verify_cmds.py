@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.table import Table
@@ -19,13 +19,24 @@ from launcher.cli.hostopts import (
     target,
     with_host,
 )
+from launcher.cli.params import (
+    DataOpt,
+    DeterminismOpt,
+    ParamOpt,
+    ThreadsOpt,
+    VariantOpt,
+    check_variant,
+    complete_recipe,
+    complete_run,
+    group,
+    threads_for,
+)
 from launcher.hosts.spec import HostSpec
 from launcher.result import Result
 from launcher.runs.determinism import DEFAULT_SEED
 
 app = typer.Typer()
-verify_app = typer.Typer(name="verify", help="Compare runs bit for bit and explain the differences.",
-                         no_args_is_help=True)
+verify_app = group("verify", "Compare runs bit for bit and explain the differences.")
 app.add_typer(verify_app)
 
 MAX_ARRAY_LINES = 12
@@ -180,11 +191,14 @@ def _print_tail(result: Result) -> None:
 def checksums(
     ctx: typer.Context,
     runs: Annotated[list[str] | None, typer.Argument(
+        metavar="RUN", autocompletion=complete_run,
         help="Run ids (or run directories). Default: the runs of the most recent group.")] = None,
     against: Annotated[str | None, typer.Option(
-        "--against", help="The reference run. Default: the first run.")] = None,
+        "--against", metavar="RUN", autocompletion=complete_run,
+        help="The reference run. Default: the first run.")] = None,
     group: Annotated[str | None, typer.Option(
-        "--group", "-g", help="Verify the runs of this group (e.g. one from `launcher experiment`).")] = None,
+        "--group", "-g", metavar="NAME", help="Verify the runs of this group (e.g. one from `launcher experiment`).")
+    ] = None,
     ignore: Annotated[list[str] | None, typer.Option(
         "--ignore", metavar="GLOB", help="List files matching GLOB (under outputs/; * crosses /) but do not "
         "compare them; repeatable.")] = None,
@@ -214,8 +228,8 @@ def _print_experiment(result: Result) -> None:
         table.add_row(r["group"], str(r["replicate"]), str(r["seed"]), r["host"] or "-",
                       ", ".join(r["run_ids"]) or "-", outcome)
     stdout.print(table)
-    for group in d["groups"].values():
-        stdout.print(f"verify:  launcher verify checksums --group {group}")
+    for name in d["groups"].values():
+        stdout.print(f"verify:  launcher verify checksums --group {name}")
     stdout.print(f"report:  launcher report {' '.join(d['groups'].values())}")
     stdout.print(result.summary)
 
@@ -224,9 +238,10 @@ def _print_experiment(result: Result) -> None:
 @with_host(multiple=True)
 def experiment_cmd(
     ctx: typer.Context,
-    recipe: Annotated[str, typer.Argument(help="A recipe name (recipes/NAME).")],
-    runs: Annotated[int, typer.Option("--runs", "-n", help="Runs per group.")] = 5,
-    seeds: Annotated[str, typer.Option(
+    recipe: Annotated[str, typer.Argument(metavar="RECIPE", autocompletion=complete_recipe,
+                                          help="A recipe name (recipes/NAME).")],
+    runs: Annotated[int, typer.Option("--runs", "-n", metavar="N", help="Runs per group.")] = 5,
+    seeds: Annotated[Literal["same", "different", "both"], typer.Option(
         "--seeds", help="same: one seed for every run; different: a seed per run; both: one group of each.")
     ] = "both",
     host: Sequence[HostSpec] = (),
@@ -234,25 +249,26 @@ def experiment_cmd(
     partition: PartitionOpt = None,
     slurm_opt: SlurmOpt = None,
     max_parallel: MaxParallelOpt = None,
-    seed: Annotated[int, typer.Option("--seed", help="The seed of the same-seed group; the first of the "
-                                      "different-seeds group.")] = DEFAULT_SEED,
-    variant: Annotated[str, typer.Option("--variant", help="Image variant: cpu or gpu.")] = "cpu",
-    determinism: Annotated[str, typer.Option(
-        "--determinism", "--profile", help="strict | deterministic | seeded | off")] = "deterministic",
-    threads: Annotated[int | None, typer.Option(
-        "--threads", help="Fixed intra/inter-op thread count.")] = None,
-    data: Annotated[str | None, typer.Option("--data", help="Dataset folder on the hosts, mounted read-only.")
-                    ] = None,
+    seed: Annotated[list[int] | None, typer.Option(
+        "--seed", metavar="N", help=f"The seed of the same-seed group and the first of the different-seeds group "
+        f"(default {DEFAULT_SEED}); repeat to give the different-seeds group its seeds (after them: the last + 1, "
+        "+ 2, ...).")] = None,
+    variant: VariantOpt = "cpu",
+    determinism: DeterminismOpt = "deterministic",
+    threads: ThreadsOpt = None,
+    data: DataOpt = None,
     data_from: Annotated[Path | None, typer.Option(
         "--data-from", metavar="DIR", help="Dataset folder on this machine: sent to each host by content "
         "(once per host), then mounted read-only like --data.")] = None,
-    param: Annotated[list[str] | None, typer.Option("--param", help="KEY=VALUE; repeatable.")] = None,
+    param: ParamOpt = None,
 ) -> None:
     """Run replicates of a recipe in a same-seed and a different-seeds group, in parallel across hosts."""
     from launcher.runs import lifecycle as runs_mod
     from launcher.runs.experiment import experiment
 
     ws = workspace_of(ctx)
+    variant = check_variant(ws, variant)
+    threads = threads_for(ctx, determinism, threads)
     cluster = None
     if check_cluster_options(scheduler, partition, slurm_opt, max_parallel):
 
@@ -260,7 +276,7 @@ def experiment_cmd(
             return target(h, spec, scheduler, partition, slurm_opt, max_parallel)
 
     with reporter(ctx) as rep:
-        res = experiment(ws, recipe, runs, seeds, host, base_seed=seed, variant=variant,
+        res = experiment(ws, recipe, runs, seeds, host, base_seed=seed or [DEFAULT_SEED], variant=variant,
                          profile=determinism, threads=threads, data=data,
                          data_from=str(data_from) if data_from else None,
                          params=runs_mod.parse_params(param or []), reporter=rep,
@@ -317,8 +333,9 @@ def _print_report(result: Result) -> None:
 def report_cmd(
     ctx: typer.Context,
     groups: Annotated[list[str], typer.Argument(
-        help="Group names (from `launcher experiment` or a manifest).")],
-    name: Annotated[str | None, typer.Option("--name", help="Report folder name under reports/.")] = None,
+        metavar="GROUP", help="Group names (from `launcher experiment` or a manifest).")],
+    name: Annotated[str | None, typer.Option("--name", metavar="NAME", help="Report folder name under reports/.")
+                    ] = None,
 ) -> None:
     """Write reports/NAME/: final metrics, the seed-fixed share of the spread with its confidence interval,
     plots (metrics, differences from the reference, final weights per layer), index.html, JSON."""
@@ -334,8 +351,9 @@ def report_cmd(
 @command(verify_app, "models")
 def models_cmd(
     ctx: typer.Context,
-    reference: Annotated[Path, typer.Argument(help="A model file: canonical.npz, .weights.h5, .h5, .keras, .pt.")],
-    other: Annotated[Path, typer.Argument(help="The model file to compare with it.")],
+    reference: Annotated[Path, typer.Argument(
+        metavar="MODEL", help="A model file: canonical.npz, .weights.h5, .h5, .keras, .pt.")],
+    other: Annotated[Path, typer.Argument(metavar="OTHER", help="The model file to compare with it.")],
 ) -> None:
     """Diff two saved models array by array (no run directories needed).
 

@@ -36,16 +36,20 @@ class PlannedRun:
     seed: int
 
 
-def plan(recipe: str, runs: int, seeds: str = "both", base_seed: int = DEFAULT_SEED,
+def plan(recipe: str, runs: int, seeds: str = "both", base_seed: int | Sequence[int] = DEFAULT_SEED,
          stamp: str | None = None) -> list[PlannedRun]:
-    """The runs of an experiment, the two groups interleaved so both make progress together."""
+    """The runs of an experiment, the two groups interleaved so both make progress together.
+    base_seed: the same-seed group's seed and the first of the different-seeds group; several seeds
+    are the different-seeds group's own, continued by the last + 1, + 2, ... when it has more runs."""
     if runs < 1:
         raise UsageError(f"--runs must be at least 1, not {runs}")
     if seeds not in SEED_MODES:
         raise UsageError(f"--seeds must be one of {', '.join(SEED_MODES)}, not {seeds!r}")
+    given = [base_seed] if isinstance(base_seed, int) else list(base_seed) or [DEFAULT_SEED]
+    diff_seeds = given[:runs] + [given[-1] + k for k in range(1, runs - len(given) + 1)]
     stamp = stamp or datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
-    same = [PlannedRun(f"{recipe}-{stamp}-{SAME_SEED}", SAME_SEED, i, base_seed) for i in range(runs)]
-    diff = [PlannedRun(f"{recipe}-{stamp}-{DIFFERENT_SEEDS}", DIFFERENT_SEEDS, i, base_seed + i)
+    same = [PlannedRun(f"{recipe}-{stamp}-{SAME_SEED}", SAME_SEED, i, given[0]) for i in range(runs)]
+    diff = [PlannedRun(f"{recipe}-{stamp}-{DIFFERENT_SEEDS}", DIFFERENT_SEEDS, i, diff_seeds[i])
             for i in range(runs)]
     if seeds == "same":
         return same
@@ -168,7 +172,8 @@ def _launch_with_runs(ws: Workspace, base: Any, reporter: Reporter) -> Callable[
 
 
 def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
-               hosts: Sequence[HostSpec] = (), *, base_seed: int = DEFAULT_SEED, variant: str = "cpu",
+               hosts: Sequence[HostSpec] = (), *, base_seed: int | Sequence[int] = DEFAULT_SEED,
+               variant: str = "cpu",
                profile: str = "deterministic",
                threads: int | None = None, data: str | None = None, data_from: str | None = None,
                params: dict[str, Any] | None = None,

@@ -1,0 +1,67 @@
+"""`launcher config`: the defaults in force and where each comes from; and the one place they become
+the command line's defaults (Click's default_map)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from launcher import config as config_mod
+from launcher.cli.common import command, render, stdout
+from launcher.cli.params import workspace_for
+from launcher.result import Result
+
+app = typer.Typer()
+
+
+def default_map(group: Any, defaults: dict[str, Any]) -> dict[str, Any]:
+    """Click's default_map for every command under group that has a parameter a setting defaults (a
+    parameter that takes several values, like experiment's --host, gets a list)."""
+    out: dict[str, Any] = {}
+    for name, cmd in getattr(group, "commands", {}).items():
+        if hasattr(cmd, "commands"):
+            sub = default_map(cmd, defaults)
+            if sub:
+                out[name] = sub
+            continue
+        mine = {p.name: ([defaults[p.name]] if getattr(p, "multiple", False) else defaults[p.name])
+                for p in cmd.params if p.name in defaults}
+        if mine:
+            out[name] = mine
+    return out
+
+
+def apply_defaults(ctx: typer.Context) -> None:
+    """Make launcher.toml's and LAUNCHER_*'s values the defaults of this command line (BadConfig if one
+    is refused). The command line's own values still win: Click uses a default only for what was not given."""
+    cfg = config_mod.resolve(workspace_for(ctx))
+    ctx.default_map = default_map(ctx.command, cfg.defaults())
+
+
+def _text(result: Result) -> None:
+    d = result.data
+    where = d["file"] or "none (not in a workspace)"
+    state = "" if not d["file"] else (" (read)" if d["file_exists"] else " (not present)")
+    stdout.print(f"file: {where}{state}", markup=False)
+    table = Table("setting", "value", "from", "option", "variable", box=None)
+    for s in d["settings"]:
+        origin = {"environment": s["env"], "file": config_mod.FILE, "built-in": "built-in"}[s["source"]]
+        table.add_row(*(Text(str(x)) for x in (s["key"], s["value"], origin, s["option"], s["env"])))
+    stdout.print(table)
+    stdout.print(result.summary, markup=False)
+
+
+@command(app, "config")
+def config_cmd(ctx: typer.Context) -> None:
+    """Show the defaults in force (host, variant, determinism, threads) and where each comes from.
+
+    They come from the command line, else the environment (LAUNCHER_HOST, LAUNCHER_VARIANT,
+    LAUNCHER_DETERMINISM, LAUNCHER_THREADS), else the workspace's launcher.toml ([defaults] host,
+    variant, determinism, threads), else launcher's own. `--host local` overrides a default host.
+    """
+    cfg = config_mod.resolve(workspace_for(ctx))
+    summary = "precedence: command line > environment > launcher.toml > built-in"
+    render(ctx, Result("config", cfg.to_dict(), summary=summary), _text)

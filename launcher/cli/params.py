@@ -1,0 +1,268 @@
+"""How options look and complete, in one place: conventional metavars (N, PATH, [cpu|gpu]; a flag shows
+none), the allowed values of a choice listed in help, shell completion of recipe names, run IDs,
+variants and SSH hosts, and the option types commands share (one spelling per idea).
+
+Every command and group gets the classes below (`command()` in common.py, `group()` here), so a
+command declares its options plainly and Typer's own (--help, --install-completion) look the same.
+
+A parameter named ``variant`` takes one of the workspace's image variants (lockfiles/NAME.in with
+dockerfiles/NAME.Dockerfile), one named ``variants`` those or ``all``: help lists the variants of the
+workspace at hand and completion offers them. `check_variant` is the check a command makes once it
+knows its workspace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args
+
+import typer
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
+
+from launcher.errors import UsageError
+from launcher.workspace import VARIANTS, Workspace
+
+ARGV = "launcher.argv"  # ctx.meta key: the root's arguments as typed (LauncherGroup.parse_args)
+
+
+# ---------------------------------------------------------------- the workspace a completion or help is for
+
+
+def _given_workspace(ctx: Any) -> Path | None:
+    """--workspace as given so far: on this command, a parent, or typed after the command."""
+    node = ctx
+    while node is not None:
+        value = (node.params or {}).get("workspace")
+        if value:
+            return Path(value)
+        given = getattr(getattr(node, "obj", None), "workspace", None)
+        if given:
+            return Path(given)
+        node = node.parent
+    return workspace_in_argv(ctx.meta.get(ARGV) or [])
+
+
+def workspace_in_argv(argv: list[str]) -> Path | None:
+    """The value of -w/--workspace among the arguments (before a lone `--`), wherever it was typed."""
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            break
+        if arg in ("-w", "--workspace") and i + 1 < len(argv):
+            return Path(argv[i + 1])
+        if arg.startswith("--workspace="):
+            return Path(arg.partition("=")[2])
+        if arg.startswith("-w") and len(arg) > 2 and not arg.startswith("--"):
+            return Path(arg[2:])
+    return None
+
+
+def workspace_for(ctx: Any) -> Workspace | None:
+    """The workspace a command line is about, or None outside one (help and completion never fail)."""
+    try:
+        return Workspace.discover(_given_workspace(ctx))
+    except Exception:
+        return None
+
+
+# ---------------------------------------------------------------- choices and completion
+
+
+def variants(ctx: Any) -> list[str]:
+    ws = workspace_for(ctx)
+    found = list(ws.variants()) if ws is not None else []
+    return found or list(VARIANTS)
+
+
+def check_variant(ws: Workspace, variant: str, *, all_ok: bool = False) -> str:
+    """The variant, if the workspace has it (and `all` where all_ok); else a usage error naming those it has.
+    A half-made variant (NAME.in or NAME.Dockerfile alone) passes: the command then names the file it lacks."""
+    have = list(ws.variants())
+    if variant in have or (all_ok and variant == "all"):
+        return variant
+    if "/" not in variant and (ws.lock_in(variant).is_file() or ws.dockerfile(variant).is_file()):
+        return variant
+    allowed = [*have, *(["all"] if all_ok else [])]
+    none = "none (add lockfiles/NAME.in and dockerfiles/NAME.Dockerfile)"
+    raise UsageError(f"unknown variant {variant!r} in {ws.root}", f"use one of: {', '.join(allowed) or none}")
+
+
+DYNAMIC_CHOICES: dict[str, Callable[[Any], list[str]]] = {
+    "variant": variants,
+    "variants": lambda ctx: [*variants(ctx), "all"],
+}
+
+
+def complete_variant(ctx: typer.Context, incomplete: str) -> list[str]:
+    return [v for v in variants(ctx) if v.startswith(incomplete)]
+
+
+def complete_variants(ctx: typer.Context, incomplete: str) -> list[str]:
+    return [v for v in DYNAMIC_CHOICES["variants"](ctx) if v.startswith(incomplete)]
+
+
+def complete_recipe(ctx: typer.Context, incomplete: str) -> list[str]:
+    """Recipe names of the workspace (a path is left to the shell's file completion)."""
+    from launcher.runs.recipes import known_names
+
+    ws = workspace_for(ctx)
+    if ws is None or "/" in incomplete:
+        return []
+    return [n for n in known_names(ws) if n.startswith(incomplete)]
+
+
+def run_ids(ws: Workspace) -> list[str]:
+    """The run directories of the workspace (those with a launch record), oldest first."""
+    if not ws.runs.is_dir():
+        return []
+    return sorted(d.name for d in ws.runs.iterdir() if (d / "launch.json").is_file())
+
+
+def complete_run(ctx: typer.Context, incomplete: str) -> list[str]:
+    ws = workspace_for(ctx)
+    if ws is None:
+        return []
+    return [r for r in run_ids(ws) if r.startswith(incomplete)]
+
+
+def ssh_hosts(config: Path | None = None) -> list[str]:
+    """The Host aliases of an SSH config (~/.ssh/config by default, its Include files too), without
+    patterns: `Host *` or `Host *.example.com` names no host one could type."""
+    from launcher.hosts.sshconfig import config_text
+
+    path = config if config is not None else Path.home() / ".ssh" / "config"
+    if not path.is_file():
+        return []
+    try:
+        text = config_text(path)
+    except Exception:
+        return []
+    names: list[str] = []
+    for line in text.splitlines():
+        words = line.strip().replace("=", " ", 1).split()
+        if len(words) < 2 or words[0].lower() != "host":
+            continue
+        names += [w for w in words[1:] if not any(c in w for c in "*?!") and w not in names]
+    return names
+
+
+def complete_host(ctx: typer.Context, incomplete: str) -> list[str]:
+    config = (ctx.params or {}).get("ssh_config")
+    return [h for h in ssh_hosts(Path(config) if config else None) if h.startswith(incomplete)]
+
+
+# ---------------------------------------------------------------- conventional metavars
+
+_TYPE_METAVAR: dict[Any, str] = {int: "N", float: "NUMBER", str: "TEXT", Path: "PATH"}
+
+
+def _choices(param: Any, ctx: Any) -> list[str] | None:
+    dynamic = DYNAMIC_CHOICES.get(param.name or "")
+    if dynamic is not None:
+        return dynamic(ctx)
+    desc = param.type_descriptor
+    if desc.is_choice and desc.choices is not None:
+        return [str(getattr(c, "value", c)) for c in desc.choices]
+    return None
+
+
+def _type_metavar(param: Any) -> str:
+    annotation = param.type_descriptor.annotation
+    args = get_args(annotation)
+    if args and getattr(annotation, "__origin__", None) in (list, tuple):
+        annotation = args[0]
+    return _TYPE_METAVAR.get(annotation, "VALUE")
+
+
+class _Argument(TyperArgument):
+    """An argument shown as its name (RUN, [RUN...]) with its choices where it has some; no Python type."""
+
+    def display_type_rich(self, ctx: Any) -> str | None:
+        choices = _choices(self, ctx)
+        return f"[{'|'.join(choices)}]" if choices else None
+
+    def get_usage_pieces(self, ctx: Any) -> list[str]:
+        return [] if self.hidden else [self._usage_display_name()]
+
+    def _usage_display_name(self) -> str:
+        name = self.metavar or (self.name or "").upper()
+        if name.startswith("["):  # already shaped, e.g. [-- SCRIPT_ARGS...]
+            return name
+        if self.nargs != 1 and not name.endswith("..."):
+            name += "..."
+        return name if self.required else f"[{name}]"
+
+
+def conventional(ctx: Any, params: list[Any]) -> list[Any]:
+    """Give every parameter a conventional metavar (idempotent; choices are looked up afresh)."""
+    for p in params:
+        if isinstance(p, TyperArgument):
+            if not isinstance(p, _Argument):
+                p.__class__ = _Argument  # adds methods only: the same object, shown conventionally
+            if p.metavar is None:
+                p.metavar = (p.name or "").upper() + ("..." if p.nargs != 1 else "")
+        elif isinstance(p, TyperOption):
+            if p.is_flag or p.count:
+                p.metavar = ""  # a flag takes no value, so it shows none
+                continue
+            choices = _choices(p, ctx)
+            if choices is not None:
+                p.metavar = f"[{'|'.join(choices)}]"
+            elif p.metavar is None:
+                p.metavar = _type_metavar(p)
+    return params
+
+
+class LauncherCommand(TyperCommand):
+    def get_params(self, ctx: Any) -> list[Any]:
+        return conventional(ctx, super().get_params(ctx))
+
+
+class LauncherGroup(TyperGroup):
+    def get_params(self, ctx: Any) -> list[Any]:
+        return conventional(ctx, super().get_params(ctx))
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        ctx.meta.setdefault(ARGV, list(args))  # the root's: options typed after the command included
+        return super().parse_args(ctx, args)
+
+
+def threads_for(ctx: typer.Context, profile: str, threads: int | None) -> int | None:
+    """--threads for the profile: a thread count typed on the command line always counts (a wrong one is an
+    error), a default one (launcher.toml, LAUNCHER_THREADS) only for the profile that takes one."""
+    from typer._click.core import ParameterSource
+
+    if threads is not None and profile != "deterministic" and \
+            ctx.get_parameter_source("threads") != ParameterSource.COMMANDLINE:
+        return None
+    return threads
+
+
+def group(name: str, help: str) -> typer.Typer:
+    """A named command group (`launcher NAME ...`)."""
+    return typer.Typer(name=name, help=help, no_args_is_help=True, cls=LauncherGroup)
+
+
+# ---------------------------------------------------------------- options more than one command takes
+
+Profile = Literal["strict", "deterministic", "seeded", "off"]  # runs/determinism.py PROFILES, in order
+
+VariantOpt = Annotated[str, typer.Option(
+    "--variant", autocompletion=complete_variant,
+    help="Image variant: lockfiles/NAME.in with dockerfiles/NAME.Dockerfile in the workspace.")]
+DeterminismOpt = Annotated[Profile, typer.Option(
+    "--determinism", "--profile",
+    help="Determinism profile: strict (1 thread), deterministic (a fixed thread count), seeded (seeds only), "
+    "off (nothing injected).")]
+ThreadsOpt = Annotated[int | None, typer.Option(
+    "--threads", metavar="N",
+    help="Fixed intra/inter-op thread count of the deterministic profile (default 2; strict is always 1).")]
+SeedOpt = Annotated[list[int] | None, typer.Option("--seed", metavar="N", help="Seed; repeat for several seeds.")]
+ParamOpt = Annotated[list[str] | None, typer.Option(
+    "--param", metavar="KEY=VALUE", help="A recipe parameter; repeatable.")]
+DataOpt = Annotated[str | None, typer.Option(
+    "--data", metavar="PATH", help="Dataset folder on the host, mounted read-only.")]
+RunArg = Annotated[str, typer.Argument(metavar="RUN", autocompletion=complete_run,
+                                       help="A run id (see `launcher ps`).")]
+RunsArg = Annotated[list[str] | None, typer.Argument(metavar="RUN", autocompletion=complete_run,
+                                                     help="Run ids (see `launcher ps`).")]
