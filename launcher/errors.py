@@ -43,6 +43,10 @@ class ExitCode(IntEnum):
     SCHEDULER_DOWN = 30  # the cluster's controller does not answer (scontrol ping)
     UNKNOWN_PARTITION = 31  # --partition names no partition of the cluster
     SLURM_REFUSED = 32  # sbatch refuses the job: a --slurm-opt value or a limit of the partition
+    NO_CLOUD_CREDENTIALS = 33  # no Azure credentials found (environment, az login, managed identity)
+    CLOUD_QUOTA = 34  # the cloud refused: a quota or limit of the subscription was hit
+    NOT_OFFERED = 35  # the VM size or image is not offered in that region (to this subscription), or no capacity
+    CLOUD_FAILED = 36  # another refusal or failure of the cloud's API; the error names its code
     BAD_CONFIG = 40  # launcher.toml or a LAUNCHER_* variable holds a value launcher refuses; the error names it
     INTERRUPTED = 130
 
@@ -190,6 +194,22 @@ class UnknownPartition(LauncherError):
 
 class SlurmRefused(LauncherError):
     exit_code = ExitCode.SLURM_REFUSED
+
+
+class NoCloudCredentials(LauncherError):
+    exit_code = ExitCode.NO_CLOUD_CREDENTIALS
+
+
+class CloudQuota(LauncherError):
+    exit_code = ExitCode.CLOUD_QUOTA
+
+
+class NotOffered(LauncherError):
+    exit_code = ExitCode.NOT_OFFERED
+
+
+class CloudFailed(LauncherError):
+    exit_code = ExitCode.CLOUD_FAILED
 
 
 class BadConfig(LauncherError):

@@ -20,6 +20,7 @@ from launcher.cli import (
     recipe_cmds,
     run_cmds,
     verify_cmds,
+    vm_cmds,
 )
 from launcher.cli.common import Options, fail
 from launcher.cli.params import ARGV, LauncherGroup
@@ -78,7 +79,7 @@ def _options_typed(ctx: typer.Context) -> list[str]:
 
 # Each module declares its commands on its own Typer: a named one is a group (`launcher recipes ...`),
 # a nameless one adds its commands here at the top level. In the order of the chain, as --help lists them.
-for _commands in (images_cmds, recipe_cmds, run_cmds, verify_cmds, export_cmds, cache_cmds, config_cmds):
+for _commands in (images_cmds, recipe_cmds, vm_cmds, run_cmds, verify_cmds, export_cmds, cache_cmds, config_cmds):
     app.add_typer(_commands.app, cls=LauncherGroup)
 
 

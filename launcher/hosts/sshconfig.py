@@ -1,5 +1,8 @@
 """Where an SSH destination really is: ~/.ssh/config applied (aliases, User, Port, IdentityFile,
-UserKnownHostsFile, ProxyCommand, ProxyJump, Include) and the command-line options on top."""
+UserKnownHostsFile, ProxyCommand, ProxyJump, Include) and the command-line options on top.
+
+launcher's own SSH config (`own_ssh_config()`: the aliases of the VMs `launcher vm up` made) is read
+before ~/.ssh/config, unless --ssh-config names a file."""
 
 from __future__ import annotations
 
@@ -57,6 +60,17 @@ def _port(text: str, spec: str) -> int:
     return int(text)
 
 
+def launcher_home() -> Path:
+    """launcher's own files on this machine: $LAUNCHER_HOME, or ~/.launcher."""
+    env = os.environ.get("LAUNCHER_HOME")
+    return Path(env).expanduser() if env else Path.home() / ".launcher"
+
+
+def own_ssh_config() -> Path:
+    """The SSH config launcher owns (one Host block per VM it made)."""
+    return launcher_home() / "ssh" / "config"
+
+
 def resolve_target(
     spec: str,
     *,
@@ -69,9 +83,14 @@ def resolve_target(
     ProxyJump, Include) to spec."""
     user, alias, spec_port = _split_spec(spec)
     config_path = ssh_config if ssh_config is not None else Path.home() / ".ssh" / "config"
-    conf: dict[str, Any] = {}
+    texts = []
+    if ssh_config is None and own_ssh_config().is_file():
+        texts.append(config_text(own_ssh_config()))  # launcher's VM aliases: first, so they win
     if config_path.is_file():
-        conf = dict(paramiko.SSHConfig.from_text(config_text(config_path)).lookup(alias))
+        texts.append(config_text(config_path))
+    conf: dict[str, Any] = {}
+    if texts:
+        conf = dict(paramiko.SSHConfig.from_text("\n".join(texts)).lookup(alias))
     jump = str(conf.get("proxyjump") or "").strip()
     identities = (
         [str(identity)] if identity else [os.path.expanduser(p) for p in conf.get("identityfile", [])]

@@ -1,0 +1,401 @@
+"""Azure through its SDK for Python (the optional extra `launcher[azure]`): the resources of one VM in
+its own resource group, listed by launcher's tags, deleted with the group. Every SDK failure becomes one
+of launcher's errors naming the limit that was hit and the fix. The SDK is imported only here, lazily."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from launcher.errors import (
+    AuthFailed,
+    CloudFailed,
+    CloudQuota,
+    HostUnreachable,
+    LauncherError,
+    MissingExtra,
+    NoCloudCredentials,
+    NotFound,
+    NotOffered,
+    UsageError,
+)
+from launcher.progress import NullReporter, Reporter
+from launcher.vms.spec import (
+    SUBSCRIPTION_ENV,
+    TAG_CREATED,
+    TAG_NAME,
+    TAG_OWNER,
+    TAG_USER,
+    Names,
+    VmSpec,
+    group_name,
+    shutdown_time,
+)
+
+ENDPOINT_ENV = "LAUNCHER_AZURE_ENDPOINT"  # another Resource Manager (a sovereign cloud, Azure Stack, a test double)
+ARM_SCOPE = "https://management.azure.com/.default"
+SCHEDULE_API = "2018-09-15"  # Microsoft.DevTestLab/schedules, written as a generic resource
+POLL_S = 5
+_PUBLIC_AUTHORITIES = ("login.microsoftonline.com", "login.chinacloudapi.cn", "login.microsoftonline.us")
+
+
+def _sdk() -> None:
+    import importlib
+
+    try:
+        for module in ("azure.identity", "azure.mgmt.compute", "azure.mgmt.network", "azure.mgmt.resource.resources"):
+            importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingExtra(f"the Azure SDK is not installed (no module {exc.name})",
+                           "pip install 'launcher[azure]'") from None
+    # The SDK logs its own multi-line warnings (a failed credential chain); launcher reports them as one line.
+    logging.getLogger("azure").addHandler(logging.NullHandler())
+    logging.getLogger("azure").propagate = False
+
+
+@dataclass
+class VmInfo:
+    """One launcher VM as `vm ls` shows it."""
+
+    name: str
+    group: str
+    state: str
+    size: str | None
+    region: str
+    address: str | None
+    created: str | None
+    age_s: int | None
+    user: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _error_of(exc: Exception) -> tuple[str, str]:
+    """(code, message) of an SDK error: from its parsed OData error, else from the response body."""
+    err = getattr(exc, "error", None)
+    code, message = getattr(err, "code", None), getattr(err, "message", None)
+    if not code:
+        response = getattr(exc, "response", None)
+        try:
+            body = json.loads(response.text()) if response is not None else {}
+        except (ValueError, AttributeError, TypeError):
+            body = {}
+        inner = body.get("error") if isinstance(body, dict) else None
+        if isinstance(inner, dict):
+            code, message = inner.get("code"), inner.get("message")
+    text = str(message or getattr(exc, "message", None) or exc)
+    return str(code or ""), " ".join(text.split())
+
+
+def _limit_of(message: str) -> str:
+    """The sentence of a quota error that names the limit, with its numbers."""
+    first = re.split(r"(?<=\.)\s", message, maxsplit=1)[0]
+    numbers = re.findall(r"(Current Limit: \d+|Current Usage: \d+|Additional Required: \d+)", message)
+    return first.rstrip(".") + (f" ({', '.join(numbers)})" if numbers else "")
+
+
+def translate(exc: Exception, doing: str, spec: VmSpec | None = None) -> LauncherError:
+    """An SDK exception -> launcher's error: which limit was hit and how to fix it."""
+    from azure.core.exceptions import ClientAuthenticationError, ServiceRequestError
+
+    if isinstance(exc, LauncherError):
+        return exc
+    size = spec.size if spec else "SIZE"
+    region = spec.region if spec else "REGION"
+    code, message = _error_of(exc)
+    status = getattr(exc, "status_code", None)
+    short = message if len(message) <= 400 else message[:400] + "..."
+    if isinstance(exc, ServiceRequestError):
+        return HostUnreachable(f"cannot reach Azure Resource Manager while {doing}: {short}",
+                               "check this machine's network and proxy settings, then try again")
+    if isinstance(exc, ClientAuthenticationError) or status == 401:
+        return AuthFailed(f"Azure refused the credentials while {doing} ({code or status}: {short})",
+                          "log in again (`az login`) or check AZURE_CLIENT_ID, AZURE_TENANT_ID and AZURE_CLIENT_SECRET")
+    if status == 403 or code in ("AuthorizationFailed", "LinkedAuthorizationFailed"):
+        return AuthFailed(f"this identity may not act in the subscription while {doing} ({code}: {short})",
+                          "ask for the Contributor role on the subscription for it "
+                          "(`az role assignment create --role Contributor ...`)")
+    if code == "SkuNotAvailable" or (code == "InvalidParameter" and "vmSize" in message):
+        return NotOffered(f"size {size} is not offered in {region} to this subscription ({code}: {short})",
+                          f"`az vm list-skus --location {region} --size {size} --all --output table` shows "
+                          "where it is and its restrictions; choose another --size or --region")
+    if code in ("PlatformImageNotFound", "ImageNotFound", "InvalidTemplateDeployment") or (
+            code == "InvalidParameter" and "imageReference" in message):
+        urn = spec.image.urn if spec else "the image"
+        return NotOffered(f"image {urn} is not offered in {region} ({code}: {short})",
+                          f"`az vm image list --location {region} --all --publisher {urn.split(':')[0]} -o table` "
+                          "lists the images there; give one with --image")
+    quota = (code == "QuotaExceeded" or code.endswith(("LimitReached", "LimitExceeded"))
+             or (code == "OperationNotAllowed" and "quota" in message.lower()))
+    if quota:
+        family = "low-priority (Spot) cores" if spec is not None and spec.spot else f"the vCPU family of {size}"
+        return CloudQuota(f"Azure quota hit while {doing}: {_limit_of(message)} ({code})",
+                          f"ask for a higher limit of {family} in {region} (portal: Quotas > Compute; "
+                          f"`az vm list-usage --location {region} -o table` shows use and limits), "
+                          "or choose a smaller --size or another --region")
+    if code in ("AllocationFailed", "ZonalAllocationFailed", "OverconstrainedAllocationRequest"):
+        return NotOffered(f"Azure has no capacity for {size} in {region} now ({code}: {short})",
+                          "try again later, or choose another --size or --region")
+    return CloudFailed(f"Azure refused {doing} ({code or status}: {short})",
+                       "fix what the message names and run the command again")
+
+
+def _custom_authority() -> bool:
+    host = os.environ.get("AZURE_AUTHORITY_HOST", "")
+    host = re.sub(r"^https?://", "", host).split("/")[0].lower()
+    return bool(host) and host not in _PUBLIC_AUTHORITIES
+
+
+def credential() -> Any:
+    """The first credential of Azure's usual chain (environment, workload identity, managed identity,
+    az login, ...) that gives a token; NoCloudCredentials when none has any, AuthFailed when one is refused."""
+    _sdk()
+    from azure.core.exceptions import ClientAuthenticationError
+    from azure.identity import CredentialUnavailableError, DefaultAzureCredential
+
+    kw: dict[str, Any] = {"disable_instance_discovery": True} if _custom_authority() else {}
+    chain = DefaultAzureCredential(**kw)
+    tried = []
+    for cred in chain.credentials:
+        name = getattr(cred, "_credential_name", type(cred).__name__)
+        try:
+            cred.get_token(ARM_SCOPE)  # type: ignore[union-attr]
+            return cred
+        except CredentialUnavailableError:
+            tried.append(name)
+        except ClientAuthenticationError as exc:
+            first = " ".join(str(getattr(exc, "message", exc)).split())[:300]
+            raise AuthFailed(f"Azure refused the credentials of {name}: {first}",
+                             "log in again (`az login`) or check AZURE_CLIENT_ID, AZURE_TENANT_ID and "
+                             "AZURE_CLIENT_SECRET") from None
+    raise NoCloudCredentials(
+        "no Azure credentials found (tried the environment, workload identity, managed identity, az login)",
+        "run `az login`, or export AZURE_CLIENT_ID, AZURE_TENANT_ID and AZURE_CLIENT_SECRET of a service principal")
+
+
+class AzureCloud:
+    """The Azure Resource Manager of one subscription, through the SDK's management clients."""
+
+    def __init__(self, subscription: str, cred: Any, endpoint: str | None = None) -> None:
+        _sdk()
+        from azure.mgmt.compute import ComputeManagementClient
+        from azure.mgmt.network import NetworkManagementClient
+        from azure.mgmt.resource.resources import ResourceManagementClient
+
+        self.subscription = subscription
+        kw: dict[str, Any] = {"polling_interval": POLL_S}
+        if endpoint:
+            kw["base_url"] = endpoint
+            kw["credential_scopes"] = [ARM_SCOPE]
+        self.resource = ResourceManagementClient(cred, subscription, **kw)
+        self.network = NetworkManagementClient(cred, subscription, **kw)
+        self.compute = ComputeManagementClient(cred, subscription, **kw)
+
+    @classmethod
+    def connect(cls, subscription: str | None) -> AzureCloud:
+        if not subscription:
+            raise UsageError("no Azure subscription given",
+                             f"pass --subscription ID or export {SUBSCRIPTION_ENV} "
+                             "(`az account show --query id -o tsv` prints yours)")
+        return cls(subscription, credential(), os.environ.get(ENDPOINT_ENV) or None)
+
+    # --- vm up -------------------------------------------------------------------------------------
+
+    def exists(self, name: str) -> bool:
+        try:
+            return bool(self.resource.resource_groups.check_existence(group_name(name)))
+        except Exception as exc:
+            raise translate(exc, "checking the resource group", None) from None
+
+    def create(self, spec: VmSpec, ssh_from: str, custom_data: str, reporter: Reporter | None = None) -> VmInfo:
+        """Every resource of the VM, in its own resource group; on any failure the group is deleted
+        (and waited for) before the error is raised, so nothing is left behind."""
+        from azure.mgmt.compute import models as cm
+        from azure.mgmt.network import models as nm
+        from azure.mgmt.resource.resources import models as rm
+
+        rep = reporter or NullReporter()
+        n, tags, loc = Names.of(spec.name), spec.tags(), spec.region
+        made_group = False
+        doing = f"creating resource group {n.group}"
+        task = rep.task(f"vm up {spec.name}: resources", total=7 if spec.auto_shutdown else 6)
+        try:
+            self.resource.resource_groups.create_or_update(n.group, rm.ResourceGroup(location=loc, tags=tags))
+            made_group = True
+            task.advance()
+            doing = f"creating the network security group {n.nsg}"
+            rule = nm.SecurityRule(name="ssh-from-caller", properties=nm.SecurityRulePropertiesFormat(
+                protocol="Tcp", access="Allow", direction="Inbound", priority=100,
+                source_address_prefix=ssh_from, source_port_range="*",
+                destination_address_prefix="*", destination_port_range="22",
+                description="SSH from the address that ran `launcher vm up`"))
+            nsg = self.network.network_security_groups.begin_create_or_update(n.group, n.nsg, nm.NetworkSecurityGroup(
+                location=loc, tags=tags, properties=nm.NetworkSecurityGroupPropertiesFormat(security_rules=[rule]),
+            )).result()
+            task.advance()
+            doing = f"creating the virtual network {n.vnet}"
+            subnet = nm.Subnet(name=n.subnet, properties=nm.SubnetPropertiesFormat(
+                address_prefix="10.0.0.0/24", network_security_group=nm.NetworkSecurityGroup(id=nsg.id)))
+            vnet = self.network.virtual_networks.begin_create_or_update(n.group, n.vnet, nm.VirtualNetwork(
+                location=loc, tags=tags, properties=nm.VirtualNetworkPropertiesFormat(
+                    address_space=nm.AddressSpace(address_prefixes=["10.0.0.0/16"]), subnets=[subnet]),
+            )).result()
+            subnet_id = next(s.id for s in vnet.subnets or [] if s.name == n.subnet)
+            task.advance()
+            doing = f"creating the public IP {n.public_ip}"
+            pip = self.network.public_ip_addresses.begin_create_or_update(n.group, n.public_ip, nm.PublicIPAddress(
+                location=loc, tags=tags, sku=nm.PublicIPAddressSku(name="Standard"),
+                properties=nm.PublicIPAddressPropertiesFormat(public_ip_allocation_method="Static",
+                                                              public_ip_address_version="IPv4"),
+            )).result()
+            task.advance()
+            doing = f"creating the network interface {n.nic}"
+            ipconf = nm.NetworkInterfaceIPConfiguration(
+                name="ipconfig1", properties=nm.NetworkInterfaceIPConfigurationPropertiesFormat(
+                    subnet=nm.Subnet(id=subnet_id), primary=True, private_ip_allocation_method="Dynamic",
+                    public_ip_address=nm.PublicIPAddress(id=pip.id)))
+            nic = self.network.network_interfaces.begin_create_or_update(n.group, n.nic, nm.NetworkInterface(
+                location=loc, tags=tags, properties=nm.NetworkInterfacePropertiesFormat(ip_configurations=[ipconf]),
+            )).result()
+            task.advance()
+            doing = f"creating the virtual machine {n.vm} ({spec.size} in {spec.region})"
+            image = spec.image
+            props = cm.VirtualMachineProperties(
+                hardware_profile=cm.HardwareProfile(vm_size=spec.size),
+                storage_profile=cm.StorageProfile(
+                    image_reference=cm.ImageReference(publisher=image.publisher, offer=image.offer, sku=image.sku,
+                                                      version=image.version),
+                    os_disk=cm.OSDisk(name=n.os_disk, create_option="FromImage", delete_option="Delete",
+                                      managed_disk=cm.ManagedDiskParameters(storage_account_type="Premium_LRS"))),
+                os_profile=cm.OSProfile(
+                    computer_name=spec.name, admin_username=spec.admin_user, custom_data=custom_data,
+                    linux_configuration=cm.LinuxConfiguration(
+                        disable_password_authentication=True,
+                        ssh=cm.SshConfiguration(public_keys=[cm.SshPublicKey(
+                            path=f"/home/{spec.admin_user}/.ssh/authorized_keys", key_data=spec.ssh_public_key)]))),
+                network_profile=cm.NetworkProfile(network_interfaces=[cm.NetworkInterfaceReference(
+                    id=nic.id, properties=cm.NetworkInterfaceReferenceProperties(primary=True))]),
+            )
+            if spec.spot:
+                props.priority = "Spot"
+                props.eviction_policy = "Deallocate"
+                props.billing_profile = cm.BillingProfile(max_price=-1)
+            vm = self.compute.virtual_machines.begin_create_or_update(
+                n.group, n.vm, cm.VirtualMachine(location=loc, tags=tags, properties=props)).result()
+            task.advance()
+            if spec.auto_shutdown is not None:
+                doing = f"creating the auto-shutdown schedule {n.schedule}"
+                sched_id = (f"/subscriptions/{self.subscription}/resourceGroups/{n.group}"
+                            f"/providers/Microsoft.DevTestLab/schedules/{n.schedule}")
+                self.resource.resources.begin_create_or_update_by_id(sched_id, rm.GenericResource(
+                    location=loc, tags=tags, properties={
+                        "status": "Enabled", "taskType": "ComputeVmShutdownTask",
+                        "dailyRecurrence": {"time": shutdown_time(spec.created, spec.auto_shutdown)},
+                        "timeZoneId": "UTC", "targetResourceId": vm.id,
+                        "notificationSettings": {"status": "Disabled", "timeInMinutes": 30}}),
+                    api_version=SCHEDULE_API).result()
+                task.advance()
+            address = self.network.public_ip_addresses.get(n.group, n.public_ip).ip_address
+        except BaseException as exc:
+            task.update(description=f"vm up {spec.name}: failed while {doing}")
+            err = translate(exc, doing, spec) if isinstance(exc, Exception) else None
+            if made_group:
+                rep.note(f"vm up {spec.name} failed while {doing}; deleting resource group {n.group}")
+                try:
+                    self.resource.resource_groups.begin_delete(n.group).result()
+                    left = f"nothing left behind: resource group {n.group} deleted"
+                except Exception as exc2:
+                    code, msg = _error_of(exc2)
+                    left = (f"and deleting resource group {n.group} failed too ({code}: {msg[:200]}); "
+                            f"delete it with `launcher vm down {spec.name}`")
+            else:
+                left = "nothing was created"
+            if err is None:
+                raise
+            err.message = f"{err.message.rstrip('.')}; {left}"
+            raise err from None
+        task.close()
+        return VmInfo(name=spec.name, group=n.group, state="running", size=spec.size, region=spec.region,
+                      address=address, created=tags[TAG_CREATED], age_s=0, user=spec.admin_user)
+
+    # --- vm ls / down ------------------------------------------------------------------------------
+
+    def list(self) -> list[VmInfo]:
+        from azure.core.exceptions import ResourceNotFoundError
+
+        try:
+            groups = list(self.resource.resource_groups.list(filter=f"tagName eq '{TAG_OWNER}' and tagValue eq 'vm'"))
+        except Exception as exc:
+            raise translate(exc, "listing resource groups") from None
+        now = datetime.now(timezone.utc)
+        out = []
+        for g in groups:
+            tags = dict(g.tags or {})
+            if tags.get(TAG_OWNER) != "vm" or not tags.get(TAG_NAME):
+                continue
+            name = tags[TAG_NAME]
+            n = Names.of(name)
+            group = g.name or n.group
+            created = tags.get(TAG_CREATED)
+            age = None
+            if created:
+                try:
+                    age = int((now - datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(
+                        tzinfo=timezone.utc)).total_seconds())
+                except ValueError:
+                    age = None
+            group_state = str(getattr(g.properties, "provisioning_state", "") or "")
+            size = address = None
+            try:
+                vm = self.compute.virtual_machines.get(group, n.vm, expand="instanceView")
+                size = vm.hardware_profile.vm_size if vm.hardware_profile else None
+                codes = [s.code or "" for s in (vm.instance_view.statuses if vm.instance_view else None) or []]
+                power = next((c.split("/", 1)[1] for c in codes if c.startswith("PowerState/")), None)
+                state = power or str(vm.provisioning_state or "unknown").lower()
+                try:
+                    address = self.network.public_ip_addresses.get(group, n.public_ip).ip_address
+                except ResourceNotFoundError:
+                    address = None
+            except ResourceNotFoundError:
+                state = "no VM (incomplete)"
+            except Exception as exc:
+                raise translate(exc, f"reading VM {name}") from None
+            if group_state.lower() == "deleting":
+                state = "deleting"
+            out.append(VmInfo(name=name, group=group, state=state, size=size,
+                              region=g.location or "", address=address, created=created, age_s=age,
+                              user=tags.get(TAG_USER)))
+        return sorted(out, key=lambda v: v.name)
+
+    def delete(self, name: str, reporter: Reporter | None = None) -> None:
+        """Delete the VM's resource group (only one launcher tagged as its VM) and wait until it is gone."""
+        from azure.core.exceptions import ResourceNotFoundError
+
+        rep = reporter or NullReporter()
+        group = group_name(name)
+        try:
+            g = self.resource.resource_groups.get(group)
+        except ResourceNotFoundError:
+            raise NotFound(f"no launcher VM named {name} in subscription {self.subscription} "
+                           f"(no resource group {group})", "`launcher vm ls` lists them") from None
+        except Exception as exc:
+            raise translate(exc, f"reading resource group {group}") from None
+        tags = dict(g.tags or {})
+        if tags.get(TAG_OWNER) != "vm" or tags.get(TAG_NAME) != name:
+            raise UsageError(f"resource group {group} is not tagged as launcher's VM {name}; launcher leaves it alone",
+                             "delete it yourself if it is yours (`az group delete -n " + group + "`)")
+        task = rep.task(f"vm down {name}: deleting resource group {group}")
+        try:
+            self.resource.resource_groups.begin_delete(group).result()
+        except ResourceNotFoundError:
+            pass
+        except Exception as exc:
+            raise translate(exc, f"deleting resource group {group}") from None
+        finally:
+            task.close()
