@@ -57,6 +57,36 @@ def _walk(path: Path) -> Iterable[Path]:
                 yield p
 
 
+ENGINE_LABEL = "org.launcher.version"  # on every image launcher builds (the environment and the image on it)
+
+
+@dataclass
+class EngineImage:
+    """An image the Docker engine holds that launcher built."""
+
+    id: str
+    tags: list[str]
+    bytes: int  # as the engine counts it: layers shared with other images are counted in each
+    created: str
+    kind: str  # image (recipes included) | environment (the Dockerfile's part)
+    variant: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "tags": self.tags, "bytes": self.bytes, "created": self.created,
+                "kind": self.kind, "variant": self.variant, "dangling": not self.tags}
+
+
+def engine_images(rows: Iterable[dict[str, Any]]) -> list[EngineImage]:
+    """launcher's images among the engine's (rows as Engine.labelled_images gives them)."""
+    out = []
+    for r in rows:
+        labels = r.get("labels") or {}
+        kind = "image" if "org.launcher.content" in labels else "environment"
+        out.append(EngineImage(r["id"], list(r.get("tags") or []), int(r.get("bytes") or 0), str(r.get("created")),
+                               kind, str(labels.get("org.launcher.variant", "?"))))
+    return out
+
+
 def usage(cache_dir: Path) -> list[Area]:
     """Files and bytes per area (known areas first, then anything else found at the top);
     areas that do not exist yet count zero."""

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.filesize import decimal
 from rich.table import Table
+from rich.text import Text
 
 from launcher import cache as cache_mod
 from launcher.cli.common import command, options, render, stdout
@@ -23,11 +24,21 @@ app = group(
 
 @command(app, "ls", aliases=("list",))
 def ls_cmd(ctx: typer.Context) -> None:
-    """Show each area of the cache with its files and size."""
+    """Show each area of the cache with its files and size, and the images launcher built that the
+    local Docker engine holds (tags, size, variant; an untagged one is marked dangling)."""
+    from launcher.errors import LauncherError
+    from launcher.hosts import engine
+
     root = default_cache_dir()
     areas = cache_mod.usage(root)
     total = sum(a.bytes for a in areas)
-    data = {"cache_dir": str(root), "areas": [a.to_dict() for a in areas], "bytes": total}
+    data: dict[str, Any] = {"cache_dir": str(root), "areas": [a.to_dict() for a in areas], "bytes": total}
+    try:
+        images = cache_mod.engine_images(engine.local().labelled_images(cache_mod.ENGINE_LABEL))
+        data["engine"] = {"images": [i.to_dict() for i in images], "bytes": sum(i.bytes for i in images)}
+    except LauncherError as exc:
+        images = []
+        data["engine"] = {"images": [], "bytes": 0, "error": exc.one_line()}
 
     def text(result: Result) -> None:
         table = Table("area", "files", "size", "path", box=None)
@@ -35,6 +46,17 @@ def ls_cmd(ctx: typer.Context) -> None:
             table.add_row(a.name, str(a.files), decimal(a.bytes), str(a.path))
         stdout.print(table)
         stdout.print(result.summary, markup=False)
+        if "error" in data["engine"]:
+            stdout.print(f"Docker engine: {data['engine']['error']}", markup=False)
+            return
+        stdout.print(f"\nin the Docker engine: {len(images)} images launcher built (a size counts the layers an "
+                     "image shares with others too; `docker rmi` removes one)", markup=False)
+        if images:
+            shown = Table("image", "id", "size", "kind", "variant", box=None)
+            for i in sorted(images, key=lambda i: (not i.tags, i.tags)):
+                shown.add_row(Text(", ".join(i.tags) or "<none> (dangling)"), i.id.removeprefix("sha256:")[:12],
+                              decimal(i.bytes), i.kind, i.variant)
+            stdout.print(shown)
 
     render(ctx, Result("cache ls", data, summary=f"{decimal(total)} in {root}"), text)
 

@@ -111,6 +111,22 @@ class Engine:
         flags = ["-a"] if intermediate else []
         return sorted(set(self._run("image", "ls", *flags, "-q", "--no-trunc", check=True).out.split()))
 
+    def labelled_images(self, label: str) -> list[dict[str, Any]]:
+        """Every image carrying label (untagged and intermediate ones too): id, tags, size in bytes,
+        creation time and labels, oldest first."""
+        listed = self._run("image", "ls", "-a", "-q", "--no-trunc", "--filter", f"label={label}", check=True)
+        ids = set(listed.out.split())
+        if not ids:
+            return []
+        done = self._run("image", "inspect", "--format", "{{json .}}", *sorted(ids))
+        rows = []
+        for line in done.out.splitlines():  # an image removed meanwhile is simply not listed
+            if line.strip().startswith("{"):
+                d = json.loads(line)
+                rows.append({"id": d["Id"], "tags": d.get("RepoTags") or [], "bytes": int(d.get("Size") or 0),
+                             "created": d.get("Created"), "labels": (d.get("Config") or {}).get("Labels") or {}})
+        return sorted(rows, key=lambda r: str(r["created"]))
+
     def chain_ids(self) -> set[str]:
         """The chain ID of every layer of every image the engine holds."""
         ids = self.image_ids()

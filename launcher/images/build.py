@@ -30,6 +30,7 @@ LABEL = "org.launcher."
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # launcher/
 RECORD_VERSION = 1
 STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)")
+STEP_IMAGE = re.compile(r"^---> ([0-9a-f]{12,64})$")
 
 
 @dataclass
@@ -143,10 +144,13 @@ def _context(ws: Workspace, inputs: Inputs, house: wheels.Wheelhouse, into: Path
 
 
 def _run_build(context: Path, inputs: Inputs, labels: dict[str, str], nocache: bool, epoch: int,
-               reporter: Reporter) -> str:
+               reporter: Reporter, created: list[str]) -> str:
+    """Build the Dockerfile; the image ID. created: every step's image this build made (not those it took
+    from the engine's cache, nor the base), in order, for the caller to remove: they are launcher's own."""
     task = reporter.task(f"building {inputs.variant} image", total=None)
     image_id: str | None = None
     log: list[str] = []
+    from_step = cached = False
     for event in docker_engine.build(context, dockerfile="Dockerfile", tag=None,
                                      buildargs={images.BASE_ARG: inputs.pin.ref, "SOURCE_DATE_EPOCH": str(epoch)},
                                      labels=labels, nocache=nocache):
@@ -163,6 +167,13 @@ def _run_build(context: Path, inputs: Inputs, labels: dict[str, str], nocache: b
                 if m:
                     task.update(completed=int(m.group(1)) - 1, total=int(m.group(2)),
                                 description=f"{inputs.variant}: {m.group(3)[:60]}")
+                    from_step, cached = m.group(3).upper().startswith("FROM "), False
+                elif line.strip() == "---> Using cache":
+                    cached = True
+                elif (step_image := STEP_IMAGE.match(line.strip())) is not None:
+                    if not from_step and not cached:
+                        created.append(step_image.group(1))
+                    cached = False
         aux = event.get("aux") or {}
         if "ID" in aux:
             image_id = aux["ID"]
@@ -220,7 +231,10 @@ def build(ws: Workspace, variant: str = "cpu", *, nocache: bool = False, force: 
         if write_record:
             atomic_write_bytes(layer_cache / "configs" / f"{image_id.removeprefix('sha256:')}.json", config)
         if keep_image:
+            previous = docker_engine.tagged_id(out_tag)
             recipelayer.load(config, layer, out_tag)
+            if previous is not None and previous != image_id:
+                docker_engine.remove_unreferenced([previous], launcher_only=True)
     finally:
         task.close()
     tree = imagetree.apply_entries(env.tree, layer.entries)
@@ -275,19 +289,27 @@ def _build_env(ws: Workspace, inputs: Inputs, *, nocache: bool, ca_bundle: Path 
         LABEL + "runtime-digest": inputs.runtime_digest,
         LABEL + "version": __version__,
     }
-    with tempfile.TemporaryDirectory(prefix="launcher-build-") as tmp:
-        ctx = Path(tmp) / "context"
-        ctx.mkdir()
-        _context(ws, inputs, house, ctx)
-        raw_id = _run_build(ctx, inputs, labels, nocache, epoch, reporter)
-    task = reporter.task("normalising layers for a reproducible image ID")
+    created: list[str] = []  # the build's own step images: none stays (an unreferenced 2 GB venv stage would)
+    previous = docker_engine.tagged_id(inputs.env_tag) if keep_image else None
     try:
-        keys = imagetree.base_layer_keys(inputs.pin.ref, ws.cache_dir)
-        norm = imagetree.normalize(raw_id, tag=inputs.env_tag, base_keys=keys, epoch=epoch,
-                                   layer_cache=ws.cache_dir / "images" if write_record else None, load=keep_image)
+        with tempfile.TemporaryDirectory(prefix="launcher-build-") as tmp:
+            ctx = Path(tmp) / "context"
+            ctx.mkdir()
+            _context(ws, inputs, house, ctx)
+            raw_id = _run_build(ctx, inputs, labels, nocache, epoch, reporter, created)
+        task = reporter.task("normalising layers for a reproducible image ID")
+        try:
+            keys = imagetree.base_layer_keys(inputs.pin.ref, ws.cache_dir)
+            norm = imagetree.normalize(raw_id, tag=inputs.env_tag, base_keys=keys, epoch=epoch,
+                                       layer_cache=ws.cache_dir / "images" if write_record else None,
+                                       load=keep_image)
+        finally:
+            docker_engine.remove_image(raw_id)
+        task.close()
     finally:
-        docker_engine.remove_image(raw_id)
-    task.close()
+        docker_engine.remove_unreferenced(created)
+    if previous is not None and previous != norm.image_id:  # the tag moved: the image it left is nobody's
+        docker_engine.remove_unreferenced([previous], launcher_only=True)
     if write_record:
         path = _env_record(ws, inputs)
         imagetree.save_tree(path.with_suffix(".tree.json.gz"), norm.tree)

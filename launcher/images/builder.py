@@ -5,7 +5,7 @@ Every other image and container operation goes through launcher.hosts.engine.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -60,6 +60,37 @@ def remove_image(ref: str) -> None:
         client().api.remove_image(ref, force=True, noprune=False)
     except docker.errors.ImageNotFound:
         pass
+
+
+def tagged_id(ref: str) -> str | None:
+    """The ID of the image ref names in the local engine, or None."""
+    try:
+        return str(client().api.inspect_image(ref)["Id"])
+    except docker.errors.ImageNotFound:
+        return None
+
+
+def remove_unreferenced(image_ids: Iterable[str], *, launcher_only: bool = False) -> list[str]:
+    """Remove each image that no tag names and no other image or container uses, children first (the
+    order given, reversed); leave the rest. launcher_only: only images launcher labelled (org.launcher.*).
+    The removed IDs. Never a parent's cascade: only the images named here go."""
+    removed = []
+    for image_id in reversed(list(dict.fromkeys(image_ids))):
+        try:
+            attrs = client().api.inspect_image(image_id)
+        except docker.errors.ImageNotFound:
+            continue
+        labels = (attrs.get("Config") or {}).get("Labels") or {}
+        if attrs.get("RepoTags") or attrs.get("RepoDigests"):
+            continue
+        if launcher_only and not any(k.startswith("org.launcher.") for k in labels):
+            continue
+        try:
+            client().api.remove_image(attrs["Id"], force=False, noprune=True)
+            removed.append(attrs["Id"])
+        except docker.errors.APIError:
+            continue  # a child image or a container still uses it: not unreferenced after all
+    return removed
 
 
 def build(context: Path, *, dockerfile: str, tag: str | None, buildargs: Mapping[str, str],
