@@ -231,7 +231,7 @@ class AzureDouble:
         if m and method == "POST":
             return self._token(m.group(1), body or {})
         if not low.startswith("/subscriptions/"):
-            return 404, {}, _err("NotFound", f"no route {method} {path}")
+            return self._no_route(method, path)
         auth = str(headers.get("Authorization", ""))
         if not auth.startswith("Bearer ") or auth[7:] not in self.tokens:
             return 401, {"WWW-Authenticate": 'Bearer error="invalid_token"'}, _err(
@@ -260,6 +260,11 @@ class AzureDouble:
                     return self._instance_view(rid)
                 if len(parts) == 8:
                     return self._resource(method, rid, group, f"{parts[5]}/{parts[6]}", parts[7], api, query, body)
+        return self._no_route(method, path)
+
+    def _no_route(self, method: str, path: str) -> tuple[int, dict[str, str], Any]:
+        with self._lock:
+            self.violations.append(f"no such endpoint: {method} {path}")
         return 404, {}, _err("NotFound", f"no route {method} {path}")
 
     def _token(self, tenant: str, form: dict[str, str]) -> tuple[int, dict[str, str], Any]:
@@ -304,7 +309,7 @@ class AzureDouble:
                 self._ops[op] = _Op(None, "delete", group=rid.lower())
                 loc = f"{self.url}/subscriptions/{SUBSCRIPTION}/operationresults/{op}?api-version=2025-04-01"
                 return 202, {"Location": loc, "Retry-After": "1"}, None
-        return 405, {}, _err("MethodNotAllowed", method)
+        return self._no_route(method, f"resource group {name}")
 
     def _list_groups(self, flt: str) -> tuple[int, dict[str, str], Any]:
         m = re.match(r"^tagName eq '([^']*)'(?: and tagValue eq '([^']*)')?$", flt.strip()) if flt else None
@@ -406,7 +411,7 @@ class AzureDouble:
                 out["properties"]["instanceView"] = _instance_view(existing)
             return 200, {}, out
         if method != "PUT":
-            return 405, {}, _err("MethodNotAllowed", method)
+            return self._no_route(method, rid)
         fail = self._take_failure(short, "sync")
         if fail:
             return fail.status, {}, _err(fail.code, fail.message)

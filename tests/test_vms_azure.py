@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from azuredouble import CALLER, AzureDouble, cloud_config
+from azuredouble import CALLER, SUBSCRIPTION, AzureDouble, cloud_config
 from typer.testing import CliRunner
 
 from launcher.cli import app
@@ -270,3 +270,26 @@ def test_without_the_extra_the_error_names_it(azure: AzureDouble, monkeypatch: p
     res = runner.invoke(app, ["vm", "ls"])
     assert res.exit_code == ExitCode.MISSING_EXTRA, res.output
     assert "pip install 'launcher[azure]'" in res.output and "Traceback" not in res.output
+
+
+def test_refused_at_the_first_step_deletes_nothing(azure: AzureDouble, ssh_key: Path) -> None:
+    azure.inject("group", "RequestDisallowedByPolicy", "Resource 'launcher-vm-gpu1' was disallowed by policy.",
+                 status=403)
+    res = _up("gpu1", ssh_key)
+    assert res.exit_code == ExitCode.AUTH_FAILED, res.output
+    assert "nothing was created" in json.loads(res.stdout)["summary"]
+    assert [r for r in azure.arm_requests() if r.method == "DELETE"] == [] and azure.groups() == []
+
+
+def test_a_group_launcher_did_not_make_is_left_alone(azure: AzureDouble, ssh_key: Path) -> None:
+    rid = f"/subscriptions/{SUBSCRIPTION}/resourceGroups/launcher-vm-gpu1"
+    azure.resources[rid.lower()] = {"id": rid, "name": "launcher-vm-gpu1", "type": "Microsoft.Resources/resourceGroups",
+                                    "location": "westeurope", "tags": {"team": "ml"},
+                                    "properties": {"provisioningState": "Succeeded"}}
+    res = _up("gpu1", ssh_key)
+    assert res.exit_code == ExitCode.USAGE and "already exists" in res.output
+    res = runner.invoke(app, ["vm", "down", "gpu1", "--yes"])
+    assert res.exit_code == ExitCode.USAGE and "not tagged as launcher's" in res.output
+    assert azure.groups() == ["launcher-vm-gpu1"] and azure.puts("nsg") == []
+    res = runner.invoke(app, ["vm", "ls", "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["data"]["vms"] == []

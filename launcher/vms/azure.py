@@ -152,31 +152,61 @@ def _custom_authority() -> bool:
     return bool(host) and host not in _PUBLIC_AUTHORITIES
 
 
+class _Watched:
+    """One credential of the chain, watched: a credential that tried and failed (rather than having
+    nothing to offer) is an auth failure, not a missing credential."""
+
+    def __init__(self, cred: Any, failures: list[tuple[str, Exception]]) -> None:
+        self._cred, self._failures = cred, failures
+        self._credential_name = getattr(cred, "_credential_name", type(cred).__name__)
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        from azure.identity import CredentialUnavailableError
+
+        try:
+            return getattr(self._cred, method)(*args, **kwargs)
+        except CredentialUnavailableError:
+            raise
+        except Exception as exc:
+            self._failures.append((self._credential_name, exc))
+            raise
+
+    def get_token(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("get_token", *args, **kwargs)
+
+    def get_token_info(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("get_token_info", *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cred, name)
+
+
 def credential() -> Any:
-    """The first credential of Azure's usual chain (environment, workload identity, managed identity,
-    az login, ...) that gives a token; NoCloudCredentials when none has any, AuthFailed when one is refused."""
+    """Azure's usual chain (DefaultAzureCredential: environment, workload identity, managed identity,
+    az login, ...), checked by getting a token: NoCloudCredentials when no credential has anything to
+    offer, AuthFailed when one tried and was refused."""
     _sdk()
     from azure.core.exceptions import ClientAuthenticationError
-    from azure.identity import CredentialUnavailableError, DefaultAzureCredential
+    from azure.identity import DefaultAzureCredential
 
     kw: dict[str, Any] = {"disable_instance_discovery": True} if _custom_authority() else {}
     chain = DefaultAzureCredential(**kw)
-    tried = []
-    for cred in chain.credentials:
-        name = getattr(cred, "_credential_name", type(cred).__name__)
-        try:
-            cred.get_token(ARM_SCOPE)  # type: ignore[union-attr]
-            return cred
-        except CredentialUnavailableError:
-            tried.append(name)
-        except ClientAuthenticationError as exc:
-            first = " ".join(str(getattr(exc, "message", exc)).split())[:300]
+    failures: list[tuple[str, Exception]] = []
+    chain.credentials = tuple(_Watched(c, failures) for c in chain.credentials)
+    try:
+        chain.get_token(ARM_SCOPE)
+    except ClientAuthenticationError:
+        if failures:
+            name, exc = failures[0]
+            first = " ".join(str(getattr(exc, "message", None) or exc).split())[:300]
             raise AuthFailed(f"Azure refused the credentials of {name}: {first}",
                              "log in again (`az login`) or check AZURE_CLIENT_ID, AZURE_TENANT_ID and "
                              "AZURE_CLIENT_SECRET") from None
-    raise NoCloudCredentials(
-        "no Azure credentials found (tried the environment, workload identity, managed identity, az login)",
-        "run `az login`, or export AZURE_CLIENT_ID, AZURE_TENANT_ID and AZURE_CLIENT_SECRET of a service principal")
+        raise NoCloudCredentials(
+            "no Azure credentials found (tried the environment, workload identity, managed identity, az login)",
+            "run `az login`, or export AZURE_CLIENT_ID, AZURE_TENANT_ID and AZURE_CLIENT_SECRET of a service "
+            "principal") from None
+    return chain
 
 
 class AzureCloud:
