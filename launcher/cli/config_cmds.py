@@ -59,7 +59,7 @@ def config_cmd(ctx: typer.Context) -> None:
     """Show the defaults in force (host, variant, determinism, threads) and where each comes from.
 
     They come from the command line, else the environment (LAUNCHER_HOST, LAUNCHER_VARIANT,
-    LAUNCHER_DETERMINISM, LAUNCHER_THREADS), else the workspace's launcher.toml ([defaults] host,
+    LAUNCHER_DETERMINISM, LAUNCHER_THREADS), else the workspace's launcher.toml (\\[defaults] host,
     variant, determinism, threads), else launcher's own. `--host local` overrides a default host.
     """
     cfg = config_mod.resolve(workspace_for(ctx))

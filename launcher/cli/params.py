@@ -249,14 +249,14 @@ Profile = Literal["strict", "deterministic", "seeded", "off"]  # runs/determinis
 
 VariantOpt = Annotated[str, typer.Option(
     "--variant", autocompletion=complete_variant,
-    help="Image variant: lockfiles/NAME.in with dockerfiles/NAME.Dockerfile in the workspace.")]
+    help="Image variant: a NAME with lockfiles/NAME.in and dockerfiles/NAME.Dockerfile in the workspace.")]
 DeterminismOpt = Annotated[Profile, typer.Option(
     "--determinism", "--profile",
     help="Determinism profile: strict (1 thread), deterministic (a fixed thread count), seeded (seeds only), "
     "off (nothing injected).")]
 ThreadsOpt = Annotated[int | None, typer.Option(
     "--threads", metavar="N",
-    help="Fixed intra/inter-op thread count of the deterministic profile (default 2; strict is always 1).")]
+    help="The deterministic profile's fixed intra/inter-op thread count (2 unless set; strict always runs on 1).")]
 SeedOpt = Annotated[list[int] | None, typer.Option("--seed", metavar="N", help="Seed; repeat for several seeds.")]
 ParamOpt = Annotated[list[str] | None, typer.Option(
     "--param", metavar="KEY=VALUE", help="A recipe parameter; repeatable.")]
