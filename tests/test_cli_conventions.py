@@ -124,8 +124,11 @@ def test_completion_of_recipes_runs_variants_and_hosts(ws: Path, tmp_path: Path,
                                           "Host *\n  ServerAliveInterval 30\nInclude conf.d/*\n")
     (home / ".ssh" / "conf.d" / "work").write_text("Host=bastion\n  User me\n")
     monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("LAUNCHER_HOME", str(home / ".launcher"))
     assert cliparams.ssh_hosts() == ["gpu-box", "bastion"]
-    assert complete("run", "x", "--host", "") == ["gpu-box", "bastion"]
+    (home / ".launcher" / "ssh").mkdir(parents=True)  # the VMs `launcher vm up` made come first
+    (home / ".launcher" / "ssh" / "config").write_text("Host my-vm\n  HostName 20.1.2.3\n")
+    assert complete("run", "x", "--host", "") == ["my-vm", "gpu-box", "bastion"]
     assert complete("ps", "-H", "b") == ["bastion"]
     other = tmp_path / "other_config"
     other.write_text("Host elsewhere\n")

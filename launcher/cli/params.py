@@ -14,13 +14,14 @@ knows its workspace.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
-from launcher.errors import UsageError
+from launcher.errors import LauncherError, UsageError
 from launcher.workspace import VARIANTS, Workspace
 
 ARGV = "launcher.argv"  # ctx.meta key: the root's arguments as typed (LauncherGroup.parse_args)
@@ -126,17 +127,16 @@ def complete_run(ctx: typer.Context, incomplete: str) -> list[str]:
 
 
 def ssh_hosts(config: Path | None = None) -> list[str]:
-    """The Host aliases of an SSH config (~/.ssh/config by default, its Include files too), without
-    patterns: `Host *` or `Host *.example.com` names no host one could type."""
-    from launcher.hosts.sshconfig import config_text
+    """The Host aliases of an SSH config, its Include files too (by default launcher's own, with the VMs
+    `launcher vm up` made, then ~/.ssh/config, as host resolution reads them), without patterns:
+    `Host *` or `Host *.example.com` names no host one could type."""
+    from launcher.hosts.sshconfig import config_text, own_ssh_config
 
-    path = config if config is not None else Path.home() / ".ssh" / "config"
-    if not path.is_file():
-        return []
-    try:
-        text = config_text(path)
-    except Exception:
-        return []
+    paths = [config] if config is not None else [own_ssh_config(), Path.home() / ".ssh" / "config"]
+    text = ""
+    for path in paths:
+        with suppress(LauncherError):  # an unreadable config completes nothing; a command will say why
+            text += config_text(path) if path.is_file() else ""
     names: list[str] = []
     for line in text.splitlines():
         words = line.strip().replace("=", " ", 1).split()
