@@ -182,6 +182,9 @@ def test_one_spelling_per_idea_with_the_old_ones_hidden(ws: Path, monkeypatch: p
         same = [{k: v for k, v in json.loads(r.stdout)["data"].items() if k != "engine"} for r in (a, b)]
         assert same[0] == same[1]  # (the engine's images may change meanwhile: others build too)
     assert "list" not in runner.invoke(app, ["recipes", "--help"], env=WIDE).output.split()
+    assert "--profile" not in runner.invoke(app, ["run", "--help"], env=WIDE).output  # --determinism, one spelling
+    res = runner.invoke(app, ["run", "tiny_model", "--profile", "strikt"])  # the older one still parses
+    assert res.exit_code == ExitCode.USAGE and "strikt" in res.output and "No such option" not in res.output
     # --seed repeats in experiment as in run: the different-seeds group takes the seeds given, then counts on
     jobs = plan("tiny", 3, "both", base_seed=[7, 100], stamp="20261123T000000")
     assert [j.seed for j in jobs if j.kind == "same-seed"] == [7, 7, 7]

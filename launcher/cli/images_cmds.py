@@ -223,7 +223,8 @@ def rebuild_cmd(
 def base_registry(
     ctx: typer.Context,
     address: Annotated[str, typer.Option(
-        "--address", metavar="HOST:PORT", help="Loopback address to listen on.")] = registry.DEFAULT_LOCAL,
+        "--registry", "--address", metavar="HOST:PORT",
+        help="The loopback address to listen on, as base bootstrap --registry names it.")] = registry.DEFAULT_LOCAL,
     storage: Annotated[Path | None, typer.Option(
         "--storage", metavar="DIR", help="Where blobs live. Default: the cache dir.")] = None,
 ) -> None:

@@ -13,6 +13,7 @@ knows its workspace.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
@@ -25,6 +26,9 @@ from launcher.errors import LauncherError, UsageError
 from launcher.workspace import VARIANTS, Workspace
 
 ARGV = "launcher.argv"  # ctx.meta key: the root's arguments as typed (LauncherGroup.parse_args)
+HELP = "launcher.help"  # ctx.meta key: set while help is being written
+# Older spellings an option still accepts but help no longer shows (one spelling per idea).
+HIDDEN_ALIASES = frozenset({"--profile", "--address"})
 
 
 # ---------------------------------------------------------------- the workspace a completion or help is for
@@ -194,7 +198,10 @@ class _Argument(TyperArgument):
 
 
 def conventional(ctx: Any, params: list[Any]) -> list[Any]:
-    """Give every parameter a conventional metavar (idempotent; choices are looked up afresh)."""
+    """Give every parameter a conventional metavar (idempotent; choices are looked up afresh). While help
+    is written, an option's hidden aliases are left out of what it shows (a copy: parsing keeps them)."""
+    if ctx.meta.get(HELP):
+        params = [_without_hidden_aliases(p) for p in params]
     for p in params:
         if isinstance(p, TyperArgument):
             if not isinstance(p, _Argument):
@@ -213,9 +220,24 @@ def conventional(ctx: Any, params: list[Any]) -> list[Any]:
     return params
 
 
+def _without_hidden_aliases(param: Any) -> Any:
+    if not isinstance(param, TyperOption) or not HIDDEN_ALIASES & set(param.opts):
+        return param
+    shown = copy.copy(param)
+    shown.opts = [o for o in param.opts if o not in HIDDEN_ALIASES]
+    return shown
+
+
 class LauncherCommand(TyperCommand):
     def get_params(self, ctx: Any) -> list[Any]:
         return conventional(ctx, super().get_params(ctx))
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        ctx.meta[HELP] = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            ctx.meta[HELP] = False
 
 
 class LauncherGroup(TyperGroup):

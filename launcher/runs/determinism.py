@@ -55,7 +55,7 @@ def _check_threads(profile: str, threads: int | None) -> int:
     if profile == "strict":
         if threads not in (None, 1):
             raise UsageError(f"the strict profile runs on 1 thread, not {threads}",
-                             "drop --threads, or use --profile deterministic --threads N")
+                             "drop --threads, or use --determinism deterministic --threads N")
         return 1
     return threads if threads is not None else default_threads()
 
