@@ -5,6 +5,8 @@ Areas, each a folder of the cache:
 
 - ``images``: layers (``layers/<diff-id>.tar``) and configs (``configs/<image-id>.json``) of
   the images ``launcher build`` made, so an image ships from here without ``docker save``;
+- ``blobs``: gzip blobs of layers (``<diff-id>.tar.gz``) made for ships over slow links, once per
+  layer, and the configs of their images (``configs/<image-id>.json``);
 - ``builds``: build records by content, so another workspace reuses an identical build;
 - ``wheels``: the wheelhouse the builds install from, by file name, checked against the lock;
 - ``code``: snapshots of the code folders runs mount, by code digest (small; not pruned);
@@ -33,7 +35,7 @@ from typing import Any
 from launcher.hashing import sha256_file
 from launcher.images.lock import HASH
 
-AREAS = ("images", "builds", "wheels", "code", "bootstrap", "registry", "layer-keys")
+AREAS = ("images", "blobs", "builds", "wheels", "code", "bootstrap", "registry", "layer-keys")
 ORPHAN_AGE_S = 3600.0
 
 
@@ -192,6 +194,20 @@ def prune(
             drop(layer, "only images the engine no longer has use it")
         elif _old(layer, now):  # named by no image: a young one may belong to a build under way
             drop(layer, "no cached image uses it")
+
+    blob_dir = cache_dir / "blobs"
+    live_blobs = set(live_layers)
+    for config in sorted((blob_dir / "configs").glob("*.json")):
+        layers = _image_layers(config)
+        if layers is not None and engine_has("sha256:" + config.stem):
+            live_blobs.update(layers)
+        else:
+            drop(config, "the Docker engine no longer has this image" if layers is not None else "unreadable")
+    for blob in sorted(blob_dir.glob("*.tar.gz")):
+        diff = blob.name.removesuffix(".tar.gz")
+        if diff not in live_blobs and _old(blob, now):
+            drop(blob, "no image the Docker engine has uses this layer")
+            drop(blob.with_name(blob.name + ".sha256"), "its blob goes")
 
     builds = cache_dir / "builds"
     for record in sorted(builds.glob("*.json")):

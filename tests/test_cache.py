@@ -141,3 +141,24 @@ def test_prune_without_an_engine_is_one_line(tmp_path: Path) -> None:
                        timeout=120, check=False)
     assert p.returncode == 9, p.stderr
     assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_prune_keeps_the_blobs_of_layers_an_image_the_engine_has_uses(tmp_path: Path) -> None:
+    live = _image(tmp_path, {"base": b"shared layer", "top": b"live top"})
+    blobs_dir = tmp_path / "blobs"
+    (blobs_dir / "configs").mkdir(parents=True)
+    saved_cfg = json.dumps({"rootfs": {"type": "layers", "diff_ids": ["sha256:" + "ee" * 32]}}).encode()
+    saved = "sha256:" + hashlib.sha256(saved_cfg).hexdigest()  # an image shipped from `docker save`
+    (blobs_dir / "configs" / f"{saved[7:]}.json").write_bytes(saved_cfg)
+    names = {"kept": hashlib.sha256(b"live top").hexdigest(), "saved": "ee" * 32, "dead": "ff" * 32}
+    for name, diff in names.items():
+        (blobs_dir / f"{diff}.tar.gz").write_bytes(name.encode())
+        (blobs_dir / f"{diff}.tar.gz.sha256").write_text("0" * 64)
+        _age(blobs_dir / f"{diff}.tar.gz", 2 * cache.ORPHAN_AGE_S)
+    assert "blobs" in {a.name for a in cache.usage(tmp_path)}
+    done = cache.prune(tmp_path, engine_has={live, saved}.__contains__)
+    assert {r.path.name for r in done.removed} == {f"{names['dead']}.tar.gz", f"{names['dead']}.tar.gz.sha256"}
+    done = cache.prune(tmp_path, engine_has={live}.__contains__)  # the engine dropped the saved image
+    assert {r.path.name for r in done.removed} == {f"{saved[7:]}.json", f"{names['saved']}.tar.gz",
+                                                   f"{names['saved']}.tar.gz.sha256"}
+    assert (blobs_dir / f"{names['kept']}.tar.gz").is_file()

@@ -11,8 +11,10 @@ An image normalised with the build's layer cache is sent from that cache, withou
 from __future__ import annotations
 
 import json
+import os
 import re
 import tarfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,11 +33,19 @@ from launcher.hashing import CHUNK, atomic_write_json
 from launcher.hosts import engine
 from launcher.hosts.base import Host
 from launcher.hosts.engine import Engine, chain_ids
+from launcher.images import blobs
 from launcher.images import tree as imagetree
 from launcher.proc import widen_pipe
 from launcher.progress import CountingReader, NullReporter, Reporter, Task
 
 LAYER_MAP_FILE = "layer-dirs.json"
+COMPRESS_ENV = "LAUNCHER_SHIP_COMPRESS"  # auto (the default) | always | never
+# Below this link rate gzip'd layers arrive sooner, counting docker load's gunzip on the host;
+# below the second, even when the blobs must first be made here (gzip -1 runs at 50-60 MB/s).
+SLOW_LINK = 100e6
+SLOW_LINK_NO_BLOBS = 35e6
+SMALL_SHIP = 64 << 20  # below this, compression saves too little to be worth a link measurement
+STAGE_DIR = "ship"  # under ~/.launcher on the host: what a compressed ship has sent so far
 
 
 @dataclass
@@ -193,6 +203,14 @@ def _send(host: Host, eng: Engine, info: dict[str, Any], image_id: str, rep: Rep
                 result.bytes_sent += member.size
 
     cached = imagetree.cached_image(cache_dir / "images", image_id) if cache_dir is not None else None
+    if cache_dir is not None and host.kind != "local" and need >= SMALL_SHIP:
+        diff_ids = [str(d) for d in diffs]
+        wanted = [i for i, c in enumerate(chains) if c not in present]
+        warm = all(blobs.cached(cache_dir, diff_ids[i]) is not None for i in wanted)
+        if _compress(host, warm):
+            task.close()
+            _send_compressed(host, eng, image_id, diff_ids, wanted, cached, cache_dir, rep, result)
+            return result
     if cached is not None and all(f is not None or c in present for f, c in zip(cached[1], chains, strict=False)):
         _ship_from_cache(eng, image_id, cached, chains, present, task, result)
         task.close()
@@ -356,3 +374,120 @@ def ship_image_via_registry(host: Host, image: str, *, registry: str, tag: str |
     result.seconds = time.monotonic() - started
     return result
 
+
+def link_rate(host: Host, size: int = 24 << 20) -> float:
+    """Bytes per second into the host over its bulk path: 1 MiB to open the stream, then size more, timed."""
+    p = host.start(["sh", "-c", "head -c 1048576 >/dev/null && echo ready && cat >/dev/null && echo done"],
+                   bulk=True)
+    try:
+        p.stdin.write(os.urandom(1 << 20))
+        p.stdin.flush()
+        p.stdout.readline()
+        started = time.monotonic()
+        block = os.urandom(1 << 20)
+        for _ in range(size >> 20):
+            p.stdin.write(block)
+        p.stdin.close()
+        p.stdout.readline()
+        took = time.monotonic() - started
+    except (BrokenPipeError, OSError):
+        return float("inf")  # no measure: ship as on a fast link
+    finally:
+        p.kill()
+    return size / max(took, 1e-6)
+
+
+def _compress(host: Host, warm: bool) -> bool:
+    """Whether to send gzip'd layers to this host: LAUNCHER_SHIP_COMPRESS, else by the measured link."""
+    mode = os.environ.get(COMPRESS_ENV, "auto").strip().lower()
+    if mode in ("always", "never"):
+        return mode == "always"
+    return link_rate(host) < (SLOW_LINK if warm else SLOW_LINK_NO_BLOBS)
+
+
+def _send_compressed(host: Host, eng: Engine, image_id: str, diff_ids: list[str], wanted: list[int],
+                     cached: tuple[bytes, list[Path | None]] | None, cache_dir: Path, rep: Reporter,
+                     result: ShipResult) -> None:
+    """Send the layers the host lacks as gzip blobs into a staging folder on the host, each resumed from
+    the bytes already there and checked by its SHA-256, then `docker load` there. A ship cut half-way
+    leaves the staging folder; the next ship of the image to that host sends only the rest."""
+    files = cached[1] if cached is not None else []
+    making = rep.task(f"compress {len(wanted)} layers of {image_id[7:19]} (once, kept in the cache)", unit="B")
+    try:
+        made, cfg = blobs.ensure(image_id, diff_ids, files, wanted, cache_dir,
+                                 config=cached[0] if cached is not None else None, on_bytes=making.advance)
+    finally:
+        making.close()
+    stage = f"{host.runs_root().rsplit('/', 1)[0]}/{STAGE_DIR}/{image_id.removeprefix('sha256:')[:32]}"
+    host.makedirs(stage)
+    listing = host.run(["sh", "-c", 'cd "$1" && for f in *; do [ -f "$f" ] && echo "$f $(wc -c < "$f")"; done; true',
+                        "sh", stage], check=False).out
+    there = {name: int(size) for name, _, size in (ln.rpartition(" ") for ln in listing.splitlines()) if size.isdigit()}
+    total = blobs.total_size(made)
+    task = rep.task(f"ship image {image_id[7:19]} to {host.name} (compressed)", total=float(total) or None, unit="B")
+    names = []
+    try:
+        for i in range(len(diff_ids)):
+            if i not in made:
+                names.append(f"{i:03d}.empty")  # the host has it: docker load skips it by its chain ID
+                continue
+            blob, name = made[i], f"{i:03d}.tar.gz"
+            names.append(name)
+            result.layers_sent += 1
+            if there.get(name) == blob.size:
+                task.advance(blob.size)
+                continue
+            offset = there.get(name + ".part", 0)
+            offset = offset if offset <= blob.size else 0
+            _send_from(host, blob, f"{stage}/{name}.part", offset, task, result)
+            check = host.run(["sh", "-c", 'sha256sum "$1" | cut -d" " -f1', "sh", f"{stage}/{name}.part"],
+                             check=False).out.strip()
+            if check != blob.sha256:
+                host.run(["rm", "-f", f"{stage}/{name}.part"], check=False)
+                raise Corrupt(f"layer {i} arrived on {host.name} with SHA-256 {check[:12] or 'none'}, "
+                              f"not {blob.sha256[:12]}", "run again: the damaged part was removed")
+            host.run(["mv", "-f", f"{stage}/{name}.part", f"{stage}/{name}"])
+    finally:
+        task.close()
+    result.layers_skipped = len(diff_ids) - result.layers_sent
+    manifest = json.dumps([{"Config": "config.json", "RepoTags": [], "Layers": names}]).encode()
+    script = ('cd "$1" && for f in $2; do : > "$f"; done && cat > config.json && printf %s "$3" > manifest.json '
+              "&& tar -cf - config.json manifest.json $4 | docker load -q")
+    done = host.run(["sh", "-c", script, "sh", stage, " ".join(n for n in names if n.endswith(".empty")),
+                     manifest.decode(), " ".join(names)], input=cfg, check=False, timeout=3600)
+    if done.returncode != 0:
+        text = done.last_error_line()
+        if "no space" in text.lower():
+            raise DiskFull(f"{host.name} ran out of disk while loading the image: {text}",
+                           "free space on the host (`docker system prune`) and retry")
+        raise CommandFailed(f"docker load on {host.name} failed: {text}",
+                            "check dockerd on the host (`launcher provision --host ...`)")
+    if not eng.has_image(image_id):
+        raise Corrupt(f"after loading, {host.name} does not have image {image_id}",
+                      "retry; if it persists, remove the image's layers on the host (`docker image prune`)")
+    host.run(["rm", "-rf", stage], check=False)
+
+
+def _send_from(host: Host, blob: blobs.Blob, dest: str, offset: int, task: Task, result: ShipResult) -> None:
+    """Append the blob's bytes from offset to dest on the host (a fresh file when offset is 0)."""
+    recv = host.start(["sh", "-c", 'cat >> "$1"' if offset else 'cat > "$1"', "sh", dest], bulk=True)
+    widen_pipe(recv.stdin)
+    task.advance(offset)
+    sent = offset
+    try:
+        with open(blob.path, "rb") as f:
+            f.seek(offset)
+            for chunk in iter(lambda: f.read(CHUNK), b""):
+                recv.stdin.write(chunk)
+                sent += len(chunk)
+                result.bytes_sent += len(chunk)
+                task.advance(len(chunk))
+        recv.stdin.close()
+    except (BrokenPipeError, ConnectionError, OSError) as exc:
+        recv.kill()
+        raise TransferCut(f"sending the image to {host.name} stopped after {sent >> 20} MiB: "
+                          f"{recv.stderr_text().strip() or exc}",
+                          "run again: the ship resumes from what arrived") from None
+    if recv.wait() != 0:
+        raise TransferCut(f"writing {dest} on {host.name} failed: {recv.stderr_text().strip()}",
+                          "check free space on the host, then run again: the ship resumes from what arrived")
