@@ -123,3 +123,32 @@ def test_first_boot_setup_installs_what_an_image_lacks() -> None:
     assert cp.returncode == 0, err[-2000:]
     out = cp.stdout.decode().split()
     assert out[0] == "/usr/bin/docker" and "docker" in out[1:-1] and out[-1].endswith("Z")
+
+
+def test_a_vm_that_answers_with_another_host_key_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           vm_host: TestHost) -> None:
+    """The "VM" gets the user and key but ignores the custom data (keeps its own host keys): launcher
+    refuses it at the first connection instead of trusting what it finds there."""
+    double = AzureDouble(tmp_path / "double").start()
+
+    def boot_without_cloud_init(vm: dict[str, Any]) -> str:
+        osp = vm["body"]["properties"]["osProfile"]
+        key = osp["linuxConfiguration"]["ssh"]["publicKeys"][0]["keyData"]
+        vm_host.exec("sh", "-c", "useradd -m -s /bin/sh -p '*' azureuser && mkdir -p /home/azureuser/.ssh && "
+                     f"echo '{key}' > /home/azureuser/.ssh/authorized_keys && chown -R azureuser /home/azureuser")
+        return vm_host.ip
+
+    double.on_vm_created = boot_without_cloud_init
+    for k, v in double.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("LAUNCHER_HOME", str(tmp_path / "launcher-home"))
+    try:
+        code, res, out = cli("vm", "up", "gpu1", "--size", "Standard_D4s_v5", "--region", "westeurope",
+                             "--ssh-key", str(vm_host.key.with_suffix(".pub")))
+        assert code == ExitCode.HOST_KEY_REJECTED, out
+        assert "other than the one launcher made" in res["summary"] and "vm down gpu1" in res["summary"]
+        # nothing of the host's own key was recorded
+        assert vm_host.exec("cat", "/etc/ssh/ssh_host_ed25519_key.pub").split()[1] not in \
+            aliases.known_hosts_path().read_text()
+    finally:
+        double.stop()

@@ -301,8 +301,9 @@ class AzureCloud:
                 storage_profile=cm.StorageProfile(
                     image_reference=cm.ImageReference(publisher=image.publisher, offer=image.offer, sku=image.sku,
                                                       version=image.version),
+                    # Standard SSD: every size takes it (Premium SSD only the sizes with an "s" in their names)
                     os_disk=cm.OSDisk(name=n.os_disk, create_option="FromImage", delete_option="Delete",
-                                      managed_disk=cm.ManagedDiskParameters(storage_account_type="Premium_LRS"))),
+                                      managed_disk=cm.ManagedDiskParameters(storage_account_type="StandardSSD_LRS"))),
                 os_profile=cm.OSProfile(
                     computer_name=spec.name, admin_username=spec.admin_user, custom_data=custom_data,
                     linux_configuration=cm.LinuxConfiguration(
@@ -420,7 +421,7 @@ class AzureCloud:
         if tags.get(TAG_OWNER) != "vm" or tags.get(TAG_NAME) != name:
             raise UsageError(f"resource group {group} is not tagged as launcher's VM {name}; launcher leaves it alone",
                              "delete it yourself if it is yours (`az group delete -n " + group + "`)")
-        task = rep.task(f"vm down {name}: deleting resource group {group}")
+        task = rep.task(f"vm down {name}: deleting resource group {group}", total=1)
         try:
             self.resource.resource_groups.begin_delete(group).result()
         except ResourceNotFoundError:

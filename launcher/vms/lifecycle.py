@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from launcher.errors import (
@@ -53,7 +53,6 @@ class UpResult:
     vm: VmInfo | None = None
     host_key_fingerprint: str | None = None
     ready: bool = False
-    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         s = self.spec
@@ -101,7 +100,7 @@ def wait_ready(name: str, timeout_s: float, reporter: Reporter | None = None, in
     from launcher.hosts.ssh import SSHHost
 
     rep = reporter or NullReporter()
-    task = rep.task(f"vm up {name}: waiting for SSH and first-boot setup")
+    task = rep.task(f"vm up {name}: waiting for SSH and first-boot setup", total=1)
     deadline = time.monotonic() + timeout_s
     last = "no answer yet"
     try:
@@ -113,18 +112,23 @@ def wait_ready(name: str, timeout_s: float, reporter: Reporter | None = None, in
                 finally:
                     host.close()
                 if done:
+                    task.close()
                     return
                 last = "SSH answers; first-boot setup still running"
-            except HostKeyRejected:
-                raise
+            except HostKeyRejected as exc:
+                raise HostKeyRejected(
+                    f"VM {name} answered with a host key other than the one launcher made for it ({exc.message}): "
+                    "its image did not install the key from cloud-init, or something is in between",
+                    f"do not trust it; `launcher vm down {name}`, and use an image that runs cloud-init") from None
             except (HostUnreachable, AuthFailed, TimedOut) as exc:
                 last = exc.one_line()
             if time.monotonic() > deadline:
                 raise TimedOut(f"VM {name} was made, but it was not ready after {int(timeout_s)} s ({last})",
                                f"try `launcher provision --host {name}` in a while, or `launcher vm down {name}`")
             time.sleep(interval_s)
-    finally:
-        task.close()
+    except BaseException:
+        task.update(description=f"vm up {name}: not ready")
+        raise
 
 
 def ls(subscription: str | None, connect: CloudFactory = AzureCloud.connect) -> list[dict[str, Any]]:
@@ -142,7 +146,6 @@ class DownResult:
     name: str
     group: str
     alias_removed: bool
-    notes: list[str] = field(default_factory=list)
 
 
 def down(name: str, subscription: str | None, *, reporter: Reporter | None = None,
