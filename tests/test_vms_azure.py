@@ -293,3 +293,12 @@ def test_a_group_launcher_did_not_make_is_left_alone(azure: AzureDouble, ssh_key
     assert azure.groups() == ["launcher-vm-gpu1"] and azure.puts("nsg") == []
     res = runner.invoke(app, ["vm", "ls", "--json"])
     assert res.exit_code == 0 and json.loads(res.stdout)["data"]["vms"] == []
+
+
+def test_without_the_callers_address_nothing_is_made(azure: AzureDouble, ssh_key: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LAUNCHER_MY_ADDRESS_URL", "https://127.0.0.1:9/ip")  # nothing listens there
+    res = _up("gpu1", ssh_key)
+    assert res.exit_code == ExitCode.HOST_UNREACHABLE, res.output
+    assert "--ssh-from" in json.loads(res.stdout)["summary"]
+    assert azure.puts("group") == [] and azure.groups() == []
