@@ -96,6 +96,14 @@ def test_bad_choices_are_usage_errors_naming_the_allowed_values(ws: Path) -> Non
     assert res.exit_code == ExitCode.USAGE and "cpu, gpu" in res.output and "Traceback" not in res.output
     res = runner.invoke(app, ["experiment", "tiny_model", "--scheduler", "pbs"])
     assert res.exit_code == ExitCode.USAGE and "slurm" in res.output
+    # with --json, an error found while parsing is the versioned envelope too (the message stays on stderr)
+    for args in (["run", "tiny_model", "--variant", "gpu", "--determinism", "strikt", "--json"],
+                 ["--json", "verify", "checksums", "--no-such-option"], ["--json", "--no-such-option"]):
+        res = runner.invoke(app, args)
+        envelope = json.loads(res.stdout)
+        assert res.exit_code == envelope["exit_code"] == ExitCode.USAGE and envelope["ok"] is False, args
+        assert envelope["summary"] in " ".join(res.stderr.replace("│", " ").split()) or "Invalid value" in res.stderr
+    assert json.loads(runner.invoke(app, ["run", "x", "--determinism", "strikt", "--json"]).stdout)["command"] == "run"
 
 
 def test_completion_of_recipes_runs_variants_and_hosts(ws: Path, tmp_path: Path,

@@ -266,4 +266,4 @@ def test_tensorboard_needs_a_directory_after_the_runs(two_runs: tuple[Workspace,
     code, env, _ = cli(ws.root, "export", a.name, b.name, "--to", "tensorboard")
     assert code == ExitCode.USAGE and "is a run, not a TensorBoard log directory" in env["summary"]
     code, env, _ = cli(ws.root, "export", a.name, "--to", "wandb")
-    assert code == ExitCode.USAGE and "unknown export target" in env["summary"]
+    assert code == ExitCode.USAGE and "'wandb' is not one of 'mlflow', 'tensorboard'" in env["summary"]

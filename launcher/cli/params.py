@@ -14,6 +14,8 @@ knows its workspace.
 from __future__ import annotations
 
 import copy
+import json
+import sys
 from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
@@ -228,9 +230,36 @@ def _without_hidden_aliases(param: Any) -> Any:
     return shown
 
 
+def _usage_error_as_json(info_name: str | None, args: list[str], parent: Any, exc: Exception) -> None:
+    """With --json typed, a usage error found while parsing (an unknown option, a value outside a choice)
+    is also the versioned envelope on stdout, as every other error is; the message stays on stderr."""
+    from typer._click.exceptions import NoArgsIsHelpError
+    from typer._click.exceptions import UsageError as ClickUsageError
+
+    if not isinstance(exc, ClickUsageError) or isinstance(exc, NoArgsIsHelpError):
+        return
+    typed = list((parent.meta.get(ARGV) if parent is not None else None) or args)
+    if "--json" not in (typed[: typed.index("--")] if "--" in typed else typed):
+        return
+    from launcher.errors import ExitCode
+    from launcher.result import error_envelope
+
+    path = [*(parent.command_path.split()[1:] if parent is not None else []), *([info_name] if parent else [])]
+    envelope = error_envelope(" ".join(path) or "launcher", ExitCode.USAGE, exc.format_message())
+    sys.stdout.write(json.dumps(envelope, indent=2) + "\n")
+
+
 class LauncherCommand(TyperCommand):
     def get_params(self, ctx: Any) -> list[Any]:
         return conventional(ctx, super().get_params(ctx))
+
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        typed = list(args)  # parsing consumes args
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except Exception as exc:
+            _usage_error_as_json(info_name, typed, parent, exc)
+            raise
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         ctx.meta[HELP] = True
@@ -247,6 +276,14 @@ class LauncherGroup(TyperGroup):
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         ctx.meta.setdefault(ARGV, list(args))  # the root's: options typed after the command included
         return super().parse_args(ctx, args)
+
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        typed = list(args)  # parsing consumes args
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except Exception as exc:
+            _usage_error_as_json(info_name, typed, parent, exc)
+            raise
 
 
 def threads_for(ctx: typer.Context, profile: str, threads: int | None) -> int | None:
