@@ -5,8 +5,8 @@ root and `LAUNCHER_*` environment variables.
     [defaults]
     host = "azure-gpu"        # --host: an SSH destination or alias; "local" is the local engine
     variant = "gpu"           # --variant
-    determinism = "strict"    # --determinism
-    threads = 4               # --threads (the deterministic profile's thread count)
+    determinism = "deterministic"  # --determinism
+    threads = 4               # --threads (the deterministic profile's thread count; strict runs on 1)
 
 Precedence: the command line, then the environment (LAUNCHER_HOST, LAUNCHER_VARIANT,
 LAUNCHER_DETERMINISM, LAUNCHER_THREADS), then the file, then launcher's built-in default. Each

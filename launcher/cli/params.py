@@ -68,7 +68,7 @@ def workspace_for(ctx: Any) -> Workspace | None:
     """The workspace a command line is about, or None outside one (help and completion never fail)."""
     try:
         return Workspace.discover(_given_workspace(ctx))
-    except Exception:
+    except (LauncherError, OSError):
         return None
 
 
