@@ -9,9 +9,14 @@ Prints, with targets:
 - time to ship an unchanged image (< 2 s)
 - time to ship a rebuilt image whose recipe layer alone changed, as a ratio of shipping it whole (<= 0.1)
 - peak memory (max RSS) of the launcher process while shipping a multi-GB image and pulling 1 GB (< 200 MB)
+- over a slow link (the test host's link limited to 200 Mbit/s with `tc ... tbf`, on the host side of
+  its veth): the first ship of the CPU image to a fresh host, as a ratio of
+  `docker save IMAGE | ssh HOST docker load` on the same link (<= 0.5); the one-off cost of making the
+  compressed blobs is printed beside it (a later ship of those layers, to any host, reuses them)
 
 Each operation runs in a child process of this script so that its peak RSS is its own.
 Usage: python benchmarks/transfer.py [--pull-gb 1] [--image-gb 2] [--repeat 3] [--json]
+                                    [--only all|slow-link] [--slow-link-mbit 200] [--slow-image REF]
 """
 
 from __future__ import annotations
@@ -99,9 +104,15 @@ def main() -> None:
     ap.add_argument("--remote")
     ap.add_argument("--dest")
     ap.add_argument("--registry")
+    ap.add_argument("--only", choices=["all", "slow-link"], default="all")
+    ap.add_argument("--slow-link-mbit", type=int, default=200)
+    ap.add_argument("--slow-image", help="default: the largest CPU image launcher built here")
     args = ap.parse_args()
     if args.child_conn:
         child(args)
+        return
+    if args.only == "slow-link":
+        print_slow_link(slow_link(args), args)
         return
 
     import testhost as th
@@ -320,6 +331,96 @@ def main() -> None:
     peak = summary["peak_rss_mb"]
     print(
         f"peak RSS of launcher while shipping and pulling: {peak:.0f} MB (target < 200 MB: {ok[peak < 200]})"
+    )
+    print_slow_link(slow_link(args), args)
+
+
+def largest_cpu_image() -> str:
+    out = subprocess.run(["docker", "images", "--filter", "label=org.launcher.variant=cpu", "--format",
+                          "{{.ID}} {{.Size}}"], capture_output=True, text=True, check=True).stdout.split("\n")
+    sizes = {}
+    for line in out:
+        if line.strip():
+            image, size = line.split(" ", 1)
+            sizes[image] = float(size.rstrip("GMkB")) * {"G": 1e9, "M": 1e6, "k": 1e3}.get(size.rstrip("B")[-1], 1)
+    if not sizes:
+        raise SystemExit("no CPU image launcher built here: run `launcher build cpu` (or give --slow-image)")
+    return max(sizes, key=lambda k: sizes[k])
+
+
+def veth_of(container: str) -> str:
+    """The host side of the container's eth0: shaping its egress limits what flows into the container."""
+    index = subprocess.run(["docker", "exec", container, "cat", "/sys/class/net/eth0/iflink"], capture_output=True,
+                           text=True, check=True).stdout.strip()
+    for line in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout.splitlines():
+        number, name = line.split(":")[:2]
+        if number.strip() == index:
+            return name.strip().split("@")[0]
+    raise SystemExit(f"no host interface with index {index} for {container}")
+
+
+def slow_link(args: argparse.Namespace) -> dict[str, Any]:
+    """The first ship of the CPU image to a fresh host over a link limited to --slow-link-mbit, against
+    `docker save | ssh docker load` on the same link; both start from a host without any of its layers."""
+    import testhost as th
+
+    image = args.slow_image or largest_cpu_image()
+    info = json.loads(subprocess.run(["docker", "image", "inspect", image], capture_output=True, text=True,
+                                     check=True).stdout)[0]
+    image_id, size = info["Id"], int(info["Size"])
+    work = Path(tempfile.mkdtemp(prefix="launcher-bench-slow-"))
+    host = th.start_testhost(work / "host")
+    conn = {"spec": host.spec, "key": str(host.key), "known_hosts": str(host.known_hosts)}
+    out: dict[str, Any] = {"image": image_id, "image_bytes": size, "mbit": args.slow_link_mbit}
+    veth = veth_of(host.container)
+    try:
+        subprocess.run(["tc", "qdisc", "replace", "dev", veth, "root", "tbf", "rate", f"{args.slow_link_mbit}mbit",
+                        "burst", "1mb", "latency", "200ms"], check=True)
+
+        def fresh() -> None:
+            host.exec("sh", "-c", "docker rm -f $(docker ps -aq) 2>/dev/null; docker rmi -f $(docker images -aq) "
+                      "2>/dev/null; docker image prune -af >/dev/null; rm -rf /root/.launcher/ship; true", check=False)
+
+        fresh()
+        t = time.perf_counter()
+        subprocess.run(f"docker save {image_id} | ssh -F /dev/null -i {host.key} -o IdentitiesOnly=yes "
+                       f"-o UserKnownHostsFile={host.known_hosts} -o StrictHostKeyChecking=yes root@{host.ip} "
+                       "docker load -q", shell=True, check=True, capture_output=True)
+        out["reference_s"] = time.perf_counter() - t
+        fresh()
+        cache = work / "cache"
+        from launcher.images import blobs
+        from launcher.images import tree as imagetree
+
+        diffs = [str(d) for d in info["RootFS"]["Layers"]]
+        layer_cache = Path(os.environ.get("LAUNCHER_CACHE", Path.home() / ".cache" / "launcher")) / "images"
+        cached = imagetree.cached_image(layer_cache, image_id)
+        t = time.perf_counter()  # the one-off cost: what a first slow ship of these layers pays once
+        made, _ = blobs.ensure(image_id, diffs, cached[1] if cached else [], list(range(len(diffs))), cache,
+                               config=cached[0] if cached else None)
+        out["compress_once_s"] = time.perf_counter() - t
+        out["blob_bytes"] = blobs.total_size(made)
+        out["ship"] = run_child(conn, "--child", "ship", "--image", image_id, "--cache", str(cache))
+        out["ship_s"] = out["ship"]["op_s"] + out["ship"]["connect_s"]
+        assert host.exec("docker", "image", "inspect", "-f", "{{.Id}}", image_id).strip() == image_id
+    finally:
+        subprocess.run(["tc", "qdisc", "del", "dev", veth, "root"], capture_output=True, check=False)
+        host.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    out["ratio"] = out["ship_s"] / out["reference_s"]
+    return out
+
+
+def print_slow_link(r: dict[str, Any], args: argparse.Namespace) -> None:
+    if args.json:
+        print(json.dumps({"slow_link": r}, indent=2))
+        return
+    ok = {True: "ok", False: "MISSED"}
+    print(
+        f"slow link ({r['mbit']} Mbit/s, tc tbf): first ship of the {r['image_bytes'] / 1e9:.2f} GB CPU image to a "
+        f"fresh host: {r['ship_s']:.1f} s ({r['ship']['bytes_sent'] / 1e9:.2f} GB sent, compressed) vs "
+        f"`docker save | ssh docker load` {r['reference_s']:.1f} s: ratio {r['ratio']:.2f} "
+        f"(target <= 0.5: {ok[r['ratio'] <= 0.5]}); making the blobs once took {r['compress_once_s']:.1f} s"
     )
 
 

@@ -116,7 +116,15 @@ def ensure(image_id: str, diff_ids: Sequence[str], layer_files: Sequence[Path | 
             out[i] = blob
     if rest or config is None:
         config = _from_save(image_id, rest, out, cache_dir, config, on_bytes)
+    elif _cached_config(cache_dir, image_id) is None:
+        _keep_config(cache_dir, image_id, config)
     return out, config
+
+
+def _keep_config(cache_dir: Path, image_id: str, config: bytes) -> None:
+    path = config_path(cache_dir, image_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(config)
 
 
 def _from_save(image_id: str, rest: dict[str, list[int]], out: dict[int, Blob], cache_dir: Path,
@@ -143,9 +151,7 @@ def _from_save(image_id: str, rest: dict[str, list[int]], out: dict[int, Blob], 
     if rest or config is None or "sha256:" + hashlib.sha256(config).hexdigest() != image_id:
         raise CommandFailed(f"docker save {image_id[:19]} did not hold all of the image's layers and config",
                             "check the local Docker engine (`docker image inspect`)")
-    path = config_path(cache_dir, image_id)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(config)
+    _keep_config(cache_dir, image_id, config)
     return config
 
 
