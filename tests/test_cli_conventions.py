@@ -125,6 +125,7 @@ def test_completion_of_recipes_runs_variants_and_hosts(ws: Path, tmp_path: Path,
     assert complete("build", "--variant", "") == ["cpu", "gpu"]
     assert complete("lock", "--variant", "") == ["cpu", "gpu", "all"]
     assert complete("run", "x", "--determinism", "s") == ["strict", "seeded"]
+    assert "--determinism" in complete("run", "x", "--") and "--profile" not in complete("run", "x", "--")
     assert "ls" in complete("recipes", "") and "list" not in complete("recipes", "")  # hidden alias
     home = tmp_path / "home"
     (home / ".ssh" / "conf.d").mkdir(parents=True)

@@ -261,6 +261,9 @@ class LauncherCommand(TyperCommand):
             _usage_error_as_json(info_name, typed, parent, exc)
             raise
 
+    def shell_complete(self, ctx: Any, incomplete: str) -> list[Any]:
+        return [item for item in super().shell_complete(ctx, incomplete) if item.value not in HIDDEN_ALIASES]
+
     def format_help(self, ctx: Any, formatter: Any) -> None:
         ctx.meta[HELP] = True
         try:
