@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from launcher.cli.common import command, render, reporter, stdout, workspace_of
-from launcher.cli.params import complete_run
+from launcher.cli.params import complete_group, complete_run
 from launcher.errors import UsageError
 from launcher.result import Result
 
@@ -46,7 +46,8 @@ def export_cmd(
     logdir: Annotated[Path | None, typer.Option(
         "--logdir", metavar="DIR", help="TensorBoard log directory (the same as the last argument).")] = None,
     group: Annotated[str | None, typer.Option(
-        "--group", "-g", metavar="NAME", help="Export the runs of this group.")] = None,
+        "--group", "-g", metavar="NAME", autocompletion=complete_group, help="Export the runs of this group.")
+    ] = None,
 ) -> None:
     """Export runs to MLflow (params, per-epoch metrics, tags, artifacts) or TensorBoard event files.
 

@@ -132,6 +132,20 @@ def complete_run(ctx: typer.Context, incomplete: str) -> list[str]:
     return [r for r in run_ids(ws) if r.startswith(incomplete)]
 
 
+def complete_group(ctx: typer.Context, incomplete: str) -> list[str]:
+    """The groups of the workspace's runs (from their launch records), newest first."""
+    ws = workspace_for(ctx)
+    if ws is None:
+        return []
+    groups: list[str] = []
+    for run_id in reversed(run_ids(ws)):
+        with suppress(OSError, ValueError):
+            group = json.loads((ws.runs / run_id / "launch.json").read_text()).get("group")
+            if isinstance(group, str) and group.startswith(incomplete) and group not in groups:
+                groups.append(group)
+    return groups
+
+
 def ssh_hosts(config: Path | None = None) -> list[str]:
     """The Host aliases of an SSH config, its Include files too (by default launcher's own, with the VMs
     `launcher vm up` made, then ~/.ssh/config, as host resolution reads them), without patterns:

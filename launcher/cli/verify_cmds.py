@@ -26,6 +26,7 @@ from launcher.cli.params import (
     ThreadsOpt,
     VariantOpt,
     check_variant,
+    complete_group,
     complete_recipe,
     complete_run,
     group,
@@ -197,7 +198,8 @@ def checksums(
         "--against", metavar="RUN", autocompletion=complete_run,
         help="The reference run. Default: the first run.")] = None,
     group: Annotated[str | None, typer.Option(
-        "--group", "-g", metavar="NAME", help="Verify the runs of this group (e.g. one from `launcher experiment`).")
+        "--group", "-g", metavar="NAME", autocompletion=complete_group,
+        help="Verify the runs of this group (e.g. one from `launcher experiment`).")
     ] = None,
     ignore: Annotated[list[str] | None, typer.Option(
         "--ignore", metavar="GLOB", help="List files matching GLOB (under outputs/; * crosses /) but do not "
@@ -333,7 +335,8 @@ def _print_report(result: Result) -> None:
 def report_cmd(
     ctx: typer.Context,
     groups: Annotated[list[str], typer.Argument(
-        metavar="GROUP", help="Group names (from `launcher experiment` or a manifest).")],
+        metavar="GROUP", autocompletion=complete_group,
+        help="Group names (from `launcher experiment` or a manifest).")],
     name: Annotated[str | None, typer.Option("--name", metavar="NAME", help="Report folder name under reports/.")
                     ] = None,
 ) -> None:
