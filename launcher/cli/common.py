@@ -180,7 +180,7 @@ def command(group: typer.Typer, name: str, *, aliases: tuple[str, ...] = ()) -> 
     """Declare a command of `group`, guarded under its full name (`launcher recipes new` reports errors
     as "recipes new"). The one way commands are registered: each *_cmds module declares its own Typer
     and launcher/cli/__init__.py adds it, as a named group or, when it has no name, at the top level.
-    aliases: older spellings that keep working, hidden from help (`cache ls` for `cache list`)."""
+    aliases: older spellings that keep working, hidden from help (`recipes list` for `recipes ls`)."""
     from launcher.cli.params import LauncherCommand
 
     prefix = group.info.name if isinstance(group.info.name, str) else ""
