@@ -117,6 +117,8 @@ def test_mounted_recipe_needs_no_rebuild_and_equal_digests_are_the_same_code(tin
     # the same results from other code: identical, and the verdict says the code differs
     code, verdict, _ = cli(tiny_workspace, "verify", "checksums", baked["run_id"], edited["run_id"])
     assert code == 0 and "the code differs" in verdict["summary"], verdict["summary"]
+    short = edited["recipe"]["tree_digest"].removeprefix("sha256:")[:12]
+    assert f"{short} in {edited['run_id']})" in verdict["summary"]  # the one other run, by name
 
 
 SCRIPT = '''\

@@ -309,11 +309,15 @@ class VerifyReport:
         tail = f"; {len(skipped)} volatile files differ, not compared" if skipped else ""
         for key, what in (("tree_digest", "code"), ("lib_digest", "recipe library")):
             ref_code = self.reference.recipe.get(key)
-            other_code = sorted({str(r.manifest.recipe.get(key)) for r in self.runs
-                                 if r.manifest.recipe.get(key) != ref_code})
-            if other_code:  # the results may agree, but the runs did not run the same code
+            by_code: dict[str, list[str]] = {}
+            for r in self.runs:
+                if r.manifest.recipe.get(key) != ref_code:
+                    by_code.setdefault(str(r.manifest.recipe.get(key)), []).append(r.manifest.run_id)
+            if by_code:  # the results may agree, but the runs did not run the same code
+                where = [f"{c.removeprefix('sha256:')[:12]} in " + (ids[0] if len(ids) == 1 else f"{len(ids)} runs")
+                         for c, ids in sorted(by_code.items())[:3]]
                 tail += (f"; the {what} differs ({str(ref_code).removeprefix('sha256:')[:12]} in {ref}, "
-                         + ", ".join(c.removeprefix("sha256:")[:12] for c in other_code[:3]) + " in others)")
+                         + ", ".join(where) + ")")
         if self.identical:
             content = {f["path"]: f for r in self.runs for f in r.content_only}
             if not content:
