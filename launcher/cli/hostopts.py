@@ -89,7 +89,8 @@ SCHEDULER_PANEL = "Cluster options"
 SchedulerOpt = Annotated[Literal["slurm"] | None, typer.Option(
     "--scheduler", rich_help_panel=SCHEDULER_PANEL,
     help="Place the runs through the cluster's scheduler, reached at --host (its login node): the replicates "
-    "become one job array, the image travels once to the shared filesystem. Default: containers on --host itself.")]
+    "become one job array; the image goes by the cluster's registry, else once to its shared filesystem. "
+    "Default: containers on --host itself.")]
 PartitionOpt = Annotated[str | None, typer.Option(
     "--partition", metavar="NAME", rich_help_panel=SCHEDULER_PANEL,
     help="Slurm partition (default: the cluster's default partition).")]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.table import Table
@@ -132,8 +132,8 @@ def provision_cmd(
                      "pulls it by digest. `none` forgets it (the image goes by the shared filesystem again)."),
     ] = None,
     container_runtime: Annotated[
-        str | None,
-        typer.Option("--container-runtime", metavar="docker|pyxis", rich_help_panel="Cluster options",
+        Literal["docker", "pyxis"] | None,
+        typer.Option("--container-runtime", rich_help_panel="Cluster options",
                      help="With --scheduler slurm: run each replicate with the node's Docker engine (default) or "
                      "with Pyxis/enroot (`srun --container-image`, needs --registry); kept in the cluster's settings."),
     ] = None,
