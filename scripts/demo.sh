@@ -20,9 +20,9 @@ $L init "$DEMO_DIR" --from .
 step "base image: Debian + Python from Debian packages, pushed to a local registry, pinned by digest"
 $L -w "$DEMO_DIR" base bootstrap --start-registry
 step "build: the CPU image from lockfiles/cpu.txt, offline, labelled, content-addressed"
-$L -w "$DEMO_DIR" build cpu
+$L -w "$DEMO_DIR" build --variant cpu
 step "rebuild --verify: from scratch, the same filesystem tree and the same image ID"
-$L -w "$DEMO_DIR" rebuild cpu --verify
+$L -w "$DEMO_DIR" rebuild --variant cpu --verify
 step "run: mnist_convnet twice on the local engine, seed 42, determinism profile 'deterministic'"
 # On the 1,500 bundled digits, Adadelta at learning rate 1.0 and batch 32 learns in seconds; the recipe's
 # defaults (learning rate 0.001, batch 128, 12 epochs) are the seed's own, made for the 60,000 MNIST images.

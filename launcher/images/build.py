@@ -120,7 +120,8 @@ def read_record(ws: Workspace, variant: str) -> BuildRecord | None:
         data.pop("noop", None)
         return BuildRecord(**data)
     except (ValueError, TypeError) as exc:
-        raise Corrupt(f"build record {path} is unreadable: {exc}", f"delete it and run `launcher build {variant}`") \
+        raise Corrupt(f"build record {path} is unreadable: {exc}",
+                      f"delete it and run `launcher build --variant {variant}`") \
             from exc
 
 
@@ -390,7 +391,7 @@ def ensure_current(ws: Workspace, variant: str, *, recipes: bool = True, allow_b
     else:
         why = f"the {variant} image is out of date: {', '.join(changed)} changed since it was built"
     if not allow_build:
-        raise ImageOutOfDate(why, f"run `launcher build {variant}` (a recipe edit takes seconds), or drop "
+        raise ImageOutOfDate(why, f"run `launcher build --variant {variant}` (a recipe edit takes seconds), or drop "
                              "--no-build to let run build it")
     rep.note(f"{why}; building it first")
     return build(ws, variant, reporter=rep)
@@ -433,7 +434,7 @@ def rebuild(ws: Workspace, variant: str = "cpu", *, verify: bool = True, ca_bund
     record = read_record(ws, variant)
     if verify and record is None:
         raise NotFound(f"no recorded build of the {variant} image to verify against",
-                       f"run `launcher build {variant}` first")
+                       f"run `launcher build --variant {variant}` first")
     epoch = int(record.extra.get("epoch", imagetree.DEFAULT_EPOCH)) if record else imagetree.DEFAULT_EPOCH
     # A verifying rebuild needs only the digests of the normalised image, not the image itself.
     git = None

@@ -73,10 +73,10 @@ def image_record(ws: Workspace, variant: str) -> dict[str, Any]:
     except FileNotFoundError:
         raise NotFound(
             f"no {variant} image has been built in this workspace",
-            f"build it with `launcher build {variant}`",
+            f"build it with `launcher build --variant {variant}`",
         ) from None
     except ValueError:
-        raise Corrupt(f"{path} is not valid JSON", f"rebuild with `launcher build {variant}`") from None
+        raise Corrupt(f"{path} is not valid JSON", f"rebuild with `launcher build --variant {variant}`") from None
     labels = rec.get("labels") or {}
     return {
         "id": rec["image_id"],
