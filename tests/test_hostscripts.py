@@ -128,8 +128,8 @@ def test_facts_sheet_runs_with_sh() -> None:
     done = subprocess.run(["sh", "-c", text("facts.sh")], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     keys = [line.partition("=")[0] for line in done.stdout.splitlines()]
-    assert keys[:14] == ["os", "os_id", "os_version", "os_codename", "kernel", "arch", "user", "uid", "cpu_model",
-                         "cpu_cores", "ram_bytes", "disk_free_bytes", "sudo", "docker_installed"]
+    assert keys[:15] == ["os", "os_id", "os_version", "os_codename", "kernel", "arch", "user", "uid", "cpu_model",
+                         "cpu_cores", "ram_bytes", "disk_free_bytes", "systemd", "sudo", "docker_installed"]
     assert {"nvidia_smi", "nvidia_ctk"} <= set(keys)
     facts = parse_facts(done.stdout)
     assert facts["kernel"] == os.uname().release and facts["arch"] == os.uname().machine

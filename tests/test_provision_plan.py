@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.errors import HostNotReady
-from launcher.hosts.provision import install_plan, parse_facts
+from launcher.hosts.provision import DOCKERD_LOG, install_plan, parse_facts
 
 READY = """os=Ubuntu 22.04.4 LTS
 os_id=ubuntu
@@ -14,6 +14,7 @@ kernel=6.5.0-1017-azure
 arch=x86_64
 user=azureuser
 uid=1000
+systemd=1
 cpu_model=AMD EPYC 7V13 64-Core Processor
 cpu_cores=24
 ram_bytes=232000000000
@@ -76,3 +77,49 @@ def test_root_gets_no_sudo_and_no_group_change() -> None:
 def test_unsupported_os_is_a_clear_error() -> None:
     with pytest.raises(HostNotReady, match="Ubuntu and Debian"):
         install_plan(parse_facts(READY.replace("os_id=ubuntu", "os_id=fedora")))
+
+
+def _no_systemd(facts: str) -> str:
+    return facts.replace("systemd=1", "systemd=0")
+
+
+START_BG = f"sudo sh -c 'if ! docker info >/dev/null 2>&1; then setsid dockerd >{DOCKERD_LOG} 2>&1 </dev/null & fi'"
+WAIT = ("i=0; until sudo docker info >/dev/null 2>&1; do i=$((i+1)); if [ $i -ge 60 ]; then "
+        f'echo "Docker did not answer within 60 s; {DOCKERD_LOG} ends: $(tail -n 1 {DOCKERD_LOG} 2>&1)" >&2; '
+        "exit 1; fi; sleep 1; done")
+
+
+def test_without_systemd_docker_is_started_in_the_background_and_awaited() -> None:
+    """A host where systemd does not run the services (a container, WSL): dockerd in its own session,
+    then `docker info` awaited; systemctl would fail there."""
+    kept = (ln for ln in _no_systemd(READY).splitlines() if not ln.startswith("docker"))
+    bare = "\n".join(kept) + "\ndocker_installed=0\n"
+    facts = parse_facts(bare)
+    assert facts["systemd"] is False and parse_facts(READY)["systemd"] is True
+    cmds = [s.command for s in install_plan(facts)]
+    assert cmds == [
+        "sudo apt-get update",
+        "sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y docker.io",
+        START_BG,
+        WAIT,
+        "sudo usermod -aG docker azureuser",
+    ]
+    # the GPU runtime: dockerd stopped by its pid file, started again, awaited
+    gpu = [s.command for s in install_plan(facts, gpu=True)]
+    assert gpu[-4] == "sudo nvidia-ctk runtime configure --runtime=docker"
+    assert gpu[-3].startswith("sudo sh -c 'pid=$(cat /var/run/docker.pid") and gpu[-2:] == [START_BG, WAIT]
+    assert not any("systemctl" in c for c in gpu)
+
+
+def test_an_installed_docker_that_does_not_answer_is_started_not_reinstalled() -> None:
+    """After a reboot of a host without systemd (or a stopped service), --install starts Docker again;
+    a daemon that answers but refuses this user is a group matter, not a start."""
+    down = READY.replace("docker_usable=1", "docker_usable=0").replace(
+        "docker_info=", "docker_error=Cannot connect to the Docker daemon at unix:///var/run/docker.sock. "
+        "Is the docker daemon running?\nx=")
+    cmds = [s.command for s in install_plan(parse_facts(down))]
+    assert cmds == ["sudo systemctl enable --now docker", "sudo usermod -aG docker azureuser"]
+    assert [s.command for s in install_plan(parse_facts(_no_systemd(down)))][:2] == [START_BG, WAIT]
+    denied = READY.replace("docker_usable=1", "docker_usable=0").replace(
+        "docker_info=", "docker_error=permission denied while trying to connect to the Docker daemon socket\nx=")
+    assert [s.command for s in install_plan(parse_facts(denied))] == ["sudo usermod -aG docker azureuser"]

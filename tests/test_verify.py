@@ -228,6 +228,7 @@ def test_volatile_files(path: str, volatile: bool) -> None:
     ("runtime.framework.version", "software"),
     ("host.facts.nvidia.gpus", "hardware"), ("host.facts.docker.server_version", "info"),
     ("host.facts.kernel", "software"), ("runtime.platform.machine", "hardware"),
+    ("host.facts.systemd", "info"),
 ])
 def test_categories(key: str, category: str) -> None:
     assert categorize(key) == category

@@ -25,6 +25,8 @@ from launcher.workspace import default_cache_dir
 SUITE = "bookworm"
 HOST_PACKAGES = ("python3", "openssh-server", "docker.io", "iptables", "ca-certificates")
 BASE_PACKAGES = ("python3",)
+# A host as a fresh VM comes: sshd and python3, no Docker (provision --install puts it there)
+BARE_PACKAGES = ("python3", "openssh-server", "ca-certificates")
 RUN_FLAGS = (
     "--cap-add=ALL",
     "--cap-drop=SYS_RESOURCE",
@@ -139,11 +141,15 @@ def _wait_port(ip: str, port: int, deadline: float) -> None:
 
 
 def start_testhost(workdir: Path, cache_dir: Path | None = None, *, network: str | None = None,
-                   also: tuple[str, ...] = (), reachable: bool = True) -> TestHost:
+                   also: tuple[str, ...] = (), reachable: bool = True,
+                   packages: tuple[str, ...] = HOST_PACKAGES) -> TestHost:
     """network: the Docker network it runs on (its address there is `ip`; default: the bridge);
     also: more networks it joins (a bastion on the bridge and on an internal network);
-    reachable False: this machine cannot reach it (an internal network), so sshd is awaited inside."""
-    image = import_image(rootfs_tarball(HOST_PACKAGES, cache_dir), "launcher-testhost")
+    reachable False: this machine cannot reach it (an internal network), so sshd is awaited inside;
+    packages: its root filesystem's (BARE_PACKAGES: no Docker, so no dockerd runs until one is installed;
+    the container keeps the caps and the /var/lib/docker volume a dockerd needs)."""
+    docker = "docker.io" in packages
+    image = import_image(rootfs_tarball(packages, cache_dir), "launcher-testhost")  # tagged by content
     workdir.mkdir(parents=True, exist_ok=True)
     name = f"launcher-testhost-{uuid.uuid4().hex[:8]}"
     volume = f"{name}-docker"
@@ -155,7 +161,7 @@ def start_testhost(workdir: Path, cache_dir: Path | None = None, *, network: str
         'printf "%s\\n" "$AUTHORIZED_KEY" > /root/.ssh/authorized_keys; '
         "chmod 600 /root/.ssh/authorized_keys; "
         "/usr/sbin/sshd -o ClientAliveInterval=0 -o MaxStartups=50:30:100 -o MaxSessions=50; "
-        "exec dockerd >/var/log/dockerd.log 2>&1"
+        + ("exec dockerd >/var/log/dockerd.log 2>&1" if docker else "exec sleep infinity")
     )
     _sh("docker", "volume", "create", "--label", LABEL, volume)
     container = _sh(
@@ -213,7 +219,7 @@ def start_testhost(workdir: Path, cache_dir: Path | None = None, *, network: str
             f"Host {name}\n  HostName {host.ip}\n  User root\n  Port 22\n  IdentityFile {key}\n"
             f"  IdentitiesOnly yes\n  UserKnownHostsFile {host.known_hosts}\n  StrictHostKeyChecking yes\n"
         )
-        while host.exec("docker", "info", "--format", "{{.ServerVersion}}", check=False).strip() == "":
+        while docker and host.exec("docker", "info", "--format", "{{.ServerVersion}}", check=False).strip() == "":
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     "dockerd in the test host did not start: " + host.exec("tail", "/var/log/dockerd.log")

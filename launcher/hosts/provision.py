@@ -9,6 +9,7 @@ instructions for Ubuntu/Debian.
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ from launcher.errors import HostNotReady
 from launcher.hashing import atomic_write_json
 from launcher.hosts.base import Host
 from launcher.hosts.scripts import text as host_script
+from launcher.proc import Completed
 from launcher.workspace import Workspace
 
 
@@ -76,6 +78,7 @@ def parse_facts(text: str) -> dict[str, Any]:
         "arch": raw.get("arch"),
         "user": raw.get("user"),
         "is_root": raw.get("uid") == "0",
+        "systemd": raw.get("systemd") == "1",
         "sudo": raw.get("sudo") == "1",
         "cpu_model": raw.get("cpu_model") or None,
         "cpu_cores": num("cpu_cores"),
@@ -125,6 +128,44 @@ class Step:
 
 NVIDIA_KEYRING = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
 NVIDIA_LIST = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
+DOCKERD_LOG = "/var/log/dockerd.log"
+DOCKERD_WAIT_S = 60
+
+
+def docker_down(docker: Mapping[str, Any]) -> bool:
+    """Docker is installed but no daemon answers (not merely a socket this user may not open)."""
+    error = str(docker.get("error") or "").lower()
+    return bool(docker.get("installed")) and not docker.get("usable") and "cannot connect to the docker daemon" in error
+
+
+def start_docker(facts: Mapping[str, Any], *, restart: bool = False) -> list[Step]:
+    """Start (or restart) the Docker daemon: through systemd where it runs the services; elsewhere (a
+    container, WSL, an init without units) dockerd in its own session in the background, logging to
+    DOCKERD_LOG, then wait until `docker info` answers. Such a daemon does not come back after a
+    reboot: provision --install starts it again (an installed Docker that does not answer is planned)."""
+    sudo = "" if facts.get("is_root") else "sudo "
+    if facts.get("systemd"):
+        if restart:
+            return [Step("restart Docker to load the runtime", f"{sudo}systemctl restart docker")]
+        return [Step("start Docker now and at boot", f"{sudo}systemctl enable --now docker")]
+    steps = []
+    if restart:
+        # dockerd removes its pid file as it ends; a stale file (no such process) needs no stop
+        stop = ('pid=$(cat /var/run/docker.pid 2>/dev/null) && kill "$pid" 2>/dev/null || exit 0; i=0; '
+                'while [ -e /var/run/docker.pid ] && kill -0 "$pid" 2>/dev/null; do i=$((i+1)); '
+                f'if [ $i -ge {DOCKERD_WAIT_S} ]; then '
+                f'echo "dockerd ($pid) did not stop within {DOCKERD_WAIT_S} s" >&2; exit 1; fi; sleep 1; done')
+        steps.append(Step("stop Docker to load the runtime (no systemd here)", f"{sudo}sh -c {shlex.quote(stop)}"))
+    start = f"if ! docker info >/dev/null 2>&1; then setsid dockerd >{DOCKERD_LOG} 2>&1 </dev/null & fi"
+    wait = (f"i=0; until {sudo}docker info >/dev/null 2>&1; do i=$((i+1)); if [ $i -ge {DOCKERD_WAIT_S} ]; then "
+            f'echo "Docker did not answer within {DOCKERD_WAIT_S} s; {DOCKERD_LOG} ends: '
+            f'$(tail -n 1 {DOCKERD_LOG} 2>&1)" >&2; exit 1; fi; sleep 1; done')
+    return [
+        *steps,
+        Step("start Docker in the background (no systemd here: not at boot; provision --install starts it again)",
+             f"{sudo}sh -c {shlex.quote(start)}"),
+        Step(f"wait until Docker answers (at most {DOCKERD_WAIT_S} s)", wait),
+    ]
 
 
 def install_plan(facts: Mapping[str, Any], *, gpu: bool = False) -> list[Step]:
@@ -147,8 +188,10 @@ def install_plan(facts: Mapping[str, Any], *, gpu: bool = False) -> list[Step]:
                 "install the Docker engine",
                 f"{sudo}env DEBIAN_FRONTEND=noninteractive apt-get install -y docker.io",
             ),
-            Step("start Docker now and at boot", f"{sudo}systemctl enable --now docker"),
+            *start_docker(facts),
         ]
+    elif docker_down(docker):
+        steps += start_docker(facts)
     if not facts.get("is_root") and not docker.get("usable"):
         steps.append(
             Step(
@@ -189,7 +232,7 @@ def install_plan(facts: Mapping[str, Any], *, gpu: bool = False) -> list[Step]:
                     "register the NVIDIA runtime with Docker",
                     f"{sudo}nvidia-ctk runtime configure --runtime=docker",
                 ),
-                Step("restart Docker to load the runtime", f"{sudo}systemctl restart docker"),
+                *start_docker(facts, restart=True),
             ]
     return steps
 
@@ -214,6 +257,15 @@ class Provisioned:
         }
 
 
+def _step_error(done: Completed) -> str:
+    """apt's first error names the cause (an unreachable mirror, a package it cannot find); its last is
+    generic ("Unable to fetch some archives"). Other commands: their last line."""
+    for line in done.err.splitlines():
+        if line.startswith("E: "):
+            return line.strip()
+    return done.last_error_line()
+
+
 def provision(
     ws: Workspace, host: Host, *, gpu: bool = False, install: bool = False, dry_run: bool = False
 ) -> Provisioned:
@@ -230,17 +282,12 @@ def provision(
     if install and not dry_run:
         for step in plan:
             done = host.run(["sh", "-c", step.command], check=False, timeout=1800)
-            executed.append(
-                {
-                    **step.to_dict(),
-                    "exit_code": done.returncode,
-                    "error": done.last_error_line() if done.returncode else None,
-                }
-            )
+            error = _step_error(done) if done.returncode else None
+            executed.append({**step.to_dict(), "exit_code": done.returncode, "error": error})
             if done.returncode != 0:
                 save_facts(ws, host, facts)
                 raise HostNotReady(
-                    f"install step failed on {host.name}: {step.command}: {done.last_error_line()}",
+                    f"install step failed on {host.name}: {step.command}: {error}",
                     "fix the cause on the host and run provision --install again",
                 )
         if plan:

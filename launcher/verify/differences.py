@@ -242,7 +242,7 @@ _SEED_ENV = ("LAUNCHER_SEED", "PYTHONHASHSEED")
 _HARDWARE_WORDS = ("cpu", "gpu", "driver", "cuda", "cudnn", "device", "arch", "machine", "cores", "nproc",
                    "isa")
 # Host facts that describe access and capacity, not what computes the bits.
-_INFO_FACTS = ("user", "is_root", "sudo", "docker", "ram_bytes", "disk", "root_dir", "container_toolkit",
+_INFO_FACTS = ("user", "is_root", "sudo", "systemd", "docker", "ram_bytes", "disk", "root_dir", "container_toolkit",
                "nvidia.smi")
 _VOLATILE_WORDS = ("time", "_at", "date", "uptime", "free", "avail", "load", "pid", "hostname", "boot",
                    "container", "run_id", "elapsed", "duration")

@@ -14,6 +14,8 @@ echo "cpu_model=$(sed -n 's/^model name[[:space:]]*: *//p' /proc/cpuinfo | head 
 echo "cpu_cores=$(getconf _NPROCESSORS_ONLN 2>/dev/null || nproc)"
 echo "ram_bytes=$(awk '/^MemTotal:/ {printf "%.0f", $2 * 1024}' /proc/meminfo)"
 echo "disk_free_bytes=$(df -Pk "$HOME" | awk 'NR==2 {printf "%.0f", $4 * 1024}')"
+# systemd runs the services (sd_booted's test); without it provision starts dockerd itself
+if [ -d /run/systemd/system ]; then echo "systemd=1"; else echo "systemd=0"; fi
 if command -v sudo >/dev/null 2>&1 && sudo -n true >/dev/null 2>&1; then echo "sudo=1"; else echo "sudo=0"; fi
 if command -v docker >/dev/null 2>&1; then
   echo "docker_installed=1"
@@ -23,7 +25,9 @@ if command -v docker >/dev/null 2>&1; then
     echo "docker_info=$out"
   else
     echo "docker_usable=0"
-    echo "docker_error=$(printf '%s' "$out" | tail -n1)"
+    # docker version says why (no daemon, or a socket this user may not open); info's --format hides it
+    why=$(docker version --format '{{.Server.Version}}' 2>&1 >/dev/null | tail -n1)
+    echo "docker_error=$(printf '%s' "${why:-$out}" | tail -n1)"
   fi
 else
   echo "docker_installed=0"
