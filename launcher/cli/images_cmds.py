@@ -22,6 +22,9 @@ from launcher.workspace import Workspace
 
 CA_HELP = "CA bundle for TLS to the package index (behind an intercepting proxy). Default: pip's own settings."
 CaBundleOpt = Annotated[Path | None, typer.Option("--ca-bundle", metavar="FILE", help=CA_HELP)]
+LOCK_CA_HELP = ("CA bundle (PEM) that pip inside the base image trusts for the package index, e.g. a "
+                "TLS-intercepting proxy's. Default: this machine's (PIP_CERT, SSL_CERT_FILE, the system bundle).")
+LockCaBundleOpt = Annotated[Path | None, typer.Option("--ca-bundle", metavar="FILE", help=LOCK_CA_HELP)]
 # `launcher build gpu`, as the README once wrote it: the positional variant still works, hidden.
 OldVariantArg = Annotated[str | None, typer.Argument(hidden=True, show_default=False)]
 VariantsOpt = Annotated[str, typer.Option(
@@ -68,12 +71,14 @@ def lock_cmd(
     upgrade: Annotated[bool, typer.Option("--upgrade", help="Pick the newest allowed versions of everything.")] = False,
     upgrade_package: Annotated[list[str] | None, typer.Option(
         "--upgrade-package", "-P", metavar="NAME", help="Upgrade only this package (repeatable).")] = None,
-    ca_bundle: CaBundleOpt = None,
+    ca_bundle: LockCaBundleOpt = None,
 ) -> None:
     """Lock Python dependencies: every package pinned with == and its sha256 hashes.
 
-    The lock is resolved for the base image's interpreter and platform (recorded in
-    lockfiles/images.lock), and locking again with nothing changed rewrites nothing.
+    pip-tools runs in a container of the pinned base image (images.lock), so the
+    image's own Python and platform resolve it, whatever this machine runs; the
+    header records the base digest and that interpreter. Locking again with
+    nothing changed rewrites nothing. No base yet: `launcher base bootstrap`.
     """
     ws = workspace_of(ctx)
     variant = check_variant(ws, variants, all_ok=True)
@@ -83,9 +88,9 @@ def lock_cmd(
         results = lock_mod.lock(ws, variant, upgrade=upgrade, upgrade_packages=tuple(upgrade_package or ()),
                                 ca_bundle=ca_bundle, reporter=rep)
     data = {"locks": [{"variant": r.variant, "path": str(r.path), "changed": r.changed, "packages": r.packages,
-                       "sha256": r.sha256, "target": r.target} for r in results]}
+                       "sha256": r.sha256, "target": r.target, "base": r.base} for r in results]}
     lines = [f"{r.path.relative_to(ws.root)}: {r.packages} packages, {'updated' if r.changed else 'unchanged'} "
-             f"({r.sha256[:19]}…, target {r.target})" for r in results]
+             f"({r.sha256[:19]}…, resolved by {r.target} in the base image)" for r in results]
     render(ctx, Result("lock", data, summary="\n".join(lines)))
 
 

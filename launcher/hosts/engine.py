@@ -9,6 +9,7 @@ the local engine itself: see launcher.images.build, launcher.images.bootstrap an
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -158,8 +159,8 @@ class Engine:
     def push(self, ref: str) -> Completed:
         return self._run("push", ref)
 
-    def pull(self, ref: str) -> Completed:
-        return self._run("pull", ref)
+    def pull(self, ref: str, *, platform: str | None = None) -> Completed:
+        return self._run("pull", *(["--platform", platform] if platform else []), ref)
 
     def pull_through_tunnel(self, ref: str, remote_port: int, local_address: str) -> Completed:
         """`docker pull ref` on the host while its 127.0.0.1:remote_port reaches local_address here."""
@@ -172,6 +173,17 @@ class Engine:
         if list(argv[:2]) != command("run"):
             raise ValueError(f"not a docker run argv: {list(argv[:3])}")
         return self.host.run(argv, check=False)
+
+    def run_to_end(self, args: Sequence[str], *, input: bytes | None = None, timeout: float | None = None) -> Completed:
+        """`docker run --rm ARGS` in the foreground until it ends (a short-lived tool container, such as
+        the lock's pip-tools); past timeout the container is removed and TimedOut raised."""
+        name = f"launcher-tool-{uuid.uuid4().hex[:12]}"
+        try:
+            return self.host.run(command("run", "--rm", "--name", name, *args), input=input, check=False,
+                                 timeout=timeout)
+        except BaseException:
+            self._run("rm", "-f", name)
+            raise
 
     def container_state(self, name: str) -> dict[str, Any] | None:
         done = self._run("inspect", "--format", "{{json .State}}", name)

@@ -1,27 +1,35 @@
 """lockfiles/<variant>.in -> lockfiles/<variant>.txt: every package pinned with == and
-its sha256 hashes, resolved with pip-tools for the image's interpreter and platform."""
+its sha256 hashes, resolved with pip-tools by the image's own interpreter, inside the
+variant's pinned base image (a container on the local Docker engine), so the host's OS,
+Python and architecture do not matter. The CA bundle this machine trusts goes in with the
+request, so it works behind a TLS-intercepting proxy."""
 
 from __future__ import annotations
 
+import json
 import os
-import platform
 import re
 import shutil
-import sys
-import tempfile
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from launcher import proc
-from launcher.errors import LockFailed, NotFound
+from launcher.errors import EngineUnavailable, HostNotReady, LockFailed, NotFound, PinMismatch, UsageError
 from launcher.hashing import atomic_write_text, sha256_file
+from launcher.hosts import engine
+from launcher.hosts.engine import Engine
+from launcher.images import lockdriver
 from launcher.images import pins as images
+from launcher.proc import Completed
 from launcher.progress import NullReporter, Reporter
 from launcher.workspace import VARIANTS, Workspace
 
 # pip settings of the machine that locks must not leak into a lockfile (local indexes,
 # find-links, constraints); the certificate settings are kept so that TLS still works.
 KEEP_PIP_ENV = ("PIP_CERT", "PIP_DEFAULT_TIMEOUT", "PIP_CACHE_DIR")
+# Of those, what reaches pip inside the base image (a host path would mean nothing there).
+KEEP_CONTAINER_ENV = ("PIP_DEFAULT_TIMEOUT",)
 REQ_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==([^\s;\\]+)")
 HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
 
@@ -41,6 +49,7 @@ class LockResult:
     packages: int
     sha256: str
     target: str
+    base: str
 
 
 def pip_env(ca_bundle: Path | None = None) -> tuple[dict[str, str], tuple[str, ...]]:
@@ -91,80 +100,197 @@ def parse_lock(text: str, source: str = "lockfile") -> list[LockedRequirement]:
     return reqs
 
 
-def host_target() -> tuple[str, str]:
-    machine = platform.machine().lower()
-    plat = {"x86_64": "linux/amd64", "amd64": "linux/amd64", "aarch64": "linux/arm64"}.get(machine, machine)
-    if sys.platform != "linux":
-        plat = f"{sys.platform}/{machine}"
-    return f"{sys.version_info.major}.{sys.version_info.minor}", plat
+# pip-tools and what it needs, installed into a venv inside the base image to resolve there.
+# Pinned, so that a lock does not depend on the day it was made (checked in bookworm's CPython 3.11;
+# not hash-pinned: the tools resolve, they are not part of the image).
+PIP_TOOLS = "7.6.2"
+TOOLS = (f"pip-tools=={PIP_TOOLS}", "pip==26.3", "build==1.6.1", "click==8.5.1", "pyproject_hooks==1.3.3",
+         "wheel==0.48.0", "packaging==26.3")
+# Where the host's CA bundle usually is (Debian/Ubuntu, Fedora/RHEL, macOS and Alpine, SUSE).
+SYSTEM_CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/cert.pem",
+                     "/etc/ssl/ca-bundle.pem")
+# The host's proxy settings reach pip inside the container (the index behind a corporate proxy).
+PROXY_ENV = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy")
+LOCK_TIMEOUT_S = 1800.0
+_MACHINES = {"x86_64": "linux/amd64", "amd64": "linux/amd64", "aarch64": "linux/arm64", "arm64": "linux/arm64"}
+_FIX_BASE = ("build and pin a local base with `launcher base bootstrap --start-registry`, "
+             "or pin a reachable one with `launcher base resolve REF`")
 
 
-def header(variant: str, pin: images.BasePin) -> str:
+def header(variant: str, pin: images.BasePin, python: str, platform: str) -> str:
     return (
         f"# launcher lock, variant {variant}: every package pinned by version and sha256.\n"
-        f"# target: CPython {pin.python} on {pin.platform} (the base image's interpreter and platform)\n"
+        f"# resolved inside the base image by CPython {python} on {platform} (pip-tools {PIP_TOOLS})\n"
         f"# base: {pin.ref}\n"
         f"# regenerate: launcher lock --variant {variant}\n"
     )
 
 
+def default_ca_bundle() -> Path | None:
+    """The CA bundle this machine trusts: pip's own setting, the usual variables, then the system's."""
+    for var in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"):
+        value = os.environ.get(var)
+        if value and Path(value).is_file():
+            return Path(value)
+    for candidate in (ssl.get_default_verify_paths().cafile, *SYSTEM_CA_BUNDLES):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    return None
+
+
+def read_ca_bundle(path: Path) -> str:
+    if not path.is_file():
+        raise NotFound(f"CA bundle {path} does not exist",
+                       "pass a PEM file with --ca-bundle (often /etc/ssl/certs/ca-certificates.crt)")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"CA bundle {path} cannot be read: {exc}",
+                         "pass a readable PEM file with --ca-bundle") from exc
+    if "-----BEGIN CERTIFICATE-----" not in text:
+        raise UsageError(f"CA bundle {path} holds no PEM certificate",
+                         "pass a PEM file (-----BEGIN CERTIFICATE-----) with --ca-bundle")
+    return text
+
+
+def base_engine(pin: images.BasePin, reporter: Reporter) -> Engine:
+    """The local engine, holding the pinned base image (pulled by digest when missing)."""
+    if shutil.which(engine.DOCKER) is None:
+        raise EngineUnavailable("launcher lock resolves inside the base image and needs Docker; "
+                                "the docker command is not installed",
+                                "install Docker (and start it), or set DOCKER_HOST to an engine")
+    eng = engine.local()
+    try:
+        eng.require()
+    except HostNotReady as exc:
+        reason = exc.message.split(": ", 1)[-1]
+        raise EngineUnavailable(f"launcher lock resolves inside the base image and needs a Docker engine; "
+                                f"none answers ({reason})",
+                                "start it (`dockerd &` or `systemctl start docker`) or set DOCKER_HOST") from exc
+    if not eng.has_image(pin.ref):
+        task = reporter.task(f"pulling the base image {pin.ref}")
+        pulled = eng.pull(pin.ref, platform=pin.platform)
+        task.close()
+        if pulled.returncode != 0:
+            raise NotFound(f"the {pin.variant} base image {pin.ref} is not in the local Docker engine and cannot be "
+                           f"pulled ({pulled.last_error_line()})", _FIX_BASE)
+    return eng
+
+
 def lock_variant(ws: Workspace, variant: str, *, upgrade: bool = False, upgrade_packages: tuple[str, ...] = (),
                  ca_bundle: Path | None = None, reporter: Reporter | None = None) -> LockResult:
+    """Resolve lockfiles/VARIANT.in with pip-tools inside the variant's pinned base image, by its
+    own interpreter, and write lockfiles/VARIANT.txt atomically (nothing when resolution fails)."""
     rep = reporter or NullReporter()
     images.check_variant(variant)
     src = ws.lock_in(variant)
     if not src.is_file():
         raise NotFound(f"{src} is missing", "create it with one requirement per line (see `launcher init`)")
-    pin = images.load(ws).get(variant)
-    py, plat = host_target()
-    if (py, plat) != (pin.python, pin.platform):
-        raise LockFailed(
-            f"this machine runs CPython {py} on {plat} but the {variant} image has CPython {pin.python} on "
-            f"{pin.platform}; a lock resolved here could pick the wrong wheels",
-            f"run `launcher lock` on a {pin.platform} host with Python {pin.python} (or inside the base image)",
-        )
+    try:
+        pin = images.load(ws).get(variant)
+    except NotFound as exc:
+        raise NotFound(exc.message, _FIX_BASE) from exc
+    ca_path = ca_bundle if ca_bundle is not None else default_ca_bundle()
+    ca_text = read_ca_bundle(ca_path) if ca_path is not None else None
+    eng = base_engine(pin, rep)
     out = ws.lock_txt(variant)
-    task = rep.task(f"resolving {src.name} with pip-tools")
-    with tempfile.TemporaryDirectory(prefix="launcher-lock-") as tmp:
-        work = Path(tmp) / out.name
-        if out.is_file() and not upgrade:
-            shutil.copyfile(out, work)  # existing pins are kept unless an upgrade is asked for
-        argv = [sys.executable, "-m", "piptools", "compile", "--quiet", "--no-header", "--generate-hashes",
-                "--allow-unsafe", "--strip-extras", "--no-emit-index-url", "--no-emit-find-links",
-                "--no-emit-trusted-host", "--resolver=backtracking", "--output-file", str(work)]
-        if upgrade:
-            argv.append("--upgrade")
-        for name in upgrade_packages:
-            argv += ["--upgrade-package", name]
-        argv.append(str(src.relative_to(ws.root)))
-        env, drop = pip_env(ca_bundle)
-        done = proc.run(argv, env=env, drop_env_prefixes=drop, cwd=ws.root, check=False)
-        if done.returncode != 0:
-            reason = _pip_reason(done.err + done.out)
-            raise LockFailed(f"pip-tools could not resolve {src.name}: {reason}",
-                             "fix the requirement in the .in file (name, version range) or check the index")
-        text = header(variant, pin) + _strip_paths(work.read_text(), ws.root)
-        reqs = parse_lock(text, str(out))
-        names = {r.name for r in reqs}
-        missing = {"pip", "setuptools"} - names
-        if missing:
-            names_missing = ", ".join(sorted(missing))
-            raise LockFailed(f"{src.name} must list {names_missing} so the image's installer is locked too",
-                             f"add {names_missing} to {src}")
+    rel_in = f"lockfiles/{src.name}"
+    rel_out = f"lockfiles/{out.name}"
+    files = {p.name: p.read_text() for p in sorted(ws.lockfiles.iterdir())
+             if p.is_file() and p.suffix in (".in", ".txt") and p.name != out.name}
+    if out.is_file() and not upgrade:
+        files[out.name] = out.read_text()  # existing pins are kept unless an upgrade is asked for
+    argv = ["--quiet", "--no-header", "--generate-hashes", "--allow-unsafe", "--strip-extras", "--no-emit-index-url",
+            "--no-emit-find-links", "--no-emit-trusted-host", "--resolver=backtracking", "--output-file", rel_out]
+    if upgrade:
+        argv.append("--upgrade")
+    for name in upgrade_packages:
+        argv += ["--upgrade-package", name]
+    argv.append(rel_in)
+    env = {k: v for k in (*KEEP_CONTAINER_ENV, *PROXY_ENV) if (v := os.environ.get(k))}
+    request = {"files": files, "ca": ca_text, "tools": list(TOOLS), "compile": argv, "output": rel_out, "env": env}
+    task = rep.task(f"resolving {src.name} inside the base image with pip-tools {PIP_TOOLS}")
+    try:
+        done = eng.run_to_end(["-i", "--platform", pin.platform, "--network", "bridge", pin.ref,
+                               "python3", "-c", _driver_source()],
+                              input=json.dumps(request).encode(), timeout=LOCK_TIMEOUT_S)
+    finally:
+        task.close()
+    answer = _answer(done, pin)
+    if not answer.get("ok"):
+        raise _failure(answer, src.name, pin, ca_path)
+    python, plat = _check_target(answer, pin)
+    text = header(variant, pin, python, plat) + str(answer["lock"])
+    reqs = parse_lock(text, str(out))
+    names = {r.name for r in reqs}
+    missing = {"pip", "setuptools"} - names
+    if missing:
+        names_missing = ", ".join(sorted(missing))
+        raise LockFailed(f"{src.name} must list {names_missing} so the image's installer is locked too",
+                         f"add {names_missing} to {src}")
     changed = not (out.is_file() and out.read_text() == text)
     if changed:
         atomic_write_text(out, text)
-    task.close()
-    return LockResult(variant, out, changed, len(reqs), sha256_file(out), f"CPython {pin.python} {pin.platform}")
+    return LockResult(variant, out, changed, len(reqs), sha256_file(out), f"CPython {python} {plat}", pin.ref)
+
+
+def _driver_source() -> str:
+    return (Path(__file__).parent / "lockdriver.py").read_text()
+
+
+def _answer(done: Completed, pin: images.BasePin) -> dict[str, Any]:
+    for line in done.out.splitlines():
+        if line.startswith(lockdriver.MARKER):
+            answer: dict[str, Any] = json.loads(line[len(lockdriver.MARKER):])
+            return answer
+    reason = done.last_error_line() or f"exit status {done.returncode}"
+    if "python3" in reason and ("not found" in reason or "no such file" in reason.lower()):
+        raise LockFailed(f"the base image {pin.ref} has no python3 ({reason})",
+                         "pin a base with Python 3 (`launcher base bootstrap` makes one)")
+    raise LockFailed(f"locking inside the base image {pin.ref} failed: {reason}",
+                     "check that the base image runs (`docker run --rm IMAGE python3 -V`)")
+
+
+def _failure(answer: dict[str, Any], src: str, pin: images.BasePin, ca_path: Path | None) -> LockFailed:
+    output = str(answer.get("output", ""))
+    reason = _pip_reason(output)
+    tls = "CERTIFICATE_VERIFY_FAILED" in output or "SSLError" in output or "SSL:" in output
+    where = f"inside the base image (CPython {answer.get('python')})"
+    if tls:
+        m = re.search(r"certificate verify failed: ([^(')]+)", output)
+        why = m.group(1).strip() if m else reason
+        trusted = f"the CA bundle {ca_path}" if ca_path else "no CA bundle from this machine"
+        return LockFailed(f"pip could not verify the package index's TLS certificate {where} ({why}; "
+                          f"it trusted {trusted})",
+                          "pass the CA bundle your network's proxy uses with --ca-bundle FILE")
+    if answer.get("stage") == "venv":
+        return LockFailed(f"the base image {pin.ref} cannot make a venv: {reason}",
+                          "use a base with python3-venv (`launcher base bootstrap` makes one)")
+    if answer.get("stage") == "install":
+        return LockFailed(f"installing pip-tools {PIP_TOOLS} {where} failed: {reason}",
+                          "check that the package index is reachable from a container (proxy, --ca-bundle)")
+    return LockFailed(f"pip-tools could not resolve {src}: {reason}",
+                      "fix the requirement in the .in file (name, version range) or check the index")
+
+
+def _check_target(answer: dict[str, Any], pin: images.BasePin) -> tuple[str, str]:
+    """The interpreter and platform the lock was resolved by; they must be what images.lock says."""
+    python = str(answer["python"])
+    machine = str(answer["machine"]).lower()
+    plat = _MACHINES.get(machine, f"{str(answer['system']).lower()}/{machine}")
+    if answer.get("implementation") != "CPython" or ".".join(python.split(".")[:2]) != pin.python \
+            or plat != pin.platform:
+        raise PinMismatch(
+            f"images.lock says the {pin.variant} base runs CPython {pin.python} on {pin.platform}, but it runs "
+            f"{answer.get('implementation')} {python} on {plat}",
+            "re-pin the base with the right --python (`launcher base resolve REF --python X.Y`), "
+            "or `launcher base bootstrap`")
+    return python, plat
 
 
 def lock(ws: Workspace, variant: str = "all", **kw: object) -> list[LockResult]:
     variants = VARIANTS if variant == "all" else (images.check_variant(variant),)
     return [lock_variant(ws, v, **kw) for v in variants]  # type: ignore[arg-type]
-
-
-def _strip_paths(text: str, root: Path) -> str:
-    return text.replace(str(root) + os.sep, "")
 
 
 def _pip_reason(output: str) -> str:
