@@ -240,6 +240,9 @@ def test_with_a_registry_set_the_nodes_pull_the_image_by_digest(
     assert source["kind"] == "registry" and re.fullmatch(rf"{re.escape(addr)}/launcher/ship@sha256:[0-9a-f]{{64}}",
                                                          source["ref"])
     assert {m["image"]["id"] for m in manifests} == {image}  # the ID each task checked before it ran
+    launches = sorted((json.loads(p.read_text()) for p in (tiny_workspace / "runs").glob("*/launch.json")),
+                      key=lambda rec: rec["replicate"])
+    assert [rec["ship"]["skipped"] for rec in launches] == [False, True]  # one push for the group
     assert not slurm_cluster.login.exec("sh", "-c", f"ls {slurm_cluster.shared}/images 2>/dev/null || true").strip()
     for name in {m["placement"]["node"] for m in manifests}:  # each node that ran one pulled it by that digest
         digests = slurm_cluster.node(name).exec("docker", "image", "inspect", "-f", "{{.Id}} {{.RepoDigests}}", image)

@@ -199,7 +199,7 @@ class SlurmPlacement(Placement):
         if done.returncode != 0:
             raise SlurmRefused(
                 f"sbatch on {self.name} refuses the job: {done.last_error_line() or 'no reason given'}",
-                "fix or drop the --slurm-opt (or --max-parallel) value it names; "
+                "correct or drop the --slurm-opt (or --max-parallel) value it names; "
                 "`sbatch --help` on the login node lists the options",
             )
 
@@ -251,7 +251,10 @@ class SlurmPlacement(Placement):
         return ShipResult(image_id=image_id, skipped=False, bytes_sent=sent, seconds=time.monotonic() - started)
 
     def _ship_to_registry(self, image_id: str, registry: str, reporter: Reporter | None) -> ShipResult:
-        """Push from here; every task pulls by manifest digest (the same digest names the same image ID)."""
+        """Push from here; every task pulls by manifest digest (the same digest names the same image ID).
+        Once per placement: the replicates of a group share one push."""
+        if self.image_source.get("image_id") == image_id and self.image_source.get("registry") == registry:
+            return ShipResult(image_id=image_id, skipped=True)
         rep = reporter or NullReporter()
         started = time.monotonic()
         task = rep.task(f"image {image_id[7:19]} to registry {registry} (the nodes pull it by digest)")
@@ -259,7 +262,8 @@ class SlurmPlacement(Placement):
             digest = push_to_registry(image_id, registry)
         finally:
             task.close()
-        self.image_source = {"kind": "registry", "registry": registry, "ref": f"{registry}/{SHIP_REPO}@{digest}"}
+        self.image_source = {"kind": "registry", "registry": registry, "ref": f"{registry}/{SHIP_REPO}@{digest}",
+                             "image_id": image_id}
         return ShipResult(image_id=image_id, skipped=False, seconds=time.monotonic() - started)
 
     # -- the job array
