@@ -68,12 +68,18 @@ def image_of(ws: Path, variant: str) -> str:
     return str(image_record(Workspace.at(ws), variant)["id"])
 
 
+def gpu_images() -> list[str]:
+    return subprocess.run(["docker", "images", "-q", "--no-trunc", "--filter", "label=org.launcher.variant=gpu"],
+                          capture_output=True, text=True, check=False).stdout.split()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--keep", action="store_true", help="keep the GPU image and its cached layers")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="launcher-gpu-image-"))
+    before = set(gpu_images())
     ws = work / "ws"
     out: dict[str, Any] = {}
     try:
@@ -108,8 +114,9 @@ def main() -> None:
         out["shipped_anything"] = any((ws / "runs").glob("*/launch.json")) if (ws / "runs").is_dir() else False
     finally:
         if not args.keep:
-            if "gpu_image" in out:
-                subprocess.run(["docker", "rmi", "-f", out["gpu_image"]], capture_output=True, check=False)
+            made = sorted(set(gpu_images()) - before)  # the image and its environment image, both labelled
+            if made:
+                subprocess.run(["docker", "rmi", "-f", *made], capture_output=True, check=False)
             launcher(ws, "cache", "prune", check=False) if ws.is_dir() else None
         shutil.rmtree(work, ignore_errors=True)
     if args.json:
