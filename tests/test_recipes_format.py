@@ -108,6 +108,19 @@ def test_a_good_recipe_loads_with_its_datasets(ws: Workspace) -> None:
     (GOOD.replace('source = "files"', 'source = "web"'), "datasets[1].source"),
     (GOOD.replace('entry = "train.py"', 'entry = "../train.py"'), "entry"),
     (GOOD.replace('epochs = 3', 'epochs = [3]'), "params.epochs"),
+    (GOOD.replace('epochs = 3', 'epochs = { default = 3, step = 1 }'), "params.epochs.step"),
+    (GOOD.replace('epochs = 3', 'epochs = { min = 1 }'), "params.epochs.default"),
+    (GOOD.replace('epochs = 3', 'epochs = { default = 3, choices = [1, "two"] }'), "params.epochs.choices"),
+    (GOOD.replace('epochs = 3', 'epochs = { default = 3, choices = [1, 2] }'), "params.epochs.default"),
+    (GOOD.replace('epochs = 3', 'epochs = { default = 3, min = 5 }'), "params.epochs.default"),
+    (GOOD.replace('epochs = 3', 'epochs = { default = 3, min = 4, max = 2 }'), "params.epochs.min"),
+    (GOOD.replace('augment = true', 'augment = { default = true, min = 0 }'), "params.augment.min"),
+    (GOOD.replace('epochs = 3', 'epochs = { default = 3, also = [1] }'), "params.epochs.also"),
+    (GOOD.replace('epochs = 3', 'epochs = { default = 3, help = 1 }'), "params.epochs.help"),
+    (GOOD.replace('dataset = "builtin"', 'dataset = { default = "builtin", choices = ["builtin"] }'),
+     "datasets[1].name"),
+    (GOOD.replace('description = "a tiny recipe"', 'variant = "Torch CPU"'), "variant"),
+    (GOOD.replace('description = "a tiny recipe"', 'variant = 3'), "variant"),
 ])
 def test_a_bad_key_is_named_with_the_file(ws: Workspace, toml: str, key: str) -> None:
     folder = write_recipe(ws, "bad", toml)
@@ -186,10 +199,10 @@ def test_malformed_param_is_a_usage_error(text: str) -> None:
 
 
 def test_params_take_the_type_of_their_default(ws: Workspace) -> None:
-    write_recipe(ws, "tiny", GOOD)
+    write_recipe(ws, "tiny", GOOD + '\n[params.note]\ndefault = "x"\n')
     r = recipes.load_recipe(ws, "tiny")
-    got = recipes.resolve_params(r, ["epochs=5", "rate=1", "augment=0", "dataset=7"])
-    assert got == {"epochs": 5, "rate": 1.0, "augment": False, "dataset": "7"}
+    got = recipes.resolve_params(r, ["epochs=5", "rate=1", "augment=0", "dataset=files", "note=7"])
+    assert got == {"epochs": 5, "rate": 1.0, "augment": False, "dataset": "files", "note": "7"}
     assert isinstance(got["rate"], float)
     with pytest.raises(UsageError, match="has no param 'epoch'"):
         recipes.resolve_params(r, ["epoch=5"])
@@ -197,6 +210,123 @@ def test_params_take_the_type_of_their_default(ws: Workspace) -> None:
         recipes.resolve_params(r, ["epochs=many"])
     with pytest.raises(UsageError, match="not a boolean"):
         recipes.resolve_params(r, ["augment=maybe"])
+
+
+DECLARED = GOOD.replace('epochs = 3', 'epochs = { default = 3, min = 1, max = 50, help = "passes" }').replace(
+    'rate = 0.5', 'rate = { default = 0.5, min = 0.0, max = 1.0 }') + '''
+[params.device]
+default = "auto"
+choices = ["auto", "cpu", "cuda"]
+
+[params.seed_or_none]
+default = 7
+min = 0
+also = ["none"]
+'''
+
+
+def test_declared_params_parse_with_their_choices_and_bounds(ws: Workspace) -> None:
+    write_recipe(ws, "tiny", DECLARED.replace('description = "a tiny recipe"', 'variant = "torch-cpu"'))
+    r = recipes.load_recipe(ws, "tiny")
+    assert r.params == {"dataset": "builtin", "epochs": 3, "rate": 0.5, "augment": True, "device": "auto",
+                        "seed_or_none": 7}  # the defaults, as a plain [params] gives them
+    assert r.variant == r.spec.variant == "torch-cpu"
+    specs = r.spec.param_specs
+    assert (specs["epochs"].type, specs["epochs"].min, specs["epochs"].max, specs["epochs"].help) == (
+        "int", 1, 50, "passes")
+    assert specs["device"].choices == ("auto", "cpu", "cuda") and not specs["device"].from_datasets
+    # the param that datasets select takes their names as its choices
+    assert specs["dataset"].choices == ("builtin", "files") and specs["dataset"].from_datasets
+    assert specs["augment"].allowed() == "true or false"
+    assert specs["epochs"].allowed() == "an integer from 1 to 50"
+    assert specs["seed_or_none"].allowed() == "an integer >= 0, or none"
+    assert specs["rate"].allowed() == "a number from 0.0 to 1.0"
+    assert recipes.load_recipe(ws, "tiny").as_dict()["param_specs"]["device"]["allowed"] == "auto, cpu, cuda"
+    plain = write_recipe(ws, "plain", GOOD)
+    assert recipes.load_recipe(ws, str(plain)).variant is None
+
+
+def test_a_dataset_param_whose_default_is_no_dataset_keeps_its_default(ws: Workspace) -> None:
+    write_recipe(ws, "tiny", GOOD.replace('dataset = "builtin"', 'dataset = "inline"'))
+    spec = recipes.load_recipe(ws, "tiny").spec
+    assert spec.param_specs["dataset"].choices == ("inline", "builtin", "files")
+
+
+@pytest.mark.parametrize(("given", "expected"), [
+    ({"epochs": "5"}, {"epochs": 5}),
+    ({"epochs": 50}, {"epochs": 50}),
+    ({"rate": "1"}, {"rate": 1.0}),
+    ({"rate": 0}, {"rate": 0.0}),
+    ({"augment": "no"}, {"augment": False}),
+    ({"augment": 1}, {"augment": True}),
+    ({"device": "cuda"}, {"device": "cuda"}),
+    ({"dataset": "files"}, {"dataset": "files"}),
+    ({"seed_or_none": "none"}, {"seed_or_none": "none"}),
+    ({"seed_or_none": "3"}, {"seed_or_none": 3}),
+])
+def test_allowed_values_pass_with_the_params_type(ws: Workspace, given: dict[str, object],
+                                                   expected: dict[str, object]) -> None:
+    write_recipe(ws, "tiny", DECLARED)
+    r = recipes.load_recipe(ws, "tiny")
+    got = recipes.check_values(r, given)
+    assert got == expected
+    assert [type(v) for v in got.values()] == [type(v) for v in expected.values()]
+    assert rspec.merge_params(r.spec, given) == {**r.params, **expected}  # the runtime agrees
+
+
+@pytest.mark.parametrize(("given", "words"), [
+    ({"dataset": "digitz"}, "param dataset=digitz selects no dataset of the recipe (allowed: builtin, files)"),
+    ({"device": "tpu"}, "param device=tpu is not one of the allowed values (allowed: auto, cpu, cuda)"),
+    ({"epochs": "abc"}, "param epochs=abc is not an integer (allowed: an integer from 1 to 50)"),
+    ({"epochs": "0"}, "param epochs=0 is out of range (allowed: an integer from 1 to 50)"),
+    ({"epochs": 2.5}, "param epochs=2.5 is not an integer"),
+    ({"epochs": True}, "param epochs=true is not an integer"),
+    ({"rate": "1.5"}, "param rate=1.5 is out of range (allowed: a number from 0.0 to 1.0)"),
+    ({"rate": "nan"}, "param rate=nan is not a number"),
+    ({"augment": "maybe"}, "param augment=maybe is not a boolean (allowed: true or false)"),
+    ({"augment": 2}, "param augment=2 is not a boolean"),
+    ({"seed_or_none": "never"}, "param seed_or_none=never is not an integer (allowed: an integer >= 0, or none)"),
+    ({"device": ""}, "param device='' is not one of the allowed values"),
+])
+def test_a_value_outside_the_param_is_a_usage_error_naming_the_allowed_ones(
+        ws: Workspace, given: dict[str, object], words: str) -> None:
+    write_recipe(ws, "tiny", DECLARED)
+    r = recipes.load_recipe(ws, "tiny")
+    with pytest.raises(UsageError) as info:
+        recipes.check_values(r, given)
+    line = info.value.one_line()
+    assert info.value.exit_code == ExitCode.USAGE
+    assert f"recipe tiny: {words}" in line, line
+    key = next(iter(given))
+    assert f"fix: use an allowed value, e.g. --param {key}=" in line and "launcher recipes show tiny" in line
+    with pytest.raises(rspec.ParamError, match="allowed: "):  # the runtime refuses the same value
+        rspec.merge_params(r.spec, dict(given))
+
+
+def test_the_command_line_typing_reaches_a_text_param_as_text(ws: Workspace) -> None:
+    # `--param KEY=VALUE` is typed before the recipe is known (parse_params): a text param gets its text back
+    write_recipe(ws, "tiny", GOOD + '\n[params.note]\ndefault = "x"\n')
+    r = recipes.load_recipe(ws, "tiny")
+    from launcher.runs.spec import check_params, parse_params
+
+    assert check_params(r, parse_params(["note=7", "epochs=4", "rate=1", "augment=true"])) == {
+        "note": "7", "epochs": 4, "rate": 1.0, "augment": True}
+    with pytest.raises(UsageError, match="selects no dataset"):
+        check_params(r, parse_params(["dataset=7"]))
+
+
+def test_the_seed_recipes_declare_what_their_selecting_params_allow() -> None:
+    ws = Workspace.at(REPO)
+    allowed = {r.name: {k: p.allowed() for k, p in r.spec.param_specs.items()} for r in recipes.list_recipes(ws)}
+    assert allowed["mnist_convnet"]["dataset"] == "digits, mnist"
+    assert allowed["mnist_torch"]["dataset"] == "synthetic, digits, mnist"
+    assert allowed["mnist_torch"]["device"] == "auto, cpu, cuda"
+    assert allowed["pets_unet"]["backbone"] == "mobilenetv2, vgg19"
+    assert allowed["pets_unet"]["dropout_seed"] == "an integer >= 0, or none"
+    for name, params in allowed.items():
+        assert params["epochs"] == "an integer >= 1", name
+    pets = recipes.load_recipe(ws, "pets_unet")
+    assert recipes.check_values(pets, {"dropout_seed": "none"}) == {"dropout_seed": "none"}  # seed 000's experiment
 
 
 def test_scaffold_makes_a_recipe_that_loads(ws: Workspace) -> None:
@@ -228,12 +358,19 @@ def test_cli_recipes_list_and_show_json(ws: Workspace) -> None:
     assert shown["params"]["epochs"] == 3
     assert shown["datasets"][1]["files"] == {"data.npz": "sha256:" + "ab" * 32}
     assert shown["tree_digest"].startswith("sha256:")
+    assert shown["param_specs"]["dataset"]["choices"] == ["builtin", "files"]
+    assert shown["param_specs"]["epochs"] == {"name": "epochs", "type": "int", "default": 3, "choices": [],
+                                              "min": None, "max": None, "also": [], "help": "",
+                                              "from_datasets": False, "allowed": "any integer"}
+    assert shown["variant"] is None
 
 
 def test_cli_text_output_and_errors(ws: Workspace) -> None:
     write_recipe(ws, "tiny", GOOD)
     res = runner.invoke(app, ["--workspace", str(ws.root), "recipes", "show", "tiny"])
     assert "epochs = 3" in res.stdout and "dataset=files (files)" in res.stdout
+    assert "dataset = 'builtin'  (builtin, files)" in res.stdout
+    assert "augment = True  (true or false)" in res.stdout
     res = runner.invoke(app, ["--workspace", str(ws.root), "recipes", "show", "nope"])
     assert res.exit_code == ExitCode.NOT_FOUND
     write_recipe(ws, "broken", GOOD + "colour = 1\n")

@@ -152,6 +152,9 @@ def test_host_profile_option_injects_the_profile(tmp_path: Path) -> None:
     (["--params", "{nope"], 2, "--params is not JSON"),
     (["--params", "[1]"], 2, "--params must be a JSON object"),
     (["--params", '{"epoch": 3}'], 2, "key 'epoch': unknown param"),
+    (["--params", '{"dataset": "digitz"}'], 2,
+     "recipe linear: param dataset=digitz selects no dataset of the recipe (allowed: builtin, files); fix: "),
+    (["--params", '{"epochs": "abc"}'], 2, "param epochs=abc is not an integer (allowed: any integer)"),
     (["--params", '{"dataset": "files"}'], 17,
      "dataset=files reads files (data.npz with x and y) but no --data"),
 ])

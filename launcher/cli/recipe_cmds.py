@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from launcher.cli.common import command, render, stdout, workspace_of
@@ -41,17 +42,22 @@ def show_cmd(
     name: Annotated[str, typer.Argument(metavar="RECIPE", autocompletion=complete_recipe,
                                         help="A recipe name, a recipe folder or a .py script.")],
 ) -> None:
-    """Show a recipe: entry, params with defaults, datasets and their expected fingerprints."""
+    """Show a recipe: entry, params with defaults and allowed values, datasets and their expected fingerprints."""
     recipe = recipes.load_recipe(workspace_of(ctx), name)
 
     def text(_: Result) -> None:
         s = recipe.spec
         stdout.print(f"[bold]{s.name}[/] ({s.framework}) {s.description}")
         stdout.print(f"  path   {s.path}\n  entry  {s.entry}\n  tree   {recipe.tree_digest}")
+        if s.variant:
+            stdout.print(f"  variant {s.variant}")
         if s.params:
-            stdout.print("  params")
+            stdout.print("  params (default; allowed values)")
             for key, value in s.params.items():
-                stdout.print(f"    {key} = {value!r}")
+                ps = s.param_specs.get(key)
+                allowed = f"  [dim]({escape(ps.allowed())})[/]" if ps else ""
+                note = f"  {escape(ps.help)}" if ps and ps.help else ""
+                stdout.print(f"    {key} = {escape(repr(value))}{allowed}{note}")
         for d in s.datasets:
             files = ", ".join(f"{k} {v[:19]}…" for k, v in d.files.items())
             expected = d.fingerprint or files or "not pinned"

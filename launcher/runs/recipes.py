@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,11 @@ class Recipe:
     @property
     def adhoc(self) -> bool:
         return self.spec.adhoc
+
+    @property
+    def variant(self) -> str | None:
+        """The image variant recipe.toml names as the recipe's default, if any."""
+        return self.spec.variant
 
     def as_dict(self) -> dict[str, Any]:
         return {**self.spec.as_dict(), "tree_digest": self.tree_digest}
@@ -173,8 +179,28 @@ def parse_param(text: str) -> tuple[str, ParamValue]:
     return key, coerce(raw)
 
 
+def check_values(recipe: Recipe, given: Mapping[str, Any]) -> dict[str, Any]:
+    """``given`` with each value checked against the recipe's param and given its type: a value of
+    the wrong type, outside the declared choices or range is a usage error naming the allowed
+    values. Keys are not checked here (see :func:`resolve_params`); an ad-hoc script's pass as given."""
+    if recipe.adhoc:
+        return dict(given)
+    out: dict[str, Any] = {}
+    for key, value in given.items():
+        try:
+            out[key] = rspec.check_value(recipe.spec, key, value)
+        except rspec.ParamError as exc:
+            ps = exc.param
+            example = ps.choices[0] if ps.choices else ps.default
+            shown = example if isinstance(example, str) else json.dumps(example)
+            raise UsageError(str(exc), f"use an allowed value, e.g. --param {key}={shown}; "
+                             f"`launcher recipes show {recipe.name}` lists every param") from None
+    return out
+
+
 def resolve_params(recipe: Recipe, given: list[str] | dict[str, Any]) -> dict[str, ParamValue]:
-    """The recipe's defaults overridden by ``given``; unknown keys are refused for a recipe folder."""
+    """The recipe's defaults overridden by ``given``; unknown keys are refused for a recipe folder,
+    and each value is checked against its param (type, choices, range)."""
     pairs: list[tuple[str, Any]] = (list(given.items()) if isinstance(given, dict)
                                     else [split_param(t) for t in given])
     out: dict[str, ParamValue] = recipe.params
@@ -182,8 +208,10 @@ def resolve_params(recipe: Recipe, given: list[str] | dict[str, Any]) -> dict[st
         if not recipe.adhoc and key not in out:
             raise UsageError(f"recipe {recipe.name} has no param {key!r}",
                              f"its params: {', '.join(sorted(out)) or 'none'}")
-        default = out.get(key)
-        out[key] = coerce(value, default) if isinstance(value, str) else value
+        if recipe.adhoc:
+            out[key] = coerce(value, out.get(key)) if isinstance(value, str) else value
+        else:
+            out.update(check_values(recipe, {key: value}))
     return out
 
 
@@ -193,10 +221,10 @@ entry = "train.py"
 description = "TODO: one line saying what this trains"
 outputs = ["metrics.jsonl", "model/canonical.npz"]
 
-[params]
-dataset = "builtin"         # builtin (made in train.py) | files (read from --data)
-epochs = 3
-batch_size = 32
+[params]                    # a default, or a table: default, choices, min, max, help
+dataset = "builtin"         # builtin (made in train.py) | files (read from --data): the datasets' names
+epochs = {{ default = 3, min = 1 }}
+batch_size = {{ default = 32, min = 1, help = "samples per gradient step" }}
 
 [[datasets]]
 name = "builtin"

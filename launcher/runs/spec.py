@@ -61,7 +61,7 @@ def check_params(recipe: Recipe, given: Mapping[str, Any]) -> dict[str, Any]:
                 f"recipe {recipe.name} has no param {unknown[0]!r}",
                 f"its params are: {', '.join(sorted(recipe.params)) or 'none'}",
             )
-    return dict(given)
+    return recipes.check_values(recipe, given)
 
 
 def image_record(ws: Workspace, variant: str) -> dict[str, Any]:

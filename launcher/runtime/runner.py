@@ -115,12 +115,14 @@ def prepare(args: argparse.Namespace, tee: Tee) -> tuple[recipe_spec.RecipeSpec,
             spec = recipe_spec.adhoc_spec(script, framework="auto")
     except recipe_spec.SpecError as exc:
         raise RunError(str(exc), EXIT_BAD_RECIPE) from None
-    lib = recipe_lib(spec, args.lib)
-    record_code(spec, args, tee, lib)
     try:
         params = recipe_spec.merge_params(spec, given)
     except recipe_spec.SpecError as exc:
         raise RunError(str(exc), EXIT_USAGE) from None
+    except recipe_spec.ParamError as exc:
+        raise RunError(f"{exc}; fix: give {exc.param.name} one of the allowed values in --params", EXIT_USAGE) from None
+    lib = recipe_lib(spec, args.lib)
+    record_code(spec, args, tee, lib)
     dataset = recipe_spec.select_dataset(spec, params)
     env = dict(os.environ)
     if args.profile is not None:

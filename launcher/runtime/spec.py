@@ -8,12 +8,16 @@ name = "mnist_convnet"
 framework = "tensorflow"        # tensorflow | torch | none
 entry = "train.py"
 description = "one line"
+variant = "cpu"                     # optional: the image variant the recipe needs by default
 outputs = ["model/canonical.npz"]   # optional: files the recipe promises under the outputs
 volatile = ["plots/*.png"]          # optional: outputs `launcher verify` lists but never compares
 
 [params]                        # defaults; `--param KEY=VALUE` overrides, unknown keys are refused
-dataset = "builtin"
-epochs = 12
+dataset = "builtin"             # a plain default: its type (bool, int, float, str) is the param's
+epochs = { default = 12, min = 1, help = "passes over the training data" }
+device = { default = "auto", choices = ["auto", "cpu", "cuda"] }
+learning_rate = { default = 1.0, min = 0.0, max = 10.0 }
+dropout_seed = { default = 7, min = 0, also = ["none"] }   # an integer, or the word none
 
 [[datasets]]                    # what each value of a selecting param means
 name = "builtin"                # the value of `param` that selects this dataset
@@ -23,11 +27,24 @@ format = "how the files look"
 fingerprint = "sha256:..."      # optional: the expected dataset digest
 files = { "mnist.npz" = "sha256:..." }   # optional: expected digests of single files
 ```
+
+A param is a plain default or a table (inline as above, or a ``[params.NAME]`` section after the
+plain ones) with ``default`` and optionally ``choices`` (the only values allowed), ``min`` / ``max``
+(inclusive bounds of a number), ``also`` (words allowed beside the type's values) and ``help``.
+Every value is checked against its param before anything runs, on the host (``launcher run``
+refuses with exit 2 before a build, an upload or a start) and again here in the runtime: it must
+have the default's type (a string from the command line is converted: ``true``/``false``/``1``/``0``
+for a boolean, a whole number for an int, any number for a float) and lie inside the declared
+choices and bounds. A text param that ``[[datasets]]`` entries select takes as choices, unless it
+declares its own, the names of those datasets (and its default), so a value that selects no
+dataset is refused instead of silently running on the default data; declared choices must name
+every dataset that selects by the param.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,11 +58,16 @@ except ModuleNotFoundError:  # Python 3.10
 RECIPE_FILE = "recipe.toml"
 FRAMEWORKS = ("tensorflow", "torch", "none")
 SOURCES = ("builtin", "files")
-TOP_KEYS = frozenset({"name", "framework", "entry", "description", "params", "datasets", "outputs", "volatile"})
+TOP_KEYS = frozenset({"name", "framework", "entry", "description", "params", "datasets", "outputs", "volatile",
+                      "variant"})
+PARAM_KEYS = frozenset({"default", "choices", "min", "max", "also", "help"})
 DATASET_KEYS = frozenset({"name", "param", "source", "format", "fingerprint", "files", "description"})
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_VARIANT = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")  # as launcher.workspace.VARIANT_NAME (not importable here)
 ParamValue = str | int | float | bool
+_TYPE_WORDS = {"bool": "a boolean", "int": "an integer", "float": "a number", "str": "a string"}
+_ANY_WORDS = {"int": "any integer", "float": "any number"}
 
 
 class SpecError(Exception):
@@ -57,6 +79,119 @@ class SpecError(Exception):
         self.path = path
         self.key = key
         self.detail = message
+
+
+class ParamError(ValueError):
+    """A param value its recipe does not allow: names the param, the value and the allowed values."""
+
+    def __init__(self, recipe: str, param: ParamSpec, value: Any, problem: str) -> None:
+        shown = value if isinstance(value, str) else json.dumps(value, default=repr)
+        if not shown or shown != " ".join(shown.split()) or " " in shown:
+            shown = repr(shown)
+        super().__init__(f"recipe {recipe}: param {param.name}={shown} {problem} (allowed: {param.allowed()})")
+        self.recipe = recipe
+        self.param = param
+        self.value = value
+
+
+def type_name(value: Any) -> str:
+    """bool, int, float or str: the type of a param's default, which is the param's type."""
+    for kind in (bool, int, float, str):  # bool before int: True is an int too
+        if isinstance(value, kind):
+            return kind.__name__
+    raise TypeError(f"not a param value: {value!r}")
+
+
+def _text(value: ParamValue) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One param of a recipe: its default (whose type is the param's) and what else it allows."""
+
+    name: str
+    default: ParamValue
+    choices: tuple[ParamValue, ...] = ()  # empty: any value of the type (within min/max)
+    min: int | float | None = None
+    max: int | float | None = None
+    also: tuple[str, ...] = ()  # words allowed beside the type's values, e.g. "none" for an int
+    help: str = ""
+    from_datasets: bool = False  # the choices are the names of the datasets the param selects
+
+    @property
+    def type(self) -> str:
+        return type_name(self.default)
+
+    def allowed(self) -> str:
+        """What the param takes, in words: "digits, mnist", "an integer >= 1", "true or false"."""
+        if self.choices:
+            text = ", ".join(_text(c) for c in self.choices)
+        elif self.type == "bool":
+            text = "true or false"
+        elif self.type == "str":
+            text = "any string"
+        else:
+            word = _TYPE_WORDS[self.type]
+            lo, hi = self.min, self.max
+            text = (f"{word} from {lo} to {hi}" if lo is not None and hi is not None
+                    else f"{word} >= {lo}" if lo is not None else f"{word} <= {hi}" if hi is not None
+                    else _ANY_WORDS[self.type])
+        return text + "".join(f", or {w}" for w in self.also)
+
+    def _typed(self, value: Any) -> ParamValue | None:
+        """``value`` as the param's type (a string is parsed), or None where it is not one."""
+        kind = self.type
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, int) and value in (0, 1):
+                return bool(value)
+            if isinstance(value, str) and value.strip().lower() in ("true", "1", "yes", "false", "0", "no"):
+                return value.strip().lower() in ("true", "1", "yes")
+            return None
+        if kind == "int":
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+            if isinstance(value, str):
+                try:
+                    return int(value.strip())
+                except ValueError:
+                    return None
+            return None
+        if kind == "float":
+            if isinstance(value, str):
+                try:
+                    value = float(value.strip())
+                except ValueError:
+                    return None
+            if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+                return float(value)
+            return None
+        if isinstance(value, str):
+            return value
+        # the command line types KEY=VALUE without the recipe (7, 0.5, true): a text param takes the text back
+        return json.dumps(value) if isinstance(value, int | float | bool) else None
+
+    def convert(self, value: Any, recipe: str) -> ParamValue:
+        """``value`` checked against this param and given its type; raises ParamError."""
+        if isinstance(value, str) and value in self.also:
+            return value
+        typed = self._typed(value)
+        if typed is None:
+            raise ParamError(recipe, self, value, f"is not {_TYPE_WORDS[self.type]}")
+        if self.choices and typed not in self.choices:
+            what = "selects no dataset of the recipe" if self.from_datasets else "is not one of the allowed values"
+            raise ParamError(recipe, self, value, what)
+        if isinstance(typed, int | float) and not isinstance(typed, bool) and (
+                (self.min is not None and typed < self.min) or (self.max is not None and typed > self.max)):
+            raise ParamError(recipe, self, value, "is out of range")
+        return typed
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "type": self.type, "default": self.default, "choices": list(self.choices),
+                "min": self.min, "max": self.max, "also": list(self.also), "help": self.help,
+                "from_datasets": self.from_datasets, "allowed": self.allowed()}
 
 
 @dataclass(frozen=True)
@@ -86,6 +221,8 @@ class RecipeSpec:
     outputs: tuple[str, ...] = ()
     adhoc: bool = False
     volatile: tuple[str, ...] = ()  # globs under the outputs that verify lists but does not compare
+    param_specs: dict[str, ParamSpec] = field(default_factory=dict)  # each param's type and allowed values
+    variant: str | None = None  # the image variant the recipe needs by default (e.g. "torch-cpu")
 
     @property
     def entry_path(self) -> Path:
@@ -95,12 +232,81 @@ class RecipeSpec:
         return {"name": self.name, "path": str(self.path), "framework": self.framework, "entry": self.entry,
                 "description": self.description, "params": dict(self.params),
                 "datasets": [d.as_dict() for d in self.datasets], "outputs": list(self.outputs),
-                "adhoc": self.adhoc, "volatile": list(self.volatile)}
+                "adhoc": self.adhoc, "volatile": list(self.volatile), "variant": self.variant,
+                "param_specs": {k: p.as_dict() for k, p in self.param_specs.items()}}
 
 
 def _need(cond: bool, path: Path, message: str, key: str | None = None) -> None:
     if not cond:
         raise SpecError(path, message, key)
+
+
+def _check_param(path: Path, key: str, raw: Any) -> ParamSpec:
+    """A [params] entry: a plain default, or a table with default, choices, min, max, also, help."""
+    where = f"params.{key}"
+    if not isinstance(raw, dict):
+        _need(isinstance(raw, str | int | float | bool), path,
+              "a param default must be a string, number or boolean (or a table with default = ...)", where)
+        return ParamSpec(name=key, default=raw)
+    unknown = sorted(set(raw) - PARAM_KEYS)
+    _need(not unknown, path, f"unknown key (known: {', '.join(sorted(PARAM_KEYS))})",
+          f"{where}.{unknown[0]}" if unknown else None)
+    default: ParamValue = raw.get("default")  # type: ignore[assignment]  # checked next
+    _need(isinstance(default, str | int | float | bool), path,
+          "a declared param needs default = a string, number or boolean", f"{where}.default")
+    probe = ParamSpec(name=key, default=default)
+    kind = probe.type
+    choices = raw.get("choices", [])
+    _need(isinstance(choices, list), path, "must be a list of the allowed values", f"{where}.choices")
+    typed_choices: list[ParamValue] = []
+    for c in choices:
+        same = type_name(c) == kind if isinstance(c, str | int | float | bool) else False
+        _need(same or (kind == "float" and type_name(c) == "int"), path,
+              f"every choice must be {_TYPE_WORDS[kind]}, like the default {default!r}", f"{where}.choices")
+        typed_choices.append(float(c) if kind == "float" else c)
+    bounds: dict[str, int | float | None] = {}
+    for end in ("min", "max"):
+        value = raw.get(end)
+        _need(value is None or (kind in ("int", "float") and isinstance(value, int | float)
+                                and not isinstance(value, bool)), path,
+              "a bound is a number, and only a number param (int or float default) has one", f"{where}.{end}")
+        bounds[end] = value
+    lo, hi = bounds["min"], bounds["max"]
+    _need(lo is None or hi is None or lo <= hi, path, "min is above max", f"{where}.min")
+    also = raw.get("also", [])
+    _need(isinstance(also, list) and all(isinstance(w, str) and w for w in also), path,
+          "must be a list of words allowed beside the type's values", f"{where}.also")
+    help_text = raw.get("help", "")
+    _need(isinstance(help_text, str), path, "must be a string", f"{where}.help")
+    spec = ParamSpec(name=key, default=default, choices=tuple(dict.fromkeys(typed_choices)), min=lo, max=hi,
+                     also=tuple(also), help=help_text)
+    try:
+        spec.convert(default, "")
+    except ParamError:
+        raise SpecError(path, f"the default {default!r} is not among the values the param allows "
+                        f"({spec.allowed()})", f"{where}.default") from None
+    return spec
+
+
+def _with_dataset_choices(path: Path, specs: dict[str, ParamSpec],
+                          datasets: tuple[DatasetSpec, ...]) -> dict[str, ParamSpec]:
+    """A text param that datasets select allows the names of those datasets (and its default)
+    unless it declares choices, which must then name each of them."""
+    out = dict(specs)
+    for key, ps in specs.items():
+        names = [d.name for d in datasets if d.param == key]
+        if not names or ps.type != "str":
+            continue
+        if ps.choices:
+            for i, d in enumerate(datasets):
+                _need(d.param != key or d.name in ps.choices, path,
+                      f"dataset {d.name!r} is not among params.{key}.choices, so it could never be selected",
+                      f"datasets[{i}].name")
+            continue
+        choices = tuple(dict.fromkeys([ps.default, *names] if ps.default not in names else names))
+        out[key] = ParamSpec(name=key, default=ps.default, choices=choices, also=ps.also, help=ps.help,
+                             from_datasets=True)
+    return out
 
 
 def _check_dataset(path: Path, i: int, raw: Any, params: dict[str, ParamValue]) -> DatasetSpec:
@@ -150,14 +356,18 @@ def parse_spec(path: Path, data: dict[str, Any], folder: Path) -> RecipeSpec:
     _need(framework in FRAMEWORKS, path, f"must be one of {', '.join(FRAMEWORKS)}", "framework")
     description = data.get("description", "")
     _need(isinstance(description, str), path, "must be a string", "description")
-    params = data.get("params", {})
-    _need(isinstance(params, dict), path, "must be a table", "params")
-    for key, value in params.items():
-        _need(isinstance(value, str | int | float | bool), path,
-              "a param default must be a string, number or boolean", f"params.{key}")
+    variant = data.get("variant")
+    _need(variant is None or (isinstance(variant, str) and bool(_VARIANT.match(variant))), path,
+          "must name an image variant: lowercase letters, digits, '.', '_' or '-' (e.g. \"torch-cpu\")",
+          "variant")
+    raw_params = data.get("params", {})
+    _need(isinstance(raw_params, dict), path, "must be a table", "params")
+    param_specs = {key: _check_param(path, key, raw) for key, raw in raw_params.items()}
+    params: dict[str, ParamValue] = {key: ps.default for key, ps in param_specs.items()}
     raw_sets = data.get("datasets", [])
     _need(isinstance(raw_sets, list), path, "must be an array of tables ([[datasets]])", "datasets")
     datasets = tuple(_check_dataset(path, i, raw, params) for i, raw in enumerate(raw_sets))
+    param_specs = _with_dataset_choices(path, param_specs, datasets)
     outputs = data.get("outputs", [])
     _need(isinstance(outputs, list) and all(isinstance(o, str) for o in outputs), path,
           "must be a list of relative paths", "outputs")
@@ -165,7 +375,8 @@ def parse_spec(path: Path, data: dict[str, Any], folder: Path) -> RecipeSpec:
     _need(isinstance(volatile, list) and all(isinstance(g, str) and g for g in volatile), path,
           "must be a list of globs (relative to the outputs)", "volatile")
     return RecipeSpec(path=folder, name=name, framework=framework, entry=entry, description=description,
-                      params=dict(params), datasets=datasets, outputs=tuple(outputs), volatile=tuple(volatile))
+                      params=params, datasets=datasets, outputs=tuple(outputs), volatile=tuple(volatile),
+                      param_specs=param_specs, variant=variant)
 
 
 def load_spec(folder: Path) -> RecipeSpec:
@@ -187,15 +398,29 @@ def adhoc_spec(script: Path, framework: str = "none") -> RecipeSpec:
     return RecipeSpec(path=script, name=script.stem, framework=framework, entry=script.name, adhoc=True)
 
 
+def check_value(spec: RecipeSpec, key: str, value: Any) -> ParamValue:
+    """``value`` for the recipe's param ``key``, given the param's type; raises ParamError when the
+    param does not allow it (an ad-hoc script's params, and a param without a spec, pass as given)."""
+    ps = spec.param_specs.get(key)
+    if ps is None:
+        if key in spec.params:  # a RecipeSpec made in code with defaults only
+            ps = ParamSpec(name=key, default=spec.params[key])
+        else:
+            return value
+    return ps.convert(value, spec.name)
+
+
 def merge_params(spec: RecipeSpec, given: dict[str, Any]) -> dict[str, Any]:
-    """Defaults overridden by ``given``; an ad-hoc script takes any params, a recipe only its own."""
+    """Defaults overridden by ``given``; an ad-hoc script takes any params, a recipe only its own,
+    each checked against its declared type and allowed values (SpecError, ParamError)."""
     if not spec.adhoc:
         unknown = sorted(set(given) - set(spec.params))
         if unknown:
             known = ", ".join(sorted(spec.params))
             raise SpecError(spec.path / RECIPE_FILE, f"unknown param (known: {known})", unknown[0])
     merged: dict[str, Any] = dict(spec.params)
-    merged.update(given)
+    for key, value in given.items():
+        merged[key] = value if spec.adhoc else check_value(spec, key, value)
     return merged
 
 
