@@ -8,13 +8,25 @@ workspaces live in the cache directory.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.errors import NotFound
+from launcher.errors import NotFound, UsageError
 
 MARKERS = ("lockfiles", "dockerfiles")
-VARIANTS = ("cpu", "gpu")
+VARIANTS = ("cpu", "gpu")  # the variants `launcher init` writes; a workspace may have any others
+VARIANT_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+# `LABEL launcher.accelerator="gpu"` in a variant's Dockerfile: its runs need a GPU on the host.
+_ACCELERATOR = re.compile(r"""^\s*LABEL\s+.*\blauncher\.accelerator\s*=\s*["']?(\w+)""", re.MULTILINE)
+
+
+def check_variant_name(variant: str) -> str:
+    """A variant name is a file-name stem: lower-case letters, digits, '.', '_' and '-'."""
+    if not VARIANT_NAME.match(variant):
+        raise UsageError(f"{variant!r} is not a variant name",
+                         "use lower-case letters, digits, '.', '_' and '-' (e.g. cpu, torch-gpu)")
+    return variant
 
 
 def default_cache_dir() -> Path:
@@ -79,6 +91,20 @@ class Workspace:
             return ()
         return tuple(sorted(p.name[: -len(".in")] for p in self.lockfiles.glob("*.in")
                             if self.dockerfile(p.name[: -len(".in")]).is_file()))
+
+    def accelerator(self, variant: str) -> str:
+        """"gpu" when the variant's Dockerfile declares `LABEL launcher.accelerator="gpu"`, else "cpu".
+        A Dockerfile without the label is a GPU variant only when the variant is named gpu (older workspaces)."""
+        try:
+            found = _ACCELERATOR.search(self.dockerfile(variant).read_text())
+        except OSError:
+            found = None
+        if found:
+            return "gpu" if found.group(1).lower() == "gpu" else "cpu"
+        return "gpu" if variant == "gpu" else "cpu"
+
+    def needs_gpu(self, variant: str) -> bool:
+        return self.accelerator(variant) == "gpu"
 
     def lock_in(self, variant: str) -> Path:
         return self.lockfiles / f"{variant}.in"

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from launcher.cli import app
-from launcher.errors import ExitCode, PinMismatch
+from launcher.errors import ExitCode, PinMismatch, UsageError
 from launcher.images import pins as images
 from launcher.images import registry
 from launcher.scaffold import init_workspace
@@ -34,7 +34,7 @@ def test_image_ref_parse(ref: str, expected: tuple[str, str, str | None, str | N
 
 
 def test_malformed_digest_is_refused() -> None:
-    with pytest.raises(images.UsageError, match="malformed digest"):
+    with pytest.raises(UsageError, match="malformed digest"):
         registry.ImageRef.parse("python@sha256:1234")
 
 
@@ -74,8 +74,37 @@ def test_committed_templates_match_this_workspace() -> None:
     tpl = root / "launcher" / "templates"
     for name, path in [("cpu.in", "lockfiles/cpu.in"), ("gpu.in", "lockfiles/gpu.in"),
                        ("cpu.Dockerfile", "dockerfiles/cpu.Dockerfile"),
-                       ("gpu.Dockerfile", "dockerfiles/gpu.Dockerfile"), ("images.lock", "lockfiles/images.lock")]:
+                       ("gpu.Dockerfile", "dockerfiles/gpu.Dockerfile")]:
         assert (tpl / name).read_text() == (root / path).read_text(), name
+    # the workspace has more variants than `launcher init` writes; the two it shares are pinned alike
+    repo_pins = images.load(Workspace.at(root)).pins
+    tpl_text = (tpl / "images.lock").read_text()
+    for variant in ("cpu", "gpu"):
+        assert f'[{variant}]\nref = "{repo_pins[variant].ref}"' in tpl_text, variant
+
+
+def test_any_variant_with_an_in_file_and_a_dockerfile_is_the_workspaces(tmp_path: Path) -> None:
+    init_workspace(tmp_path)
+    ws = Workspace.at(tmp_path)
+    (ws.lockfiles / "torch-cpu.in").write_text("torch\npip\nsetuptools\n")
+    (ws.dockerfiles / "torch-cpu.Dockerfile").write_text((ws.dockerfiles / "cpu.Dockerfile").read_text())
+    (ws.lockfiles / "half.in").write_text("six\n")  # no Dockerfile: not a variant
+    (ws.dockerfiles / "tpu.Dockerfile").write_text('FROM x\nLABEL launcher.accelerator="tpu"\n')
+    assert ws.variants() == ("cpu", "gpu", "torch-cpu")
+    # a GPU variant says so in its Dockerfile; the name alone decides only for a label-less "gpu"
+    assert [ws.accelerator(v) for v in ("cpu", "gpu", "torch-cpu", "tpu")] == ["cpu", "gpu", "cpu", "cpu"]
+    (ws.dockerfiles / "torch-cpu.Dockerfile").write_text("FROM x\nLABEL  launcher.accelerator=gpu other=1\n")
+    assert ws.needs_gpu("torch-cpu")
+    # images.lock takes a section for any variant name, and refuses what cannot be one
+    text = ws.images_lock.read_text()
+    ref = images.load(ws).get("cpu").ref
+    ws.images_lock.write_text(text + f'\n[torch-cpu]\nref = "{ref}"\n')
+    assert images.load(ws).get("torch-cpu").ref == ref
+    ws.images_lock.write_text(text + f'\n["Torch CPU"]\nref = "{ref}"\n')
+    with pytest.raises(PinMismatch, match="not a variant section"):
+        images.load(ws)
+    res = runner.invoke(app, ["-w", str(tmp_path), "build", "--variant", "../x"])
+    assert res.exit_code == ExitCode.USAGE, res.output
 
 
 @pytest.mark.registry

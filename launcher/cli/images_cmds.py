@@ -112,7 +112,7 @@ def base_resolve(
         raise images.PinMismatch(f"{ref} names {parsed.digest} but the registry serves {digest}",
                                  "drop the @digest part to pin what the tag points to now")
     pinned = parsed.pinned(digest)
-    pinned_variants = ["cpu", "gpu"] if variant == "all" else [images.check_variant(variant)]
+    pinned_variants = list(ws.variants()) if variant == "all" else [images.check_variant(variant)]
     try:
         lock = images.load(ws)
     except images.NotFound:
@@ -143,7 +143,7 @@ def base_bootstrap(
     """
     ws = workspace_of(ctx)
     variant = check_variant(ws, variants, all_ok=True)
-    pinned_variants = ["cpu", "gpu"] if variant == "all" else [images.check_variant(variant)]
+    pinned_variants = list(ws.variants()) if variant == "all" else [images.check_variant(variant)]
     started = None
     if start_registry:
         started = registry.start_local_registry(ws.cache_dir / "registry", registry_addr)

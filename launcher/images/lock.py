@@ -23,7 +23,7 @@ from launcher.images import lockdriver
 from launcher.images import pins as images
 from launcher.proc import Completed
 from launcher.progress import NullReporter, Reporter
-from launcher.workspace import VARIANTS, Workspace
+from launcher.workspace import Workspace
 
 # pip settings of the machine that locks must not leak into a lockfile (local indexes,
 # find-links, constraints); the certificate settings are kept so that TLS still works.
@@ -289,7 +289,7 @@ def _check_target(answer: dict[str, Any], pin: images.BasePin) -> tuple[str, str
 
 
 def lock(ws: Workspace, variant: str = "all", **kw: object) -> list[LockResult]:
-    variants = VARIANTS if variant == "all" else (images.check_variant(variant),)
+    variants = ws.variants() if variant == "all" else (images.check_variant(variant),)
     return [lock_variant(ws, v, **kw) for v in variants]  # type: ignore[arg-type]
 
 

@@ -4,19 +4,15 @@ that keep a Dockerfile from building on anything else."""
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher.errors import BadRecipe, NotFound, PinMismatch, UsageError
+import tomllib
+
+from launcher.errors import BadRecipe, NotFound, PinMismatch
 from launcher.hashing import atomic_write_text
 from launcher.images.registry import ImageRef
-from launcher.workspace import VARIANTS, Workspace
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from launcher.workspace import VARIANT_NAME, Workspace, check_variant_name
 
 BASE_ARG = "LAUNCHER_BASE"
 HEADER = (
@@ -67,9 +63,8 @@ class ImagesLock:
 
 
 def check_variant(variant: str) -> str:
-    if variant not in VARIANTS:
-        raise UsageError(f"unknown variant {variant!r}", f"use one of: {', '.join(VARIANTS)}")
-    return variant
+    """A well-formed variant name; whether the workspace has it is for the files it needs to say."""
+    return check_variant_name(variant)
 
 
 def load(ws: Workspace) -> ImagesLock:
@@ -82,8 +77,9 @@ def load(ws: Workspace) -> ImagesLock:
         raise PinMismatch(f"{path} is not valid TOML: {exc}", "restore it from git or re-pin the base") from exc
     lock = ImagesLock()
     for variant, table in data.items():
-        if variant not in VARIANTS or not isinstance(table, dict):
-            raise PinMismatch(f"{path}: unknown section [{variant}]", f"sections are {', '.join(VARIANTS)}")
+        if not VARIANT_NAME.match(variant) or not isinstance(table, dict):
+            raise PinMismatch(f"{path}: [{variant}] is not a variant section",
+                              "name each section after a variant ([cpu], [torch-gpu]): ref, python, platform, source")
         unknown = set(table) - KEYS
         if unknown or "ref" not in table:
             raise PinMismatch(f"{path} [{variant}]: unknown keys {sorted(unknown)} or no ref",

@@ -160,7 +160,7 @@ def _launch(
     env = determinism.profile_env(spec.profile, spec.seed, spec.threads)
     image = image_record(ws, spec.variant)
     baked_digests = image.pop("recipes", {})
-    placement.prepare(spec.variant)
+    placement.prepare(ws.needs_gpu(spec.variant))
     if spec.data_from:
         spec = _with_data(spec, placement, rep)
     if spec.code_plan is None:
@@ -179,7 +179,7 @@ def _launch(
         recipe=recipe,
         params=params,
         data=data,
-        gpu=spec.variant == "gpu",
+        gpu=ws.needs_gpu(spec.variant),
         host_code=plan.get("host_path"),
         code_entry=plan.get("entry") or None,
         args=tuple(spec.args),
@@ -363,7 +363,7 @@ def run_recipe(
 
         facts = provision.facts_for_run(ws, placement.host)
     if spec.data_from or plan.get("source") == "mounted":  # sent once for every replicate, after the cheap checks
-        placement.prepare(spec.variant)
+        placement.prepare(ws.needs_gpu(spec.variant))
     if spec.data_from:
         spec = _with_data(spec, placement, reporter)
     spec = _with_code(spec, placement, reporter)

@@ -78,8 +78,8 @@ class Placement(ABC):
 
     # -- once per group: can the target run it, and the inputs every run of the group shares
     @abstractmethod
-    def prepare(self, variant: str) -> None:
-        """Fail early (HostNotReady, NoGpu) when the target cannot run this image variant."""
+    def prepare(self, gpu: bool) -> None:
+        """Fail early (HostNotReady, NoGpu) when the target cannot run the image (``gpu``: it needs a GPU)."""
 
     def send_data(self, local: Path, reporter: Reporter | None) -> tuple[str, dict[str, Any]]:
         """Send a dataset folder from this machine (once per content); return where runs mount it
@@ -175,9 +175,9 @@ class DirectPlacement(Placement):
         super().__init__(host, host_spec)
         self.engine = Engine(host)
 
-    def prepare(self, variant: str) -> None:
+    def prepare(self, gpu: bool) -> None:
         self.engine.require()
-        if variant == "gpu":
+        if gpu:
             gpu_ready(self.host, self.engine)
 
     def send_code(self, plan: Mapping[str, Any], reporter: Reporter | None) -> dict[str, Any]:

@@ -152,7 +152,7 @@ class SlurmPlacement(Placement):
         return self.host.runs_root().rsplit("/", 1)[0]  # ~/.launcher, shared with the nodes
 
     # -- checks before anything is sent
-    def prepare(self, variant: str) -> None:
+    def prepare(self, gpu: bool) -> None:
         version = self.host.run(["sbatch", "--version"], check=False)
         if version.returncode != 0:
             raise NoScheduler(
@@ -179,7 +179,7 @@ class SlurmPlacement(Placement):
             raise UsageError(f"the cluster's settings name an unknown container runtime {self.runtime!r}",
                              "run `launcher provision --scheduler slurm --container-runtime docker|pyxis`")
         if self.options or self.max_parallel:
-            self._test_submit(variant)
+            self._test_submit(gpu)
 
     def _header_options(self, n: int, gpu: bool) -> list[str]:
         """The sbatch options of an n-task array (without output paths): array, partition, GPUs, --slurm-opt."""
@@ -192,9 +192,9 @@ class SlurmPlacement(Placement):
         opts += [f"--{k}={v}" if v else f"--{k}" for k, v in sorted(self.options.items())]
         return opts
 
-    def _test_submit(self, variant: str) -> None:
+    def _test_submit(self, gpu: bool) -> None:
         """Let sbatch judge the --slurm-opt values before anything is shipped (`--test-only` submits nothing)."""
-        done = self.host.run(["sbatch", "--test-only", *self._header_options(1, variant == "gpu"),
+        done = self.host.run(["sbatch", "--test-only", *self._header_options(1, gpu),
                               "--output=/dev/null", "--wrap=true"], check=False)
         if done.returncode != 0:
             raise SlurmRefused(
@@ -522,7 +522,7 @@ def cluster_facts(login: Host, *, registry: str | None = None) -> dict[str, Any]
     GPUs, state), and for each node, from a one-task job on it, its Docker engine, Pyxis/enroot and
     whether it reaches the registry (the one given, else the one in the cluster's settings)."""
     placement = SlurmPlacement(login)
-    placement.prepare("cpu")  # the same refusals as a run: no sbatch, no controller
+    placement.prepare(False)  # the same refusals as a run: no sbatch, no controller
     version = login.run(["sinfo", "--version"], check=False).out.strip()
     parts = []
     for line in login.run(["sinfo", "-h", "-o", "%P|%a|%D|%l"], check=False).out.splitlines():

@@ -12,7 +12,7 @@ from launcher import __version__
 from launcher.errors import Corrupt, NotFound, UsageError
 from launcher.runs import recipes
 from launcher.runs.recipes import Recipe
-from launcher.workspace import VARIANTS, Workspace
+from launcher.workspace import Workspace, check_variant_name
 
 
 @dataclass
@@ -65,8 +65,7 @@ def check_params(recipe: Recipe, given: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def image_record(ws: Workspace, variant: str) -> dict[str, Any]:
-    if variant not in VARIANTS:
-        raise UsageError(f"unknown variant {variant!r}", f"use one of: {', '.join(VARIANTS)}")
+    check_variant_name(variant)
     path = ws.build_record(variant)
     try:
         rec = json.loads(path.read_text())

@@ -15,6 +15,8 @@ RUN python3 -m venv --without-pip /opt/venv \
       --disable-pip-version-check --root-user-action=ignore -r /tmp/lock.txt
 
 FROM ${LAUNCHER_BASE}
+# Runs of this variant need a GPU on the host (launcher checks before shipping, docker run --gpus all).
+LABEL launcher.accelerator="gpu"
 COPY --from=venv /opt/venv /opt/venv
 ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PYTHONPATH=/opt/launcher \
