@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.network]
 
 HOST_PY = f"{sys.version_info[0]}.{sys.version_info[1]}"
 SUITE = "trixie" if HOST_PY != "3.13" else "bookworm"
-IMAGE_PY = bootstrap_mod.SUITE_PYTHON[SUITE]
+IMAGE_PY = {"trixie": "3.13", "bookworm": "3.11"}[SUITE]  # Debian's python3; bootstrap asks the image
 OLD_PY = tuple(map(int, IMAGE_PY.split("."))) < (3, 12)  # backports.tarfile is needed below 3.12
 # Pinned, so that the lock (and with it the build, cached by content) is the same every run.
 # jaraco.context needs backports.tarfile only below Python 3.12: a lock resolved by this host's

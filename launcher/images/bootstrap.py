@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -22,7 +23,9 @@ from launcher.progress import NullReporter, Reporter
 DEFAULT_SUITE = "bookworm"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates")
-SUITE_PYTHON = {"bookworm": "3.11", "trixie": "3.13", "bullseye": "3.9"}
+# The image's own interpreter says which Python it has (not a table of suites: any suite works).
+PYTHON_PROBE = "import sys; print('launcher-python %d.%d' % sys.version_info[:2])"
+_PROBED = re.compile(r"^launcher-python (\d+\.\d+)$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,16 @@ def build_rootfs_tar(cache_dir: Path, suite: str, packages: tuple[str, ...], mir
     return out, False
 
 
+def probed_python(output: str, tag: str, packages: tuple[str, ...]) -> str:
+    """The image's Python (major.minor) from PYTHON_PROBE's output; a clear error when it has none."""
+    m = _PROBED.search(output)
+    if m is None:
+        last = next((ln.strip() for ln in reversed(output.splitlines()) if ln.strip()), "no output")
+        raise BuildFailed(f"the bootstrapped image {tag} has no working python3 ({last})",
+                          f"include python3 in the packages (they were: {', '.join(packages)})")
+    return m.group(1)
+
+
 def bootstrap(
     cache_dir: Path,
     *,
@@ -98,6 +111,9 @@ def bootstrap(
     norm = imagetree.normalize(raw_id, tag=tag)
     if norm.image_id != raw_id:
         docker_engine.remove_image(raw_id)
+    probe = proc.run(["docker", "run", "--rm", "--network", "none", tag, "python3", "-c", PYTHON_PROBE],
+                     check=False)
+    python = probed_python(probe.out + "\n" + probe.err, tag, packages)
     pushed = engine.local().push(tag)
     if pushed.returncode != 0:
         raise RegistryUnavailable(f"docker push {tag} failed: {pushed.last_error_line()}",
@@ -106,4 +122,4 @@ def bootstrap(
     image_id = docker_engine.inspect(tag)["Id"]
     task.close()
     return BootstrapResult(ref=f"{tag}@{digest}", digest=digest, image_id=image_id,
-                           python=SUITE_PYTHON.get(suite, "3"), rootfs_cached=cached)
+                           python=python, rootfs_cached=cached)
