@@ -15,7 +15,7 @@ from launcher.images import bootstrap as bootstrap_mod
 from launcher.images import build as build_mod
 from launcher.images import lock as lock_mod
 from launcher.images import pins as images
-from launcher.images import registry
+from launcher.images import registry, wheelsources
 from launcher.result import Result
 from launcher.scaffold import init_workspace
 from launcher.workspace import Workspace
@@ -25,6 +25,9 @@ CaBundleOpt = Annotated[Path | None, typer.Option("--ca-bundle", metavar="FILE",
 LOCK_CA_HELP = ("CA bundle (PEM) that pip inside the base image trusts for the package index, e.g. a "
                 "TLS-intercepting proxy's. Default: this machine's (PIP_CERT, SSL_CERT_FILE, the system bundle).")
 LockCaBundleOpt = Annotated[Path | None, typer.Option("--ca-bundle", metavar="FILE", help=LOCK_CA_HELP)]
+FIND_LINKS_HELP = ("A folder of wheels to use beside the indexes (repeatable): a wheel from it counts only when "
+                   "its sha256 is locked. For indexes this machine cannot reach, e.g. download.pytorch.org.")
+FindLinksOpt = Annotated[list[Path] | None, typer.Option("--find-links", metavar="DIR", help=FIND_LINKS_HELP)]
 # `launcher build gpu`, as the README once wrote it: the positional variant still works, hidden.
 OldVariantArg = Annotated[str | None, typer.Argument(hidden=True, show_default=False)]
 VariantsOpt = Annotated[str, typer.Option(
@@ -72,6 +75,7 @@ def lock_cmd(
     upgrade_package: Annotated[list[str] | None, typer.Option(
         "--upgrade-package", "-P", metavar="NAME", help="Upgrade only this package (repeatable).")] = None,
     ca_bundle: LockCaBundleOpt = None,
+    find_links: FindLinksOpt = None,
 ) -> None:
     """Lock Python dependencies: every package pinned with == and its sha256 hashes.
 
@@ -86,7 +90,8 @@ def lock_cmd(
         images.check_variant(variant)
     with reporter(ctx) as rep:
         results = lock_mod.lock(ws, variant, upgrade=upgrade, upgrade_packages=tuple(upgrade_package or ()),
-                                ca_bundle=ca_bundle, reporter=rep)
+                                ca_bundle=ca_bundle, find_links=wheelsources.check_dirs(find_links or ()),
+                                reporter=rep)
     data = {"locks": [{"variant": r.variant, "path": str(r.path), "changed": r.changed, "packages": r.packages,
                        "sha256": r.sha256, "target": r.target, "base": r.base} for r in results]}
     lines = [f"{r.path.relative_to(ws.root)}: {r.packages} packages, {'updated' if r.changed else 'unchanged'} "
@@ -169,6 +174,7 @@ def build_cmd(
     variant: VariantOpt = "cpu",
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Build every step again.")] = False,
     ca_bundle: CaBundleOpt = None,
+    find_links: FindLinksOpt = None,
 ) -> None:
     """Build dockerfiles/VARIANT.Dockerfile FROM the pinned base, installing offline from the lock.
 
@@ -178,7 +184,8 @@ def build_cmd(
     ws = workspace_of(ctx)
     variant = _variant(ctx, ws, variant, positional)
     with reporter(ctx) as rep:
-        rec = build_mod.build(ws, variant, nocache=no_cache, ca_bundle=ca_bundle, reporter=rep)
+        rec = build_mod.build(ws, variant, nocache=no_cache, ca_bundle=ca_bundle,
+                              find_links=wheelsources.check_dirs(find_links or ()), reporter=rep)
     data = rec.to_json() | {"noop": rec.noop}
     data.get("extra", {}).pop("tree", None)
     verb = "up to date" if rec.noop else f"built in {rec.seconds:.0f} s"
@@ -193,6 +200,7 @@ def rebuild_cmd(
     verify: Annotated[bool, typer.Option("--verify/--no-verify",
                                          help="Compare with the recorded build (exit 3 if it differs).")] = True,
     ca_bundle: CaBundleOpt = None,
+    find_links: FindLinksOpt = None,
 ) -> None:
     """Rebuild the image from scratch from the same lock and digest, and prove it is the same.
 
@@ -202,7 +210,8 @@ def rebuild_cmd(
     ws = workspace_of(ctx)
     variant = _variant(ctx, ws, variant, positional)
     with reporter(ctx) as rep:
-        rep_ = build_mod.rebuild(ws, variant, verify=verify, ca_bundle=ca_bundle, reporter=rep)
+        rep_ = build_mod.rebuild(ws, variant, verify=verify, ca_bundle=ca_bundle,
+                                 find_links=wheelsources.check_dirs(find_links or ()), reporter=rep)
     code = ExitCode.OK if rep_.tree_matches else ExitCode.NOT_REPRODUCIBLE
     data = {"variant": variant, "tree_matches": rep_.tree_matches, "image_id_matches": rep_.id_matches,
             "recorded_image_id": rep_.recorded_image_id, "rebuilt_image_id": rep_.rebuilt_image_id,

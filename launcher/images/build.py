@@ -9,6 +9,7 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -194,9 +195,9 @@ class EnvImage:
 
 
 def build(ws: Workspace, variant: str = "cpu", *, nocache: bool = False, force: bool = False,
-          ca_bundle: Path | None = None, epoch: int = imagetree.DEFAULT_EPOCH, tag: str | None = None,
-          write_record: bool = True, keep_image: bool = True, git: tuple[str, bool] | None = None,
-          reporter: Reporter | None = None) -> BuildRecord:
+          ca_bundle: Path | None = None, find_links: Sequence[Path] = (), epoch: int = imagetree.DEFAULT_EPOCH,
+          tag: str | None = None, write_record: bool = True, keep_image: bool = True,
+          git: tuple[str, bool] | None = None, reporter: Reporter | None = None) -> BuildRecord:
     """Build (or find) the image of variant; the result is normalised to a content-only image ID.
 
     The Dockerfile's part (base, venv, runtime) is built and normalised only when its inputs
@@ -214,8 +215,8 @@ def build(ws: Workspace, variant: str = "cpu", *, nocache: bool = False, force: 
     docker_engine.require()
     env = None if nocache or force else _existing_env(ws, inputs)
     if env is None:
-        env = _build_env(ws, inputs, nocache=nocache, ca_bundle=ca_bundle, epoch=epoch, write_record=write_record,
-                         keep_image=keep_image, reporter=rep)
+        env = _build_env(ws, inputs, nocache=nocache, ca_bundle=ca_bundle, find_links=find_links, epoch=epoch,
+                         write_record=write_record, keep_image=keep_image, reporter=rep)
     commit, dirty = git or git_state(ws.root)
     labels = {
         LABEL + "content": inputs.content,
@@ -275,12 +276,13 @@ def _existing_env(ws: Workspace, inputs: Inputs) -> EnvImage | None:
     return EnvImage(image_id, config, tree, dict(rec.get("labels") or {}))
 
 
-def _build_env(ws: Workspace, inputs: Inputs, *, nocache: bool, ca_bundle: Path | None, epoch: int,
-               write_record: bool, keep_image: bool, reporter: Reporter) -> EnvImage:
+def _build_env(ws: Workspace, inputs: Inputs, *, nocache: bool, ca_bundle: Path | None, find_links: Sequence[Path],
+               epoch: int, write_record: bool, keep_image: bool, reporter: Reporter) -> EnvImage:
     """Build the Dockerfile (offline, from the wheelhouse) and normalise the result."""
     _ensure_base(inputs.pin)
     house = wheels.download(inputs.lockfile, ws.wheelhouse, python=inputs.pin.python,
-                            platform=inputs.pin.platform, ca_bundle=ca_bundle, reporter=reporter)
+                            platform=inputs.pin.platform, ca_bundle=ca_bundle, find_links=find_links,
+                            reporter=reporter)
     labels = {
         LABEL + "variant": inputs.variant,
         LABEL + "env-content": inputs.env_content,
@@ -428,7 +430,7 @@ class RebuildReport:
 
 
 def rebuild(ws: Workspace, variant: str = "cpu", *, verify: bool = True, ca_bundle: Path | None = None,
-            reporter: Reporter | None = None) -> RebuildReport:
+            find_links: Sequence[Path] = (), reporter: Reporter | None = None) -> RebuildReport:
     """Rebuild from scratch (no cache) and compare with the recorded build."""
     started = time.monotonic()
     record = read_record(ws, variant)
@@ -440,8 +442,8 @@ def rebuild(ws: Workspace, variant: str = "cpu", *, verify: bool = True, ca_bund
     git = None
     if record is not None:
         git = (record.labels.get(LABEL + "git-commit", "unknown"), record.labels.get(LABEL + "git-dirty") == "true")
-    fresh = build(ws, variant, nocache=True, ca_bundle=ca_bundle, epoch=epoch, write_record=not verify,
-                  keep_image=not verify, git=git if verify else None, reporter=reporter)
+    fresh = build(ws, variant, nocache=True, ca_bundle=ca_bundle, find_links=find_links, epoch=epoch,
+                  write_record=not verify, keep_image=not verify, git=git if verify else None, reporter=reporter)
     if not verify or record is None:
         return RebuildReport(variant, fresh.image_id, fresh.image_id, fresh.tree_digest, fresh.tree_digest, [],
                              round(time.monotonic() - started, 2))

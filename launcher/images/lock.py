@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import ssl
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from launcher.errors import EngineUnavailable, HostNotReady, LockFailed, NotFoun
 from launcher.hashing import atomic_write_text, sha256_file
 from launcher.hosts import engine
 from launcher.hosts.engine import Engine
-from launcher.images import lockdriver
+from launcher.images import lockdriver, wheelsources
 from launcher.images import pins as images
 from launcher.proc import Completed
 from launcher.progress import NullReporter, Reporter
@@ -178,9 +179,12 @@ def base_engine(pin: images.BasePin, reporter: Reporter) -> Engine:
 
 
 def lock_variant(ws: Workspace, variant: str, *, upgrade: bool = False, upgrade_packages: tuple[str, ...] = (),
-                 ca_bundle: Path | None = None, reporter: Reporter | None = None) -> LockResult:
+                 ca_bundle: Path | None = None, find_links: Sequence[Path] = (),
+                 reporter: Reporter | None = None) -> LockResult:
     """Resolve lockfiles/VARIANT.in with pip-tools inside the variant's pinned base image, by its
-    own interpreter, and write lockfiles/VARIANT.txt atomically (nothing when resolution fails)."""
+    own interpreter, and write lockfiles/VARIANT.txt atomically (nothing when resolution fails).
+    The .in's index options head the lock (so wheels are fetched from there); indexes this machine
+    cannot reach are left out of the resolution, and find_links folders are mounted into it."""
     rep = reporter or NullReporter()
     images.check_variant(variant)
     src = ws.lock_in(variant)
@@ -200,27 +204,38 @@ def lock_variant(ws: Workspace, variant: str, *, upgrade: bool = False, upgrade_
              if p.is_file() and p.suffix in (".in", ".txt") and p.name != out.name}
     if out.is_file() and not upgrade:
         files[out.name] = out.read_text()  # existing pins are kept unless an upgrade is asked for
+    dropped: list[str] = []
+    for name, text in files.items():
+        files[name], gone = wheelsources.split_indexes(text)
+        dropped += [u for u in gone if u not in dropped]
     argv = ["--quiet", "--no-header", "--generate-hashes", "--allow-unsafe", "--strip-extras", "--no-emit-index-url",
             "--no-emit-find-links", "--no-emit-trusted-host", "--resolver=backtracking", "--output-file", rel_out]
     if upgrade:
         argv.append("--upgrade")
     for name in upgrade_packages:
         argv += ["--upgrade-package", name]
+    mounts: list[str] = []
+    for i, folder in enumerate(find_links):
+        mounts += ["-v", f"{folder}:/find-links/{i}:ro"]
+        argv += ["--find-links", f"/find-links/{i}"]
     argv.append(rel_in)
     env = {k: v for k in (*KEEP_CONTAINER_ENV, *PROXY_ENV) if (v := os.environ.get(k))}
     request = {"files": files, "ca": ca_text, "tools": list(TOOLS), "compile": argv, "output": rel_out, "env": env}
     task = rep.task(f"resolving {src.name} inside the base image with pip-tools {PIP_TOOLS}")
     try:
-        done = eng.run_to_end(["-i", "--platform", pin.platform, "--network", "bridge", pin.ref,
+        done = eng.run_to_end(["-i", "--platform", pin.platform, "--network", "bridge", *mounts, pin.ref,
                                "python3", "-c", _driver_source()],
                               input=json.dumps(request).encode(), timeout=LOCK_TIMEOUT_S)
     finally:
         task.close()
     answer = _answer(done, pin)
     if not answer.get("ok"):
-        raise _failure(answer, src.name, pin, ca_path)
+        failed = _failure(answer, src.name, pin, ca_path)
+        failed.message += wheelsources.unreachable_hint(dropped)
+        raise failed
     python, plat = _check_target(answer, pin)
-    text = header(variant, pin, python, plat) + str(answer["lock"])
+    indexes = "".join(f"{opt} {url}\n" for opt, url in wheelsources.index_options(src.read_text()))
+    text = header(variant, pin, python, plat) + indexes + str(answer["lock"])
     reqs = parse_lock(text, str(out))
     names = {r.name for r in reqs}
     missing = {"pip", "setuptools"} - names

@@ -8,11 +8,15 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from launcher import proc
 from launcher.errors import BuildFailed, Corrupt
+from launcher.images import wheelsources as sources
 from launcher.images.lock import LockedRequirement, normalize_name, parse_lock, pip_env
 from launcher.progress import NullReporter, Reporter
 
@@ -54,18 +58,62 @@ def wheel_project(filename: str) -> str:
     return normalize_name(filename.split("-", 1)[0])
 
 
+def platform_tags(python: str, platform: str) -> list[str]:
+    """The wheel platform tags platform_args allows (for matching wheels found in folders)."""
+    args = platform_args(python, platform)
+    return [args[i + 1] for i, a in enumerate(args) if a == "--platform"]
+
+
 def download(lockfile: Path, pool: Path, *, python: str, platform: str, ca_bundle: Path | None = None,
-             reporter: Reporter | None = None) -> Wheelhouse:
+             find_links: Sequence[Path] = (), reporter: Reporter | None = None) -> Wheelhouse:
+    """Every wheel of the lock for this Python and platform, in pool. Wheels already in the pool or in
+    a find_links folder are used when their hash is locked; pip downloads the rest (from the lock's
+    reachable indexes and the folders), each checked against its locked hash."""
     rep = reporter or NullReporter()
-    reqs = parse_lock(lockfile.read_text(), str(lockfile))
+    text = lockfile.read_text()
+    reqs = parse_lock(text, str(lockfile))
     pool.mkdir(parents=True, exist_ok=True)
     if not reqs:  # an image of the base's own Python: nothing to download
         return Wheelhouse({}, pool)
-    task = rep.task(f"wheels for {lockfile.name}", total=len(reqs))
-    env, drop = pip_env(ca_bundle)
-    env["COLUMNS"] = "400"  # pip's error output is wrapped to the terminal width otherwise
-    argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes", "--progress-bar", "off",
-            *platform_args(python, platform), "-d", str(pool), "-r", str(lockfile)]
+    wanted = {r.name: (r.version, r.hashes) for r in reqs}
+    have = sources.find_local(wanted, [pool, *find_links], python, platform_tags(python, platform))
+    for name, path in list(have.items()):
+        if path.parent != pool.resolve() and path.parent != pool:
+            have[name] = _into_pool(path, pool)
+    rest = [r for r in reqs if r.name not in have]
+    if not rest:
+        return Wheelhouse(files=_check(reqs, have, lockfile), pool=pool)
+    task = rep.task(f"wheels for {lockfile.name}", total=len(rest))
+    kept, dropped = sources.split_indexes("".join(f"{o} {u}\n" for o, u in sources.index_options(text)))
+    with tempfile.TemporaryDirectory(prefix="launcher-wheels-") as tmp:
+        req_file = Path(tmp) / lockfile.name
+        req_file.write_text(kept + "".join(
+            f"{r.name}=={r.version} " + " ".join(f"--hash=sha256:{h}" for h in r.hashes) + "\n" for r in rest))
+        env, drop = pip_env(ca_bundle)
+        env["COLUMNS"] = "400"  # pip's error output is wrapped to the terminal width otherwise
+        argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes", "--progress-bar", "off",
+                *platform_args(python, platform), *(a for d in find_links for a in ("--find-links", str(d))),
+                "-d", str(pool), "-r", str(req_file)]
+        saved, rc, out_lines = _pip_download(argv, env, drop, pool, task)
+    output = "\n".join(out_lines)
+    if rc != 0:
+        mm = MISMATCH.search(output)
+        if mm or "DO NOT MATCH THE HASHES" in output:
+            what = f"{mm.group(1)}=={mm.group(2)}: the lockfile expects sha256 {mm.group(3)[:16]}..., the index " \
+                   f"serves {mm.group(4)[:16]}..." if mm else "a downloaded wheel"
+            raise Corrupt(f"hash mismatch in {lockfile.name} for {what}",
+                          "restore the lockfile from git or regenerate it with `launcher lock`; no image was tagged")
+        last = next((ln for ln in reversed(out_lines) if ln.startswith("ERROR")), out_lines[-1] if out_lines else "")
+        raise BuildFailed(f"downloading the locked wheels failed: {last.removeprefix('ERROR: ')}"
+                          f"{sources.unreachable_hint(dropped)}",
+                          "check the network (or --ca-bundle behind a TLS proxy) and that every package has a "
+                          "wheel for the image's platform (or give a folder of them with --find-links DIR)")
+    task.close()
+    return Wheelhouse(files=_check(reqs, {**saved, **have}, lockfile), pool=pool)
+
+
+def _pip_download(argv: list[str], env: dict[str, str], drop: tuple[str, ...], pool: Path,
+                  task: Any) -> tuple[dict[str, Path], int, list[str]]:
     p = proc.popen(argv, env=env, drop_env_prefixes=drop, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     saved: dict[str, Path] = {}
     out_lines: list[str] = []
@@ -80,21 +128,22 @@ def download(lockfile: Path, pool: Path, *, python: str, platform: str, ca_bundl
             path = Path(m.group(1))
             path = path if path.is_absolute() else pool / path.name
             saved[wheel_project(path.name)] = path
-    rc = p.wait()
-    output = "\n".join(out_lines)
-    if rc != 0:
-        mm = MISMATCH.search(output)
-        if mm or "DO NOT MATCH THE HASHES" in output:
-            what = f"{mm.group(1)}=={mm.group(2)}: the lockfile expects sha256 {mm.group(3)[:16]}..., the index " \
-                   f"serves {mm.group(4)[:16]}..." if mm else "a downloaded wheel"
-            raise Corrupt(f"hash mismatch in {lockfile.name} for {what}",
-                          "restore the lockfile from git or regenerate it with `launcher lock`; no image was tagged")
-        last = next((ln for ln in reversed(out_lines) if ln.startswith("ERROR")), out_lines[-1] if out_lines else "")
-        raise BuildFailed(f"downloading the locked wheels failed: {last.removeprefix('ERROR: ')}",
-                          "check the network (or --ca-bundle behind a TLS proxy) and that every package has a "
-                          "wheel for the image's platform")
-    task.close()
-    return Wheelhouse(files=_check(reqs, saved, lockfile), pool=pool)
+    return saved, p.wait(), out_lines
+
+
+def _into_pool(path: Path, pool: Path) -> Path:
+    """A wheel from a find-links folder, linked (or copied) into the pool under its own name."""
+    target = pool / path.name
+    if not target.exists():
+        tmp = pool / f".{path.name}.part"
+        try:
+            os.link(path, tmp)
+        except OSError:
+            import shutil
+
+            shutil.copyfile(path, tmp)
+        os.replace(tmp, target)
+    return target
 
 
 def _check(reqs: list[LockedRequirement], saved: dict[str, Path], lockfile: Path) -> dict[str, Path]:
