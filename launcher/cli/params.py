@@ -303,6 +303,24 @@ class LauncherGroup(TyperGroup):
             raise
 
 
+def variant_for(ctx: typer.Context, ws: Workspace, variant: str, recipe: str, entry: str | None = None) -> str:
+    """The image variant of a run: --variant typed on the command line, else the one the recipe's
+    recipe.toml names (`variant = "torch-cpu"`: a PyTorch recipe needs a PyTorch image), else the
+    default (LAUNCHER_VARIANT, launcher.toml, cpu)."""
+    from typer._click.core import ParameterSource
+
+    if ctx.get_parameter_source("variant") != ParameterSource.COMMANDLINE:
+        from launcher.runs.recipes import load_recipe
+
+        try:
+            wanted = load_recipe(ws, recipe, entry=entry).variant
+        except LauncherError:
+            wanted = None  # the run names the recipe's problem itself, in its place
+        if wanted:
+            return check_variant(ws, wanted)
+    return check_variant(ws, variant)
+
+
 def threads_for(ctx: typer.Context, profile: str, threads: int | None) -> int | None:
     """--threads for the profile: a thread count typed on the command line always counts (a wrong one is an
     error), a default one (launcher.toml, LAUNCHER_THREADS) only for the profile that takes one."""

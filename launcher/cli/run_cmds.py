@@ -28,9 +28,9 @@ from launcher.cli.params import (
     SeedOpt,
     ThreadsOpt,
     VariantOpt,
-    check_variant,
     complete_recipe,
     threads_for,
+    variant_for,
 )
 from launcher.errors import ExitCode, UsageError
 from launcher.hosts.spec import HostSpec
@@ -284,7 +284,7 @@ def run_cmd(
     from launcher.runs import lifecycle as runs
 
     ws = workspace_of(ctx)
-    variant = check_variant(ws, variant)
+    variant = variant_for(ctx, ws, variant, recipe, entry)
     threads = threads_for(ctx, determinism, threads)
     spec = runs.RunSpec(
         recipe=recipe,

@@ -25,12 +25,12 @@ from launcher.cli.params import (
     ParamOpt,
     ThreadsOpt,
     VariantOpt,
-    check_variant,
     complete_group,
     complete_recipe,
     complete_run,
     group,
     threads_for,
+    variant_for,
 )
 from launcher.hosts.spec import HostSpec
 from launcher.result import Result
@@ -269,7 +269,7 @@ def experiment_cmd(
     from launcher.runs.experiment import experiment
 
     ws = workspace_of(ctx)
-    variant = check_variant(ws, variant)
+    variant = variant_for(ctx, ws, variant, recipe)
     threads = threads_for(ctx, determinism, threads)
     cluster = None
     if check_cluster_options(scheduler, partition, slurm_opt, max_parallel):

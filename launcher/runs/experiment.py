@@ -202,7 +202,9 @@ def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
 
         base = runs_mod.RunSpec(recipe=recipe, variant=variant, profile=profile, threads=threads, data=data,
                                 data_from=data_from, params=dict(params or {}))
-        runs_mod.check_params(runs_mod.load_recipe(ws, recipe), base.params)
+        loaded = runs_mod.load_recipe(ws, recipe)
+        runs_mod.check_params(loaded, base.params)
+        runs_mod.check_framework(ws, loaded, variant)
         with ExitStack() as stack:
             opened = []
             for s in specs:

@@ -30,7 +30,15 @@ from launcher.runs.container import ContainerJob
 from launcher.runs.placement import Placement, RunState, placement_for
 from launcher.runs.pull import STATE_FILE, PullResult, pull_outputs
 from launcher.runs.recipes import Recipe
-from launcher.runs.spec import RunSpec, check_params, image_record, load_recipe, parse_params, plan_code
+from launcher.runs.spec import (
+    RunSpec,
+    check_framework,
+    check_params,
+    image_record,
+    load_recipe,
+    parse_params,
+    plan_code,
+)
 from launcher.runs.targets import open_placement
 from launcher.workspace import Workspace
 
@@ -47,6 +55,7 @@ __all__ = [
     "LogSink",
     "RunOutcome",
     "RunSpec",
+    "check_framework",
     "check_params",
     "load_recipe",
     "new_run_id",
@@ -344,6 +353,7 @@ def run_recipe(
     placement = placement_for(target, host_spec)
     recipe = load_recipe(ws, spec.recipe, entry=spec.entry)
     check_params(recipe, spec.params)
+    check_framework(ws, recipe, spec.variant)
     from launcher.images import build
     from launcher.runs import determinism
 

@@ -215,6 +215,7 @@ def resolve_params(recipe: Recipe, given: list[str] | dict[str, Any]) -> dict[st
     return out
 
 
+TORCH_VARIANT = "torch-cpu"
 _TOML = '''name = "{name}"
 framework = "{framework}"
 entry = "train.py"
@@ -323,7 +324,11 @@ def scaffold_recipe(ws: Workspace, name: str, framework: str = "tensorflow") -> 
     if folder.exists():
         raise UsageError(f"{folder} already exists", "pick another name or edit that recipe")
     folder.mkdir(parents=True)
-    (folder / rspec.RECIPE_FILE).write_text(_TOML.format(name=name, framework=framework))
+    toml = _TOML.format(name=name, framework=framework)
+    if framework == "torch" and TORCH_VARIANT in ws.variants():  # a PyTorch recipe needs a PyTorch image
+        toml = toml.replace('entry = "train.py"\n', f'variant = "{TORCH_VARIANT}"      # the image it runs in '
+                            '(--variant overrides)\nentry = "train.py"\n', 1)
+    (folder / rspec.RECIPE_FILE).write_text(toml)
     body = _TRAIN_TF if framework == "tensorflow" else _TRAIN_TORCH
     (folder / "train.py").write_text(body.format(name=name))
     return load_folder(folder)

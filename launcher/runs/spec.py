@@ -10,6 +10,7 @@ from typing import Any
 
 from launcher import __version__
 from launcher.errors import Corrupt, NotFound, UsageError
+from launcher.images.lock import parse_lock
 from launcher.runs import recipes
 from launcher.runs.recipes import Recipe
 from launcher.workspace import Workspace, check_variant_name
@@ -62,6 +63,37 @@ def check_params(recipe: Recipe, given: Mapping[str, Any]) -> dict[str, Any]:
                 f"its params are: {', '.join(sorted(recipe.params)) or 'none'}",
             )
     return recipes.check_values(recipe, given)
+
+
+# The distributions that make a framework importable in an image (a lock's package names).
+FRAMEWORK_PACKAGES = {"tensorflow": ("tensorflow", "tensorflow-cpu"), "torch": ("torch",)}
+
+
+def check_framework(ws: Workspace, recipe: Recipe, variant: str) -> None:
+    """Refuse, before any build or upload, a recipe whose framework the variant's lock does not hold
+    (a PyTorch recipe in the TensorFlow image); the hint names the variants that hold it."""
+    wanted = FRAMEWORK_PACKAGES.get(recipe.framework)
+    if not wanted or not ws.lock_txt(variant).is_file():
+        return
+
+    def holds(v: str) -> bool:
+        try:
+            text = ws.lock_txt(v).read_text()
+        except OSError:
+            return False
+        return any(r.name in wanted for r in parse_lock(text, str(ws.lock_txt(v))))
+
+    if holds(variant):
+        return
+    others = [v for v in ws.variants() if v != variant and holds(v)]
+    where = f"--variant {' or --variant '.join(others)}" if others else \
+        f"add {wanted[0]} to a variant's lockfiles/NAME.in and lock it"
+    raise UsageError(
+        f"{recipe.name} uses {recipe.framework}, which the {variant} image does not have "
+        f"({ws.lock_txt(variant).relative_to(ws.root)} lists no {wanted[0]})",
+        f"run it with {where}" + (f', or name it in its recipe.toml (variant = "{others[0]}")'
+                                 if others and not recipe.adhoc else ""),
+    )
 
 
 def image_record(ws: Workspace, variant: str) -> dict[str, Any]:
