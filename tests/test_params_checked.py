@@ -103,3 +103,13 @@ def test_a_wrong_param_value_over_ssh_is_exit_2_and_nothing_is_shipped_or_starte
     assert not (ws / "runs").exists()
     started = run_containers_since(since, ["docker", "exec", testhost.container, "docker"])
     assert not [r for r in started if "mnist_convnet" in r], started
+
+
+@pytest.mark.docker
+def test_quiet_hides_progress_bars_but_not_the_training_log(tiny_workspace: Path) -> None:
+    code, out, err = cli(tiny_workspace, "--quiet", "run", "tiny", "--seed", "5")
+    assert code == 0, out + err
+    assert "tiny: seed 5" in out and "step 2 value" in out and "tiny: done" in out  # the run's own log
+    assert "━" not in out + err  # no bar
+    code, out, _ = cli(tiny_workspace, "ps")
+    assert code == 0 and "tiny" in out

@@ -22,7 +22,7 @@ from launcher.cli import (
     verify_cmds,
     vm_cmds,
 )
-from launcher.cli.common import Options, fail
+from launcher.cli.common import QUIET_HELP, Options, fail
 from launcher.cli.params import ARGV, LauncherGroup
 from launcher.errors import LauncherError
 
@@ -56,7 +56,7 @@ def _root(
         "Default: the current directory or the nearest parent that is one.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print a versioned JSON result on stdout.")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help=QUIET_HELP)] = False,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="Print the version and exit.")] = False,
 ) -> None:

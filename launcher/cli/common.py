@@ -195,6 +195,7 @@ def command(group: typer.Typer, name: str, *, aliases: tuple[str, ...] = ()) -> 
     return deco
 
 
+QUIET_HELP = "No progress bars (a run's training log still prints)."
 GLOBAL_PANEL = "Global options (also before the command)"
 _GLOBALS: list[tuple[str, Any]] = [
     ("workspace", Annotated[Path | None, typer.Option(
@@ -204,7 +205,7 @@ _GLOBALS: list[tuple[str, Any]] = [
         "--json", rich_help_panel=GLOBAL_PANEL, help="Print a versioned JSON result on stdout.")]),
     ("debug", Annotated[bool, typer.Option(
         "--debug", rich_help_panel=GLOBAL_PANEL, help="Show tracebacks on errors.")]),
-    ("quiet", Annotated[bool, typer.Option("--quiet", "-q", rich_help_panel=GLOBAL_PANEL, help="No progress bars.")]),
+    ("quiet", Annotated[bool, typer.Option("--quiet", "-q", rich_help_panel=GLOBAL_PANEL, help=QUIET_HELP)]),
 ]
 
 

@@ -306,9 +306,8 @@ def run_cmd(
     )
     runs.load_recipe(ws, recipe, entry=entry)
     opts = options(ctx)
-    sink = (
-        None if opts.json or opts.quiet else (lambda line: stdout.print(line, markup=False, highlight=False))
-    )
+    # --quiet hides progress bars, not the training log the run streams (--json keeps stdout for the JSON)
+    sink = None if opts.json else (lambda line: stdout.print(line, markup=False, highlight=False))
     with _open(ctx, host) as h, reporter(ctx) as rep:
         outcome = runs.run_recipe(
             ws,
