@@ -369,8 +369,8 @@ def test_cli_text_output_and_errors(ws: Workspace) -> None:
     write_recipe(ws, "tiny", GOOD)
     res = runner.invoke(app, ["--workspace", str(ws.root), "recipes", "show", "tiny"])
     assert "epochs = 3" in res.stdout and "dataset=files (files)" in res.stdout
-    assert "dataset = 'builtin'  (builtin, files)" in res.stdout
-    assert "augment = True  (true or false)" in res.stdout
+    assert 'dataset = "builtin"  (builtin, files)' in res.stdout
+    assert "augment = true  (true or false)" in res.stdout
     res = runner.invoke(app, ["--workspace", str(ws.root), "recipes", "show", "nope"])
     assert res.exit_code == ExitCode.NOT_FOUND
     write_recipe(ws, "broken", GOOD + "colour = 1\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Literal
 
 import typer
@@ -50,14 +51,14 @@ def show_cmd(
         stdout.print(f"[bold]{s.name}[/] ({s.framework}) {s.description}")
         stdout.print(f"  path   {s.path}\n  entry  {s.entry}\n  tree   {recipe.tree_digest}")
         if s.variant:
-            stdout.print(f"  variant {s.variant}")
+            stdout.print(f"  image  the {s.variant} variant (--variant overrides)")
         if s.params:
             stdout.print("  params (default; allowed values)")
             for key, value in s.params.items():
                 ps = s.param_specs.get(key)
                 allowed = f"  [dim]({escape(ps.allowed())})[/]" if ps else ""
                 note = f"  {escape(ps.help)}" if ps and ps.help else ""
-                stdout.print(f"    {key} = {escape(repr(value))}{allowed}{note}")
+                stdout.print(f"    {key} = {escape(json.dumps(value))}{allowed}{note}")  # as TOML writes it
         for d in s.datasets:
             files = ", ".join(f"{k} {v[:19]}…" for k, v in d.files.items())
             expected = d.fingerprint or files or "not pinned"
