@@ -1,0 +1,78 @@
+"""A variant beyond cpu/gpu, for real: the PyTorch CPU image built from lockfiles/torch-cpu.txt, mnist_torch
+run in it twice (its recipe names the variant) and verified bit-identical, and a scaffolded torch recipe
+run end to end. PyTorch's CPU wheel comes only from download.pytorch.org, which these machines cannot
+reach; the test hands the wheel in from a folder (--find-links), where its locked sha256 is checked."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import need
+from typer.testing import CliRunner
+
+from launcher.cli import app
+from launcher.images.lock import parse_lock
+from launcher.workspace import Workspace
+
+pytestmark = [pytest.mark.tfimage]
+WHEEL = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+
+
+def cli(ws: Workspace, *args: str) -> dict:
+    res = CliRunner().invoke(app, ["-w", str(ws.root), "--json", *args])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+@pytest.fixture(scope="module")
+def torch_wheels() -> Path:
+    folder = Path(os.environ.get("LAUNCHER_TEST_WHEELS", "/opt/wheels"))
+    need((folder / WHEEL).is_file(), f"no {WHEEL} in {folder} (set LAUNCHER_TEST_WHEELS to a folder holding it; "
+         "download.pytorch.org serves it)")
+    return folder
+
+
+def test_the_committed_torch_lock_pins_the_official_cpu_wheel(repo_workspace: Workspace) -> None:
+    text = repo_workspace.lock_txt("torch-cpu").read_text()
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu\n" in text
+    torch = {r.name: r for r in parse_lock(text)}["torch"]
+    # the sha256 download.pytorch.org/whl/cpu lists for this wheel
+    assert torch.version == "2.13.0+cpu"
+    assert torch.hashes == ("6746dbcbeb526eb61330b76b41ff1b4eb848951103a892eeb080dfa2b264667b",)
+    gpu = {r.name: r for r in parse_lock(repo_workspace.lock_txt("torch-gpu").read_text())}
+    assert gpu["torch"].version == "2.13.0" and any(n.startswith("nvidia-") for n in gpu)
+    assert not repo_workspace.needs_gpu("torch-cpu") and repo_workspace.needs_gpu("torch-gpu")
+
+
+def test_mnist_torch_in_the_torch_cpu_image_twice_is_bit_identical(
+    make_workspace: Callable[[Path], Workspace], torch_wheels: Path, tmp_path: Path
+) -> None:
+    ws = make_workspace(tmp_path / "ws")
+    built = cli(ws, "build", "--variant", "torch-cpu", "--find-links", str(torch_wheels))["data"]
+    assert built["labels"]["org.launcher.variant"] == "torch-cpu"
+    # no --variant: mnist_torch's recipe.toml says torch-cpu
+    cli(ws, "run", "mnist_torch", "--runs", "2", "--seed", "7", "--param", "epochs=2",
+        "--param", "batch_size=32", "--param", "learning_rate=1.0")
+    manifests = [json.loads(p.read_text()) for p in sorted(ws.runs.glob("*/manifest.json"))]
+    assert len(manifests) == 2
+    for m in manifests:
+        assert m["status"] == "succeeded" and m["image"]["variant"] == "torch-cpu"
+        assert m["image"]["id"] == built["image_id"]
+        assert m["runtime"]["framework"]["version"] == "2.13.0+cpu"
+    verdict = cli(ws, "verify", "checksums")["data"]
+    assert verdict["verdict"] == "identical", verdict["summary"]
+    epochs = [json.loads(line) for line in (ws.runs / manifests[0]["run_id"] / "outputs" / "metrics.jsonl")
+              .read_text().splitlines() if line.strip()]
+    assert epochs[-1]["val_accuracy"] > 0.5  # it learned (chance is 0.1)
+
+    # a recipe made with `recipes new --framework torch` names the torch image and runs there as it is
+    cli(ws, "recipes", "new", "tiny_torch", "--framework", "torch")
+    assert 'variant = "torch-cpu"' in (ws.recipes / "tiny_torch" / "recipe.toml").read_text()
+    out = cli(ws, "run", "tiny_torch", "--param", "epochs=1")
+    assert out["ok"], out
+    made = json.loads(next((ws.runs).glob("*tiny_torch*/manifest.json")).read_text())
+    assert made["status"] == "succeeded" and made["image"]["variant"] == "torch-cpu"
