@@ -86,14 +86,15 @@ def check_framework(ws: Workspace, recipe: Recipe, variant: str) -> None:
     if holds(variant):
         return
     others = [v for v in ws.variants() if v != variant and holds(v)]
-    where = f"--variant {' or --variant '.join(others)}" if others else \
-        f"add {wanted[0]} to a variant's lockfiles/NAME.in and lock it"
+    if others:
+        hint = f"run it with --variant {' or --variant '.join(others)}" + (
+            f', or name the image in its recipe.toml (variant = "{others[0]}")' if not recipe.adhoc else "")
+    else:
+        hint = (f"add a variant with {wanted[0]} (lockfiles/NAME.in listing it, dockerfiles/NAME.Dockerfile, "
+                "then `launcher lock --variant NAME`), or copy one from launcher's repository (torch-cpu)")
     raise UsageError(
         f"{recipe.name} uses {recipe.framework}, which the {variant} image does not have "
-        f"({ws.lock_txt(variant).relative_to(ws.root)} lists no {wanted[0]})",
-        f"run it with {where}" + (f', or name it in its recipe.toml (variant = "{others[0]}")'
-                                 if others and not recipe.adhoc else ""),
-    )
+        f"({ws.lock_txt(variant).relative_to(ws.root)} lists no {wanted[0]})", hint)
 
 
 def image_record(ws: Workspace, variant: str) -> dict[str, Any]:
