@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from runfactory import FakeRun, edit_manifest, flip_bit, make_workspace, pair, write_run
+from runfactory import FakeRun, edit_manifest, flip_bit, make_workspace, pair, refresh_manifest, write_run
 from typer.testing import CliRunner
 
 from launcher.cli import app
@@ -33,6 +33,20 @@ def test_identical_exit_0_and_table(root: Path) -> None:
     assert code == ExitCode.OK
     assert "outputs/model/canonical.npz" in out and "identical" in out
     assert "Models all the same: True" in out and "Batches all the same: True" in out
+
+
+def test_identical_runs_prove_only_what_they_recorded(root: Path) -> None:
+    """Runs that recorded no batch order or initial weights (a plain script) are byte-identical, but
+    verify says those checks are unknown rather than passed."""
+    for run_dir in pair(root / "runs"):
+        (run_dir / "outputs" / "fingerprints" / "batches.jsonl").unlink()
+        (run_dir / "outputs" / "fingerprints" / "initial_weights.json").unlink()
+        refresh_manifest(run_dir)
+    code, out, _ = _invoke(root, "verify", "checksums")
+    assert code == ExitCode.OK and "identical" in out
+    assert "Models all the same: True" in out and "Metrics all the same: True" in out
+    assert "Batches all the same: unknown (not recorded)" in out
+    assert "Initial weights all the same: unknown (not recorded)" in out
 
 
 def test_flipped_bit_exit_3_names_layer(root: Path) -> None:

@@ -25,7 +25,7 @@ from launcher.hashing import sha256_file
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.manifest import Manifest, describe_code
 from launcher.runs.store import Selection, group_runs, latest_group, resolve_run, select_runs, skipped_in_group
-from launcher.verify.content import ContentDiff, compare_files, compare_savedmodel, savedmodel_root
+from launcher.verify.content import ContentDiff, compare_files, compare_savedmodel, file_format, savedmodel_root
 from launcher.verify.differences import (
     BATCHES,
     CANONICAL_MODEL,
@@ -336,13 +336,17 @@ class VerifyReport:
         """Models, initial weights, training data, batches, metrics: all the same as the reference?"""
         others = [r for r in self.runs if r.status != REFERENCE]
         out: dict[str, Any] = {}
+        paths = {a.path for a in self.reference.artifacts}  # a byte-identical run proves only what was recorded
+        recorded = {"model": any(file_format(p) in MODEL_FORMATS for p in paths), "initial_weights":
+                    INITIAL_WEIGHTS in paths, "data": DATASET in paths, "batches": BATCHES in paths,
+                    "metrics": METRICS in paths}
         for name, key in (("models", "model"), ("initial_weights", "initial_weights"),
                           ("data", "data"), ("batches", "batches"), ("metrics", "metrics")):
             checked, differing = 0, []
             for r in others:
                 exp = r.explanation.get(key)
                 if r.status == IDENTICAL:
-                    checked += 1
+                    checked += recorded[key]
                     continue
                 same = None if exp is None else exp.get("identical") if key == "model" else exp.get("same")
                 if same is None:  # not recorded, or could not be read
@@ -374,6 +378,9 @@ class VerifyReport:
             "skipped": self.skipped,
         }
 
+
+
+MODEL_FORMATS = frozenset({"keras", "hdf5", "torch", "safetensors", "npz", "npy"})
 
 
 def _pairing_keys(m: Manifest) -> dict[str, str]:
