@@ -107,7 +107,8 @@ def target(host: Host, spec: HostSpec, scheduler: str | None, partition: str | N
     """The opened host itself (direct runs), or the cluster placement on it."""
     if not check_cluster_options(scheduler, partition, slurm_opt, max_parallel):
         return host
-    from launcher.runs.slurm import SlurmPlacement, parse_slurm_opts
+    from launcher.runs.cluster import parse_slurm_opts
+    from launcher.runs.slurm import SlurmPlacement
 
     return SlurmPlacement(host, spec, partition=partition, options=parse_slurm_opts(slurm_opt or []),
                           max_parallel=max_parallel)
@@ -125,7 +126,7 @@ def check_cluster_options(scheduler: str | None, partition: str | None, slurm_op
         raise UsageError(f"unknown scheduler {scheduler!r}", "the one scheduler launcher drives is slurm")
     if max_parallel is not None and max_parallel < 1:
         raise UsageError(f"--max-parallel must be at least 1, not {max_parallel}", "give a positive number")
-    from launcher.runs.slurm import parse_slurm_opts
+    from launcher.runs.cluster import parse_slurm_opts
 
     parse_slurm_opts(slurm_opt or [])
     return True

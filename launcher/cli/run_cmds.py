@@ -148,7 +148,7 @@ def provision_cmd(
         if gpu or install or dry_run:
             raise UsageError("--gpu, --install and --dry-run are for one host",
                              "provision each node by its own --host, or drop them")
-        from launcher.runs.slurm import cluster_facts, configure
+        from launcher.runs.cluster import cluster_facts, configure
 
         with _open(ctx, host) as h:
             facts = cluster_facts(h, registry=None if registry == "none" else registry)

@@ -1,0 +1,132 @@
+"""A Slurm cluster as a whole, seen from its login node: its settings on the shared filesystem
+(``~/.launcher/cluster.json``: the registry the nodes pull from, the container runtime), its fact
+sheet (partitions, nodes, what each node can run), the configuration `launcher provision --scheduler
+slurm` records, and the --slurm-opt values a run passes to sbatch. Runs on it: runs/slurm.py."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from launcher.errors import UsageError
+from launcher.hosts.base import Host
+
+SETTINGS_FILE = "cluster.json"
+RUNTIMES = ("docker", "pyxis")
+
+
+def parse_slurm_opts(items: Sequence[str]) -> dict[str, str]:
+    """--slurm-opt KEY=VALUE (repeatable) -> {KEY: VALUE}; each becomes `#SBATCH --KEY=VALUE`."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip().removeprefix("--")
+        if not key or not key.replace("-", "").isalnum():
+            raise UsageError(f"--slurm-opt {item!r} is not KEY=VALUE", "e.g. --slurm-opt time=00:30:00")
+        if key in ("array", "output", "error", "job-name", "parsable", "wrap"):
+            raise UsageError(f"--slurm-opt {key} is set by launcher", "drop it (use --runs for the array size)")
+        out[key] = value if sep else ""
+    return out
+
+
+def read_settings(login: Host) -> dict[str, Any]:
+    """The cluster's settings, kept on its shared filesystem so every client of the cluster sees them:
+    {"registry": ADDRESS the nodes pull from, "runtime": "docker" | "pyxis"}."""
+    area = login.runs_root().rsplit("/", 1)[0]
+    text = login.read_text(f"{area}/{SETTINGS_FILE}") or ""
+    try:
+        data = json.loads(text) if text.strip() else {}
+    except ValueError:
+        data = {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_settings(login: Host, settings: Mapping[str, Any]) -> None:
+    area = login.runs_root().rsplit("/", 1)[0]
+    login.makedirs(area)
+    path = f"{area}/{SETTINGS_FILE}"
+    login.run(["sh", "-c", 'cat > "$1.part" && mv -f "$1.part" "$1"', "sh", path],
+              input=(json.dumps(dict(settings), indent=2, sort_keys=True) + "\n").encode())
+
+
+
+def cluster_facts(login: Host, *, registry: str | None = None) -> dict[str, Any]:
+    """The cluster's fact sheet, from its login node: Slurm version, partitions, nodes (CPUs, memory,
+    GPUs, state), and for each node, from a one-task job on it, its Docker engine, Pyxis/enroot and
+    whether it reaches the registry (the one given, else the one in the cluster's settings)."""
+    from launcher.runs.slurm import SlurmPlacement
+
+    placement = SlurmPlacement(login)
+    placement.prepare(False)  # the same refusals as a run: no sbatch, no controller
+    version = login.run(["sinfo", "--version"], check=False).out.strip()
+    parts = []
+    for line in login.run(["sinfo", "-h", "-o", "%P|%a|%D|%l"], check=False).out.splitlines():
+        name, avail, count, limit = ([*line.split("|"), "", "", "", ""])[:4]
+        parts.append({"name": name.rstrip("*"), "default": name.endswith("*"), "state": avail,
+                      "nodes": int(count) if count.isdigit() else None, "time_limit": limit})
+    nodes: dict[str, dict[str, Any]] = {}
+    for line in login.run(["sinfo", "-h", "-N", "-o", "%N|%c|%m|%G|%t"], check=False).out.splitlines():
+        name, cpus, mem, gres, state = ([*line.split("|"), "", "", "", "", ""])[:5]
+        nodes.setdefault(name, {"name": name, "cpus": int(cpus) if cpus.isdigit() else None,
+                                "memory_mb": int(mem) if mem.isdigit() else None,
+                                "gpus": "" if gres in ("(null)", "") else gres, "state": state})
+    settings = read_settings(login)
+    registry = registry or settings.get("registry")
+    probe = ("docker info --format 'docker={{.ServerVersion}} runtimes={{range $k, $v := .Runtimes}}{{$k}},{{end}}' "
+             "2>/dev/null || echo docker=; command -v enroot >/dev/null && echo enroot=1 || echo enroot=0")
+    if registry:
+        where, _, port = str(registry).rpartition(":")
+        where, port = (where, port) if port.isdigit() else (str(registry), "443")
+        probe += (f"; timeout 5 bash -c {shlex.quote(f'</dev/tcp/{where}/{port}')} 2>/dev/null "
+                  "&& echo registry=1 || echo registry=0")
+    for name, node in nodes.items():
+        if node["state"].rstrip("*~#") not in ("idle", "mix", "alloc"):
+            node["docker"] = None  # down or drained: not probed
+            continue
+        done = login.run(["srun", "-N1", "-n1", "-w", name, "--time=1", "sh", "-c", probe], check=False,
+                         timeout=120)
+        kv = dict(x.split("=", 1) for x in done.out.split() if "=" in x)
+        node["docker"] = kv.get("docker") or None
+        node["nvidia_runtime"] = "nvidia" in kv.get("runtimes", "")
+        node["enroot"] = kv.get("enroot") == "1"
+        if registry:
+            node["reaches_registry"] = kv.get("registry") == "1"
+        if done.returncode != 0 and not kv:
+            node["probe_error"] = done.last_error_line()
+    pyxis = "--container-image" in login.run(["srun", "--help"], check=False).out
+    return {"slurm_version": version, "partitions": parts, "nodes": list(nodes.values()), "pyxis": pyxis,
+            "shared_area": placement.area, "registry": registry, "settings": settings}
+
+
+def configure(login: Host, facts: Mapping[str, Any], *, registry: str | None, runtime: str | None) -> dict[str, Any]:
+    """Record the cluster's registry and container runtime in its settings, once every node that can
+    run work was seen to reach the registry. registry "none" forgets it (the shared filesystem again)."""
+    from launcher.errors import RegistryUnavailable
+
+    settings = dict(facts.get("settings") or {})
+    if registry == "none":
+        settings.pop("registry", None)
+    elif registry:
+        probed = [n for n in facts["nodes"] if "reaches_registry" in n]
+        cut = [n["name"] for n in probed if not n["reaches_registry"]]
+        if cut or not probed:
+            raise RegistryUnavailable(
+                f"{', '.join(cut) or 'no node'} cannot reach registry {registry} (nothing was changed)",
+                "give an address the compute nodes reach (their firewall, DNS), or leave the image on the "
+                "shared filesystem (no --registry)",
+            )
+        settings["registry"] = registry
+    if runtime:
+        if runtime not in RUNTIMES:
+            raise UsageError(f"unknown container runtime {runtime!r}", f"use one of: {', '.join(RUNTIMES)}")
+        if runtime == "pyxis" and not facts.get("pyxis"):
+            raise UsageError("the cluster's srun has no --container-image (no Pyxis plugin)",
+                             "keep --container-runtime docker")
+        if runtime == "pyxis" and not settings.get("registry"):
+            raise UsageError("Pyxis runs images from a registry; this cluster has none set",
+                             "give --registry ADDRESS with --container-runtime pyxis")
+        settings["runtime"] = runtime
+    write_settings(login, settings)
+    return settings
