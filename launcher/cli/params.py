@@ -263,18 +263,23 @@ def _usage_error_as_json(info_name: str | None, args: list[str], parent: Any, ex
     sys.stdout.write(json.dumps(envelope, indent=2) + "\n")
 
 
-class LauncherCommand(TyperCommand):
+class _Conventions:
+    """What commands and groups share: the global options accepted after the command too, and a
+    parse error answered as the JSON envelope under --json."""
+
     def get_params(self, ctx: Any) -> list[Any]:
-        return conventional(ctx, super().get_params(ctx))
+        return conventional(ctx, super().get_params(ctx))  # type: ignore[misc]
 
     def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
         typed = list(args)  # parsing consumes args
         try:
-            return super().make_context(info_name, args, parent=parent, **extra)
+            return super().make_context(info_name, args, parent=parent, **extra)  # type: ignore[misc]
         except Exception as exc:
             _usage_error_as_json(info_name, typed, parent, exc)
             raise
 
+
+class LauncherCommand(_Conventions, TyperCommand):
     def shell_complete(self, ctx: Any, incomplete: str) -> list[Any]:
         return [item for item in super().shell_complete(ctx, incomplete) if item.value not in HIDDEN_ALIASES]
 
@@ -286,21 +291,10 @@ class LauncherCommand(TyperCommand):
             ctx.meta[HELP] = False
 
 
-class LauncherGroup(TyperGroup):
-    def get_params(self, ctx: Any) -> list[Any]:
-        return conventional(ctx, super().get_params(ctx))
-
+class LauncherGroup(_Conventions, TyperGroup):
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         ctx.meta.setdefault(ARGV, list(args))  # the root's: options typed after the command included
         return super().parse_args(ctx, args)
-
-    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
-        typed = list(args)  # parsing consumes args
-        try:
-            return super().make_context(info_name, args, parent=parent, **extra)
-        except Exception as exc:
-            _usage_error_as_json(info_name, typed, parent, exc)
-            raise
 
 
 def variant_for(ctx: typer.Context, ws: Workspace, variant: str, recipe: str, entry: str | None = None) -> str:
