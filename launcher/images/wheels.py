@@ -135,7 +135,7 @@ def _into_pool(path: Path, pool: Path) -> Path:
     """A wheel from a find-links folder, linked (or copied) into the pool under its own name."""
     target = pool / path.name
     if not target.exists():
-        tmp = pool / f".{path.name}.part"
+        tmp = pool / f".{path.name}.partial"  # cache prune removes one an interrupted copy left
         try:
             os.link(path, tmp)
         except OSError:
