@@ -143,7 +143,7 @@ def main() -> None:
             (ctx / "recipes" / "r" / "train.py").write_text(f"print('recipe {name} {uuid.uuid4()}')\n")
             tag = f"launcher-bench/image-{name}:{run_tag}"
             tags.append(tag)
-            docker_build(ctx, f"FROM {big}\nCOPY recipes /opt/launcher/recipes\n", tag)
+            tags.append(docker_build(ctx, f"FROM {big}\nCOPY recipes /opt/launcher/recipes\n", tag))  # the original
             # as `launcher build` leaves it: normalised, its layers kept in the cache by digest
             ids[name] = imagetree.normalize(tag, tag=tag, base_keys=base_keys,
                                             layer_cache=Path(cache) / "images").image_id
@@ -253,7 +253,7 @@ def main() -> None:
         results["pull"] = pulls
     finally:
         host.stop()
-        subprocess.run(["docker", "rmi", "-f", *tags], capture_output=True, check=False)
+        subprocess.run(["docker", "rmi", "-f", *reversed(tags)], capture_output=True, check=False)  # children first
         shutil.rmtree(work, ignore_errors=True)
 
     pull_s = statistics.median(p["op_s"] for p in results["pull"])
