@@ -187,6 +187,12 @@ def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
     groups = {job.kind: job.group for job in jobs}
     specs = list(dict.fromkeys(hosts)) or [HostSpec()]
     result = ExperimentResult(recipe, groups)
+    if launch is None:  # a wrong param or image stops here, before any progress is drawn
+        from launcher.runs import lifecycle as runs_mod
+
+        loaded = runs_mod.load_recipe(ws, recipe)
+        runs_mod.check_params(loaded, dict(params or {}))
+        runs_mod.check_framework(ws, loaded, variant)
     task = rep.task(f"experiment {recipe}: {len(jobs)} runs on {len(specs)} hosts", total=len(jobs))
 
     def done(out: Outcome[PlannedRun]) -> None:
@@ -202,9 +208,6 @@ def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
 
         base = runs_mod.RunSpec(recipe=recipe, variant=variant, profile=profile, threads=threads, data=data,
                                 data_from=data_from, params=dict(params or {}))
-        loaded = runs_mod.load_recipe(ws, recipe)
-        runs_mod.check_params(loaded, base.params)
-        runs_mod.check_framework(ws, loaded, variant)
         with ExitStack() as stack:
             opened = []
             for s in specs:
