@@ -30,10 +30,10 @@ class ExitCode(IntEnum):
     BAD_DATA = 17
     BAD_RECIPE = 18
     AUTH_FAILED = 19
-    HOST_NOT_READY = 20  # Docker missing on the host, no GPU for --variant gpu
+    HOST_NOT_READY = 20  # Docker missing on the host, no NVIDIA runtime for a GPU variant
     UNSAFE_PATH = 21  # a remote entry that escapes the run directory
     CONNECTION_REFUSED = 22  # the host answers but nothing listens on that port (wrong port)
-    NO_GPU = 23  # --variant gpu on a host without a usable NVIDIA GPU
+    NO_GPU = 23  # a GPU variant on a host without a usable NVIDIA GPU
     MISSING_EXTRA = 24  # an optional feature whose packages are not installed (the error names the extra)
     IMAGE_OUT_OF_DATE = 25  # `run --no-build` while the workspace's code, lock or Dockerfile differ from the image
     TRANSFER_CUT = 26  # a transfer to or from a host stopped half-way (the connection went); rerun to resume

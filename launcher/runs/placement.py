@@ -257,8 +257,8 @@ def gpu_ready(host: Host, engine: Engine | None = None) -> None:
     smi = host.run(["nvidia-smi", "-L"], check=False)
     if smi.returncode != 0 or "GPU" not in smi.out:
         raise NoGpu(
-            f"{host.name} has no NVIDIA GPU that nvidia-smi can see, so --variant gpu cannot run",
-            "use --variant cpu, or a GPU host with its driver installed",
+            f"{host.name} has no NVIDIA GPU that nvidia-smi can see, so a GPU variant cannot run there",
+            "use a CPU variant (e.g. --variant cpu or torch-cpu), or a GPU host with its driver installed",
         )
     if "nvidia" not in runtimes:
         raise HostNotReady(
