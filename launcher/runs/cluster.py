@@ -10,7 +10,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from launcher.errors import UsageError
+from launcher.errors import NoScheduler, SchedulerDown, UsageError
 from launcher.hosts.base import Host
 
 SETTINGS_FILE = "cluster.json"
@@ -52,14 +52,28 @@ def write_settings(login: Host, settings: Mapping[str, Any]) -> None:
 
 
 
+def require_slurm(login: Host) -> None:
+    """Refuse a host that is no Slurm login node (no sbatch) or whose controller does not answer."""
+    version = login.run(["sbatch", "--version"], check=False)
+    if version.returncode != 0:
+        raise NoScheduler(
+            f"{login.name} has no Slurm client (sbatch): {version.last_error_line() or 'not found'}",
+            "give the cluster's login node as --host, or drop --scheduler slurm",
+        )
+    ping = login.run(["scontrol", "ping"], check=False)
+    if ping.returncode != 0 or "UP" not in ping.out:
+        raise SchedulerDown(
+            f"the Slurm controller does not answer from {login.name}: "
+            f"{(ping.out.strip() or ping.last_error_line()).splitlines()[-1:] or ['no answer']}",
+            "check slurmctld on the cluster (`scontrol ping` on the login node)",
+        )
+
+
 def cluster_facts(login: Host, *, registry: str | None = None) -> dict[str, Any]:
     """The cluster's fact sheet, from its login node: Slurm version, partitions, nodes (CPUs, memory,
     GPUs, state), and for each node, from a one-task job on it, its Docker engine, Pyxis/enroot and
     whether it reaches the registry (the one given, else the one in the cluster's settings)."""
-    from launcher.runs.slurm import SlurmPlacement
-
-    placement = SlurmPlacement(login)
-    placement.prepare(False)  # the same refusals as a run: no sbatch, no controller
+    require_slurm(login)  # the same refusals as a run: no sbatch, no controller
     version = login.run(["sinfo", "--version"], check=False).out.strip()
     parts = []
     for line in login.run(["sinfo", "-h", "-o", "%P|%a|%D|%l"], check=False).out.splitlines():
@@ -97,7 +111,7 @@ def cluster_facts(login: Host, *, registry: str | None = None) -> dict[str, Any]
             node["probe_error"] = done.last_error_line()
     pyxis = "--container-image" in login.run(["srun", "--help"], check=False).out
     return {"slurm_version": version, "partitions": parts, "nodes": list(nodes.values()), "pyxis": pyxis,
-            "shared_area": placement.area, "registry": registry, "settings": settings}
+            "shared_area": login.runs_root().rsplit("/", 1)[0], "registry": registry, "settings": settings}
 
 
 def configure(login: Host, facts: Mapping[str, Any], *, registry: str | None, runtime: str | None) -> dict[str, Any]:

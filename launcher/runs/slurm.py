@@ -32,8 +32,6 @@ from typing import Any
 
 from launcher.errors import (
     CommandFailed,
-    NoScheduler,
-    SchedulerDown,
     SlurmRefused,
     TransferCut,
     UnknownPartition,
@@ -44,7 +42,7 @@ from launcher.hosts.base import Host
 from launcher.hosts.scripts import text as host_script
 from launcher.hosts.spec import HostSpec
 from launcher.progress import NullReporter, Reporter
-from launcher.runs.cluster import RUNTIMES, read_settings
+from launcher.runs.cluster import RUNTIMES, read_settings, require_slurm
 from launcher.runs.container import ContainerJob, docker_run_argv, mounts, runtime_argv
 from launcher.runs.placement import ListedRun, Placement, RunState
 from launcher.runs.ship import SHIP_REPO, ShipResult, push_to_registry
@@ -118,19 +116,7 @@ class SlurmPlacement(Placement):
 
     # -- checks before anything is sent
     def prepare(self, gpu: bool) -> None:
-        version = self.host.run(["sbatch", "--version"], check=False)
-        if version.returncode != 0:
-            raise NoScheduler(
-                f"{self.name} has no Slurm client (sbatch): {version.last_error_line() or 'not found'}",
-                "give the cluster's login node as --host, or drop --scheduler slurm",
-            )
-        ping = self.host.run(["scontrol", "ping"], check=False)
-        if ping.returncode != 0 or "UP" not in ping.out:
-            raise SchedulerDown(
-                f"the Slurm controller does not answer from {self.name}: "
-                f"{(ping.out.strip() or ping.last_error_line()).splitlines()[-1:] or ['no answer']}",
-                "check slurmctld on the cluster (`scontrol ping` on the login node)",
-            )
+        require_slurm(self.host)
         if self.partition:
             listed = self.host.run(["sinfo", "-h", "-o", "%P"], check=False)
             names = {p.strip().rstrip("*") for p in listed.out.split()}
