@@ -4,6 +4,7 @@ impact comparison (flips, probability change, heatmap difference, correlation, o
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 from launcher.errors import UsageError
 from launcher.runtime import fingerprints as fp
 from launcher.runtime import probes
-from launcher.runtime.record import BadData
+from launcher.runtime.record import BadData, BadRecipe, Recorder
 from launcher.runtime.spec import SpecError, load_spec, parse_spec
 from launcher.verify.impact import (
     AGREE,
@@ -227,3 +228,49 @@ def test_tolerances_parse() -> None:
         with pytest.raises(UsageError) as err:
             Tolerances.parse([bad])
         assert "--tolerance" in err.value.one_line() and "fix:" in err.value.one_line()
+
+
+class _Out:
+    def __init__(self, rank: int) -> None:
+        self.shape = (None,) * rank
+
+
+class _Layer:
+    def __init__(self, name: str, kind: str, rank: int) -> None:
+        self.name = name
+        self.output = _Out(rank)
+        self.__class__ = type(kind, (_Layer,), {})
+
+
+class _Model:
+    def __init__(self, *layers: _Layer) -> None:
+        self.layers = list(layers)
+
+
+def test_gradcam_layer_is_the_last_feature_map_at_or_after_a_convolution() -> None:
+    xception_like = _Model(_Layer("augment", "Sequential", 4), _Layer("conv2d", "Conv2D", 4),
+                           _Layer("separable_conv2d", "SeparableConv2D", 4), _Layer("conv2d_1", "Conv2D", 4),
+                           _Layer("add", "Add", 4), _Layer("gap", "GlobalAveragePooling2D", 2),
+                           _Layer("dense", "Dense", 2))
+    assert probes.find_layer(xception_like, None).name == "add"  # the residual sum, not the 1x1 shortcut conv
+    assert probes.find_layer(xception_like, "conv2d").name == "conv2d"
+    no_conv = _Model(_Layer("augment", "Sequential", 4), _Layer("flatten", "Flatten", 2), _Layer("dense", "Dense", 2))
+    assert probes.find_layer(no_conv, None) is None  # an image model without convolutions: no heatmaps
+    with pytest.raises(BadRecipe, match="not a layer of the model") as err:
+        probes.find_layer(xception_like, "block14")
+    assert "conv2d_1" in str(err.value)
+    with pytest.raises(BadRecipe, match="feature map"):
+        probes.find_layer(xception_like, "dense")
+
+
+def test_a_missing_gradcam_layer_is_refused_before_training(tmp_path: Path) -> None:
+    rec = Recorder(tmp_path, probes={"count": 2, "layer": "nope"})
+    x = np.zeros((4, 3, 3, 1), dtype=np.float32)
+    with pytest.raises(BadRecipe):
+        probes.capture(rec, (x, np.zeros(4)), _Model(_Layer("conv2d", "Conv2D", 4)))
+    rec = Recorder(tmp_path, probes={"count": 2})
+    assert probes.capture(rec, None, None) is None
+    assert json.loads((tmp_path / "probes/probes.json").read_text())["reason"] == \
+        "fit() received no validation_data or validation_split"
+    got = probes.capture(rec, [x, np.zeros(4)], None)
+    assert got is not None and got.indices.tolist() == [0, 1]

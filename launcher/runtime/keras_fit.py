@@ -225,7 +225,7 @@ def install(keras: Any, tf: Any, rec: Recorder) -> Callable[..., Any]:
                           else "the input is neither arrays nor a tf.data.Dataset")
                 callbacks.insert(0, _Callback.make(keras, rec, lambda _e: None, lambda _e: None, reason))
             a["callbacks"] = callbacks
-            probe_set = probemod.capture(rec, a["validation_data"])
+            probe_set = probemod.capture(rec, a["validation_data"], self)
             history = original(self, **a, **extra)
             _save_final(rec, self)
             if probe_set is not None:
@@ -256,7 +256,7 @@ def install(keras: Any, tf: Any, rec: Recorder) -> Callable[..., Any]:
             # No launcher seed (`off`): draw from TensorFlow's global generator, as Keras' own shuffle
             # would, so a recipe that seeds TensorFlow itself still repeats its batch order.
             entropy = [int(v) for v in tf.random.uniform([2], maxval=2**31 - 1, dtype=tf.int64).numpy()]
-        probe_set = probemod.capture(rec, a["validation_data"])
+        probe_set = probemod.capture(rec, a["validation_data"], self)
         (ds, state), digests = _array_pipeline(tf, rec, a, entropy)
         # First in the list: it must set the epoch before fit() opens the epoch's iterator.
         callbacks.insert(0, _Callback.make(keras, rec, lambda e: state.update(epoch=e), digests.get, ""))

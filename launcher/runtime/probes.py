@@ -213,10 +213,15 @@ def _unrecorded(rec: Recorder, reason: str) -> None:
     fp.write_json(rec.path(DOCUMENT), {"recorded": False, "reason": reason, "config": rec.probes})
 
 
-def capture(rec: Recorder, validation_data: Any) -> ProbeSet | None:
-    """Before training: the probe set from fit()'s validation data (None, and a note, without it)."""
+def capture(rec: Recorder, validation_data: Any, model: Any = None) -> ProbeSet | None:
+    """Before training: the probe set from fit()'s validation data (None, and a note, without it);
+    a declared Grad-CAM layer the model does not have is refused now, not after training."""
     if not rec.probes:
         return None
+    name = rec.probes.get("layer")
+    names = [layer.name for layer in getattr(model, "layers", None) or []]
+    if name and names and name not in names:
+        find_layer(model, name)  # raises BadRecipe naming the model's convolutions
     arrays = validation_arrays(validation_data)
     if arrays is None:
         why = ("fit() received no validation_data or validation_split" if validation_data is None
