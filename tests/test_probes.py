@@ -5,6 +5,7 @@ impact comparison (flips, probability change, heatmap difference, correlation, o
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -274,3 +275,26 @@ def test_a_missing_gradcam_layer_is_refused_before_training(tmp_path: Path) -> N
         "fit() received no validation_data or validation_split"
     got = probes.capture(rec, [x, np.zeros(4)], None)
     assert got is not None and got.indices.tolist() == [0, 1]
+
+
+def test_the_runner_hands_the_probes_table_to_the_recipe(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    folder = tmp_path / "probing"
+    folder.mkdir()
+    (folder / "train.py").write_text("import os\nprint('probes=' + os.environ.get('LAUNCHER_PROBES', '-'))\n")
+    (folder / "recipe.toml").write_text('framework = "none"\nentry = "train.py"\n\n[probes]\nindices = [4, 2]\n'
+                                        'layer = "conv"\n')
+    res = subprocess.run([sys.executable, "-m", "launcher.runtime", "run", "--recipe", str(folder), "--out",
+                          str(tmp_path / "out")], capture_output=True, text=True, cwd=REPO, timeout=120,
+                         env={**os.environ, "LAUNCHER_PROBES": '{"stale": true}'})
+    assert res.returncode == 0, res.stdout + res.stderr
+    line = next(x for x in res.stdout.splitlines() if x.startswith("probes="))
+    assert json.loads(line.removeprefix("probes=")) == {"split": "validation", "count": 2, "indices": [4, 2],
+                                                        "gradcam": True, "layer": "conv", "fingerprint": None}
+    (folder / "recipe.toml").write_text('framework = "none"\nentry = "train.py"\n')
+    res = subprocess.run([sys.executable, "-m", "launcher.runtime", "run", "--recipe", str(folder), "--out",
+                          str(tmp_path / "out2")], capture_output=True, text=True, cwd=REPO, timeout=120,
+                         env={**os.environ, "LAUNCHER_PROBES": '{"stale": true}'})
+    assert "probes=-" in res.stdout  # a recipe without [probes] records none, whatever the caller's environment
