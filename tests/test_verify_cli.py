@@ -78,7 +78,8 @@ def test_json_schema(root: Path) -> None:
     assert run["classification"] == "input-change" and "seed" in run["line"]
     exp = data["explanations"][b.name]
     assert set(exp) == {"classification", "model", "initial_weights", "data", "batches", "metrics",
-                        "environment", "files"}
+                        "environment", "files", "impact"}
+    assert exp["impact"] is None  # these runs recorded no probes
     for row in data["artifacts"]:
         assert set(row) == {"path", "checked", "ignored_by", "reference_sha256", "runs"}
         assert set(row["runs"]) == {a.name, b.name}

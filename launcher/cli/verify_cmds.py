@@ -125,6 +125,11 @@ def explanation_lines(exp: dict[str, Any]) -> list[str]:
                      + (f" (|Δ| {_num(v['abs_diff'])})" if "abs_diff" in v else "")
                      for k, v in fd["metrics"].items()]
             lines.append(f"metrics: first diverge at epoch {fd['epoch']}: " + ", ".join(parts))
+    impact = exp.get("impact")
+    if impact is not None:
+        from launcher.verify.impact import impact_lines
+
+        lines += impact_lines(impact)
     env = exp.get("environment")
     if env:
         lines.append("inputs and environment: " + "; ".join(
@@ -204,20 +209,29 @@ def checksums(
     ignore: Annotated[list[str] | None, typer.Option(
         "--ignore", metavar="GLOB", help="List files matching GLOB (under outputs/; * crosses /) but do not "
         "compare them; repeatable.")] = None,
+    tolerance: Annotated[list[str] | None, typer.Option(
+        "--tolerance", metavar="KEY=VALUE", help="How far probe outputs may move and still agree: probability "
+        "(largest change of a class probability, default 0.001), heatmap (largest change of a Grad-CAM pixel, "
+        "maps scaled to [0, 1], default 0.05), overlap (lowest IoU of the most salient regions, default 0.5), "
+        "top (the salient fraction of pixels, default 0.1); repeatable.")] = None,
 ) -> None:
     """Compare every artifact across runs, by content where its format is known; explain every difference.
 
     With no RUN: the latest group, or, when it holds one run, that run against the previous run of
     its recipe. One RUN alone is checked against its manifest and its own records.
+    Where the recipe records probes, a difference is also explained by its impact: probe predictions
+    that flip, the largest probability change, and how far the Grad-CAM heatmaps move (--tolerance).
     Exit 0 when all runs are identical (in bytes or in content), 3 (not reproducible) when any
     differ, 13 when a file is corrupt or a run contradicts its own records.
     """
+    from launcher.verify.impact import Tolerances
     from launcher.verify.verdicts import verify_checksums
 
+    tolerances = Tolerances.parse(tolerance or [])
     ws = workspace_of(ctx)
     with reporter(ctx) as rep:
         report = verify_checksums(ws, runs or None, against=against, group=group, reporter=rep,
-                                  ignore=ignore or [])
+                                  ignore=ignore or [], tolerances=tolerances)
     result = Result("verify checksums", report.to_dict(), report.exit_code, report.summary_line())
     render(ctx, result, _print_verify)
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from launcher.runtime import hooks
-from launcher.runtime.record import EXIT_BAD_DATA, BadData
+from launcher.runtime.record import EXIT_BAD_DATA, EXIT_BAD_RECIPE, BadData, BadRecipe
 
 
 def main(argv: list[str]) -> int:
@@ -28,6 +28,9 @@ def main(argv: list[str]) -> int:
     except BadData as exc:
         print(f"launcher: bad data: {exc}", file=sys.stderr, flush=True)
         return EXIT_BAD_DATA
+    except BadRecipe as exc:
+        print(f"launcher: bad recipe: {exc}", file=sys.stderr, flush=True)
+        return EXIT_BAD_RECIPE
     except SystemExit as exc:
         if exc.code is None or isinstance(exc.code, int):
             return int(exc.code or 0)

@@ -122,14 +122,23 @@ def canonical_npz_bytes(layers: Layers) -> bytes:
 
     ``numpy.load`` reads it like any .npz; the same weights always give the same bytes.
     """
+    return _stored_npz({f"{n:03d}.{name}/{i}.npy": value for n, (name, values) in enumerate(layers)
+                        for i, value in enumerate(values)})
+
+
+def arrays_npz_bytes(arrays: dict[str, Any]) -> bytes:
+    """Named arrays as a canonical .npz (``NAME.npy`` entries, stored, sorted, dates fixed)."""
+    return _stored_npz({f"{name}.npy": value for name, value in arrays.items()})
+
+
+def _stored_npz(arrays: dict[str, Any]) -> bytes:
     import numpy as np
 
     entries: list[tuple[str, bytes]] = []
-    for n, (name, values) in enumerate(layers):
-        for i, value in enumerate(values):
-            buf = io.BytesIO()
-            np.lib.format.write_array(buf, np.ascontiguousarray(as_array(value)), allow_pickle=False)
-            entries.append((f"{n:03d}.{name}/{i}.npy", buf.getvalue()))
+    for arcname, value in arrays.items():
+        buf = io.BytesIO()
+        np.lib.format.write_array(buf, np.ascontiguousarray(as_array(value)), allow_pickle=False)
+        entries.append((arcname, buf.getvalue()))
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_STORED) as zf:
         for arcname, data in sorted(entries):

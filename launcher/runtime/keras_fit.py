@@ -7,7 +7,9 @@ goes to fit() with one identity step added that digests each batch's contents as
 other inputs (generators, a dataset with steps_per_epoch) go unchanged, their batch order marked
 unrecorded.
 Either way a callback writes the initial weights, per-epoch metrics, and, when fit() returns,
-the final weights in canonical form and the native saves.
+the final weights in canonical form and the native saves; and, when recipe.toml declares
+``[probes]``, the model's outputs and Grad-CAM heatmaps on the probe examples taken from the
+validation data fit() receives (launcher.runtime.probes).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from launcher.runtime import fingerprints as fp
+from launcher.runtime import probes as probemod
 from launcher.runtime.record import Recorder
 
 
@@ -222,8 +225,11 @@ def install(keras: Any, tf: Any, rec: Recorder) -> Callable[..., Any]:
                           else "the input is neither arrays nor a tf.data.Dataset")
                 callbacks.insert(0, _Callback.make(keras, rec, lambda _e: None, lambda _e: None, reason))
             a["callbacks"] = callbacks
+            probe_set = probemod.capture(rec, a["validation_data"], self)
             history = original(self, **a, **extra)
             _save_final(rec, self)
+            if probe_set is not None:
+                probemod.record(rec, self, probe_set)
             return history
         vs = float(a["validation_split"] or 0.0)
         if vs and a["validation_data"] is None:
@@ -250,6 +256,7 @@ def install(keras: Any, tf: Any, rec: Recorder) -> Callable[..., Any]:
             # No launcher seed (`off`): draw from TensorFlow's global generator, as Keras' own shuffle
             # would, so a recipe that seeds TensorFlow itself still repeats its batch order.
             entropy = [int(v) for v in tf.random.uniform([2], maxval=2**31 - 1, dtype=tf.int64).numpy()]
+        probe_set = probemod.capture(rec, a["validation_data"], self)
         (ds, state), digests = _array_pipeline(tf, rec, a, entropy)
         # First in the list: it must set the epoch before fit() opens the epoch's iterator.
         callbacks.insert(0, _Callback.make(keras, rec, lambda e: state.update(epoch=e), digests.get, ""))
@@ -257,6 +264,8 @@ def install(keras: Any, tf: Any, rec: Recorder) -> Callable[..., Any]:
                                                       "steps_per_epoch", "callbacks")}
         history = original(self, ds, callbacks=callbacks, shuffle=False, **kw, **extra)
         _save_final(rec, self)
+        if probe_set is not None:
+            probemod.record(rec, self, probe_set)
         return history
 
     fit.__launcher_wrapped__ = True  # type: ignore[attr-defined]

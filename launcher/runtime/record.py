@@ -24,11 +24,17 @@ class BadData(Exception):
     """The data is not what the recipe reads or expects; the message names the file."""
 
 
+class BadRecipe(Exception):
+    """recipe.toml declares something the recipe's model or data cannot give; the message names the key."""
+
+
 class Recorder:
-    def __init__(self, out: Path, expected: dict[str, Any] | None = None, seed: int | None = None) -> None:
+    def __init__(self, out: Path, expected: dict[str, Any] | None = None, seed: int | None = None,
+                 probes: dict[str, Any] | None = None) -> None:
         self.out = out
         self.expected = expected
         self.seed = seed
+        self.probes = probes  # recipe.toml's [probes] (launcher.runtime.probes), or None
         self.fits = 0
         self.initial_recorded = False
         self.metric_epochs = 0
@@ -38,7 +44,9 @@ class Recorder:
         out = Path(os.environ.get("LAUNCHER_OUT", "out"))
         raw = os.environ.get("LAUNCHER_DATASET")
         seed = os.environ.get("LAUNCHER_SEED")
-        return cls(out, json.loads(raw) if raw else None, int(seed) if seed else None)
+        probes = os.environ.get("LAUNCHER_PROBES")
+        return cls(out, json.loads(raw) if raw else None, int(seed) if seed else None,
+                   json.loads(probes) if probes else None)
 
     def path(self, rel: str) -> Path:
         return self.out / rel

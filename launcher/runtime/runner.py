@@ -147,6 +147,10 @@ def prepare(args: argparse.Namespace, tee: Tee) -> tuple[recipe_spec.RecipeSpec,
                        "but no --data folder was given", EXIT_BAD_DATA)
     if dataset is not None:
         env["LAUNCHER_DATASET"] = json.dumps(dataset.as_dict(), sort_keys=True)
+    if spec.probes is not None:
+        env["LAUNCHER_PROBES"] = json.dumps(spec.probes.as_dict(), sort_keys=True)
+    elif not spec.adhoc:
+        env.pop("LAUNCHER_PROBES", None)
     env.update({
         "LAUNCHER_OUT": str(args.out.resolve()),
         "LAUNCHER_PARAMS": recipe_spec.params_json(params),

@@ -26,6 +26,14 @@ source = "builtin"              # builtin (made in code) | files (read from --da
 format = "how the files look"
 fingerprint = "sha256:..."      # optional: the expected dataset digest
 files = { "mnist.npz" = "sha256:..." }   # optional: expected digests of single files
+
+[probes]                        # optional: held-out examples whose outputs the runtime records
+split = "validation"            # the validation data Keras' fit() receives (the only split so far)
+count = 16                      # the first N examples of the split (default 16), or:
+indices = [0, 5, 9]             #   exactly these examples (instead of count)
+gradcam = true                  # a Grad-CAM heatmap per probe image (default true; needs image inputs)
+layer = "conv2d_4"              # the Grad-CAM layer (default: the last convolutional feature map)
+fingerprint = "sha256:..."      # optional: the expected digest of the probe inputs
 ```
 
 A param is a plain default or a table (inline as above, or a ``[params.NAME]`` section after the
@@ -39,6 +47,11 @@ choices and bounds. A text param that ``[[datasets]]`` entries select takes as c
 declares its own, the names of those datasets (and its default), so a value that selects no
 dataset is refused instead of silently running on the default data; declared choices must name
 every dataset that selects by the param.
+
+``[probes]`` makes the runtime record, at the end of training and without code in the recipe, the
+model's outputs on a fixed set of held-out examples (``probes/``, see launcher.runtime.probes), which
+``launcher verify`` compares to say what a difference in the weights does to predictions and
+explanations.
 """
 
 from __future__ import annotations
@@ -59,9 +72,12 @@ RECIPE_FILE = "recipe.toml"
 FRAMEWORKS = ("tensorflow", "torch", "none")
 SOURCES = ("builtin", "files")
 TOP_KEYS = frozenset({"name", "framework", "entry", "description", "params", "datasets", "outputs", "volatile",
-                      "variant"})
+                      "variant", "probes"})
 PARAM_KEYS = frozenset({"default", "choices", "min", "max", "also", "help"})
 DATASET_KEYS = frozenset({"name", "param", "source", "format", "fingerprint", "files", "description"})
+PROBE_KEYS = frozenset({"split", "count", "indices", "gradcam", "layer", "fingerprint"})
+PROBE_SPLITS = ("validation",)
+DEFAULT_PROBES = 16
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _VARIANT = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")  # as launcher.workspace.VARIANT_NAME (not importable here)
@@ -210,6 +226,22 @@ class DatasetSpec:
 
 
 @dataclass(frozen=True)
+class ProbeSpec:
+    """The probe set: which held-out examples, and whether (and where) to compute Grad-CAM."""
+
+    split: str = "validation"
+    count: int = DEFAULT_PROBES
+    indices: tuple[int, ...] = ()  # when given, these examples instead of the first ``count``
+    gradcam: bool = True
+    layer: str | None = None
+    fingerprint: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"split": self.split, "count": self.count, "indices": list(self.indices), "gradcam": self.gradcam,
+                "layer": self.layer, "fingerprint": self.fingerprint}
+
+
+@dataclass(frozen=True)
 class RecipeSpec:
     path: Path  # the recipe folder (or the script, for an ad-hoc recipe)
     name: str
@@ -223,6 +255,7 @@ class RecipeSpec:
     volatile: tuple[str, ...] = ()  # globs under the outputs that verify lists but does not compare
     param_specs: dict[str, ParamSpec] = field(default_factory=dict)  # each param's type and allowed values
     variant: str | None = None  # the image variant the recipe needs by default (e.g. "torch-cpu")
+    probes: ProbeSpec | None = None  # the held-out examples whose outputs the runtime records
 
     @property
     def entry_path(self) -> Path:
@@ -233,6 +266,7 @@ class RecipeSpec:
                 "description": self.description, "params": dict(self.params),
                 "datasets": [d.as_dict() for d in self.datasets], "outputs": list(self.outputs),
                 "adhoc": self.adhoc, "volatile": list(self.volatile), "variant": self.variant,
+                "probes": self.probes.as_dict() if self.probes else None,
                 "param_specs": {k: p.as_dict() for k, p in self.param_specs.items()}}
 
 
@@ -337,6 +371,34 @@ def _check_dataset(path: Path, i: int, raw: Any, params: dict[str, ParamValue]) 
                        files=dict(files), description=raw.get("description", ""))
 
 
+def _check_probes(path: Path, raw: Any) -> ProbeSpec:
+    _need(isinstance(raw, dict), path, "must be a table ([probes])", "probes")
+    unknown = sorted(set(raw) - PROBE_KEYS)
+    _need(not unknown, path, f"unknown key (known: {', '.join(sorted(PROBE_KEYS))})",
+          f"probes.{unknown[0]}" if unknown else None)
+    split = raw.get("split", "validation")
+    _need(split in PROBE_SPLITS, path, f"must be one of {', '.join(PROBE_SPLITS)}", "probes.split")
+    _need(not ("count" in raw and "indices" in raw), path, "give count or indices, not both", "probes.indices")
+    count = raw.get("count", DEFAULT_PROBES)
+    _need(isinstance(count, int) and not isinstance(count, bool) and count >= 1, path,
+          "must be a whole number >= 1", "probes.count")
+    indices = raw.get("indices", [])
+    _need(isinstance(indices, list) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                            for i in indices) and len(set(indices)) == len(indices), path,
+          "must be a list of distinct example positions (whole numbers >= 0)", "probes.indices")
+    _need("indices" not in raw or bool(indices), path, "must name at least one example", "probes.indices")
+    gradcam = raw.get("gradcam", True)
+    _need(isinstance(gradcam, bool), path, "must be true or false", "probes.gradcam")
+    layer = raw.get("layer")
+    _need(layer is None or (isinstance(layer, str) and bool(layer)), path, "must name a layer of the model",
+          "probes.layer")
+    fpr = raw.get("fingerprint")
+    _need(fpr is None or (isinstance(fpr, str) and bool(_DIGEST.match(fpr))), path,
+          "must look like sha256:<64 hex digits>", "probes.fingerprint")
+    return ProbeSpec(split=split, count=len(indices) if indices else count, indices=tuple(indices),
+                     gradcam=gradcam, layer=layer, fingerprint=fpr)
+
+
 def parse_spec(path: Path, data: dict[str, Any], folder: Path) -> RecipeSpec:
     """Validate the parsed table of a recipe.toml (at ``path``) of the recipe in ``folder``."""
     unknown = sorted(set(data) - TOP_KEYS)
@@ -374,9 +436,10 @@ def parse_spec(path: Path, data: dict[str, Any], folder: Path) -> RecipeSpec:
     volatile = data.get("volatile", [])
     _need(isinstance(volatile, list) and all(isinstance(g, str) and g for g in volatile), path,
           "must be a list of globs (relative to the outputs)", "volatile")
+    probes = _check_probes(path, data["probes"]) if "probes" in data else None
     return RecipeSpec(path=folder, name=name, framework=framework, entry=entry, description=description,
                       params=params, datasets=datasets, outputs=tuple(outputs), volatile=tuple(volatile),
-                      param_specs=param_specs, variant=variant)
+                      param_specs=param_specs, variant=variant, probes=probes)
 
 
 def load_spec(folder: Path) -> RecipeSpec:

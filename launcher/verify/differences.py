@@ -11,6 +11,7 @@ from typing import Any
 
 from launcher.errors import Corrupt, LauncherError
 from launcher.runs.manifest import Manifest
+from launcher.verify.impact import Tolerances, explain_impact, with_impact
 from launcher.verify.modeldiff import ModelDiff, Weights, diff_models, load_canonical, load_weights
 
 # How an artifact of a run compares with the reference's.
@@ -384,6 +385,26 @@ def _file_phrase(f: Mapping[str, Any]) -> str:
     if content and content.get("difference"):
         return f"{name} ({content['difference']})"
     return f"{name} (bytes; format not compared by content)"
+
+
+def explain(ref: Manifest, run: Manifest, files: list[dict[str, Any]] | None = None,
+            tolerances: Tolerances | None = None) -> dict[str, Any]:
+    """Where and why ``run`` differs from ``ref``, and, where both recorded probes, what the
+    difference does to predictions and explanations (launcher.verify.impact)."""
+    model = explain_model(ref, run)
+    initial = explain_initial_weights(ref, run)
+    data = explain_data(ref, run)
+    batches = explain_batches(ref, run)
+    metrics = explain_metrics(ref, run)
+    env = environment_diff(ref, run)
+    impact = explain_impact(ref, run, tolerances)
+    cls = classify(False, env, data, model, initial, batches, seeded=ref.seed is not None, metrics=metrics,
+                   files=files)
+    return {
+        "classification": with_impact(cls, impact),
+        "model": model, "initial_weights": initial, "data": data, "batches": batches,
+        "metrics": metrics, "environment": env, "files": files or [], "impact": impact,
+    }
 
 
 # ---------------------------------------------------------------- one run against itself

@@ -26,7 +26,7 @@ from launcher.progress import NullReporter, Reporter
 from launcher.runs.manifest import Manifest, describe_code
 from launcher.runs.store import Selection, group_runs, latest_group, resolve_run, select_runs, skipped_in_group
 from launcher.verify.content import ContentDiff, compare_files, compare_savedmodel, file_format, savedmodel_root
-from launcher.verify.differences import (
+from launcher.verify.differences import (  # explain: where and why two runs differ, and what it does
     BATCHES,
     CANONICAL_MODEL,
     CLASS_ENVIRONMENT,
@@ -46,16 +46,11 @@ from launcher.verify.differences import (
     REFERENCE,
     categorize,
     check_consistency,
-    classify,
-    environment_diff,
-    explain_batches,
-    explain_data,
-    explain_initial_weights,
-    explain_metrics,
-    explain_model,
+    explain,
     read_metrics,
     repull_hint,
 )
+from launcher.verify.impact import Tolerances
 from launcher.workspace import Workspace
 
 # The classifications, artifact paths, explanations and the run store lived in this module once
@@ -456,21 +451,6 @@ def _compare_artifacts(ref: Manifest, runs: list[Manifest], recipe_globs: list[s
     return rows, differs
 
 
-def explain(ref: Manifest, run: Manifest, files: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    model = explain_model(ref, run)
-    initial = explain_initial_weights(ref, run)
-    data = explain_data(ref, run)
-    batches = explain_batches(ref, run)
-    metrics = explain_metrics(ref, run)
-    env = environment_diff(ref, run)
-    return {
-        "classification": classify(False, env, data, model, initial, batches, seeded=ref.seed is not None,
-                                   metrics=metrics, files=files),
-        "model": model, "initial_weights": initial, "data": data, "batches": batches,
-        "metrics": metrics, "environment": env, "files": files or [],
-    }
-
-
 def _run_files(rows: list[ArtifactRow], run_id: str, statuses: tuple[str, ...]) -> list[dict[str, Any]]:
     out = []
     for row in rows:
@@ -483,7 +463,7 @@ def _run_files(rows: list[ArtifactRow], run_id: str, statuses: tuple[str, ...]) 
 def verify_checksums(ws: Workspace, run_ids: list[str] | None = None, against: str | None = None,
                      group: str | None = None, reporter: Reporter | None = None,
                      explainer: Callable[..., dict[str, Any]] = explain,
-                     ignore: Iterable[str] = ()) -> VerifyReport:
+                     ignore: Iterable[str] = (), tolerances: Tolerances | None = None) -> VerifyReport:
     """Compare runs by content: the named runs (or the latest group) against the first or ``against``.
 
     One run (named alone, or the only run of its recipe) is checked alone: against its
@@ -503,7 +483,7 @@ def verify_checksums(ws: Workspace, run_ids: list[str] | None = None, against: s
             if reporter is not None:
                 reporter.note(f"{m.run_id} differs from {ref.run_id}: explaining")
             files = _run_files(rows, m.run_id, (DIFFERS, MISSING))
-            verdicts.append(RunVerdict(m, DIFFERS, explainer(ref, m, files=files)))
+            verdicts.append(RunVerdict(m, DIFFERS, explainer(ref, m, files=files, tolerances=tolerances)))
         else:
             verdicts.append(RunVerdict(m, IDENTICAL, content_only=_run_files(rows, m.run_id, (IDENTICAL_CONTENT,))))
     return VerifyReport(reference=ref, runs=verdicts, artifacts=rows, integrity=stats, skipped=skipped,
