@@ -61,7 +61,7 @@ def test_index_options_and_the_unreachable_ones(tmp_path: Path) -> None:
     ("not-a-wheel.tar.gz", False),
 ])
 def test_a_folders_wheel_must_fit_the_images_python_and_platform(name: str, ok: bool) -> None:
-    assert sources.fits(name, "3.11", TAGS) is ok
+    assert wheels.fits(name, "3.11", TAGS) is ok
 
 
 def test_the_lock_decides_which_local_wheels_count(tmp_path: Path) -> None:
@@ -69,7 +69,7 @@ def test_the_lock_decides_which_local_wheels_count(tmp_path: Path) -> None:
     fake_wheel(tmp_path / "b", "six-1.17.0-py2.py3-none-any.whl", b"tampered")
     fake_wheel(tmp_path / "b", "attrs-25.0.0-py3-none-any.whl", b"older")
     wanted = {"torch": ("2.13.0+cpu", (good,)), "six": ("1.17.0", ("0" * 64,)), "attrs": ("26.1.0", ("1" * 64,))}
-    found = sources.find_local(wanted, [tmp_path / "a", tmp_path / "b"], "3.11", TAGS)
+    found = wheels.find_local(wanted, [tmp_path / "a", tmp_path / "b"], "3.11", TAGS)
     assert found == {"torch": tmp_path / "a" / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"}
 
 

@@ -58,6 +58,52 @@ def wheel_project(filename: str) -> str:
     return normalize_name(filename.split("-", 1)[0])
 
 
+WHEEL = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)(?:-\d[^-]*)?"
+                   r"-(?P<py>[^-]+)-(?P<abi>[^-]+)-(?P<plat>[^-]+)\.whl$")
+
+
+def _cp_minor(tag: str) -> int:
+    digits = tag[3:]
+    return int(digits) if digits.isdigit() else 10**6
+
+
+def fits(filename: str, python: str, platforms: Sequence[str]) -> bool:
+    """Whether a wheel's tags fit CPython `python` (X.Y) on one of `platforms` (wheel platform tags)."""
+    m = WHEEL.match(filename)
+    if not m:
+        return False
+    cp = "cp" + python.replace(".", "")
+    pys = set(m.group("py").split("."))
+    abis = set(m.group("abi").split("."))
+    plats = set(m.group("plat").split("."))
+    py_ok = bool(pys & {cp, "py3", f"py{python.replace('.', '')}"}) or \
+        ("abi3" in abis and any(_cp_minor(p) <= _cp_minor(cp) for p in pys if p.startswith("cp3")))
+    abi_ok = bool(abis & {cp, "abi3", "none"})
+    plat_ok = "any" in plats or bool(plats & set(platforms))
+    return py_ok and abi_ok and plat_ok
+
+
+def find_local(wanted: dict[str, tuple[str, tuple[str, ...]]], dirs: Sequence[Path], python: str,
+               platforms: Sequence[str]) -> dict[str, Path]:
+    """Wheels in `dirs` that satisfy `wanted` (normalized name -> (version, allowed sha256s)):
+    the right name and version, tags that fit, and a hash the lock allows."""
+    found: dict[str, Path] = {}
+    for d in dirs:
+        for path in sorted(d.glob("*.whl")):
+            m = WHEEL.match(path.name)
+            if not m:
+                continue
+            name = normalize_name(m.group("name"))
+            if name in found or name not in wanted:
+                continue
+            version, hashes = wanted[name]
+            if m.group("version") != version or not fits(path.name, python, platforms):
+                continue
+            if _sha256(path) in hashes:
+                found[name] = path
+    return found
+
+
 def platform_tags(python: str, platform: str) -> list[str]:
     """The wheel platform tags platform_args allows (for matching wheels found in folders)."""
     args = platform_args(python, platform)
@@ -76,13 +122,13 @@ def download(lockfile: Path, pool: Path, *, python: str, platform: str, ca_bundl
     if not reqs:  # an image of the base's own Python: nothing to download
         return Wheelhouse({}, pool)
     wanted = {r.name: (r.version, r.hashes) for r in reqs}
-    have = sources.find_local(wanted, [pool, *find_links], python, platform_tags(python, platform))
+    have = find_local(wanted, [pool, *find_links], python, platform_tags(python, platform))
     for name, path in list(have.items()):
         if path.parent != pool.resolve() and path.parent != pool:
             have[name] = _into_pool(path, pool)
     rest = [r for r in reqs if r.name not in have]
-    if not rest:
-        return Wheelhouse(files=_check(reqs, have, lockfile), pool=pool)
+    if not rest:  # find_local checked each hash already
+        return Wheelhouse(files=have, pool=pool)
     task = rep.task(f"wheels for {lockfile.name}", total=len(rest))
     kept, dropped = sources.split_indexes("".join(f"{o} {u}\n" for o, u in sources.index_options(text)))
     with tempfile.TemporaryDirectory(prefix="launcher-wheels-") as tmp:
@@ -109,7 +155,7 @@ def download(lockfile: Path, pool: Path, *, python: str, platform: str, ca_bundl
                           "check the network (or --ca-bundle behind a TLS proxy) and that every package has a "
                           "wheel for the image's platform (or give a folder of them with --find-links DIR)")
     task.close()
-    return Wheelhouse(files=_check(reqs, {**saved, **have}, lockfile), pool=pool)
+    return Wheelhouse(files={**_check(rest, saved, lockfile), **have}, pool=pool)
 
 
 def _pip_download(argv: list[str], env: dict[str, str], drop: tuple[str, ...], pool: Path,

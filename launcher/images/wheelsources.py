@@ -3,13 +3,13 @@
 wheels a user has (`--find-links DIR`: an air-gapped mirror, a wheel built in-house).
 
 An index that cannot be reached from this machine is left out before pip sees it (pip would
-retry it for every package), and the error then names it; a wheel from a folder is used only
-when its sha256 is one the lock allows and its tags fit the image's Python and platform, so a
-folder can never change what an image contains.
+retry it for every package), and the error then names it. Which wheels of a folder count is the
+wheelhouse's to say (launcher.images.wheels.find_local).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import socket
 import urllib.parse
@@ -17,11 +17,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from launcher.errors import UsageError
-from launcher.hashing import sha256_file
 
 INDEX_OPTION = re.compile(r"^\s*(--index-url|--extra-index-url|-i)(?:\s+|=)(\S+)\s*$")
-WHEEL = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)(?:-\d[^-]*)?"
-                   r"-(?P<py>[^-]+)-(?P<abi>[^-]+)-(?P<plat>[^-]+)\.whl$")
 PROBE_TIMEOUT_S = 3.0
 
 
@@ -35,6 +32,7 @@ def index_options(text: str) -> list[tuple[str, str]]:
     return out
 
 
+@functools.lru_cache(maxsize=64)  # a lock names its index in the .in and the .txt: probe it once
 def reachable(url: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
     """Whether a TCP connection to the URL's host and port opens (a file: URL is reachable when it exists)."""
     parts = urllib.parse.urlsplit(url)
@@ -79,49 +77,3 @@ def check_dirs(dirs: Iterable[Path]) -> tuple[Path, ...]:
             raise UsageError(f"--find-links {d}: no such folder", "give a folder that holds .whl files")
         out.append(d.resolve())
     return tuple(out)
-
-
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def _cp_minor(tag: str) -> int:
-    digits = tag[3:]
-    return int(digits) if digits.isdigit() else 10**6
-
-
-def fits(filename: str, python: str, platforms: Sequence[str]) -> bool:
-    """Whether a wheel's tags fit CPython `python` (X.Y) on one of `platforms` (wheel platform tags)."""
-    m = WHEEL.match(filename)
-    if not m:
-        return False
-    cp = "cp" + python.replace(".", "")
-    pys = set(m.group("py").split("."))
-    abis = set(m.group("abi").split("."))
-    plats = set(m.group("plat").split("."))
-    py_ok = bool(pys & {cp, "py3", f"py{python.replace('.', '')}"}) or \
-        ("abi3" in abis and any(_cp_minor(p) <= _cp_minor(cp) for p in pys if p.startswith("cp3")))
-    abi_ok = bool(abis & {cp, "abi3", "none"})
-    plat_ok = "any" in plats or bool(plats & set(platforms))
-    return py_ok and abi_ok and plat_ok
-
-
-def find_local(wanted: dict[str, tuple[str, tuple[str, ...]]], dirs: Sequence[Path], python: str,
-               platforms: Sequence[str]) -> dict[str, Path]:
-    """Wheels in `dirs` that satisfy `wanted` (normalized name -> (version, allowed sha256s)):
-    the right name and version, tags that fit, and a hash the lock allows."""
-    found: dict[str, Path] = {}
-    for d in dirs:
-        for path in sorted(d.glob("*.whl")):
-            m = WHEEL.match(path.name)
-            if not m:
-                continue
-            name = _norm(m.group("name"))
-            if name in found or name not in wanted:
-                continue
-            version, hashes = wanted[name]
-            if m.group("version") != version or not fits(path.name, python, platforms):
-                continue
-            if sha256_file(path).removeprefix("sha256:") in hashes:
-                found[name] = path
-    return found
