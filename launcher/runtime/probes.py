@@ -10,6 +10,8 @@ when fit() returns writes:
   outputs), ``probabilities`` (N x classes), ``predicted`` (the argmax class), ``labels`` where the
   data has them, and ``heatmaps`` (N x h x w Grad-CAM maps of the predicted class, each scaled to
   [0, 1] by its maximum) for image classifiers;
+- ``probes/inputs.npz``: for image inputs, the probe images as 8-bit RGB (``images``, mapped from
+  the probe set's value range, ``input_range`` in probes.json) for the report's side-by-side pictures;
 - ``probes/probes.json``: which examples (their digest), how probabilities were read from the outputs,
   the Grad-CAM layer, and the digest of outputs.npz.
 
@@ -31,6 +33,7 @@ from launcher.runtime import fingerprints as fp
 from launcher.runtime.record import BadData, BadRecipe, Recorder
 
 OUTPUTS = "probes/outputs.npz"
+INPUTS = "probes/inputs.npz"
 DOCUMENT = "probes/probes.json"
 BATCH = 32  # fixed: the probes' numbers may depend on the batch they are computed in
 
@@ -272,6 +275,15 @@ def record(rec: Recorder, model: Any, probes: ProbeSet) -> dict[str, Any]:
         arrays["heatmaps"] = computed["heatmaps"]
         gradcam["shape"] = list(computed["heatmaps"].shape[1:])
     doc["gradcam"] = gradcam
+    if len(probes.x.shape) == 4 and probes.x.shape[-1] in (1, 3, 4) and len(probes.x):
+        import numpy as np
+
+        from launcher.runtime.pictures import image_rgb
+
+        lo, hi = float(np.min(probes.x)), float(np.max(probes.x))
+        doc["input_range"] = [lo, hi]
+        images = np.stack([image_rgb(x, lo, hi) for x in probes.x])
+        fp.write_atomic(rec.path(INPUTS), fp.arrays_npz_bytes({"images": images}))
     data = fp.arrays_npz_bytes(arrays)
     fp.write_atomic(rec.path(OUTPUTS), data)
     doc["outputs_sha256"] = fp.sha256_bytes(data)
