@@ -340,6 +340,16 @@ def _print_report(result: Result) -> None:
                 stdout.print(f"- different model in run {r['run_id']} (layer {f['layer']}, array {f['array']})")
         stdout.print(f"XY training data all the same: {_yes(c['data']['all_same'])}")
         stdout.print(f"Batches all the same: {_yes(c['batches']['all_same'])}")
+    for gname, p in (d.get("probes") or {}).items():
+        flips = p["flips"]["rows"]
+        which = ", ".join(str(r["index"]) for r in flips[:8]) + (", ..." if len(flips) > 8 else "")
+        said = f"{len(flips)} probe example(s) flip in some run ({which})" if flips else "no prediction flips"
+        stdout.print(f"\nProbes of {gname} against {p['reference']}: {said}", markup=False)
+        for r in p["runs"]:
+            stdout.print(f"- {r['run_id']}: {r['line']}", markup=False)
+        if p["pictures"]:
+            stdout.print(f"Heatmaps side by side for example(s) {', '.join(str(x['index']) for x in p['pictures'])} "
+                         "in index.html", markup=False)
     for note in d["notes"]:
         stdout.print(f"[dim]{note}[/]")
     stdout.print(result.summary)

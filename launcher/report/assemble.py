@@ -24,6 +24,7 @@ from typing import Any
 from launcher.errors import NotFound, UsageError
 from launcher.hashing import atomic_write_json, atomic_write_text
 from launcher.progress import NullReporter, Reporter
+from launcher.report import probes as probe_section
 from launcher.report.figures import plot_differences, plot_metric, plot_weights
 from launcher.report.stats import (
     DIFFERENT_SEEDS,
@@ -87,6 +88,7 @@ class Report:
     weights: dict[str, dict[str, Any]] = field(default_factory=dict)
     difference_plots: dict[str, str] = field(default_factory=dict)
     weights_plot: str | None = None
+    probes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -103,6 +105,7 @@ class Report:
             "differences": nan_to_null(self.differences),
             "weights": nan_to_null(self.weights),
             "comparisons": self.comparisons,
+            "probes": nan_to_null(self.probes),
             "notes": self.notes,
         }
 
@@ -368,6 +371,7 @@ def render_html(report: Report) -> str:
                 where = f"; first differing layer {e(first['layer'])} array {e(first['array'])}" if first else ""
                 parts.append(f"<li>{e(r['run_id'])}: {e(r['line'])}{where}</li>")
             parts.append("</ul>")
+    parts += probe_section.render(report.probes)
     parts.append("<h2>Runs</h2>")
     rhead = "".join(f"<th>{e(m)}</th>" for m in report.metrics)
     rrows = "".join(
@@ -439,8 +443,13 @@ def write_report(ws: Workspace, groups: list[str], name: str | None = None,
         task.advance()
         task.close()
     comparisons = {g.name: compare_group(ws, g, rep) for g in replicated}
+    probes: dict[str, dict[str, Any]] = {}
+    for g in replicated:
+        found = probe_section.group_probes(g, directory / f"probes-{_safe_name(g.name)}")
+        if found is not None:
+            probes[g.name] = found
     report = Report(report_name, directory, stats, metrics, spread, plots, notes, comparisons, differences,
-                    weights, difference_plots, weights_plot)
+                    weights, difference_plots, weights_plot, probes)
     atomic_write_json(directory / "report.json", report.to_dict())
     atomic_write_text(directory / "index.html", render_html(report))
     return report
