@@ -20,6 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from launcher.cli import app
+from launcher.runtime import pictures
 from launcher.verify.impact import AGREE, EXPLANATIONS, PREDICTIONS, Tolerances
 
 pytestmark = [pytest.mark.docker, pytest.mark.tfimage]
@@ -106,18 +107,33 @@ def _probes(ws: Any, run_id: str) -> tuple[dict[str, np.ndarray], dict[str, Any]
     return arrays, json.loads((folder / "probes.json").read_text()), (folder / "outputs.npz").read_bytes()
 
 
+GROUP = "probes-{}"  # each recipe's runs share a group: the report compares them
+
+
+@pytest.fixture(scope="module")
+def made(cpu_image: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Per recipe, once per module: two runs with seed 1 (a, b) and one with seed 2 (c), one group."""
+    return {}
+
+
+def _made_runs(made: dict[str, dict[str, str]], ws: Any, recipe: str) -> dict[str, str]:
+    if recipe not in made:
+        flags = [x for p in RECIPES[recipe][0] for x in ("--param", p)]
+        code, same = _cli(ws, "run", recipe, "--seed", "1", "--runs", "2", "--group", GROUP.format(recipe), *flags)
+        assert code == 0, same
+        code, other = _cli(ws, "run", recipe, "--seed", "2", "--group", GROUP.format(recipe), *flags)
+        assert code == 0, other
+        a, b = (m["run_id"] for m in same["data"]["runs"])
+        made[recipe] = {"a": a, "b": b, "c": other["data"]["runs"][0]["run_id"]}
+    return made[recipe]
+
+
 @pytest.mark.parametrize("recipe", list(RECIPES))
 def test_real_runs_record_probes_and_verify_explains_another_seed_by_its_impact(
-        recipe: str, cpu_image: dict[str, Any]) -> None:
+        recipe: str, cpu_image: dict[str, Any], made: dict[str, dict[str, str]]) -> None:
     ws = cpu_image["workspace"]
-    params, layer, shape = RECIPES[recipe]
-    flags = [x for p in params for x in ("--param", p)]
-    code, same = _cli(ws, "run", recipe, "--seed", "1", "--runs", "2", *flags)
-    assert code == 0, same
-    code, other = _cli(ws, "run", recipe, "--seed", "2", *flags)
-    assert code == 0, other
-    a, b = (m["run_id"] for m in same["data"]["runs"])
-    c = other["data"]["runs"][0]["run_id"]
+    _, layer, shape = RECIPES[recipe]
+    a, b, c = _made_runs(made, ws, recipe).values()
     pa, doc_a, bytes_a = _probes(ws, a)
     _, _, bytes_b = _probes(ws, b)
     pc, doc_c, _ = _probes(ws, c)
@@ -165,3 +181,93 @@ def test_real_runs_record_probes_and_verify_explains_another_seed_by_its_impact(
 
     text = CliRunner().invoke(app, ["--workspace", str(ws.root), "--quiet", "verify", "checksums", a, c])
     assert "probes (16): " in text.stdout and "tolerances: probability 0.001, heatmap 0.05" in text.stdout
+
+
+ONE_BIT = '''
+# Added by the test: when training ends, flip the lowest bit of one weight of the first convolution,
+# the smallest change a nondeterministic kernel could make to the trained model.
+import numpy as _np
+
+class _FlipOneBit(keras.callbacks.Callback):
+    def on_train_end(self, logs=None):
+        conv = next(layer for layer in self.model.layers if type(layer).__name__ == "Conv2D")
+        kernel = conv.kernel.numpy()
+        kernel.reshape(-1).view(_np.uint32)[0] ^= 1
+        conv.kernel.assign(kernel)
+
+_fit = keras.Model.fit
+
+def _fit_with_flip(self, *args, **kwargs):
+    kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), _FlipOneBit()]
+    return _fit(self, *args, **kwargs)
+
+keras.Model.fit = _fit_with_flip
+'''
+
+
+def test_one_bit_changed_weights_are_explained_by_their_impact_and_the_report_pictures_the_heatmaps(
+        cpu_image: dict[str, Any], made: dict[str, dict[str, str]], tmp_path: Path) -> None:
+    """A copy of catsdogs_convnet whose trained model has one bit of one weight flipped, run with the
+    pair's seed into their group: verify finds the one element and explains it by its impact; the
+    group's report tabulates every run's flips and pictures the heatmaps that moved most."""
+    ws = cpu_image["workspace"]
+    recipe = "catsdogs_convnet"
+    runs = _made_runs(made, ws, recipe)
+    copy = tmp_path / recipe
+    copy.mkdir()
+    (copy / "recipe.toml").write_bytes((ws.recipes / recipe / "recipe.toml").read_bytes())
+    source = (ws.recipes / recipe / "train.py").read_text()
+    (copy / "train.py").write_text(source.replace("p = api.params()", ONE_BIT + "\np = api.params()"))
+    flags = [x for p in RECIPES[recipe][0] for x in ("--param", p)]
+    code, flipped = _cli(ws, "run", str(copy), "--seed", "1", "--group", GROUP.format(recipe), *flags)
+    assert code == 0, flipped
+    d = flipped["data"]["runs"][0]["run_id"]
+
+    with np.load(ws.runs / runs["a"] / "outputs/model/canonical.npz") as za, \
+            np.load(ws.runs / d / "outputs/model/canonical.npz") as zd:
+        differing = {k: int(np.sum(za[k].view(np.uint32) != zd[k].view(np.uint32))) for k in za.files
+                     if za[k].dtype == np.float32}
+    assert sum(differing.values()) == 1  # exactly one element, by one bit
+    pa, _, _ = _probes(ws, runs["a"])
+    pd, _, _ = _probes(ws, d)
+    code, res = _cli(ws, "verify", "checksums", runs["a"], d)
+    assert code == 3, res["data"]["summary"]
+    impact = res["data"]["explanations"][d]["impact"]
+    dh = np.abs(pa["heatmaps"].astype(np.float64) - pd["heatmaps"].astype(np.float64))
+    dp = np.abs(pa["probabilities"].astype(np.float64) - pd["probabilities"].astype(np.float64))
+    assert impact["predictions"]["flips"] == int(np.sum(pa["predicted"] != pd["predicted"])) == 0
+    assert impact["predictions"]["max_prob_change"] == pytest.approx(dp.max())
+    assert impact["heatmaps"]["max_abs_diff"] == pytest.approx(dh.max())
+    assert not impact["identical"]  # the one bit reaches the probe outputs...
+    assert impact["kind"] == AGREE  # ...but predictions and explanations agree within tolerance
+    run = next(r for r in res["data"]["runs"] if r["run_id"] == d)
+    assert "bits differ, but predictions and explanations agree within tolerance" in run["line"]
+
+    code, rep = _cli(ws, "report", GROUP.format(recipe), "--name", "probes-report")
+    assert code == 0, rep
+    folder = ws.reports / "probes-report"
+    doc = json.loads((folder / "report.json").read_text())
+    section = doc["probes"][GROUP.format(recipe)]
+    assert section["reference"] == runs["a"]
+    rows = {r["run_id"]: r for r in section["runs"]}
+    assert rows[runs["b"]]["identical"] and rows[d]["kind"] == AGREE and rows[d]["flips"] == 0
+    pc, _, _ = _probes(ws, runs["c"])
+    flipped_c = np.flatnonzero(pa["predicted"] != pc["predicted"]).tolist()
+    table = section["flips"]
+    assert table["runs"][0] == runs["a"] and set(table["runs"]) == {runs["a"], runs["b"], runs["c"], d}
+    assert [r["index"] for r in table["rows"]] == flipped_c
+    assert section["pictures"], section["notes"]
+    html = (folder / "index.html").read_text()
+    for pic in section["pictures"]:
+        ref = pa["heatmaps"][pic["probe"]].astype(np.float64)
+        other, _, _ = _probes(ws, pic["run_id"])
+        delta = other["heatmaps"][pic["probe"]].astype(np.float64) - ref
+        panels = {k: pictures.decode_png((folder / f).read_bytes()) for k, f in pic["files"].items()}
+        assert all(f'src="{f}"' in html for f in pic["files"].values())
+        diff = panels["difference"]
+        assert diff.shape == panels["image"].shape == panels["reference"].shape
+        # Not blank where the heatmaps differ: wherever the difference is a tenth of its largest or
+        # more, the pixel is coloured (white only where they agree).
+        strong = np.abs(pictures.resize(delta, *diff.shape[:2])) >= 0.1 * np.abs(delta).max()
+        assert strong.any() and not np.all(diff[strong] == 255, axis=-1).any()
+        assert pic["difference_scale"] == pytest.approx(np.abs(delta).max(), rel=1e-5)
