@@ -11,6 +11,7 @@ import hashlib
 import json
 import pickle
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -106,12 +107,15 @@ def test_off_profile_with_unseeded_dropout_differs_run_to_run(cpu_image: dict[st
     seeded either, so even the initial weights differ; under the default profile the runtime's global
     seed covers the forgotten dropout seed and the runs agree."""
     params = {"epochs": 1, "train_samples": 8, "batch_size": 8, "img_size": 64, "dropout_seed": "none"}
-    runs = {}
-    for name, env in (("off1", profile_env("off")), ("off2", profile_env("off")),
-                      ("det1", profile_env("deterministic", 5)), ("det2", profile_env("deterministic", 5))):
-        rc, log = docker_run(cpu_image["id"], tmp_path / name, recipe="pets_unet", params=params, env=env)
-        assert rc == 0, log[-4000:]
-        runs[name] = tmp_path / name
+    jobs = (("off1", profile_env("off")), ("off2", profile_env("off")),
+            ("det1", profile_env("deterministic", 5)), ("det2", profile_env("deterministic", 5)))
+    # Two at a time: most of each run is TensorFlow starting and building the model, one core each.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        done = list(pool.map(lambda job: docker_run(cpu_image["id"], tmp_path / job[0], recipe="pets_unet",
+                                                    params=params, env=job[1]), jobs))
+    for (name, _), (rc, log) in zip(jobs, done, strict=True):
+        assert rc == 0, f"{name}: {log[-4000:]}"
+    runs = {name: tmp_path / name for name, _ in jobs}
     assert read(runs["off1"], "model/canonical.npz") != read(runs["off2"], "model/canonical.npz")
     assert read(runs["off1"], "fingerprints/initial_weights.json") != read(
         runs["off2"], "fingerprints/initial_weights.json")
