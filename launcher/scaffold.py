@@ -58,6 +58,6 @@ def init_workspace(root: Path, *, from_workspace: Workspace | None = None) -> In
         created.append(rel)
     gitignore = root / ".gitignore"
     if not gitignore.exists():
-        gitignore.write_text("/runs/\n/reports/\n/mlruns/\n/.launcher/\n")
+        gitignore.write_text("/runs/\n/reports/\n/explanations/\n/mlruns/\n/.launcher/\n")
         created.append(".gitignore")
     return InitResult(root.resolve(), created, skipped)

@@ -78,6 +78,10 @@ class Workspace:
         return self.root / "reports"
 
     @property
+    def explanations(self) -> Path:
+        return self.root / "explanations"
+
+    @property
     def state(self) -> Path:
         return self.root / ".launcher"
 

@@ -1,4 +1,5 @@
-"""`python -m launcher.runtime run`: the container's command (see docs/design.md).
+"""`python -m launcher.runtime run`: the container's command (see docs/design.md); and
+`python -m launcher.runtime explain`, the Grad-CAM of a saved model for one image (launcher.runtime.explain).
 
 Reads the recipe, checks the data against what the recipe expects, starts the recipe in a
 child interpreter with the hooks applied, tees its output to ``logs/train.log`` and writes
@@ -21,6 +22,7 @@ from typing import IO, Any
 
 import launcher
 from launcher.runtime import code as codemod
+from launcher.runtime import explain as explainmod
 from launcher.runtime import fingerprints as fp
 from launcher.runtime import spec as recipe_spec
 from launcher.runtime.record import EXIT_BAD_DATA, EXIT_BAD_RECIPE, EXIT_USAGE, expected_mismatch
@@ -44,7 +46,8 @@ def _now() -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m launcher.runtime",
-        description="Run a recipe with determinism applied and fingerprints recorded.")
+        description="Run a recipe with determinism applied and fingerprints recorded, or explain a saved "
+        "model's prediction for one image.")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a recipe folder or a plain script")
     what = run.add_mutually_exclusive_group(required=True)
@@ -66,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
                      f"{LIB_DIR}/ beside the recipe folder, else the image's {IMAGE_LIB}; recorded in "
                      "_launcher/code.json)")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    explainmod.add_parser(sub)
     return parser
 
 
@@ -297,4 +301,6 @@ def hand_over(out: Path, owner: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "explain":
+        return explainmod.main(args)
     return run(args)
