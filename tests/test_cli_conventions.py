@@ -201,3 +201,24 @@ def test_one_spelling_per_idea_with_the_old_ones_hidden(ws: Path, monkeypatch: p
     assert [j.seed for j in jobs if j.kind == "same-seed"] == [7, 7, 7]
     assert [j.seed for j in jobs if j.kind == "different-seeds"] == [7, 100, 101]
     assert [j.seed for j in plan("tiny", 2, "different", base_seed=5)] == [5, 6]
+
+
+def test_help_paragraphs_are_reflowed_but_lists_keep_their_lines() -> None:
+    from launcher.cli.common import reflow
+
+    doc = """Summary line.
+
+    A paragraph written over
+    two lines.
+
+    - a list item
+    - another
+    """
+    assert reflow(doc) == "Summary line.\n\nA paragraph written over two lines.\n\n- a list item\n- another"
+    assert reflow(None) is None
+    import typer
+
+    from launcher.cli import app
+
+    explain = typer.main.get_command(app).commands["explain"]  # type: ignore[attr-defined]
+    assert "(pull the run first). The computation runs in the run's own pinned Docker image" in explain.help

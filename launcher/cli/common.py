@@ -175,6 +175,19 @@ def fail(ctx: typer.Context | None, command: str, exc: LauncherError) -> None:
     stderr.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
 
 
+def reflow(doc: str | None) -> str | None:
+    """A docstring as help text: each paragraph's lines joined into one (the terminal wraps them), but
+    paragraphs that are lists or indented (lines starting "-", "*" or a space) kept line by line."""
+    if not doc:
+        return doc
+    out = []
+    for para in inspect.cleandoc(doc).split("\n\n"):
+        lines = para.split("\n")
+        kept = any(line.startswith(("-", "*", " ", "\b")) for line in lines)
+        out.append(para if kept else " ".join(line.strip() for line in lines))
+    return "\n\n".join(out)
+
+
 def command(group: typer.Typer, name: str, *, aliases: tuple[str, ...] = ()) -> Callable[
         [Callable[..., Any]], Callable[..., Any]]:
     """Declare a command of `group`, guarded under its full name (`launcher recipes new` reports errors
@@ -188,9 +201,10 @@ def command(group: typer.Typer, name: str, *, aliases: tuple[str, ...] = ()) -> 
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         wrapped = global_options(guarded(full)(fn))
+        text = reflow(fn.__doc__)
         for alias in aliases:
-            group.command(alias, cls=LauncherCommand, hidden=True)(wrapped)
-        return group.command(name, cls=LauncherCommand)(wrapped)
+            group.command(alias, cls=LauncherCommand, hidden=True, help=text)(wrapped)
+        return group.command(name, cls=LauncherCommand, help=text)(wrapped)
 
     return deco
 
