@@ -244,7 +244,12 @@ def test_a_failure_in_the_image_is_one_line_and_leaves_no_folder(
     monkeypatch.setattr(explainmod.enginemod, "local", lambda: eng)
     code, _, err = _invoke(root, RUN, "--image", str(image))
     assert code == exit_code, err
+    mounted = {"/launcher/input/image.png": str(image), "/launcher/model/model.keras": str(
+        root / "runs" / RUN / "outputs" / "model" / "model.keras")}
+    for inside, here in mounted.items():  # the user's own paths, not the container's
+        said = said.replace(inside, here)
     assert err.count("\n") == 1 and said in err and fix in err and "noise" not in err
+    assert "/launcher/" not in err
     assert ("exit 1" in err) == (rc == 1)  # an exit the runtime does not use is reported with its number
     assert _leftovers(root) == [RUN]  # the run's folder of explanations, empty: no partial, no half-written one
 

@@ -166,8 +166,10 @@ def _check_out(out: Path) -> None:
                          "give a new or empty folder; an earlier explanation's folder is replaced")
 
 
-def _failure(done: Any, run_id: str, image_id: str) -> LauncherError:
+def _failure(done: Any, run_id: str, image_id: str, paths: dict[str, str] | None = None) -> LauncherError:
     text = done.err + "\n" + done.out
+    for inside, here in (paths or {}).items():  # the user's paths, not the container's
+        text = text.replace(inside, here)
     said = [ln.split("launcher: error:", 1)[1].strip() for ln in text.splitlines() if "launcher: error:" in ln]
     if said and done.returncode in _FAILURES:
         cls, hint = _FAILURES[done.returncode]
@@ -180,10 +182,15 @@ def _failure(done: Any, run_id: str, image_id: str) -> LauncherError:
                          "rerun with --debug, or run `python -m launcher.runtime explain` in the image by hand")
 
 
+def _inside(image: Path) -> str:
+    """Where the user's image is mounted in the container (its suffix kept: decoders may look at it)."""
+    return f"{INPUT_DIR}/image" + (image.suffix.lower() if re.fullmatch(r"\.[A-Za-z0-9]{1,8}", image.suffix) else "")
+
+
 def _argv(image_id: str, model: Path, image: Path, tmp: Path, run_id: str, layer: str | None,
           input_range: tuple[float, float]) -> list[str]:
     pkg = Path(launcher.__file__).resolve().parent
-    inside = f"{INPUT_DIR}/image" + (image.suffix.lower() if re.fullmatch(r"\.[A-Za-z0-9]{1,8}", image.suffix) else "")
+    inside = _inside(image)
     argv = ["--network", "none", "--label", f"{LABEL}={run_id}"]
     if hasattr(os, "getuid"):
         argv += ["--user", f"{os.getuid()}:{os.getgid()}"]
@@ -254,7 +261,8 @@ def explain_run(ws: Workspace, ref: str, image: Path, *, layer: str | None = Non
         finally:
             task.close()
         if done.returncode != 0:
-            raise _failure(done, run_id, image_id)
+            where = {_inside(image): str(image), f"{MODEL_DIR}/{model.name}": str(model)}
+            raise _failure(done, run_id, image_id, where)
         missing = [name for name in runtime_explain.FILES if not (tmp / name).is_file()]
         if missing:
             raise CommandFailed(f"explain in the run's image wrote no {', '.join(missing)}",
