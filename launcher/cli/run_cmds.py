@@ -23,6 +23,7 @@ from launcher.cli.params import (
     DataOpt,
     DeterminismOpt,
     ParamOpt,
+    ProbesOpt,
     RunArg,
     RunsArg,
     SeedOpt,
@@ -159,6 +160,7 @@ def run_cmd(
         ),
     ] = None,
     param: ParamOpt = None,
+    probes: ProbesOpt = None,
     runs_n: Annotated[int, typer.Option("--runs", "-n", metavar="N",
                                         help="Replicates per seed, grouped for verify.")] = 1,
     detach: Annotated[
@@ -218,6 +220,7 @@ def run_cmd(
     """
     from launcher.runs import lifecycle as runs
 
+    runs.probe_option(probes)  # a bad SPEC stops here, before the workspace is read
     ws = workspace_of(ctx)
     variant = variant_for(ctx, ws, variant, recipe, entry)
     threads = threads_for(ctx, determinism, threads)
@@ -238,6 +241,7 @@ def run_cmd(
         entry=entry,
         mount=mount,
         build=not no_build,
+        probes=probes,
     )
     runs.load_recipe(ws, recipe, entry=entry)
     opts = options(ctx)
