@@ -271,3 +271,50 @@ def test_one_bit_changed_weights_are_explained_by_their_impact_and_the_report_pi
         strong = np.abs(pictures.resize(delta, *diff.shape[:2])) >= 0.1 * np.abs(delta).max()
         assert strong.any() and not np.all(diff[strong] == 255, axis=-1).any()
         assert pic["difference_scale"] == pytest.approx(np.abs(delta).max(), rel=1e-5)
+
+
+PLAIN_MODEL = """import keras
+
+
+def build():
+    return keras.Sequential([keras.Input((12, 12, 1)), keras.layers.Conv2D(4, 3, activation="relu", name="features"),
+                             keras.layers.Flatten(), keras.layers.Dense(2, activation="softmax")])
+"""
+PLAIN_TRAIN = """import keras
+import numpy as np
+from model import build
+
+keras.utils.set_random_seed(1)
+rng = np.random.default_rng(0)
+x = rng.random((32, 12, 12, 1), dtype=np.float32)
+y = (np.arange(32) % 2).astype("int64")
+m = build()
+m.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+m.fit(x[:24], y[:24], validation_data=(x[24:], y[24:]), epochs=1, batch_size=8, verbose=2)
+"""
+
+
+def test_a_plain_script_records_the_probes_its_run_names(cpu_image: dict[str, Any], tmp_path: Path) -> None:
+    ws = cpu_image["workspace"]
+    project = tmp_path / "plain"
+    project.mkdir()
+    (project / "model.py").write_text(PLAIN_MODEL)
+    (project / "train.py").write_text(PLAIN_TRAIN)
+    code, out = _cli(ws, "run", str(project / "train.py"), "--seed", "1", "--probes", "4")
+    assert code == 0, out
+    run = out["data"]["runs"][0]
+    arrays, doc, _ = _probes(ws, run["run_id"])
+    assert doc["recorded"] and doc["count"] == 4 and doc["indices"] == [0, 1, 2, 3]
+    assert doc["gradcam"]["layer"] == "features" and arrays["heatmaps"].shape == (4, 10, 10)
+    assert run["probes"] == {"source": "option", "option": "4", "config": {
+        "split": "validation", "count": 4, "indices": [], "gradcam": True, "layer": None, "fingerprint": None}}
+
+
+def test_probes_off_records_none_where_the_recipe_declares_them(cpu_image: dict[str, Any]) -> None:
+    ws = cpu_image["workspace"]
+    code, out = _cli(ws, "run", "catsdogs_convnet", "--seed", "1", "--param", "epochs=1", "--param",
+                     "train_samples=16", "--probes", "off")
+    assert code == 0, out
+    run = out["data"]["runs"][0]
+    assert not (ws.runs / run["run_id"] / "outputs" / "probes").exists()
+    assert run["probes"] == {"source": "option", "option": "off", "config": None}

@@ -348,6 +348,11 @@ ThreadsOpt = Annotated[int | None, typer.Option(
 SeedOpt = Annotated[list[int] | None, typer.Option("--seed", metavar="N", help="Seed; repeat for several seeds.")]
 ParamOpt = Annotated[list[str] | None, typer.Option(
     "--param", metavar="KEY=VALUE", help="A recipe parameter; repeatable.")]
+ProbesOpt = Annotated[str | None, typer.Option(
+    "--probes", metavar="SPEC",
+    help="The probe set whose outputs and Grad-CAM the run records at the end of Keras fit(): off (none, even "
+    "if recipe.toml declares \\[probes]), N (the first N validation examples), or KEY=VALUE pairs with \\[probes]' "
+    "keys, e.g. count=8,gradcam=false or indices=0;3;7,layer=conv2d. Overrides a recipe's \\[probes].")]
 DataOpt = Annotated[str | None, typer.Option(
     "--data", metavar="PATH", help="Dataset folder on the host, mounted read-only.")]
 RunArg = Annotated[str, typer.Argument(metavar="RUN", autocompletion=complete_run,

@@ -23,6 +23,7 @@ from launcher.cli.params import (
     DataOpt,
     DeterminismOpt,
     ParamOpt,
+    ProbesOpt,
     RunArg,
     RunsArg,
     SeedOpt,
@@ -32,6 +33,7 @@ from launcher.cli.params import (
     threads_for,
     variant_for,
 )
+from launcher.cli.provision_text import cluster_text, facts_text
 from launcher.errors import ExitCode, UsageError
 from launcher.hosts.spec import HostSpec
 from launcher.result import Result
@@ -43,72 +45,6 @@ LOCAL = HostSpec()  # what a command gets without --host (@with_host passes the 
 
 def _open(ctx: typer.Context, host: HostSpec) -> Any:
     return host.open(workspace_of(ctx).root if host.local else None)
-
-
-def _size(n: int | None) -> str:
-    if not n:
-        return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.1f} {unit}" if unit != "B" else f"{int(value)} B"
-        value /= 1024
-    return str(n)
-
-
-def _facts_text(result: Result) -> None:
-    f = result.data["facts"]
-    d, nv = f.get("docker", {}), f.get("nvidia", {})
-    t = Table(show_header=False, box=None)
-    t.add_row("host", Text(str(result.data["host"])))
-    t.add_row("os", Text(str(f"{f.get('os')} ({f.get('arch')}, kernel {f.get('kernel')})")))
-    t.add_row("cpu", Text(str(f"{f.get('cpu_model')} x {f.get('cpu_cores')}")))
-    t.add_row("ram", Text(str(_size(f.get("ram_bytes")))))
-    t.add_row("free disk", Text(str(_size(f.get("disk_free_bytes")))))
-    docker = (
-        f"{d.get('server_version')}, usable by {f.get('user')}"
-        if d.get("usable")
-        else ("installed, NOT usable: " + str(d.get("error", "")) if d.get("installed") else "not installed")
-    )
-    t.add_row("docker", Text(str(docker)))
-    gpus = ", ".join(g["name"] for g in nv.get("gpus", [])) or "none"
-    t.add_row("gpu", Text(str(f"{gpus} (driver {nv.get('driver')})" if nv.get("gpus") else gpus)))
-    t.add_row("nvidia runtime", Text(str("yes" if d.get("nvidia_runtime") else "no")))
-    stdout.print(t)
-    plan = result.data["plan"]
-    if plan:
-        stdout.print(
-            "\nto install:" if result.data["dry_run"] or not result.data["executed"] else "\ninstalled:"
-        )
-        for step in plan:
-            stdout.print(f"  # {step['why']}\n  {step['command']}", markup=False)
-    stdout.print(result.summary, markup=False)
-
-
-def _cluster_text(result: Result) -> None:
-    c = result.data["cluster"]
-    stdout.print(f"{c['slurm_version']} at {result.data['host']}; launcher's area {c['shared_area']} "
-                 "(must be shared with the nodes)", markup=False)
-    stdout.print("partitions: " + ", ".join(
-        f"{p['name']}{' (default)' if p['default'] else ''} {p['state']}, {p['nodes']} nodes" for p in c["partitions"]),
-        markup=False)
-    reg = c.get("registry")
-    t = Table("node", "cpus", "memory", "gpus", "state", "docker", "nvidia runtime", "enroot",
-              *(["reaches registry"] if reg else []))
-    for n in c["nodes"]:
-        t.add_row(*(Text(str(x)) for x in (n["name"], n["cpus"], _size((n["memory_mb"] or 0) << 20), n["gpus"] or "-",
-                                           n["state"], n.get("docker") or n.get("probe_error") or "no",
-                                           "yes" if n.get("nvidia_runtime") else "no",
-                                           "yes" if n.get("enroot") else "no",
-                                           *([{True: "yes", False: "no"}.get(n.get("reaches_registry"), "-")]
-                                             if reg else []))))
-    stdout.print(t)
-    stdout.print(f"pyxis (srun --container-image): {'yes' if c['pyxis'] else 'no'}", markup=False)
-    s = c.get("settings") or {}
-    where = (f"pushed to {s['registry']}, pulled by digest on each node" if s.get("registry")
-             else f"an archive on the shared filesystem ({c['shared_area']}/images), loaded on each node")
-    stdout.print(f"runs get the image: {where}; containers run by {s.get('runtime') or 'docker'}", markup=False)
-    stdout.print(result.summary, markup=False)
 
 
 @command(app, "provision")
@@ -157,7 +93,7 @@ def provision_cmd(
         usable = [n for n in facts["nodes"] if n.get("docker")]
         summary = (f"{len(facts['nodes'])} nodes, {len(usable)} with a usable Docker engine"
                    + ("" if len(usable) == len(facts["nodes"]) else "; runs need Docker on every node"))
-        render(ctx, Result("provision", {"host": h.name, "cluster": facts}, summary=summary), _cluster_text)
+        render(ctx, Result("provision", {"host": h.name, "cluster": facts}, summary=summary), cluster_text)
         return
     if registry or container_runtime:
         raise UsageError("--registry and --container-runtime are cluster settings",
@@ -172,7 +108,7 @@ def provision_cmd(
     else:
         summary = "ready" if ready else "not ready: " + ("; ".join(s.why for s in done.plan) or "see above")
     data = {"host": h.name, **done.to_dict(), "ready": bool(ready), "facts_file": str(ws.host_facts(h.name))}
-    render(ctx, Result("provision", data, summary=summary), _facts_text)
+    render(ctx, Result("provision", data, summary=summary), facts_text)
 
 
 def _run_text(result: Result) -> None:
@@ -224,6 +160,7 @@ def run_cmd(
         ),
     ] = None,
     param: ParamOpt = None,
+    probes: ProbesOpt = None,
     runs_n: Annotated[int, typer.Option("--runs", "-n", metavar="N",
                                         help="Replicates per seed, grouped for verify.")] = 1,
     detach: Annotated[
@@ -283,6 +220,7 @@ def run_cmd(
     """
     from launcher.runs import lifecycle as runs
 
+    runs.probe_option(probes)  # a bad SPEC stops here, before the workspace is read
     ws = workspace_of(ctx)
     variant = variant_for(ctx, ws, variant, recipe, entry)
     threads = threads_for(ctx, determinism, threads)
@@ -303,6 +241,7 @@ def run_cmd(
         entry=entry,
         mount=mount,
         build=not no_build,
+        probes=probes,
     )
     runs.load_recipe(ws, recipe, entry=entry)
     opts = options(ctx)

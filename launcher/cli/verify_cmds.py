@@ -23,6 +23,7 @@ from launcher.cli.params import (
     DataOpt,
     DeterminismOpt,
     ParamOpt,
+    ProbesOpt,
     ThreadsOpt,
     VariantOpt,
     complete_group,
@@ -277,11 +278,13 @@ def experiment_cmd(
         "--data-from", metavar="DIR", help="Dataset folder on this machine: sent to each host by content "
         "(once per host), then mounted read-only like --data.")] = None,
     param: ParamOpt = None,
+    probes: ProbesOpt = None,
 ) -> None:
     """Run replicates of a recipe in a same-seed and a different-seeds group, in parallel across hosts."""
     from launcher.runs import lifecycle as runs_mod
     from launcher.runs.experiment import experiment
 
+    runs_mod.probe_option(probes)  # a bad SPEC stops here, before any host is opened
     ws = workspace_of(ctx)
     variant = variant_for(ctx, ws, variant, recipe)
     threads = threads_for(ctx, determinism, threads)
@@ -295,7 +298,7 @@ def experiment_cmd(
         res = experiment(ws, recipe, runs, seeds, host, base_seed=seed or [DEFAULT_SEED], variant=variant,
                          profile=determinism, threads=threads, data=data,
                          data_from=str(data_from) if data_from else None,
-                         params=runs_mod.parse_params(param or []), reporter=rep,
+                         params=runs_mod.parse_params(param or []), probes=probes, reporter=rep,
                          placement=cluster)
     n_failed = len(res.failed)
     summary = (f"{len(res.outcomes)} runs in {len(res.groups)} groups" if not n_failed

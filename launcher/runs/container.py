@@ -42,6 +42,8 @@ class ContainerJob:
     code_entry: str | None = None
     args: Sequence[str] = ()
     owner: str | None = None
+    probes: Mapping[str, Any] | None = None  # --probes: the probe set to record instead of recipe.toml's
+    no_probes: bool = False  # --probes off: record none, whatever recipe.toml says
 
     @property
     def name(self) -> str:
@@ -61,6 +63,10 @@ def runtime_argv(job: ContainerJob) -> list[str]:
     argv += ["--code-source", "mounted" if job.host_code else "image", "--out", CONTAINER_OUT]
     if job.data:
         argv += ["--data", CONTAINER_DATA]
+    if job.no_probes:
+        argv += ["--no-probes"]
+    elif job.probes is not None:
+        argv += ["--probes", json.dumps(dict(job.probes), sort_keys=True, separators=(",", ":"))]
     argv += ["--params", json.dumps(dict(job.params), sort_keys=True, separators=(",", ":"))]
     if job.args:
         argv += ["--", *job.args]

@@ -177,6 +177,7 @@ def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
                profile: str = "deterministic",
                threads: int | None = None, data: str | None = None, data_from: str | None = None,
                params: dict[str, Any] | None = None,
+               probes: str | None = None,
                reporter: Reporter | None = None,
                launch: Callable[[PlannedRun, Any], Any] | None = None,
                stamp: str | None = None,
@@ -192,6 +193,7 @@ def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
 
         loaded = runs_mod.load_recipe(ws, recipe)
         runs_mod.check_params(loaded, dict(params or {}))
+        runs_mod.probe_option(probes)
         runs_mod.check_framework(ws, loaded, variant)
     task = rep.task(f"experiment {recipe}: {len(jobs)} runs on {len(specs)} hosts", total=len(jobs))
 
@@ -207,7 +209,7 @@ def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
         from launcher.runs import lifecycle as runs_mod
 
         base = runs_mod.RunSpec(recipe=recipe, variant=variant, profile=profile, threads=threads, data=data,
-                                data_from=data_from, params=dict(params or {}))
+                                data_from=data_from, params=dict(params or {}), probes=probes)
         with ExitStack() as stack:
             opened = []
             for s in specs:

@@ -38,6 +38,8 @@ from launcher.runs.spec import (
     load_recipe,
     parse_params,
     plan_code,
+    probe_option,
+    probes_record,
 )
 from launcher.runs.targets import open_placement
 from launcher.workspace import Workspace
@@ -60,6 +62,7 @@ __all__ = [
     "load_recipe",
     "new_run_id",
     "parse_params",
+    "probe_option",
     "pull_run",
     "read_launch",
     "run_dir",
@@ -166,6 +169,7 @@ def _launch(
     rep = reporter or NullReporter()
     recipe = recipe or load_recipe(ws, spec.recipe, entry=spec.entry)
     params = check_params(recipe, spec.params)
+    probes = probes_record(spec, recipe)
     env = determinism.profile_env(spec.profile, spec.seed, spec.threads)
     image = image_record(ws, spec.variant)
     baked_digests = image.pop("recipes", {})
@@ -192,6 +196,8 @@ def _launch(
         host_code=plan.get("host_path"),
         code_entry=plan.get("entry") or None,
         args=tuple(spec.args),
+        probes=probes["config"] if probes["source"] == "option" else None,
+        no_probes=probes["source"] == "option" and probes["config"] is None,
     )
     launch = {
         "run_id": run_id,
@@ -216,6 +222,7 @@ def _launch(
         },
         "code": {k: v for k, v in plan.items() if k not in ("git",)},
         "params": params,
+        "probes": probes,
         "seed": int(env["LAUNCHER_SEED"]) if "LAUNCHER_SEED" in env else spec.seed,
         "determinism": {
             "profile": spec.profile,
@@ -353,6 +360,7 @@ def run_recipe(
     placement = placement_for(target, host_spec)
     recipe = load_recipe(ws, spec.recipe, entry=spec.entry)
     check_params(recipe, spec.params)
+    probe_option(spec.probes)
     check_framework(ws, recipe, spec.variant)
     from launcher.images import build
     from launcher.runs import determinism

@@ -264,6 +264,7 @@ def assemble(launch: Mapping[str, Any], outputs: Path, files: Mapping[str, Mappi
         "replicate": launch.get("replicate", 0),
         "recipe": recipe,
         "params": launch.get("params", {}),
+        "probes": launch.get("probes"),
         "seed": launch.get("seed"),
         "determinism": launch["determinism"],
         "image": image,

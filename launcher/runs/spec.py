@@ -13,6 +13,7 @@ from launcher.errors import Corrupt, NotFound, UsageError
 from launcher.images.lock import parse_lock
 from launcher.runs import recipes
 from launcher.runs.recipes import Recipe
+from launcher.runtime.probespec import ProbeError, ProbeSpec, parse_option
 from launcher.workspace import Workspace, check_variant_name
 
 
@@ -37,11 +38,35 @@ class RunSpec:
     mount: bool = False  # mount the workspace recipe read-only instead of running the baked copy
     build: bool = True  # rebuild a stale image first; False: refuse to run stale code
     code_plan: dict[str, Any] | None = None  # what code runs and where the host has it (set by Placement.send_code)
+    probes: str | None = None  # --probes SPEC as given: off, N or KEY=VALUE,...; None: the recipe's [probes]
 
 
 def parse_params(pairs: Sequence[str]) -> dict[str, Any]:
     """KEY=VALUE strings -> typed values (JSON numbers, booleans, else the string itself)."""
     return dict(recipes.parse_param(p) for p in pairs)
+
+
+def probe_option(text: str | None) -> ProbeSpec | None:
+    """--probes SPEC as a probe set (None for off, or when not given); a bad SPEC is a UsageError,
+    checked as recipe.toml's [probes] is."""
+    if text is None:
+        return None
+    try:
+        return parse_option(text)
+    except ProbeError as exc:
+        raise UsageError(f"--probes {text}: {exc}",
+                         "give off, a count (--probes 8) or KEY=VALUE pairs with recipe.toml's [probes] keys "
+                         "(--probes count=8,gradcam=false, --probes indices=0;3;7,layer=conv2d)") from None
+
+
+def probes_record(spec: RunSpec, recipe: Recipe) -> dict[str, Any]:
+    """The probe set a run records, for its launch record and manifest: where it came from (option,
+    recipe or none) and its config (None: no probes)."""
+    if spec.probes is not None:
+        chosen = probe_option(spec.probes)
+        return {"source": "option", "option": spec.probes, "config": chosen.as_dict() if chosen else None}
+    declared = recipe.spec.probes
+    return {"source": "recipe" if declared else "none", "config": declared.as_dict() if declared else None}
 
 
 def load_recipe(ws: Workspace, name_or_path: str, entry: str | None = None) -> Recipe:

@@ -1,9 +1,9 @@
 """The probe set: a model's outputs, and Grad-CAM heatmaps, on fixed held-out examples.
 
-A recipe declares ``[probes]`` in recipe.toml (launcher.runtime.spec.ProbeSpec). For a Keras
-recipe the runtime takes the probe examples from the validation data ``fit()`` receives (the
-recipe writes no code for it), checks them against the declared fingerprint before training, and
-when fit() returns writes:
+A recipe declares ``[probes]`` in recipe.toml, or a run names them with ``launcher run --probes SPEC``
+(launcher.runtime.probespec.ProbeSpec). For a Keras model the runtime takes the probe examples from
+the validation data ``fit()`` receives (the recipe writes no code for it), checks them against the
+declared fingerprint before training, and when fit() returns writes:
 
 - ``probes/outputs.npz``: canonical (stored zip, sorted entries, fixed dates: the same values always
   give the same bytes) with ``indices`` (positions in the split), ``outputs`` (the model's raw

@@ -24,6 +24,7 @@ import launcher
 from launcher.runtime import code as codemod
 from launcher.runtime import explain as explainmod
 from launcher.runtime import fingerprints as fp
+from launcher.runtime import probespec
 from launcher.runtime import spec as recipe_spec
 from launcher.runtime.record import EXIT_BAD_DATA, EXIT_BAD_RECIPE, EXIT_USAGE, expected_mismatch
 
@@ -68,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--lib", type=Path, help="the shared recipe library put on the recipe's path (default: "
                      f"{LIB_DIR}/ beside the recipe folder, else the image's {IMAGE_LIB}; recorded in "
                      "_launcher/code.json)")
+    probes = run.add_mutually_exclusive_group()
+    probes.add_argument("--probes", metavar="JSON", help="the probe set to record (a [probes] table as a JSON "
+                        "object), instead of recipe.toml's")
+    probes.add_argument("--no-probes", action="store_true", help="record no probes, whatever recipe.toml says")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     explainmod.add_parser(sub)
     return parser
@@ -109,6 +114,7 @@ def prepare(args: argparse.Namespace, tee: Tee) -> tuple[recipe_spec.RecipeSpec,
         raise RunError(f"--params is not JSON: {exc}", EXIT_USAGE) from None
     if not isinstance(given, dict):
         raise RunError("--params must be a JSON object", EXIT_USAGE)
+    probes_given = given_probes(args)
     try:
         if args.recipe is not None:
             spec = recipe_spec.load_spec(args.recipe.resolve())
@@ -151,10 +157,14 @@ def prepare(args: argparse.Namespace, tee: Tee) -> tuple[recipe_spec.RecipeSpec,
                        "but no --data folder was given", EXIT_BAD_DATA)
     if dataset is not None:
         env["LAUNCHER_DATASET"] = json.dumps(dataset.as_dict(), sort_keys=True)
-    if spec.probes is not None:
-        env["LAUNCHER_PROBES"] = json.dumps(spec.probes.as_dict(), sort_keys=True)
-    elif not spec.adhoc:
+    probes = probes_given if (probes_given is not None or args.no_probes) else spec.probes
+    if probes is not None:
+        env["LAUNCHER_PROBES"] = json.dumps(probes.as_dict(), sort_keys=True)
+    elif args.no_probes or not spec.adhoc:
         env.pop("LAUNCHER_PROBES", None)
+    if args.no_probes or probes_given is not None:
+        tee.say("probes: off (--no-probes)" if probes is None else
+                f"probes: {json.dumps(probes.as_dict(), sort_keys=True)} (--probes)")
     env.update({
         "LAUNCHER_OUT": str(args.out.resolve()),
         "LAUNCHER_PARAMS": recipe_spec.params_json(params),
@@ -171,6 +181,18 @@ def prepare(args: argparse.Namespace, tee: Tee) -> tuple[recipe_spec.RecipeSpec,
     tee.say(f"profile {env.get('LAUNCHER_PROFILE', 'off')}, seed {env.get('LAUNCHER_SEED', '-')}, "
             f"threads {env.get('LAUNCHER_THREADS', '-')}")
     return spec, env
+
+
+def given_probes(args: argparse.Namespace) -> probespec.ProbeSpec | None:
+    """--probes JSON checked as recipe.toml's [probes] is (None without it); raises RunError."""
+    if args.probes is None:
+        return None
+    try:
+        return probespec.from_json(json.loads(args.probes))
+    except json.JSONDecodeError as exc:
+        raise RunError(f"--probes is not JSON: {exc}", EXIT_USAGE) from None
+    except probespec.ProbeError as exc:
+        raise RunError(f"--probes: {exc}", EXIT_USAGE) from None
 
 
 def recipe_lib(spec: recipe_spec.RecipeSpec, given: Path | None) -> Path | None:

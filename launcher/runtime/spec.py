@@ -51,7 +51,8 @@ every dataset that selects by the param.
 ``[probes]`` makes the runtime record, at the end of training and without code in the recipe, the
 model's outputs on a fixed set of held-out examples (``probes/``, see launcher.runtime.probes), which
 ``launcher verify`` compares to say what a difference in the weights does to predictions and
-explanations.
+explanations. ``launcher run --probes SPEC`` overrides the table (or gives a plain script one); both
+are checked by launcher.runtime.probespec.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from launcher.runtime.probespec import ProbeError, ProbeSpec, check_probes
 
 try:
     import tomllib
@@ -75,9 +78,6 @@ TOP_KEYS = frozenset({"name", "framework", "entry", "description", "params", "da
                       "variant", "probes"})
 PARAM_KEYS = frozenset({"default", "choices", "min", "max", "also", "help"})
 DATASET_KEYS = frozenset({"name", "param", "source", "format", "fingerprint", "files", "description"})
-PROBE_KEYS = frozenset({"split", "count", "indices", "gradcam", "layer", "fingerprint"})
-PROBE_SPLITS = ("validation",)
-DEFAULT_PROBES = 16
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _VARIANT = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")  # as launcher.workspace.VARIANT_NAME (not importable here)
@@ -226,22 +226,6 @@ class DatasetSpec:
 
 
 @dataclass(frozen=True)
-class ProbeSpec:
-    """The probe set: which held-out examples, and whether (and where) to compute Grad-CAM."""
-
-    split: str = "validation"
-    count: int = DEFAULT_PROBES
-    indices: tuple[int, ...] = ()  # when given, these examples instead of the first ``count``
-    gradcam: bool = True
-    layer: str | None = None
-    fingerprint: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"split": self.split, "count": self.count, "indices": list(self.indices), "gradcam": self.gradcam,
-                "layer": self.layer, "fingerprint": self.fingerprint}
-
-
-@dataclass(frozen=True)
 class RecipeSpec:
     path: Path  # the recipe folder (or the script, for an ad-hoc recipe)
     name: str
@@ -372,31 +356,11 @@ def _check_dataset(path: Path, i: int, raw: Any, params: dict[str, ParamValue]) 
 
 
 def _check_probes(path: Path, raw: Any) -> ProbeSpec:
-    _need(isinstance(raw, dict), path, "must be a table ([probes])", "probes")
-    unknown = sorted(set(raw) - PROBE_KEYS)
-    _need(not unknown, path, f"unknown key (known: {', '.join(sorted(PROBE_KEYS))})",
-          f"probes.{unknown[0]}" if unknown else None)
-    split = raw.get("split", "validation")
-    _need(split in PROBE_SPLITS, path, f"must be one of {', '.join(PROBE_SPLITS)}", "probes.split")
-    _need(not ("count" in raw and "indices" in raw), path, "give count or indices, not both", "probes.indices")
-    count = raw.get("count", DEFAULT_PROBES)
-    _need(isinstance(count, int) and not isinstance(count, bool) and count >= 1, path,
-          "must be a whole number >= 1", "probes.count")
-    indices = raw.get("indices", [])
-    _need(isinstance(indices, list) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
-                                            for i in indices) and len(set(indices)) == len(indices), path,
-          "must be a list of distinct example positions (whole numbers >= 0)", "probes.indices")
-    _need("indices" not in raw or bool(indices), path, "must name at least one example", "probes.indices")
-    gradcam = raw.get("gradcam", True)
-    _need(isinstance(gradcam, bool), path, "must be true or false", "probes.gradcam")
-    layer = raw.get("layer")
-    _need(layer is None or (isinstance(layer, str) and bool(layer)), path, "must name a layer of the model",
-          "probes.layer")
-    fpr = raw.get("fingerprint")
-    _need(fpr is None or (isinstance(fpr, str) and bool(_DIGEST.match(fpr))), path,
-          "must look like sha256:<64 hex digits>", "probes.fingerprint")
-    return ProbeSpec(split=split, count=len(indices) if indices else count, indices=tuple(indices),
-                     gradcam=gradcam, layer=layer, fingerprint=fpr)
+    """recipe.toml's [probes], checked by launcher.runtime.probespec (as `launcher run --probes` is)."""
+    try:
+        return check_probes(raw)
+    except ProbeError as exc:
+        raise SpecError(path, exc.detail, exc.key) from None
 
 
 def parse_spec(path: Path, data: dict[str, Any], folder: Path) -> RecipeSpec:
