@@ -79,6 +79,7 @@ def test_gradcam_equals_a_numpy_computation_by_hand(tiny: dict[str, np.ndarray],
     got = tiny[f"{head}_heatmaps"]
     assert got.shape == (8, 3, 3)
     assert np.abs(got - maps).max() < 1e-5
+    assert np.array_equal(tiny[f"{head}_loaded_heatmaps"], got)  # the model saved and loaded: the same maps
     assert sum(bool(m.max() > 0) for m in maps) >= 4  # the maps compared are not all empty
     if head == "sigmoid":
         assert set(classes) == {0, 1}  # both signs of the one unit's score are exercised

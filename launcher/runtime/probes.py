@@ -165,6 +165,23 @@ def _squashing(model: Any) -> Any | None:
     return last if getattr(act, "__name__", "") in ("softmax", "sigmoid") else None
 
 
+def _feature_model(tf: Any, model: Any, layer: Any) -> Any:
+    """A model from the inputs to (the layer's feature maps, the model's output), sharing its layers.
+
+    A Sequential model is chained again, layer by layer, from a new input: one loaded from a file
+    may hold its layers' outputs from an earlier build that its inputs no longer reach, and the
+    gradient through them would be None."""
+    if isinstance(model, tf.keras.Sequential):
+        inputs = tf.keras.Input(shape=tuple(model.inputs[0].shape[1:]), dtype=model.inputs[0].dtype)
+        h, feats = inputs, None
+        for each in model.layers:
+            h = each(h)
+            if each is layer:
+                feats = h
+        return tf.keras.Model(inputs, [feats, h])
+    return tf.keras.Model(model.inputs, [layer.output, model.outputs[0]])
+
+
 def compute(model: Any, x: Any, layer: Any | None) -> dict[str, Any]:
     """The model's outputs on x, in batches of BATCH, and Grad-CAM maps of the predicted class at
     ``layer`` (none when ``layer`` is None). The class score is taken before the model's final
@@ -181,7 +198,7 @@ def compute(model: Any, x: Any, layer: Any | None) -> dict[str, Any]:
     if squash is not None:
         squash.activation = tf.keras.activations.linear  # the model now outputs the scores; restored below
     try:
-        probe_model = tf.keras.Model(model.inputs, [layer.output, model.outputs[0]]) if layer is not None else None
+        probe_model = _feature_model(tf, model, layer) if layer is not None else None
         for start in range(0, len(x), BATCH):
             xb = tf.convert_to_tensor(x[start:start + BATCH])
             if dtype is not None:
