@@ -270,3 +270,13 @@ def test_the_runtime_parser_has_explain() -> None:
     args = build_parser().parse_args(["explain", "--model", "m.keras", "--image", "a.png", "--out", "o",
                                       "--input-range=-1,1"])
     assert args.command == "explain" and args.input_range == "-1,1" and args.layer is None
+
+
+def test_the_runtime_exit_codes_mirror_launchers() -> None:
+    from launcher.runtime import explain as runtime_explain
+    from launcher.runtime import record
+
+    assert (record.EXIT_USAGE, record.EXIT_BAD_DATA, record.EXIT_BAD_RECIPE) == (
+        ExitCode.USAGE, ExitCode.BAD_DATA, ExitCode.BAD_RECIPE)
+    assert (runtime_explain.EXIT_NOT_FOUND, runtime_explain.EXIT_CORRUPT, runtime_explain.EXIT_INCOMPATIBLE) == (
+        ExitCode.NOT_FOUND, ExitCode.CORRUPT, ExitCode.INCOMPATIBLE)

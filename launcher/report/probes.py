@@ -57,15 +57,15 @@ def _flip_table(ref_id: str, ref: dict[str, np.ndarray], others: list[tuple[str,
     runs = [ref_id] + [rid for rid, _ in others]
     if "predicted" not in ref:
         return {"runs": runs, "rows": []}
+    predicted = [out["predicted"] if "predicted" in out and out["predicted"].shape == ref["predicted"].shape
+                 else None for _, out in others]
     changed = np.zeros(len(ref["predicted"]), dtype=bool)
-    for _, out in others:
-        if "predicted" in out and out["predicted"].shape == ref["predicted"].shape:
-            changed |= out["predicted"] != ref["predicted"]
+    for p in predicted:
+        if p is not None:
+            changed |= p != ref["predicted"]
     rows = []
     for i in np.flatnonzero(changed):
-        classes = [int(ref["predicted"][i])] + [
-            int(out["predicted"][i]) if "predicted" in out and out["predicted"].shape == ref["predicted"].shape
-            else None for _, out in others]
+        classes = [int(ref["predicted"][i])] + [None if p is None else int(p[i]) for p in predicted]
         row: dict[str, Any] = {"probe": int(i), "index": int(ref["indices"][i]), "classes": classes,
                                "flipped_in": sum(c is not None and c != classes[0] for c in classes[1:])}
         if "labels" in ref:
@@ -103,7 +103,7 @@ def group_probes(group: GroupStats, directory: Path, tol: Tolerances | None = No
         return None
     out: dict[str, Any] = {"reference": ref_run.run_id, "runs": [], "notes": [], "pictures": []}
     others: list[tuple[str, dict[str, np.ndarray]]] = []
-    candidates: list[tuple[float, int, str, dict[str, np.ndarray]]] = []
+    candidates: list[tuple[float, int, str, dict[str, np.ndarray], float]] = []
     for r in group.runs[1:]:
         run = _outputs(r.run_dir)
         if run is None:
@@ -125,7 +125,7 @@ def group_probes(group: GroupStats, directory: Path, tol: Tolerances | None = No
             flipped = {f["probe"] for f in (pred or {}).get("flipped", [])}
             for m in heat["most_changed"]:
                 candidates.append((m["mean_abs_diff"] + (1.0 if m["probe"] in flipped else 0.0), m["probe"],
-                                   r.run_id, run))
+                                   r.run_id, run, m["mean_abs_diff"]))
         out["runs"].append(row)
     out["flips"] = _flip_table(ref_run.run_id, ref, others)
     images = _images(ref_run.run_dir)
@@ -141,16 +141,15 @@ def group_probes(group: GroupStats, directory: Path, tol: Tolerances | None = No
     for old in directory.glob("*.png"):  # pictures of an earlier report of this group
         old.unlink()
     seen: set[int] = set()
-    for _, probe, run_id, run in sorted(candidates, key=lambda c: (-c[0], c[1], c[2])):
+    for _, probe, run_id, run, mean_abs_diff in sorted(candidates, key=lambda c: (-c[0], c[1], c[2])):
         if probe in seen or len(seen) >= PICTURED:
             continue
         seen.add(probe)
         drawn = _draw(directory, f"{run_id}-probe{int(ref['indices'][probe])}", images[probe],
                       ref["heatmaps"][probe], run["heatmaps"][probe])
-        a, b = ref["heatmaps"][probe], run["heatmaps"][probe]
         out["pictures"].append({
             "probe": probe, "index": int(ref["indices"][probe]), "run_id": run_id, **drawn,
-            "mean_abs_diff": float(np.abs(a.astype(np.float64) - b.astype(np.float64)).mean()),
+            "mean_abs_diff": mean_abs_diff,
             "classes": [int(ref["predicted"][probe]), int(run["predicted"][probe])] if "predicted" in ref else None,
         })
     return out

@@ -32,6 +32,7 @@ from launcher.errors import (
     BadData,
     CommandFailed,
     Corrupt,
+    ExitCode,
     Incompatible,
     LauncherError,
     NotFound,
@@ -58,13 +59,13 @@ INPUT_DIR = "/launcher/input"
 OUT_DIR = "/launcher/out"
 RUNTIME_DIR = "/launcher/explain-runtime"
 
-# The runtime's exit codes (launcher.errors.ExitCode values) -> the error raised here and its fix.
+# The runtime's exit codes (it mirrors ExitCode's values) -> the error raised here and its fix.
 _FAILURES: dict[int, tuple[type[LauncherError], str | None]] = {
-    2: (UsageError, None),  # the runtime's message names the fix (a layer of the model)
-    11: (NotFound, None),
-    13: (Corrupt, "pull the run again (`launcher pull {run}`)"),
-    16: (Incompatible, "explain works on Keras image classifiers with a convolutional feature map"),
-    17: (BadData, "give a PNG, JPEG, BMP or GIF file"),
+    ExitCode.USAGE: (UsageError, None),  # the runtime's message names the fix (a layer of the model)
+    ExitCode.NOT_FOUND: (NotFound, None),
+    ExitCode.CORRUPT: (Corrupt, "pull the run again (`launcher pull {run}`)"),
+    ExitCode.INCOMPATIBLE: (Incompatible, "explain works on Keras image classifiers with a convolutional feature map"),
+    ExitCode.BAD_DATA: (BadData, "give a PNG, JPEG, BMP or GIF file"),
 }
 
 
@@ -242,7 +243,8 @@ def explain_run(ws: Workspace, ref: str, image: Path, *, layer: str | None = Non
         input_range, range_source = DEFAULT_RANGE, "assumed"
         notes.append(f"the run recorded no input range ({PROBES}); assumed the model was trained on pixel "
                      "values in [0, 1]; give --input-range LO,HI if it was not")
-    recorded_layer = (probes.get("gradcam") or {}).get("layer") if isinstance(probes.get("gradcam"), dict) else None
+    gradcam = probes.get("gradcam")
+    recorded_layer = gradcam.get("layer") if isinstance(gradcam, dict) else None
     if layer:
         layer_source = "given"
     elif isinstance(recorded_layer, str) and recorded_layer:
@@ -281,6 +283,4 @@ def explain_run(ws: Workspace, ref: str, image: Path, *, layer: str | None = Non
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    for note in notes:
-        rep.note(note)
     return Explanation(run_id, out, doc, notes)
