@@ -77,6 +77,20 @@ class Manifest:
         return str(self.recipe.get("name", ""))
 
     @property
+    def code_name(self) -> str:
+        """The code a run executed, as people name it: a recipe's name, or a plain script's project
+        and path inside it (``myproj/train.py``); older manifests without it give the recipe name."""
+        return str(self.recipe.get("identity") or self.recipe_name)
+
+    @property
+    def code_key(self) -> tuple[str, str | None, str | None]:
+        """What makes two runs runs of the same code: the name above, the code digest the runtime
+        computed in the container, and the shared recipe library's digest where one was used."""
+        lib = self.recipe.get("lib_digest")
+        digest = self.recipe.get("tree_digest")
+        return self.code_name, str(digest) if digest else None, str(lib) if lib else None
+
+    @property
     def seed(self) -> int | None:
         return self.data.get("seed")
 
@@ -249,6 +263,8 @@ def assemble(launch: Mapping[str, Any], outputs: Path, files: Mapping[str, Mappi
         recipe["lib_digest"] = lib["digest"]
     if lrec.get("volatile"):
         recipe["volatile"] = list(lrec["volatile"])
+    if lrec.get("identity"):  # a plain script's project/path (launcher.runs.identity)
+        recipe["identity"] = lrec["identity"]
     image = dict(launch["image"])
     image["id"] = launch.get("image_ran") or image.get("id")
     runtime_code: dict[str, Any] = code["runtime"] if isinstance(code.get("runtime"), dict) else {}
