@@ -6,7 +6,6 @@ before a line of the recipe runs, then runs the entry as ``__main__``.
 
 from __future__ import annotations
 
-import os
 import runpy
 import sys
 from pathlib import Path
@@ -17,10 +16,7 @@ from launcher.runtime.record import EXIT_BAD_DATA, EXIT_BAD_RECIPE, BadData, Bad
 
 def main(argv: list[str]) -> int:
     entry = Path(argv[0]).resolve()
-    framework = os.environ.get("LAUNCHER_FRAMEWORK", "auto")
-    if framework == "auto":
-        framework = hooks.detect_framework(entry.read_text(encoding="utf-8", errors="replace"))
-    hooks.install(framework)
+    hooks.install()
     sys.argv = [str(entry), *argv[1:]]
     sys.path.insert(0, str(entry.parent))
     try:

@@ -1,21 +1,34 @@
-"""Imported first in the recipe's interpreter: applies the determinism profile from the
-environment, hooks the framework so the run records its fingerprints, and writes
-``_launcher/runtime.json`` (what was actually applied).
+"""Imported first in the recipe's interpreter: seeds Python and NumPy, then applies the determinism
+profile to each framework the moment the code imports it, from whichever module of the project
+(:mod:`launcher.runtime.importwatch`), and writes ``_launcher/runtime.json``: what was imported,
+what was applied, the seeds the code set itself, and whether determinism was in force.
+
+Which framework a script uses is learnt from what it imports while it runs, never from its text:
+a ``train.py`` that imports Keras through its own ``model_def.py`` is seeded like one that imports
+it directly. Code that imports no framework launcher knows gets Python and NumPy seeding only, and
+runtime.json says that determinism was not guaranteed.
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
 import platform
 import random
 import sys
+import types
+from collections.abc import Callable
 from typing import Any
 
 from launcher.runtime import fingerprints as fp
+from launcher.runtime import importwatch, seedcalls
 from launcher.runtime.record import Recorder, recorder
 
 DETERMINISTIC = ("strict", "deterministic")
+SEEDED = (*DETERMINISTIC, "seeded")
+FRAMEWORKS = ("tensorflow", "torch", "jax")
+KNOWN = "TensorFlow/Keras, PyTorch, JAX"
 ENV_KEYS = ("LAUNCHER_PROFILE", "LAUNCHER_SEED", "LAUNCHER_THREADS", "PYTHONHASHSEED", "TF_DETERMINISTIC_OPS",
             "TF_CUDNN_DETERMINISTIC", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS",
             "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "CUBLAS_WORKSPACE_CONFIG", "XLA_FLAGS",
@@ -29,15 +42,6 @@ def settings() -> tuple[str, int | None, int | None]:
     return profile, int(seed) if seed else None, int(threads) if threads else None
 
 
-def detect_framework(source: str) -> str:
-    """For a plain script: which framework it imports (read, not executed)."""
-    if "tensorflow" in source or "keras" in source:
-        return "tensorflow"
-    if "torch" in source:
-        return "torch"
-    return "none"
-
-
 def _seed_python_numpy(seed: int) -> dict[str, Any]:
     random.seed(seed)
     applied: dict[str, Any] = {"python_random": seed}
@@ -49,15 +53,14 @@ def _seed_python_numpy(seed: int) -> dict[str, Any]:
     return applied
 
 
-def apply_tensorflow(profile: str, seed: int | None, threads: int | None, rec: Recorder) -> dict[str, Any]:
-    import tensorflow as tf
-
-    keras = tf.keras
-    info: dict[str, Any] = {"name": "tensorflow", "version": tf.__version__,
-                            "keras": getattr(keras, "__version__", None)}
+def apply_tensorflow(tf: Any, profile: str, seed: int | None, threads: int | None) -> dict[str, Any]:
+    """The profile on TensorFlow, just imported (before its context starts): the global seed, op
+    determinism, the thread pools. Keras' own part is :func:`apply_keras`."""
+    info: dict[str, Any] = {"name": "tensorflow", "version": tf.__version__}
     if seed is not None:
-        keras.utils.set_random_seed(seed)  # python, numpy and the TF/Keras global seed
-        info["seeded"] = ["python", "numpy", "tensorflow", "keras"]
+        tf.random.set_seed(seed)
+        info["seeded"] = ["python", "numpy", "tensorflow"]
+    info["op_determinism"] = None
     if profile in DETERMINISTIC:
         try:
             from fwr13y.d9m.tensorflow import enable_determinism
@@ -67,8 +70,6 @@ def apply_tensorflow(profile: str, seed: int | None, threads: int | None, rec: R
         except ImportError:
             tf.config.experimental.enable_op_determinism()
             info["op_determinism"] = "tf.config.experimental.enable_op_determinism"
-    else:
-        info["op_determinism"] = None
     if threads is not None:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(threads)
@@ -79,15 +80,27 @@ def apply_tensorflow(profile: str, seed: int | None, threads: int | None, rec: R
     info["cuda"] = str(build.get("cuda_version")) if build.get("cuda_version") else None
     info["cudnn"] = str(build.get("cudnn_version")) if build.get("cudnn_version") else None
     info["devices"] = [f"{d.device_type}:{d.name}" for d in tf.config.list_physical_devices()]
-    from launcher.runtime import keras_fit
-
-    keras_fit.install(keras, tf, rec)
     return info
 
 
-def apply_torch(profile: str, seed: int | None, threads: int | None) -> dict[str, Any]:
-    import torch
+def apply_keras(keras: Any, rec: Recorder) -> dict[str, Any]:
+    """Keras, just imported: its version and backend, and on TensorFlow the recording of fit()
+    (launcher.runtime.keras_fit), which watches training and changes nothing of it."""
+    backend = keras.backend.backend() if hasattr(keras, "backend") else None
+    info: dict[str, Any] = {"version": getattr(keras, "__version__", None), "backend": backend}
+    if backend == "tensorflow":
+        import tensorflow as tf
 
+        from launcher.runtime import keras_fit
+
+        keras_fit.install(keras, tf, rec)
+        info["fit_recorded"] = True
+    else:
+        info["fit_recorded"] = False
+    return info
+
+
+def apply_torch(torch: Any, profile: str, seed: int | None, threads: int | None) -> dict[str, Any]:
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     info: dict[str, Any] = {"name": "torch", "version": torch.__version__, "cuda": torch.version.cuda,
                             "cudnn": cudnn}
@@ -115,29 +128,108 @@ def apply_torch(profile: str, seed: int | None, threads: int | None) -> dict[str
     return info
 
 
-def install(framework: str) -> dict[str, Any]:
-    """Apply the profile for ``framework`` (tensorflow | torch | none); returns runtime.json's content."""
+def apply_jax(jax: Any, profile: str, seed: int | None, threads: int | None) -> dict[str, Any]:
+    """JAX has no global random state to seed (its PRNG keys are the program's own); its kernels are
+    made deterministic by the profile's XLA_FLAGS, read when its backend starts."""
+    info: dict[str, Any] = {"name": "jax", "version": getattr(jax, "__version__", None),
+                            "xla_flags": os.environ.get("XLA_FLAGS"),
+                            "deterministic_ops": profile in DETERMINISTIC
+                            and "--xla_gpu_deterministic_ops=true" in os.environ.get("XLA_FLAGS", "")}
+    info["seeded"] = ["python", "numpy"] if seed is not None else []
+    info["note"] = "JAX's PRNG keys come from the program: launcher cannot seed them"
+    return info
+
+
+class Runtime:
+    """What the runtime applied in this interpreter, written to runtime.json whenever it changes."""
+
+    def __init__(self, profile: str, seed: int | None, threads: int | None, rec: Recorder) -> None:
+        self.profile, self.seed, self.threads, self.rec = profile, seed, threads, rec
+        self.seeded: dict[str, Any] = {}
+        self.frameworks: list[str] = []
+        self.applied: dict[str, dict[str, Any]] = {}
+        self.seed_calls = seedcalls.SeedCalls()
+
+    def determinism(self) -> dict[str, Any]:
+        """Whether the profile was in force on the code that ran, and why (or why not)."""
+        if self.profile not in SEEDED:
+            return {"in_force": False, "reason": f"profile {self.profile}: nothing was seeded or made deterministic"}
+        failed = [name for name in self.frameworks if "error" in self.applied.get(name, {})]
+        if failed:
+            return {"in_force": False, "reason": f"the profile could not be applied to {', '.join(failed)}: "
+                    + str(self.applied[failed[0]]["error"])}
+        if not self.frameworks:
+            return {"in_force": False, "reason": f"no known framework was imported ({KNOWN}): only Python and NumPy "
+                    "were seeded"}
+        if self.profile == "seeded":
+            return {"in_force": True, "reason": f"seeded only (profile seeded) for {', '.join(self.frameworks)}: "
+                    "op determinism off"}
+        return {"in_force": True, "reason": f"{self.profile} profile applied to {', '.join(self.frameworks)}"}
+
+    def document(self) -> dict[str, Any]:
+        first = self.applied.get(self.frameworks[0]) if self.frameworks else None
+        return {
+            "profile": self.profile,
+            "seed": self.seed,
+            "threads": self.threads,
+            "seeded": self.seeded,
+            "framework": first,
+            "frameworks": list(self.frameworks),
+            "applied": self.applied,
+            "seed_calls": list(self.seed_calls.calls),
+            "seed_calls_total": self.seed_calls.count,
+            "determinism": self.determinism(),
+            "python": {"version": platform.python_version(), "implementation": platform.python_implementation(),
+                       "executable": sys.executable},
+            "platform": {"system": platform.system(), "machine": platform.machine(),
+                         "release": platform.release(), "cpu_count": os.cpu_count()},
+            "env": {k: os.environ[k] for k in ENV_KEYS if k in os.environ},
+        }
+
+    def write(self) -> None:
+        fp.write_json(self.rec.path("_launcher/runtime.json"), self.document())
+
+    def framework_imported(self, name: str, apply: Callable[[], dict[str, Any]]) -> None:
+        """A framework was just imported: apply the profile to it and record what was applied. A
+        failure to apply is recorded and printed, and the run goes on without the guarantee."""
+        if name in self.applied:
+            return
+        self.frameworks.append(name)
+        try:
+            self.applied[name] = apply()
+        except Exception as exc:  # the code's own import must not fail because of launcher
+            self.applied[name] = {"name": name, "error": f"{type(exc).__name__}: {exc}"}
+            print(f"launcher: could not apply the {self.profile} profile to {name}: {type(exc).__name__}: {exc}",
+                  file=sys.stderr, flush=True)
+        self.write()
+
+    def keras_imported(self, keras: types.ModuleType) -> None:
+        try:
+            info = apply_keras(keras, self.rec)
+        except Exception as exc:  # recording is a convenience; training goes on as written
+            info = {"error": f"{type(exc).__name__}: {exc}", "fit_recorded": False}
+            print(f"launcher: fit() of Keras will not be recorded: {type(exc).__name__}: {exc}",
+                  file=sys.stderr, flush=True)
+        if "tensorflow" in self.applied:
+            self.applied["tensorflow"]["keras"] = info.get("version")
+        self.applied.setdefault("keras", {}).update(info)
+        self.write()
+
+
+def install() -> Runtime:
+    """Seed Python and NumPy now; apply the profile to each framework when the code imports it."""
     profile, seed, threads = settings()
-    rec = recorder()
-    applied: dict[str, Any] = {}
+    rt = Runtime(profile, seed, threads, recorder())
     if seed is not None:
-        applied.update(_seed_python_numpy(seed))
-    fw: dict[str, Any] | None = None
-    if framework == "tensorflow":
-        fw = apply_tensorflow(profile, seed, threads, rec)
-    elif framework == "torch":
-        fw = apply_torch(profile, seed, threads)
-    doc = {
-        "profile": profile,
-        "seed": seed,
-        "threads": threads,
-        "seeded": applied,
-        "framework": fw,
-        "python": {"version": platform.python_version(), "implementation": platform.python_implementation(),
-                   "executable": sys.executable},
-        "platform": {"system": platform.system(), "machine": platform.machine(),
-                     "release": platform.release(), "cpu_count": os.cpu_count()},
-        "env": {k: os.environ[k] for k in ENV_KEYS if k in os.environ},
-    }
-    fp.write_json(rec.path("_launcher/runtime.json"), doc)
-    return doc
+        rt.seeded = _seed_python_numpy(seed)
+    watch = importwatch.install()
+    watch.on_import("tensorflow", lambda m: rt.framework_imported(
+        "tensorflow", lambda: apply_tensorflow(m, profile, seed, threads)))
+    watch.on_import("keras", rt.keras_imported)
+    watch.on_import("torch", lambda m: rt.framework_imported("torch", lambda: apply_torch(m, profile, seed, threads)))
+    watch.on_import("jax", lambda m: rt.framework_imported("jax", lambda: apply_jax(m, profile, seed, threads)))
+    for name in seedcalls.SEEDERS:  # after launcher's own seeding (above, and at each import): not listed
+        watch.on_import(name, rt.seed_calls.wrap_module)
+    rt.write()
+    atexit.register(rt.write)  # the seed calls made up to the end
+    return rt
