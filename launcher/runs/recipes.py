@@ -17,7 +17,6 @@ from typing import Any
 from launcher.errors import BadRecipe, NotFound, UsageError
 from launcher.runtime import spec as rspec
 from launcher.runtime.code import code_digest
-from launcher.runtime.hooks import detect_framework
 from launcher.workspace import Workspace
 
 ParamValue = rspec.ParamValue
@@ -84,10 +83,12 @@ def load_folder(folder: Path) -> Recipe:
 
 
 def load_script(script: Path) -> Recipe:
-    """A plain .py script as a recipe: no params of its own, framework read from its imports."""
+    """A plain .py script as a recipe: no params of its own; its framework the host's guess from the
+    imports of its code (launcher.runs.imports), the runtime records what it really imported."""
+    from launcher.runs import imports
+
     script = script.resolve()
-    framework = detect_framework(script.read_text(encoding="utf-8", errors="replace"))
-    return Recipe(rspec.adhoc_spec(script, framework), tree_digest(script))
+    return Recipe(rspec.adhoc_spec(script, imports.framework(script)), tree_digest(script))
 
 
 def list_recipes(ws: Workspace) -> list[Recipe]:
