@@ -1,0 +1,149 @@
+"""`launcher env RUN`: the plain `docker run` that repeats a run without launcher.
+
+The same image (by ID), the same code (the snapshot the run mounted, or the recipe baked into the
+image), the same data, arguments, working directory and environment variables, and the script
+started by the image's Python directly: no launcher runtime, so nothing is seeded, hooked or
+recorded. It is how a reader of a paper runs the published script; for a script that seeds itself
+it trains on the same batches and ends with the same weights as the run launcher made, which is
+what launcher's recording is held to (it observes training and changes none of it).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import LauncherError, NotFound
+from launcher.hosts import engine
+from launcher.runs.container import CONTAINER_CODE, CONTAINER_DATA, CONTAINER_OUT, IMAGE_RECIPES
+from launcher.runs.manifest import read_json_object
+from launcher.runs.store import resolve_run
+from launcher.workspace import Workspace
+
+LIB_DIR = "_lib"
+
+
+@dataclass(frozen=True)
+class PlainRun:
+    run_id: str
+    image: str
+    workdir: str
+    mounts: list[tuple[str, str, bool]]  # (this machine's path, the container's, read-only)
+    env: dict[str, str]
+    from_caller: list[str]  # variables whose value comes from the caller's environment (secrets)
+    command: list[str]  # what the container runs
+    gpu: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def argv(self) -> list[str]:
+        argv = engine.command("run", "--rm", "-w", self.workdir)
+        for src, dst, ro in self.mounts:
+            argv += ["-v", f"{src}:{dst}" + (":ro" if ro else "")]
+        for key, value in sorted(self.env.items()):
+            argv += ["-e", f"{key}={value}"]
+        for key in self.from_caller:
+            argv += ["-e", key]
+        if self.gpu:
+            argv += ["--gpus", "all"]
+        return [*argv, self.image, *self.command]
+
+    def shell(self) -> str:
+        """The argv as one shell command, an option per line."""
+        argv = self.argv()
+        head, rest = argv[:3], argv[3:]
+        lines = [shlex.join(head)]
+        i = 0
+        while i < len(rest):
+            if rest[i].startswith("-") and i + 1 < len(rest) and rest[i] in ("-w", "-v", "-e", "--gpus"):
+                lines.append(shlex.join(rest[i:i + 2]))
+                i += 2
+            else:
+                lines.append(shlex.join(rest[i:]))
+                break
+        return " \\\n    ".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "image": self.image, "workdir": self.workdir,
+                "mounts": [{"source": s, "target": d, "read_only": ro} for s, d, ro in self.mounts],
+                "env": dict(self.env), "env_from_caller": list(self.from_caller), "command": list(self.command),
+                "gpu": self.gpu, "argv": self.argv(), "notes": list(self.notes)}
+
+
+def _user_env(recorded: Any) -> tuple[dict[str, str], list[str]]:
+    """--env values recorded with the run, and the names of --secret-env ones (values not recorded)."""
+    values: dict[str, str] = {}
+    secrets: list[str] = []
+    for name, entry in sorted((recorded or {}).items()):
+        if isinstance(entry, dict) and isinstance(entry.get("value"), str):
+            values[name] = entry["value"]
+        else:
+            secrets.append(name)
+    return values, secrets
+
+
+def plain_run(ws: Workspace, ref: str, out: Path | None = None) -> PlainRun:
+    """The `docker run` that repeats run ref without launcher; its outputs go to out (default:
+    ./<run id>-plain in the current directory)."""
+    run_dir = resolve_run(ws, ref)
+    launch = read_json_object(run_dir / "launch.json")
+    if not launch:
+        raise NotFound(f"run {run_dir.name} has no launch.json", "name a run launcher started (`launcher ps`)")
+    manifest = read_json_object(run_dir / "manifest.json")
+    recipe = manifest.get("recipe") or launch.get("recipe") or {}
+    code = launch.get("code") or {}
+    notes: list[str] = []
+    image = str((manifest.get("image") or {}).get("id") or launch.get("image_ran") or launch["image"]["id"])
+    out_dir = (out or Path.cwd() / f"{run_dir.name}-plain").resolve()
+    mounts: list[tuple[str, str, bool]] = [(str(out_dir), CONTAINER_OUT, False)]
+    env = {k: str(v) for k, v in ((launch.get("determinism") or {}).get("env") or {}).items()}
+    env["LAUNCHER_OUT"] = CONTAINER_OUT
+    entry = str(recipe.get("entry") or launch["recipe"].get("entry") or "")
+    if code.get("source") == "mounted":
+        local = Path(str(code.get("local") or ""))
+        if not local.is_dir():
+            notes.append(f"the code snapshot {local} is not on this machine: mount a copy of the code it names "
+                         f"({code.get('digest')}) at {CONTAINER_CODE}")
+        mounts.append((str(local), CONTAINER_CODE, True))
+        script = f"{CONTAINER_CODE}/{entry}"
+    else:
+        script = f"{IMAGE_RECIPES}/{recipe.get('name') or launch['recipe']['name']}/{entry}"
+    if not launch["recipe"].get("script"):
+        env["LAUNCHER_PARAMS"] = json.dumps(launch.get("params") or {}, sort_keys=True, separators=(",", ":"))
+        env["LAUNCHER_RECIPE"] = str(launch["recipe"]["name"])
+        if recipe.get("lib_digest"):
+            lib = f"{CONTAINER_CODE if code.get('source') == 'mounted' else IMAGE_RECIPES}/{LIB_DIR}"
+            env["PYTHONPATH"] = f"/opt/launcher:{lib}"
+            if code.get("source") == "mounted":
+                notes.append(f"the recipe used the shared library recipes/{LIB_DIR}: mount it at {lib}")
+        notes.append("a recipe reads its params and paths from LAUNCHER_* through launcher.runtime.api, "
+                     "which the image holds")
+    data = launch.get("data")
+    if data:
+        mounts.append((str(data), CONTAINER_DATA, True))
+        env["LAUNCHER_DATA"] = CONTAINER_DATA
+        host = (launch.get("host") or {}).get("name")
+        if host not in (None, "local"):
+            notes.append(f"the data folder {data} is on {host}: use a copy of it here")
+    values, secrets = _user_env(manifest.get("env") or launch.get("env"))
+    env.update(values)
+    if secrets:
+        notes.append(f"{', '.join(secrets)}: secret (--secret-env), passed from your environment: export "
+                     f"{'it' if len(secrets) == 1 else 'them'} first")
+    host = (launch.get("host") or {}).get("name")
+    if host not in (None, "local"):
+        notes.append(f"the run ran on {host}: run this there, or load image {image[:19]} here first")
+    notes.append("no launcher runtime: nothing is seeded, hooked or recorded; a script that does not seed itself "
+                 "will not repeat the run's bits")
+    return PlainRun(run_id=run_dir.name, image=image, workdir=CONTAINER_OUT, mounts=mounts, env=env,
+                    from_caller=secrets, command=["python", script, *[str(a) for a in recipe.get("args") or []]],
+                    gpu=_needs_gpu(ws, launch), notes=notes)
+
+
+def _needs_gpu(ws: Workspace, launch: dict[str, Any]) -> bool:
+    try:
+        return ws.needs_gpu(str(launch.get("variant") or (launch.get("image") or {}).get("variant") or "cpu"))
+    except LauncherError:  # a variant this workspace no longer has: its name says it
+        return "gpu" in str(launch.get("variant"))
