@@ -278,7 +278,8 @@ def checksums(
     """Compare every artifact across runs, by content where its format is known; explain every difference.
 
     With no RUN: the latest group, or, when it holds one run, that run against the previous run of
-    its recipe. One RUN alone is checked against its manifest and its own records.
+    the same code (runs of other code are compared only with --across-code). One RUN alone is
+    checked against its manifest and its own records.
     Where the recipe records probes, a difference is also explained by its impact: probe predictions
     that flip, the largest probability change, and how far the Grad-CAM heatmaps move (--tolerance).
     Every verdict lists what it compared by kind (model, checkpoint, predictions, metrics, logs,
