@@ -47,6 +47,7 @@ class ExitCode(IntEnum):
     CLOUD_QUOTA = 34  # the cloud refused: a quota or limit of the subscription was hit
     NOT_OFFERED = 35  # the VM size or image is not offered in that region (to this subscription), or no capacity
     CLOUD_FAILED = 36  # another refusal or failure of the cloud's API; the error names its code
+    INCONCLUSIVE = 37  # verify found no difference, but proved nothing: no training output compared, or no determinism
     BAD_CONFIG = 40  # launcher.toml or a LAUNCHER_* variable holds a value launcher refuses; the error names it
     INTERRUPTED = 130
 

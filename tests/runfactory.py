@@ -241,3 +241,44 @@ def adopt_outputs(runs_dir: Path, run_id: str, outputs: Path, *, recipe: str, se
     data["runtime"] = json.loads(runtime.read_text()) if runtime.exists() else {}
     refresh_manifest(d, data)
     return d
+
+
+def keras_bytes(layers: list[tuple[str, list[np.ndarray]]], saved_at: str,
+                when: tuple[int, int, int, int, int, int]) -> bytes:
+    """A Keras 3 ``.keras`` archive as ``model.save`` writes it (metadata.json with date_saved,
+    config.json, model.weights.h5 with layers/<name>/vars/<i>), its zip entries dated ``when``."""
+    import io
+    import zipfile
+
+    import h5py
+
+    weights = io.BytesIO()
+    with h5py.File(weights, "w") as f:
+        for name, arrays in layers:
+            group = f.create_group(f"layers/{name}/vars")
+            for i, value in enumerate(arrays):
+                group.create_dataset(str(i), data=value)
+        f.create_group("optimizer/vars").create_dataset("0", data=np.int64(3))
+    config = {"module": "keras", "class_name": "Sequential",
+              "config": {"name": "sequential", "layers": [{"class_name": "Dense", "config": {"name": n}}
+                                                          for n, _ in layers]}}
+    members = (("metadata.json", {"keras_version": "3.12.0", "date_saved": saved_at}), ("config.json", config))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z:
+        for name, doc in members:
+            z.writestr(zipfile.ZipInfo(name, date_time=when), json.dumps(doc))
+        z.writestr(zipfile.ZipInfo("model.weights.h5", date_time=when), weights.getvalue())
+    return out.getvalue()
+
+
+def keep_only(run_dir: Path, *kept: str) -> None:
+    """Delete every output but launcher's records and the named ones (paths under outputs/), as a
+    script that saves nothing else would leave its run; then refresh the manifest."""
+    outputs = run_dir / "outputs"
+    for p in sorted(outputs.rglob("*"), reverse=True):
+        rel = p.relative_to(outputs).as_posix()
+        if p.is_file() and not rel.startswith(("_launcher/", "logs/train.log")) and rel not in kept:
+            p.unlink()
+        elif p.is_dir() and not any(p.iterdir()):
+            p.rmdir()
+    refresh_manifest(run_dir)

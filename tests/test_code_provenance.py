@@ -88,7 +88,7 @@ def test_an_edited_recipe_rebuilds_first_or_is_refused_and_the_manifest_names_th
         assert m["recipe"]["tree_digest"] == in_image
     assert after["recipe"]["tree_digest"] == code_digest(train.parent) != before["recipe"]["tree_digest"]
 
-    code, verdict, _ = cli(tiny_workspace, "verify", "checksums", before["run_id"], after["run_id"])
+    code, verdict, _ = cli(tiny_workspace, "verify", "checksums", before["run_id"], after["run_id"], "--across-code")
     assert code == ExitCode.NOT_REPRODUCIBLE
     cls = classification(verdict, after["run_id"])
     assert cls["kind"] == "input-change" and "code" in cls["causes"]
@@ -106,7 +106,9 @@ def test_mounted_recipe_needs_no_rebuild_and_equal_digests_are_the_same_code(tin
     assert (baked["recipe"]["code_source"], mounted["recipe"]["code_source"]) == ("image", "mounted")
     assert baked["recipe"]["tree_digest"] == mounted["recipe"]["tree_digest"]
     code, verdict, _ = cli(tiny_workspace, "verify", "checksums", baked["run_id"], mounted["run_id"])
-    assert code == 0, verdict["summary"]
+    # the same code: compared, nothing differs (inconclusive only because tiny imports no known framework)
+    assert code == ExitCode.INCONCLUSIVE, verdict["summary"]
+    assert [x["reason"] for x in verdict["data"]["inconclusive"]] == ["determinism"]
 
     train.write_text(train.read_text() + "print('an edit the image does not have')\n")
     code, _, err = cli(tiny_workspace, "run", "tiny", "--seed", "3", "--mount", "--no-build")
@@ -116,7 +118,10 @@ def test_mounted_recipe_needs_no_rebuild_and_equal_digests_are_the_same_code(tin
     assert json.loads((tiny_workspace / ".launcher" / "builds" / "cpu.json").read_text()) == record
     # the same results from other code: identical, and the verdict says the code differs
     code, verdict, _ = cli(tiny_workspace, "verify", "checksums", baked["run_id"], edited["run_id"])
-    assert code == 0 and "the code differs" in verdict["summary"], verdict["summary"]
+    assert code == ExitCode.INCOMPATIBLE, verdict  # other code: compared only when asked
+    code, verdict, _ = cli(tiny_workspace, "verify", "checksums", baked["run_id"], edited["run_id"], "--across-code")
+    assert code == ExitCode.INCONCLUSIVE and "the code differs" in verdict["summary"], verdict["summary"]
+    assert [x["reason"] for x in verdict["data"]["inconclusive"]] == ["determinism"]
     short = edited["recipe"]["tree_digest"].removeprefix("sha256:")[:12]
     assert f"{short} in {edited['run_id']})" in verdict["summary"]  # the one other run, by name
 
@@ -193,7 +198,7 @@ def test_a_plain_script_runs_as_the_folder_it_is_with_its_own_arguments(tiny_wor
     assert code == ExitCode.NOT_REPRODUCIBLE
     cls = classification(verdict, other_args["run_id"])
     assert (cls["kind"], cls["causes"]) == ("input-change", ["params"]) and "script arguments" in cls["line"]
-    code, verdict, _ = cli(tiny_workspace, "verify", "checksums", first["run_id"], edited["run_id"])
+    code, verdict, _ = cli(tiny_workspace, "verify", "checksums", first["run_id"], edited["run_id"], "--across-code")
     assert code == ExitCode.NOT_REPRODUCIBLE
     cls = classification(verdict, edited["run_id"])
     assert cls["kind"] == "input-change" and "code" in cls["causes"]

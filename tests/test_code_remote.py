@@ -150,7 +150,9 @@ def test_a_script_folder_runs_over_ssh_with_its_arguments_and_its_digest_is_what
     assert testhost.exec("stat", "-c", "%Y.%Z", on_host).strip() == mtime
     assert again["recipe"]["tree_digest"] == first["recipe"]["tree_digest"]
     code, report = verify(tiny_workspace, first["run_id"], again["run_id"])
-    assert code == 0 and report["verdict"] == "identical", report["summary"]
+    # nothing differs, but the script saves nothing of training (seen.json) and imports no framework
+    assert code == ExitCode.INCONCLUSIVE and report["verdict"] == "inconclusive", report["summary"]
+    assert [x["reason"] for x in report["inconclusive"]] == ["no-evidence", "determinism"]
 
     # a one-line edit of the sibling module: a new digest, sent anew, and a code change for verify
     (proj / "util.py").write_text(UTIL_EDITED)
@@ -160,7 +162,7 @@ def test_a_script_folder_runs_over_ssh_with_its_arguments_and_its_digest_is_what
     assert edited["recipe"]["tree_digest"] == digest_of([(r, s, h) for r, s, h in seen3["files"]]) == code_digest(proj)
     assert edited["recipe"]["tree_digest"] != first["recipe"]["tree_digest"]
     assert launch3["code"]["sent"] is True and launch3["code"]["host_path"] != on_host
-    code, report = verify(tiny_workspace, first["run_id"], edited["run_id"])
+    code, report = verify(tiny_workspace, first["run_id"], edited["run_id"], "--across-code")
     assert code == ExitCode.NOT_REPRODUCIBLE, report["summary"]
     row = next(r for r in report["runs"] if r["run_id"] == edited["run_id"])
     assert row["classification"] == "input-change", row

@@ -196,9 +196,10 @@ def test_volatile_field_names() -> None:
     assert not any(volatile_field(n) for n in ("loss", "val_accuracy", "epoch", "lr"))
 
 
-def test_unreadable_file_differs_with_reason(tmp_path: Path) -> None:
+def test_unreadable_file_is_not_compared_with_reason(tmp_path: Path) -> None:
     (tmp_path / "a.keras").write_bytes(b"not a zip")
     (tmp_path / "b.keras").write_bytes(b"not a zip either")
     diff = compare_files(tmp_path / "a.keras", tmp_path / "b.keras")
-    assert diff is not None and not diff.same and "cannot be read as keras" in (diff.difference or "")
+    assert diff is not None and not diff.same and diff.difference is None  # never a difference in content
+    assert "cannot be read as keras" in (diff.unreadable or "") and diff.to_dict()["unreadable"] == diff.unreadable
     assert compare_files(tmp_path / "a.png", tmp_path / "b.png") is None

@@ -90,7 +90,8 @@ def test_run_and_pull_through_proxyjump_in_an_included_config(
     # the image went over the bulk path (OpenSSH through the same hop): the target's engine has it
     assert manifests[0]["image"]["id"] in target.exec("docker", "images", "-q", "--no-trunc")
     code, out = _cli(tiny_workspace, "verify", "checksums", manifests[0]["run_id"], manifests[1]["run_id"])
-    assert code == 0, out
+    # tiny imports no known framework: no difference, but no determinism guaranteed either
+    assert code == ExitCode.INCONCLUSIVE and "identical outputs" in out, out
 
 
 def test_a_changed_key_on_the_bastion_is_refused(

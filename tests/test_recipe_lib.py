@@ -127,7 +127,7 @@ def test_the_manifest_pins_the_library_and_an_edit_to_it_is_a_code_change(tiny_w
     assert after["recipe"]["tree_digest"] == before["recipe"]["tree_digest"]
     assert after["recipe"]["lib_digest"] == code_digest(lib) != before["recipe"]["lib_digest"]
 
-    code, verdict, _ = cli(tiny_workspace, "verify", "checksums", before["run_id"], after["run_id"])
+    code, verdict, _ = cli(tiny_workspace, "verify", "checksums", before["run_id"], after["run_id"], "--across-code")
     assert code == ExitCode.NOT_REPRODUCIBLE, verdict
     cls = verdict["data"]["explanations"][after["run_id"]]["classification"]
     assert cls["kind"] == "input-change" and "code" in cls["causes"], cls

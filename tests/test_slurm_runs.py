@@ -65,8 +65,9 @@ def test_a_job_array_on_both_nodes_is_bit_identical(slurm_cluster: SlurmCluster,
     assert {m["image"]["id"] for m in manifests} == {manifests[0]["image"]["id"]}
     group = manifests[0]["group"]
     code, out = _cli(tiny_workspace, "verify", "checksums", "--group", group)
-    assert code == 0, out
-    assert "identical" in out
+    # tiny imports no known framework: no difference, but no determinism guaranteed either
+    assert code == ExitCode.INCONCLUSIVE, out
+    assert "inconclusive: identical outputs" in out and "bit-identical" not in out
     # the image went once to the shared filesystem, and a second group sends nothing
     archives = slurm_cluster.login.exec("sh", "-c", "ls /root/.launcher/images").split()
     assert archives == [manifests[0]["image"]["id"].removeprefix("sha256:") + ".tar"]
@@ -164,7 +165,8 @@ def test_an_experiment_on_the_cluster_is_two_job_arrays(slurm_cluster: SlurmClus
     assert len(groups) == 2 and len(set(groups.values())) == 2  # one array per group
     same = next(g for g in groups if g.endswith("same-seed"))
     code, out = _cli(tiny_workspace, "verify", "checksums", "--group", same)
-    assert code == 0, out
+    # tiny imports no known framework: no difference, but no determinism guaranteed either
+    assert code == ExitCode.INCONCLUSIVE and "identical outputs" in out, out
     code, out = _cli(tiny_workspace, "verify", "checksums", "--group", same.replace("same-seed", "different-seeds"))
     assert code == ExitCode.NOT_REPRODUCIBLE, out  # other seeds, other weights
 
@@ -249,7 +251,8 @@ def test_with_a_registry_set_the_nodes_pull_the_image_by_digest(
         digests = slurm_cluster.node(name).exec("docker", "image", "inspect", "-f", "{{.Id}} {{.RepoDigests}}", image)
         assert digests.split()[0] == image and source["ref"] in digests
     code, out = _cli(tiny_workspace, "verify", "checksums", "--group", manifests[0]["group"])
-    assert code == 0 and "identical" in out
+    # tiny imports no known framework: no difference, but no determinism guaranteed either
+    assert code == ExitCode.INCONCLUSIVE and "identical outputs" in out, out
     # --ship-via shared still takes the archive path for one run
     code, out = _cli(tiny_workspace, "run", "tiny", *_on(slurm_cluster.login), "--scheduler", "slurm",
                      "--ship-via", "shared")

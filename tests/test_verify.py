@@ -48,7 +48,7 @@ def test_identical_runs(ws: Workspace) -> None:
     assert model_row["checked"] and model_row["runs"][b.name]["status"] == "identical"
     # The logs carry timestamps and differ, but are not part of the verdict.
     log_row = next(r for r in data["artifacts"] if r["path"] == "outputs/logs/train.log")
-    assert not log_row["checked"] and log_row["runs"][b.name]["status"] == "differs"
+    assert not log_row["checked"] and log_row["runs"][b.name]["status"] == "ignored"
 
 
 def test_one_flipped_bit_is_named(ws: Workspace) -> None:
@@ -133,7 +133,9 @@ def test_thread_count_is_the_software_environment(ws: Workspace) -> None:
 
 def test_changed_data_and_code_are_named(ws: Workspace) -> None:
     pair(ws.runs, data_version=1, code_version=1)
-    (run,) = verify_checksums(ws).differing
+    with pytest.raises(Incompatible, match="different code"):  # other code: compared only when asked
+        verify_checksums(ws)
+    (run,) = verify_checksums(ws, across_code=True).differing
     cls = run.explanation["classification"]
     assert cls["kind"] == CLASS_INPUT and cls["causes"] == ["code", "data"]
     assert "recipe.tree_digest" in cls["line"] and "dataset fingerprint" in cls["line"]

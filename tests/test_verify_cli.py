@@ -8,7 +8,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from runfactory import FakeRun, edit_manifest, flip_bit, make_workspace, pair, refresh_manifest, write_run
+from runfactory import (
+    FakeRun,
+    edit_manifest,
+    flip_bit,
+    keep_only,
+    make_workspace,
+    pair,
+    refresh_manifest,
+    write_run,
+)
 from typer.testing import CliRunner
 
 from launcher.cli import app
@@ -69,11 +78,13 @@ def test_json_schema(root: Path) -> None:
     data = env["data"]
     assert data["schema"] == "launcher.verify.verdicts/v1"
     assert set(data) == {"schema", "verdict", "mode", "selection", "reference", "recipe", "summary", "integrity",
-                         "consistency", "checks", "runs", "artifacts", "explanations", "not_compared", "skipped"}
+                         "consistency", "checks", "runs", "artifacts", "explanations", "not_compared", "skipped",
+                         "code_name", "across_code", "inconclusive", "evidence", "bytes_only", "ignored"}
+    assert set(data["evidence"]) == {"kinds", "training", "named", "determinism"}
     assert data["verdict"] == "differs" and data["reference"] == a.name
     assert set(data["checks"]) == {"models", "initial_weights", "data", "batches", "metrics"}
     run = data["runs"][1]
-    assert set(run) == {"run_id", "group", "replicate", "seed", "recipe", "run_status", "status",
+    assert set(run) == {"run_id", "group", "replicate", "seed", "recipe", "code_name", "run_status", "status",
                         "classification", "line", "first_difference", "identical_in_content", "code"}
     assert run["classification"] == "input-change" and "seed" in run["line"]
     exp = data["explanations"][b.name]
@@ -81,7 +92,7 @@ def test_json_schema(root: Path) -> None:
                         "environment", "files", "impact"}
     assert exp["impact"] is None  # these runs recorded no probes
     for row in data["artifacts"]:
-        assert set(row) == {"path", "checked", "ignored_by", "reference_sha256", "runs"}
+        assert set(row) == {"path", "kind", "checked", "ignored_by", "reference_sha256", "runs"}
         assert set(row["runs"]) == {a.name, b.name}
 
 
@@ -138,13 +149,26 @@ def test_every_json_field_is_documented(root: Path) -> None:
     doc = (Path(__file__).resolve().parent.parent / "docs" / "verify-json.md").read_text()
     assert "launcher.verify.verdicts/v1" in doc
     seen: set[str] = set()
-    for kw in ({"seed": 43}, {"unseeded_dropout": True, "dropout_entropy": 1}, {"data_version": 1}):
+    for kw in ({"seed": 43}, {"unseeded_dropout": True, "dropout_entropy": 1}, {"data_version": 1}, {"profile": "off"},
+               {}):
         for d in (root / "runs").iterdir():
             for p in sorted(d.rglob("*"), reverse=True):
                 p.unlink() if p.is_file() else p.rmdir()
             d.rmdir()
-        pair(root / "runs", **kw)
-        _, out, _ = _invoke(root, "--json", "verify", "checksums")
+        runs = pair(root / "runs", **kw)
+        extra: list[str] = []
+        if not kw:  # saved nothing of training, a file identical in content only, one unreadable, one named
+            for d in runs:
+                (d / "outputs/history.json").write_text(json.dumps({"loss": 1.0, "time": d.name}))
+                (d / "outputs/broken.keras").write_bytes(d.name.encode())
+                (d / "outputs/args.json").write_text("{}")
+                keep_only(d, "history.json", "broken.keras", "args.json")
+            extra = ["--evidence", "args.json", "--ignore", "history.json"]
+            _, out, _ = _invoke(root, "--json", "verify", "checksums")
+            _keys(json.loads(out), seen)
+            _, out, _ = _invoke(root, "--json", "verify", "checksums", runs[0].name)
+            _keys(json.loads(out), seen)
+        _, out, _ = _invoke(root, "--json", "verify", "checksums", *extra)
         _keys(json.loads(out), seen)
     undocumented = sorted(k for k in seen if f"`{k}`" not in doc)
     assert undocumented == [], undocumented

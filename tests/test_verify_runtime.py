@@ -96,7 +96,11 @@ def test_real_runtime_outputs(tmp_path: Path, recipe: Path) -> None:
     e = _run(ws, recipe, 4, 42, unseeded=1)
 
     same = verify_checksums(ws, [a.name, b.name])
-    assert same.exit_code == ExitCode.OK, same.summary_line()
+    # A numpy-only recipe imports no known framework: no difference, but launcher guaranteed no
+    # determinism beyond the seeds, so the verdict says so instead of calling it a proof.
+    assert same.identical and same.exit_code == ExitCode.INCONCLUSIVE, same.summary_line()
+    assert "no known framework was imported" in same.summary_line()
+    assert "bit-identical" not in same.summary_line()
 
     (seed_run,) = verify_checksums(ws, [a.name, c.name]).differing
     cls = seed_run.explanation["classification"]

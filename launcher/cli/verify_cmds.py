@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from launcher.cli.common import command, render, reporter, stdout, workspace_of
@@ -43,7 +44,8 @@ app.add_typer(verify_app)
 
 MAX_ARRAY_LINES = 12
 _STYLE = {"identical": "green", "identical-content": "green", "differs": "bold red", "missing": "yellow",
-          "reference": "cyan"}
+          "reference": "cyan", "unreadable": "yellow", "ignored": "dim"}
+_VERDICT_STYLE = {"identical": "green", "consistent": "green", "inconclusive": "bold yellow", "differs": "bold red"}
 
 
 def _short(run_id: str) -> str:
@@ -69,7 +71,8 @@ def explanation_lines(exp: dict[str, Any]) -> list[str]:
     lines: list[str] = []
     for f in exp.get("files") or []:
         content = f.get("content") or {}
-        what = ("in one run only" if f["status"] == "missing" else content.get("difference")
+        hint = f"; to leave it out: --ignore '{f['ignore']}'" if f.get("ignore") else ""
+        what = (f"in one run only{hint}" if f["status"] == "missing" else content.get("difference")
                 or "bytes differ (format not compared by content)")
         lines.append(f"file {f['path']}: {what}")
     model = exp.get("model")
@@ -144,22 +147,29 @@ def explanation_lines(exp: dict[str, Any]) -> list[str]:
 def _print_verify(result: Result) -> None:
     d = result.data
     runs = d["runs"]
-    table = Table(title=f"verify checksums: {d['recipe']} against {d['reference']}", show_lines=False)
+    table = Table(title=f"verify checksums: {d.get('code_name') or d['recipe']} against {d['reference']}",
+                  show_lines=False)
     table.add_column("artifact", overflow="fold")
+    table.add_column("kind")
     for r in runs:
         table.add_column(f"#{r['replicate']} {_short(r['run_id'])}", justify="center")
     for a in d["artifacts"]:
         by = {"launcher": "", "recipe": ", recipe", "--ignore": ", --ignore"}.get(a.get("ignored_by") or "", "")
-        path = a["path"] if a["checked"] else f"[dim]{a['path']} (not compared{by})[/]"
+        path = escape(a["path"]) if a["checked"] else f"[dim]{escape(a['path'])} (not compared{by})[/]"
         cells = []
         for r in runs:
-            status = a["runs"][r["run_id"]]["status"]
-            style = _STYLE.get(status, "") if a["checked"] else "dim"
+            cell = a["runs"][r["run_id"]]
+            status = cell["status"]
+            if status == "missing" and cell.get("sha256"):
+                status = "only here"  # the file the other run lacks; "missing" is said where it is missing
+            style = _STYLE.get(status, "yellow") if a["checked"] else "dim"
             cells.append(f"[{style}]{status}[/]" if style else status)
-        table.add_row(path, *cells)
+        table.add_row(path, a.get("kind", ""), *cells)
     stdout.print(table)
     for r in runs:
         stdout.print(f"code of #{r['replicate']} {_short(r['run_id'])}: {r.get('code', '-')}", markup=False)
+    _print_not_compared(d)
+    _print_evidence(d)
     if d.get("mode") == "alone":
         _print_tail(result)
         return
@@ -181,6 +191,48 @@ def _print_verify(result: Result) -> None:
     _print_tail(result)
 
 
+def _print_not_compared(d: dict[str, Any]) -> None:
+    """Why files were left out or could not be read: once per who (or per file that cannot be read)."""
+    for g in d.get("ignored") or []:
+        names = [p.removeprefix("outputs/") for p in g["paths"]]
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        differ = f"; {len(g['differ'])} differ in bytes" if g["differ"] else ""
+        stdout.print(f"not compared: {shown} ({g['why']}){differ}", markup=False, style="dim")
+    for a in d["artifacts"]:
+        cell = next((c for c in a["runs"].values() if c["status"] == "unreadable"), None)
+        if cell is not None:
+            content = cell.get("content") or {}
+            stdout.print(f"[yellow]not compared[/] {escape(a['path'])}: {escape(str(content.get('unreadable')))}; "
+                         f"fix: {escape(str(content.get('fix')))}")
+
+
+def evidence_lines(d: dict[str, Any]) -> list[str]:
+    """What was compared, by kind: one line per kind, and the determinism of the runs."""
+    ev = d.get("evidence") or {}
+    lines = []
+    for kind, k in (ev.get("kinds") or {}).items():
+        n = k["files"]
+        files = f"{n} file{'s' if n != 1 else ''}"
+        if k["outcome"] == "checked alone":
+            lines.append(f"{kind}: {files}")
+            continue
+        parts = [f"{k[o]} {o}" for o in ("identical", "differs", "unreadable", "ignored") if k[o]]
+        lines.append(f"{kind}: {files}, {k['compared']} compared: {k['outcome']} ({', '.join(parts)})")
+    det = ev.get("determinism") or {}
+    if det and not det.get("in_force"):
+        reasons = sorted({r["reason"] for r in det["runs"].values() if not r["in_force"]})
+        lines.append("determinism: not in force (" + "; ".join(reasons) + ")")
+    elif det:
+        lines.append("determinism: in force in every run")
+    return lines
+
+
+def _print_evidence(d: dict[str, Any]) -> None:
+    stdout.print("Compared, by kind:" if d.get("mode") != "alone" else "Held, by kind:")
+    for line in evidence_lines(d):
+        stdout.print(f"  {line}", markup=False)
+
+
 def _print_tail(result: Result) -> None:
     d = result.data
     runs = d["runs"]
@@ -190,8 +242,8 @@ def _print_tail(result: Result) -> None:
                          "incomplete[/]")
     for skipped in d["skipped"]:
         stdout.print(f"\n[yellow]left out {skipped['run_id']}[/]: {skipped['reason']}", markup=True)
-    style = "green" if result.ok else "bold red"
-    stdout.print(f"\n[{style}]{result.summary}[/]")
+    style = _VERDICT_STYLE.get(d.get("verdict", ""), "green" if result.ok else "bold red")
+    stdout.print(f"\n[{style}]{escape(result.summary)}[/]")
 
 
 @command(verify_app, "checksums")
@@ -210,6 +262,13 @@ def checksums(
     ignore: Annotated[list[str] | None, typer.Option(
         "--ignore", metavar="GLOB", help="List files matching GLOB (under outputs/; * crosses /) but do not "
         "compare them; repeatable.")] = None,
+    evidence: Annotated[list[str] | None, typer.Option(
+        "--evidence", metavar="GLOB", help="Files matching GLOB (under outputs/; * crosses /) hold the result of "
+        "training (kind 'named evidence'): agreeing on them proves something; repeatable. A GLOB that matches no "
+        "file is a usage error.")] = None,
+    across_code: Annotated[bool, typer.Option(
+        "--across-code", help="Compare runs of different code (another script or recipe, or an edited copy); "
+        "refused otherwise. The verdict then says the difference may come from the code.")] = False,
     tolerance: Annotated[list[str] | None, typer.Option(
         "--tolerance", metavar="KEY=VALUE", help="How far probe outputs may move and still agree: probability "
         "(largest change of a class probability, default 0.001), heatmap (largest change of a Grad-CAM pixel, "
@@ -219,11 +278,16 @@ def checksums(
     """Compare every artifact across runs, by content where its format is known; explain every difference.
 
     With no RUN: the latest group, or, when it holds one run, that run against the previous run of
-    its recipe. One RUN alone is checked against its manifest and its own records.
+    the same code (runs of other code are compared only with --across-code). One RUN alone is
+    checked against its manifest and its own records.
     Where the recipe records probes, a difference is also explained by its impact: probe predictions
     that flip, the largest probability change, and how far the Grad-CAM heatmaps move (--tolerance).
-    Exit 0 when all runs are identical (in bytes or in content), 3 (not reproducible) when any
-    differ, 13 when a file is corrupt or a run contradicts its own records.
+    Every verdict lists what it compared by kind (model, checkpoint, predictions, metrics, logs,
+    records, other). Exit 0 when all runs are identical (in bytes or in content) and that proves
+    something; 37 (inconclusive) when nothing differs but nothing training produced was compared
+    (save the model, or name it with --evidence) or determinism was not in force; 3 (not
+    reproducible) when any differ; 13 when a file is corrupt or a run contradicts its own records;
+    16 for runs of different code without --across-code.
     """
     from launcher.verify.impact import Tolerances
     from launcher.verify.verdicts import verify_checksums
@@ -232,7 +296,8 @@ def checksums(
     ws = workspace_of(ctx)
     with reporter(ctx) as rep:
         report = verify_checksums(ws, runs or None, against=against, group=group, reporter=rep,
-                                  ignore=ignore or [], tolerances=tolerances)
+                                  ignore=ignore or [], tolerances=tolerances, evidence=evidence or [],
+                                  across_code=across_code)
     result = Result("verify checksums", report.to_dict(), report.exit_code, report.summary_line())
     render(ctx, result, _print_verify)
 

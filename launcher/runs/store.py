@@ -113,11 +113,34 @@ class Selection:
         return len(self.runs) == 1
 
 
-def _previous_of_recipe(ws: Workspace, latest: Manifest) -> Manifest | None:
+def _previous_of_recipe(ws: Workspace, latest: Manifest) -> tuple[Manifest | None, Manifest | None]:
+    """The latest earlier run of the same code (code_key), and the latest earlier run of the same
+    code name that ran other code (edited since), where there is one."""
     key = (latest.started_at, latest.run_id)
-    earlier = [m for m in _completed_manifests(ws) if m.recipe_name == latest.recipe_name
+    earlier = [m for m in _completed_manifests(ws) if m.code_name == latest.code_name
                and (m.started_at, m.run_id) < key and m.run_dir.resolve() != latest.run_dir.resolve()]
-    return max(earlier, key=lambda m: (m.started_at, m.run_id), default=None)
+    newest = max(earlier, key=lambda m: (m.started_at, m.run_id), default=None)
+    same = max((m for m in earlier if m.code_key == latest.code_key), key=lambda m: (m.started_at, m.run_id),
+               default=None)
+    return same, newest if newest is not None and newest.code_key != latest.code_key else None
+
+
+def short_digest(value: object) -> str:
+    return str(value).removeprefix("sha256:")[:12] if value else "unknown"
+
+
+def code_differences(ref: Manifest, other: Manifest) -> list[str]:
+    """How two runs' code differs, one phrase per part (name, code digest, recipe library digest)."""
+    out = []
+    (name_a, tree_a, lib_a), (name_b, tree_b, lib_b) = ref.code_key, other.code_key
+    if name_a != name_b:
+        out.append(f"{ref.run_id} ran {name_a!r}, {other.run_id} ran {name_b!r}")
+    if tree_a != tree_b:
+        out.append(f"code digest {short_digest(tree_a)} in {ref.run_id}, {short_digest(tree_b)} in {other.run_id}")
+    if lib_a != lib_b:
+        out.append(f"recipe library digest {short_digest(lib_a)} in {ref.run_id}, {short_digest(lib_b)} in "
+                   f"{other.run_id}")
+    return out
 
 
 def _results_of(ws: Workspace, group: str) -> tuple[list[Manifest], int]:
@@ -136,12 +159,13 @@ def _results_of(ws: Workspace, group: str) -> tuple[list[Manifest], int]:
 
 
 def select_runs(ws: Workspace, run_ids: list[str] | None, against: str | None,
-                group: str | None = None) -> Selection:
+                group: str | None = None, across_code: bool = False) -> Selection:
     """The runs to verify, reference first.
 
     Named runs, a group, or (neither) the latest group; when that group holds one run, the
-    latest run is compared with the previous run of its recipe. One run with nothing to compare
-    it with is checked alone.
+    latest run is compared with the previous run of the same code (Manifest.code_key). One run
+    with nothing to compare it with is checked alone. Runs of different code are refused
+    (Incompatible) unless ``across_code``.
     """
     if run_ids and group:
         raise UsageError("name runs or a group, not both", "drop the run ids or --group")
@@ -153,24 +177,36 @@ def select_runs(ws: Workspace, run_ids: list[str] | None, against: str | None,
     else:
         runs, finished = _results_of(ws, latest_group(ws))
         if len(runs) == 1 and against is None and finished == 1:
-            previous = _previous_of_recipe(ws, runs[0])
-            if previous is not None:
-                note = (f"the latest run {runs[0].run_id} against the previous run of {runs[0].recipe_name}, "
-                        f"{previous.run_id}")
-                runs = [previous, runs[0]]
-            else:
-                note = f"the only run of {runs[0].recipe_name}"
+            runs, note = _with_previous(ws, runs[0], across_code)
     if against is not None:
         ref = _load_named(ws, [against])[0]
         runs = [ref, *(m for m in runs if m.run_dir.resolve() != ref.run_dir.resolve())]
     ref = runs[0]
-    recipes = {m.recipe_name for m in runs}
-    if len(recipes) > 1:
-        other = next(m for m in runs if m.recipe_name != ref.recipe_name)
+    other = next((m for m in runs if m.code_key != ref.code_key), None)
+    if other is not None and not across_code:
+        what = "different recipes or scripts" if other.code_name != ref.code_name else "different code"
         raise Incompatible(
-            f"runs of different recipes cannot be compared: {ref.run_id} ran {ref.recipe_name!r}, "
-            f"{other.run_id} ran {other.recipe_name!r}",
-            "verify runs of one recipe (a group from `launcher experiment`, or runs named one by one)",
+            f"runs of {what} cannot be compared: " + "; ".join(code_differences(ref, other)),
+            "verify runs of one code (a group from `launcher experiment`, or runs named one by one), or add "
+            "--across-code to compare them anyway (the verdict then says the difference may come from the code)",
         )
     return Selection(ref, runs, note)
 
+
+def _with_previous(ws: Workspace, latest: Manifest, across_code: bool) -> tuple[list[Manifest], str]:
+    """The latest run with the previous run of its code; alone (saying why) when there is none."""
+    same, edited = _previous_of_recipe(ws, latest)
+    if across_code and edited is not None and (same is None or (edited.started_at, edited.run_id)
+                                                > (same.started_at, same.run_id)):
+        same = edited  # asked for: the previous run of this code name, whatever its code
+    if same is not None:
+        how = code_differences(same, latest)
+        other = f" (other code: {'; '.join(how)})" if how else ""
+        return [same, latest], (f"the latest run {latest.run_id} against the previous run of {latest.code_name}, "
+                                f"{same.run_id}{other}")
+    if edited is not None:
+        return [latest], (f"the latest run {latest.run_id} checked alone: the previous run of {latest.code_name}, "
+                          f"{edited.run_id}, ran other code ({'; '.join(code_differences(edited, latest))}); "
+                          f"compare them with `launcher verify checksums {edited.run_id} {latest.run_id} "
+                          "--across-code`")
+    return [latest], f"the only run of {latest.code_name}"

@@ -22,7 +22,7 @@ import struct
 import zipfile
 from pathlib import Path, PurePosixPath
 
-from launcher.errors import LauncherError
+from launcher.errors import LauncherError, MissingExtra
 from launcher.verify.contentlogs import (
     VOLATILE_FIELD_SUFFIXES,
     VOLATILE_FIELDS,
@@ -72,6 +72,7 @@ __all__ = [
     "read_records",
     "read_table",
     "savedmodel_root",
+    "unreadable",
     "volatile_field",
 ]
 
@@ -94,7 +95,8 @@ def file_format(name: str) -> str | None:
 def compare_files(a: Path, b: Path, name: str | None = None) -> ContentDiff | None:
     """Compare two files by the content their format holds; None when the format is not known.
 
-    A file that cannot be read as its format is reported as differing in content, with why.
+    Files that cannot be read as their format are not compared: the answer says why
+    (``unreadable``) and, for a missing package, the fix; it never says they differ.
     """
     fmt = file_format(name or a.name)
     if fmt is None:
@@ -102,8 +104,15 @@ def compare_files(a: Path, b: Path, name: str | None = None) -> ContentDiff | No
     try:
         return _COMPARERS[fmt](a, b)
     except (LauncherError, OSError, ValueError, KeyError, zipfile.BadZipFile, struct.error) as exc:
-        why = exc.one_line() if isinstance(exc, LauncherError) else f"{type(exc).__name__}: {exc}"
-        return ContentDiff(fmt, False, [], f"cannot be read as {fmt}: {why}")
+        return unreadable(fmt, exc)
+
+
+def unreadable(fmt: str, exc: BaseException) -> ContentDiff:
+    """The answer for files launcher could not read: not compared, with why and (a missing package) the fix."""
+    if isinstance(exc, MissingExtra):
+        return ContentDiff(fmt, False, [], unreadable=f"cannot be read as {fmt}: {exc.message}", fix=exc.hint)
+    why = exc.one_line() if isinstance(exc, LauncherError) else f"{type(exc).__name__}: {exc}"
+    return ContentDiff(fmt, False, [], unreadable=f"cannot be read as {fmt}: {why}")
 
 
 _COMPARERS = {

@@ -34,6 +34,8 @@ class ContentDiff:
     volatile: list[str] = field(default_factory=list)  # what differs in the bytes only
     difference: str | None = None  # where the content differs first, one phrase
     model: ModelDiff | None = None  # for arrays: the diff naming the layer and array
+    unreadable: str | None = None  # why the files could not be read: then nothing was compared
+    fix: str | None = None  # the one fix for unreadable, where launcher knows it
 
     @property
     def first_difference(self) -> dict[str, str] | None:
@@ -46,6 +48,9 @@ class ContentDiff:
         if self.model is not None and not self.model.identical:
             out["arrays_differing"] = len(self.model.differing)
             out["arrays_total"] = len(self.model.arrays)
+        if self.unreadable is not None:
+            out["unreadable"] = self.unreadable
+            out["fix"] = self.fix
         return out
 
 

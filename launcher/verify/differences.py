@@ -20,6 +20,8 @@ IDENTICAL_CONTENT = "identical-content"  # other bytes, the same content (zip da
 DIFFERS = "differs"
 MISSING = "missing"
 REFERENCE = "reference"
+UNREADABLE = "unreadable"  # launcher could not read the files as their format: not compared, never "differs"
+IGNORED = "ignored"  # left out of the comparison (launcher's list, the recipe's, --ignore) and the bytes differ
 
 # Classifications of a run compared with the reference.
 CLASS_IDENTICAL = "identical"
@@ -381,7 +383,8 @@ def _file_phrase(f: Mapping[str, Any]) -> str:
     name = str(f["path"]).removeprefix("outputs/")
     content = f.get("content")
     if f.get("status") == MISSING:
-        return f"{name} (in one run only)"
+        hint = f"; to leave it out: --ignore '{f['ignore']}'" if f.get("ignore") else ""
+        return f"{name} (in one run only{hint})"
     if content and content.get("difference"):
         return f"{name} ({content['difference']})"
     return f"{name} (bytes; format not compared by content)"

@@ -17,8 +17,8 @@ def import_h5py() -> Any:
     try:
         import h5py
     except ImportError as exc:
-        raise MissingExtra("reading Keras .weights.h5/.keras files needs h5py",
-                            "pip install 'launcher[report]' (or h5py)") from exc
+        raise MissingExtra("reading .keras and HDF5 (.h5) files needs the Python package h5py, a dependency of "
+                           "launcher that this environment lacks", "pip install h5py") from exc
     return h5py
 
 

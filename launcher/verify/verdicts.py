@@ -8,24 +8,49 @@ bytes differ is compared by its content (:mod:`launcher.verify.content`: a .kera
 file, a log with times), and for every run whose content differs it explains where (model
 arrays, initial weights, dataset and batch fingerprints, metrics, other outputs) and why (the
 environment diff of the two manifests, reduced to a one-line classification).
+
+Runs that agree prove something only when a file training produced was compared and their
+determinism was in force (:mod:`launcher.verify.evidence`); otherwise the verdict is
+``inconclusive`` (exit 37) and says what to save or change.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from launcher.errors import Corrupt, ExitCode, LauncherError
+from launcher.errors import Corrupt, ExitCode, UsageError
 from launcher.hashing import sha256_file
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.manifest import Manifest, describe_code
-from launcher.runs.store import Selection, group_runs, latest_group, resolve_run, select_runs, skipped_in_group
-from launcher.verify.content import ContentDiff, compare_files, compare_savedmodel, file_format, savedmodel_root
+from launcher.runs.store import (
+    Selection,
+    group_runs,
+    latest_group,
+    resolve_run,
+    select_runs,
+    short_digest,
+    skipped_in_group,
+)
+from launcher.verify.artifacts import (
+    IGNORED_BY_LAUNCHER,
+    IGNORED_BY_OPTION,
+    IGNORED_BY_RECIPE,
+    VOLATILE,
+    ArtifactRow,
+    bytes_only_groups,
+    bytes_only_phrases,
+    compare_artifacts,
+    ignore_glob,
+    ignored_by,
+    ignored_groups,
+    is_volatile,
+    recipe_volatile,
+)
+from launcher.verify.content import file_format
 from launcher.verify.differences import (  # explain: where and why two runs differ, and what it does
     BATCHES,
     CANONICAL_MODEL,
@@ -38,23 +63,35 @@ from launcher.verify.differences import (  # explain: where and why two runs dif
     DIFFERS,
     IDENTICAL,
     IDENTICAL_CONTENT,
+    IGNORED,
     INITIAL_WEIGHTS,
     LAYERS,
     METRICS,
     MISSING,
     NATIVE_MODELS,
     REFERENCE,
+    UNREADABLE,
     categorize,
     check_consistency,
     explain,
     read_metrics,
     repull_hint,
 )
+from launcher.verify.evidence import (
+    KIND_MODEL,
+    RowOutcome,
+    determinism_of,
+    determinism_reason,
+    evidence_reason,
+    kinds_summary,
+    matches,
+)
 from launcher.verify.impact import Tolerances
 from launcher.workspace import Workspace
 
-# The classifications, artifact paths, explanations and the run store lived in this module once
-# (now launcher.verify.differences and launcher.runs.store); callers still import them from here.
+# The classifications, artifact paths, explanations, the artifact rows and the run store lived in
+# this module once (now launcher.verify.differences, .artifacts and launcher.runs.store); callers
+# still import them from here.
 __all__ = [
     "BATCHES",
     "CANONICAL_MODEL",
@@ -68,6 +105,11 @@ __all__ = [
     "DIFFERS",
     "IDENTICAL",
     "IDENTICAL_CONTENT",
+    "IGNORED",
+    "IGNORED_BY_LAUNCHER",
+    "IGNORED_BY_OPTION",
+    "IGNORED_BY_RECIPE",
+    "INCONCLUSIVE",
     "INITIAL_WEIGHTS",
     "LAYERS",
     "METRICS",
@@ -75,6 +117,7 @@ __all__ = [
     "NATIVE_MODELS",
     "REFERENCE",
     "SCHEMA",
+    "UNREADABLE",
     "VOLATILE",
     "ArtifactRow",
     "IntegrityStats",
@@ -97,61 +140,9 @@ __all__ = [
 SCHEMA = "launcher.verify.verdicts/v1"
 
 CONSISTENT = "consistent"  # the verdict on one run checked alone
-
-# Who left a file out of the comparison.
-IGNORED_BY_LAUNCHER = "launcher"
-IGNORED_BY_RECIPE = "recipe"
-IGNORED_BY_OPTION = "--ignore"
-
-# The files launcher itself never compares (the one list; README "Verify", docs/verify-json.md):
-# its own records of times and of the environment, which the manifests compare instead, and
-# the recipe's console log, which carries times. Listed in the table, left out of the verdict.
-# Everything else is compared, by content where the format is known (launcher.verify.content).
-VOLATILE = (
-    "outputs/_launcher/*",
-    "outputs/logs/train.log",
-    "launch.json",
-)
+INCONCLUSIVE = "inconclusive"  # no difference found, but nothing proven (exit 37)
 
 HASH_WORKERS = max(2, min(4, os.cpu_count() or 2))
-
-
-def is_volatile(path: str) -> bool:
-    return any(fnmatch.fnmatchcase(path, pat) for pat in VOLATILE)
-
-
-def _matches(path: str, globs: Iterable[str]) -> bool:
-    """A glob matches the path from the run directory or from its outputs/ (``*`` crosses ``/``)."""
-    rel = path.removeprefix("outputs/")
-    return any(fnmatch.fnmatchcase(path, g) or fnmatch.fnmatchcase(rel, g) for g in globs)
-
-
-def ignored_by(path: str, recipe_globs: Iterable[str] = (), option_globs: Iterable[str] = ()) -> str | None:
-    """Why a file is listed but not compared: launcher's own list, the recipe's, --ignore; or None."""
-    if is_volatile(path):
-        return IGNORED_BY_LAUNCHER
-    if _matches(path, recipe_globs):
-        return IGNORED_BY_RECIPE
-    if _matches(path, option_globs):
-        return IGNORED_BY_OPTION
-    return None
-
-
-def recipe_volatile(ws: Workspace, m: Manifest) -> list[str]:
-    """The run's declared volatile outputs: the manifest's ``recipe.volatile``, else the workspace recipe's."""
-    recorded = m.recipe.get("volatile")
-    if isinstance(recorded, list):
-        return [g for g in recorded if isinstance(g, str)]
-    from launcher.runtime.spec import SpecError, load_spec
-
-    folder = ws.root / "recipes" / m.recipe_name
-    if not (folder / "recipe.toml").is_file():
-        return []
-    try:
-        return list(load_spec(folder).volatile)
-    except SpecError:
-        return []
-
 
 
 # ---------------------------------------------------------------- integrity
@@ -220,7 +211,7 @@ class RunVerdict:
         model = self.explanation.get("model") or {}
         return {
             "run_id": m.run_id, "group": m.group, "replicate": m.replicate, "seed": m.seed,
-            "recipe": m.recipe_name, "run_status": m.status, "status": self.status,
+            "recipe": m.recipe_name, "code_name": m.code_name, "run_status": m.status, "status": self.status,
             "classification": cls.get("kind") if self.status != REFERENCE else None,
             "line": cls.get("line") if self.status != REFERENCE else "reference",
             "first_difference": model.get("first_difference"),
@@ -232,25 +223,7 @@ class RunVerdict:
 def _identical_line(v: RunVerdict) -> str:
     if not v.content_only:
         return "identical"
-    return "identical in content; bytes differ only in " + "; ".join(_volatile_phrase(f) for f in v.content_only[:3])
-
-
-def _volatile_phrase(f: Mapping[str, Any]) -> str:
-    what = ", ".join((f.get("content") or {}).get("volatile") or []) or "bytes"
-    return f"{str(f['path']).removeprefix('outputs/')} ({what})"
-
-
-@dataclass
-class ArtifactRow:
-    path: str
-    checked: bool
-    reference_sha256: str | None
-    cells: dict[str, dict[str, Any]]  # run id -> {"status", "sha256"[, "path", "content"]}
-    ignored_by: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "checked": self.checked, "ignored_by": self.ignored_by,
-                "reference_sha256": self.reference_sha256, "runs": self.cells}
+    return "identical in content; bytes differ only in " + "; ".join(bytes_only_phrases(v.content_only))
 
 
 @dataclass
@@ -264,14 +237,28 @@ class VerifyReport:
     selection: str | None = None  # how the runs were chosen, when not named
     consistency: dict[str, dict[str, Any]] = field(default_factory=dict)
     ignore: list[str] = field(default_factory=list)
+    evidence_globs: list[str] = field(default_factory=list)
+    across_code: bool = False
 
     @property
     def identical(self) -> bool:
+        """No compared file differs (which proves something only when not ``inconclusive``)."""
         return all(r.status in (REFERENCE, IDENTICAL) for r in self.runs)
 
     @property
+    def inconclusive(self) -> list[dict[str, Any]]:
+        """Why runs that agree prove nothing (no training output compared, determinism not in force); [] else."""
+        if self.mode == "alone" or not self.identical:
+            return []
+        found = [evidence_reason(self.outcomes()),
+                 determinism_reason({r.manifest.run_id: determinism_of(r.manifest) for r in self.runs})]
+        return [x for x in found if x is not None]
+
+    @property
     def exit_code(self) -> ExitCode:
-        return ExitCode.OK if self.identical else ExitCode.NOT_REPRODUCIBLE
+        if not self.identical:
+            return ExitCode.NOT_REPRODUCIBLE
+        return ExitCode.INCONCLUSIVE if self.inconclusive else ExitCode.OK
 
     @property
     def differing(self) -> list[RunVerdict]:
@@ -281,67 +268,85 @@ class VerifyReport:
     def verdict(self) -> str:
         if self.mode == "alone":
             return CONSISTENT
-        return IDENTICAL if self.identical else DIFFERS
+        if not self.identical:
+            return DIFFERS
+        return INCONCLUSIVE if self.inconclusive else IDENTICAL
 
-    def _not_compared(self) -> list[str]:
-        return [a.path for a in self.artifacts if not a.checked
-                and any(c["status"] not in (REFERENCE, IDENTICAL) for c in a.cells.values())]
+    def outcomes(self) -> list[RowOutcome]:
+        return [a.outcome(self.reference.run_id, self.mode == "alone") for a in self.artifacts]
+
+    def _code_tail(self) -> str:
+        """The runs ran other code (only with --across-code): say which part, and in which runs."""
+        tail = ""
+        for index, what in ((0, "code name"), (1, "code"), (2, "recipe library")):
+            ref_value = self.reference.code_key[index]
+            by_code: dict[str, list[str]] = {}
+            for r in self.runs:
+                if r.manifest.code_key[index] != ref_value:
+                    by_code.setdefault(str(r.manifest.code_key[index]), []).append(r.manifest.run_id)
+            if by_code:
+                show: Callable[[object], str] = str if index == 0 else short_digest
+                where = [f"{show(c)} in " + (ids[0] if len(ids) == 1 else f"{len(ids)} runs")
+                         for c, ids in sorted(by_code.items())[:3]]
+                tail += f"; the {what} differs ({show(ref_value)} in {self.reference.run_id}, " + ", ".join(where) + ")"
+        if tail and not self.identical:
+            tail += ": the difference may come from the code"
+        return tail
 
     def summary_line(self) -> str:
         n = len(self.runs)
         ref = self.reference.run_id
         prefix = f"{self.selection}: " if self.selection else ""
         if self.mode == "alone":
-            cons = self.consistency.get(ref) or {}
-            parts = [f"{self.integrity.files} files match its manifest"]
-            if cons.get("layers"):
-                parts.append("canonical weights match weights/layers.json")
-            native = cons.get("native") or {}
-            if native.get("ok"):
-                parts.append(f"and its native save {str(native['source']).removeprefix('outputs/')}")
-            return f"{prefix}consistent: run {ref} checked alone: " + ", ".join(parts)
-        skipped = self._not_compared()
+            return prefix + self._alone_line()
+        skipped = [a for a in self.artifacts if not a.checked
+                   and any(c["status"] not in (REFERENCE, IDENTICAL) for c in a.cells.values())]
         tail = f"; {len(skipped)} volatile files differ, not compared" if skipped else ""
-        for key, what in (("tree_digest", "code"), ("lib_digest", "recipe library")):
-            ref_code = self.reference.recipe.get(key)
-            by_code: dict[str, list[str]] = {}
-            for r in self.runs:
-                if r.manifest.recipe.get(key) != ref_code:
-                    by_code.setdefault(str(r.manifest.recipe.get(key)), []).append(r.manifest.run_id)
-            if by_code:  # the results may agree, but the runs did not run the same code
-                where = [f"{c.removeprefix('sha256:')[:12]} in " + (ids[0] if len(ids) == 1 else f"{len(ids)} runs")
-                         for c, ids in sorted(by_code.items())[:3]]
-                tail += (f"; the {what} differs ({str(ref_code).removeprefix('sha256:')[:12]} in {ref}, "
-                         + ", ".join(where) + ")")
-        if self.identical:
-            content = {f["path"]: f for r in self.runs for f in r.content_only}
-            if not content:
-                return f"{prefix}identical: all {n} runs are bit-identical to {ref}{tail}"
-            return (f"{prefix}identical in content: all {n} runs match {ref}; bytes differ only in volatile parts: "
-                    + "; ".join(_volatile_phrase(f) for f in list(content.values())[:4])
-                    + (f" and {len(content) - 4} more" if len(content) > 4 else "") + tail)
-        kinds = sorted({r.explanation["classification"]["kind"] for r in self.differing})
-        files = sorted({str(f["path"]).removeprefix("outputs/") for r in self.differing
-                        for f in r.explanation.get("files") or []})
-        named = ", ".join(files[:4]) + (f" and {len(files) - 4} more" if len(files) > 4 else "")
-        return (f"{prefix}{len(self.differing)} of {n - 1} runs differ from {ref} ({', '.join(kinds)}): "
-                f"content differs in {named}{tail}")
+        tail += self._code_tail()
+        if not self.identical:
+            kinds = sorted({r.explanation["classification"]["kind"] for r in self.differing})
+            files = sorted({str(f["path"]).removeprefix("outputs/") for r in self.differing
+                            for f in r.explanation.get("files") or []})
+            named = ", ".join(files[:4]) + (f" and {len(files) - 4} more" if len(files) > 4 else "")
+            return (f"{prefix}{len(self.differing)} of {n - 1} runs differ from {ref} ({', '.join(kinds)}): "
+                    f"content differs in {named}{tail}")
+        reasons = self.inconclusive
+        if reasons:
+            return (f"{prefix}inconclusive: identical outputs{tail}; but " + " and ".join(x["line"] for x in reasons)
+                    + "; fix: " + "; and ".join(x["fix"] for x in reasons))
+        content = list({f["path"]: f for r in self.runs for f in r.content_only}.values())
+        if not content:
+            return f"{prefix}identical: all {n} runs are bit-identical to {ref}{tail}"
+        return (f"{prefix}identical in content: all {n} runs match {ref}; bytes differ only in volatile parts: "
+                + "; ".join(bytes_only_phrases(content)) + tail)
+
+    def _alone_line(self) -> str:
+        ref = self.reference.run_id
+        cons = self.consistency.get(ref) or {}
+        parts = [f"{self.integrity.files} files match its manifest"]
+        if cons.get("layers"):
+            parts.append("canonical weights match weights/layers.json")
+        native = cons.get("native") or {}
+        if native.get("ok"):
+            parts.append(f"and its native save {str(native['source']).removeprefix('outputs/')}")
+        line = f"consistent: run {ref} checked alone: " + ", ".join(parts)
+        none = evidence_reason(self.outcomes(), alone=True)
+        return line + (f"; it holds no evidence of training: {none['line']}; fix: {none['fix']}" if none else "")
 
     def checks(self) -> dict[str, Any]:
         """Models, initial weights, training data, batches, metrics: all the same as the reference?"""
         others = [r for r in self.runs if r.status != REFERENCE]
         out: dict[str, Any] = {}
         paths = {a.path for a in self.reference.artifacts}  # a byte-identical run proves only what was recorded
-        recorded = {"model": any(file_format(p) in MODEL_FORMATS for p in paths), "initial_weights":
-                    INITIAL_WEIGHTS in paths, "data": DATASET in paths, "batches": BATCHES in paths,
-                    "metrics": METRICS in paths}
+        recorded = {"initial_weights": INITIAL_WEIGHTS in paths, "data": DATASET in paths,
+                    "batches": BATCHES in paths, "metrics": METRICS in paths}
         for name, key in (("models", "model"), ("initial_weights", "initial_weights"),
                           ("data", "data"), ("batches", "batches"), ("metrics", "metrics")):
             checked, differing = 0, []
             for r in others:
                 exp = r.explanation.get(key)
                 if r.status == IDENTICAL:
-                    checked += recorded[key]
+                    checked += self._model_compared(r.manifest.run_id) if key == "model" else recorded[key]
                     continue
                 same = None if exp is None else exp.get("identical") if key == "model" else exp.get("same")
                 if same is None:  # not recorded, or could not be read
@@ -354,6 +359,21 @@ class VerifyReport:
                          "of": len(self.runs), "differing": differing}
         return out
 
+    def _model_compared(self, run_id: str) -> bool:
+        """A model file of a format launcher reads was compared (not unreadable) with the reference's."""
+        return any(a.checked and file_format(a.path) in MODEL_FORMATS and a.kind == KIND_MODEL
+                   and (a.cells.get(run_id) or {}).get("status") in (IDENTICAL, IDENTICAL_CONTENT)
+                   for a in self.artifacts)
+
+    def evidence(self) -> dict[str, Any]:
+        determinism = {r.manifest.run_id: determinism_of(r.manifest) for r in self.runs}
+        outcomes = self.outcomes()
+        return {"kinds": kinds_summary(outcomes, alone=self.mode == "alone"),
+                "training": evidence_reason(outcomes, alone=self.mode == "alone") is None,
+                "named": list(self.evidence_globs),
+                "determinism": {"in_force": all(d.in_force for d in determinism.values()),
+                                "runs": {rid: d.to_dict() for rid, d in determinism.items()}}}
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA,
@@ -362,93 +382,25 @@ class VerifyReport:
             "selection": self.selection,
             "reference": self.reference.run_id,
             "recipe": self.reference.recipe_name,
+            "code_name": self.reference.code_name,
+            "across_code": self.across_code,
             "summary": self.summary_line(),
+            "inconclusive": self.inconclusive,
+            "evidence": self.evidence(),
             "integrity": {"files": self.integrity.files, "bytes": self.integrity.bytes, "ok": True},
             "consistency": self.consistency,
             "checks": self.checks(),
             "runs": [r.to_dict() for r in self.runs],
             "artifacts": [a.to_dict() for a in self.artifacts],
             "explanations": {r.manifest.run_id: r.explanation for r in self.runs if r.status == DIFFERS},
+            "bytes_only": bytes_only_groups([f for r in self.runs for f in r.content_only]),
+            "ignored": ignored_groups(self.artifacts),
             "not_compared": {"launcher": list(VOLATILE), "ignore": list(self.ignore)},
             "skipped": self.skipped,
         }
 
 
-
 MODEL_FORMATS = frozenset({"keras", "hdf5", "torch", "safetensors", "npz", "npy"})
-
-
-def _pairing_keys(m: Manifest) -> dict[str, str]:
-    """Artifact path -> the key it is compared under: TensorBoard event files, whose names carry
-    the time, host and pid, pair by directory (the n-th event file of a directory, by name)."""
-    keys: dict[str, str] = {}
-    counters: dict[str, int] = {}
-    for path in sorted(a.path for a in m.artifacts):
-        folder, _, name = path.rpartition("/")
-        if name.startswith("events.out.tfevents."):
-            n = counters.get(folder, 0)
-            counters[folder] = n + 1
-            keys[path] = f"{folder}/events.out.tfevents.*" + (f"#{n}" if n else "")
-        else:
-            keys[path] = path
-    return keys
-
-
-def _content(ref: Manifest, run: Manifest, ref_path: str, run_path: str,
-             savedmodels: dict[tuple[Path, Path], ContentDiff]) -> ContentDiff | None:
-    a, b = ref.file(ref_path), run.file(run_path)
-    root_a = savedmodel_root(a, ref.run_dir)
-    root_b = savedmodel_root(b, run.run_dir)
-    if root_a is not None and root_b is not None:
-        if (root_a, root_b) not in savedmodels:
-            try:
-                savedmodels[(root_a, root_b)] = compare_savedmodel(root_a, root_b)
-            except (LauncherError, OSError, ValueError) as exc:
-                why = exc.one_line() if isinstance(exc, LauncherError) else str(exc)
-                savedmodels[(root_a, root_b)] = ContentDiff("savedmodel", False, [],
-                                                            f"cannot be read as a SavedModel: {why}")
-        return savedmodels[(root_a, root_b)]
-    return compare_files(a, b, ref_path)
-
-
-def _compare_artifacts(ref: Manifest, runs: list[Manifest], recipe_globs: list[str], ignore: list[str]
-                       ) -> tuple[list[ArtifactRow], dict[str, bool]]:
-    keyed = {m.run_id: {k: p for p, k in _pairing_keys(m).items()} for m in runs}
-    keys: list[str] = list(keyed[ref.run_id])
-    for m in runs[1:]:
-        keys += [k for k in keyed[m.run_id] if k not in keys]
-    differs: dict[str, bool] = {m.run_id: False for m in runs[1:]}
-    savedmodels: dict[tuple[Path, Path], ContentDiff] = {}
-    rows: list[ArtifactRow] = []
-    for key in keys:
-        ref_path = keyed[ref.run_id].get(key)
-        ra = ref.artifact(ref_path) if ref_path else None
-        path = ref_path or next(keyed[m.run_id][key] for m in runs if key in keyed[m.run_id])
-        why = ignored_by(path, recipe_globs, ignore)
-        cells: dict[str, dict[str, Any]] = {ref.run_id: {"status": REFERENCE if ra else MISSING,
-                                                         "sha256": ra.sha256 if ra else None}}
-        for m in runs[1:]:
-            run_path = keyed[m.run_id].get(key)
-            a = m.artifact(run_path) if run_path else None
-            cell: dict[str, Any] = {}
-            if a is None or ra is None or ref_path is None or run_path is None:
-                status = MISSING
-            elif a.sha256 == ra.sha256:
-                status = IDENTICAL
-            elif why is not None:
-                status = DIFFERS
-            else:
-                content = _content(ref, m, ref_path, run_path, savedmodels)
-                status = DIFFERS if content is None or not content.same else IDENTICAL_CONTENT
-                if content is not None:
-                    cell["content"] = content.to_dict()
-            cells[m.run_id] = {"status": status, "sha256": a.sha256 if a else None, **cell}
-            if run_path is not None and run_path != path:
-                cells[m.run_id]["path"] = run_path
-            if why is None and status in (DIFFERS, MISSING):
-                differs[m.run_id] = True
-        rows.append(ArtifactRow(path, why is None, ra.sha256 if ra else None, cells, why))
-    return rows, differs
 
 
 def _run_files(rows: list[ArtifactRow], run_id: str, statuses: tuple[str, ...]) -> list[dict[str, Any]]:
@@ -456,27 +408,43 @@ def _run_files(rows: list[ArtifactRow], run_id: str, statuses: tuple[str, ...]) 
     for row in rows:
         cell = row.cells.get(run_id) or {}
         if row.checked and cell.get("status") in statuses:
-            out.append({"path": row.path, "status": cell["status"], "content": cell.get("content")})
+            entry = {"path": row.path, "status": cell["status"], "content": cell.get("content")}
+            if cell["status"] == MISSING:
+                entry["ignore"] = ignore_glob(row.path)
+            out.append(entry)
     return out
+
+
+def _check_evidence_globs(runs: list[Manifest], globs: list[str]) -> None:
+    for glob in globs:
+        if not any(matches(a.path, [glob]) for m in runs for a in m.artifacts):
+            raise UsageError(f"--evidence {glob!r} matches no file in the runs compared "
+                             f"({', '.join(m.run_id for m in runs)})",
+                             f"give a glob of a file under outputs/ (e.g. 'model.keras', 'checkpoints/*.pt'; "
+                             f"* crosses /): the run's files are under {runs[0].run_dir / 'outputs'}")
 
 
 def verify_checksums(ws: Workspace, run_ids: list[str] | None = None, against: str | None = None,
                      group: str | None = None, reporter: Reporter | None = None,
                      explainer: Callable[..., dict[str, Any]] = explain,
-                     ignore: Iterable[str] = (), tolerances: Tolerances | None = None) -> VerifyReport:
+                     ignore: Iterable[str] = (), tolerances: Tolerances | None = None,
+                     evidence: Iterable[str] = (), across_code: bool = False) -> VerifyReport:
     """Compare runs by content: the named runs (or the latest group) against the first or ``against``.
 
-    One run (named alone, or the only run of its recipe) is checked alone: against its
-    manifest and its own records. ``ignore``: globs of files listed but not compared.
+    One run (named alone, or the only run of its code) is checked alone: against its manifest and
+    its own records. ``ignore``: globs of files listed but not compared; ``evidence``: globs of
+    files that hold the result of training (compared as such); ``across_code``: compare runs of
+    different code (refused otherwise).
     """
-    sel = select_runs(ws, run_ids, against, group)
+    sel = select_runs(ws, run_ids, against, group, across_code=across_code)
     ref, runs = sel.reference, sel.runs
-    ignore = list(ignore)
+    ignore, named = list(ignore), list(evidence)
+    _check_evidence_globs(runs, named)
     skipped = [] if run_ids else skipped_in_group(ws, runs[-1].group if group is None else group)
     stats = check_integrity(runs, reporter)
     consistency = {m.run_id: check_consistency(m) for m in runs}
     recipe_globs = sorted({g for m in runs for g in recipe_volatile(ws, m)})
-    rows, differs = _compare_artifacts(ref, runs, recipe_globs, ignore)
+    rows, differs = compare_artifacts(ref, runs, recipe_globs, ignore, named)
     verdicts = [RunVerdict(ref, REFERENCE)]
     for m in runs[1:]:
         if differs[m.run_id]:
@@ -488,4 +456,4 @@ def verify_checksums(ws: Workspace, run_ids: list[str] | None = None, against: s
             verdicts.append(RunVerdict(m, IDENTICAL, content_only=_run_files(rows, m.run_id, (IDENTICAL_CONTENT,))))
     return VerifyReport(reference=ref, runs=verdicts, artifacts=rows, integrity=stats, skipped=skipped,
                         mode="alone" if sel.alone else "compare", selection=sel.note, consistency=consistency,
-                        ignore=ignore)
+                        ignore=ignore, evidence_globs=named, across_code=across_code)
