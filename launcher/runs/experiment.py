@@ -98,9 +98,9 @@ def run_parallel(jobs: Sequence[J], hosts: Sequence[H], launch: Callable[[J, H],
             return pending.pop() if pending and not stopped else None
 
     def finished(out: Outcome[J]) -> None:
-        reason = stop_when(out) if stop_when is not None else None
-        with lock:
-            if reason and not stopped:
+        with lock:  # one job at a time says whether it stops the rest
+            reason = stop_when(out) if stop_when is not None and not stopped else None
+            if reason:
                 stopped.append(reason)
         if on_done is not None:
             on_done(out)
@@ -238,12 +238,12 @@ def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
         status = "ok" if out.ok and not _run_failed(out.value) else f"failed: {out.error or 'run failed'}"
         rep.note(f"{out.job.group} #{out.job.replicate} (seed {out.job.seed}) on {out.host}: {status}")
 
-    def stop_when(out: Outcome[PlannedRun]) -> str | None:
+    def stop_when(out: Outcome[PlannedRun]) -> str | None:  # called for one job at a time, until it says stop
         failure = getattr(out.value, "failure", None)
-        if isinstance(failure, Failure) and result.failure is None:
-            result.failure = failure
-            return f"{failure.group} {failure.line()}"
-        return None
+        if not isinstance(failure, Failure):
+            return None
+        result.failure = failure
+        return f"{failure.group} {failure.line()}"
 
     try:
         if launch is not None:
