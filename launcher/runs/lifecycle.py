@@ -413,7 +413,7 @@ def run_recipe(
         return RunOutcome(group=group, runs=launches, detached=True)
     else:
         outcome = RunOutcome(group=group, runs=[])
-        for i, one in enumerate(specs):
+        for i, one in enumerate(specs):  # one after the other: the first that fails leaves the rest unstarted
             launch = start_run(ws, one, placement, reporter, **start)
             wait_run(ws, launch["run_id"], placement, on_log=on_log, poll_s=poll_s)
             outcome.runs.append(pull_run(ws, launch["run_id"], placement, reporter))
