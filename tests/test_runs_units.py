@@ -80,7 +80,9 @@ def test_a_scripts_identity_is_its_project_and_path(tmp_path: Path) -> None:
     assert slug("mnist_convnet", "examples/mnist_convnet.py") == "examples_mnist_convnet.py"
     assert slug("train", "my proj/train.py") == "my_proj_train.py"
     long = slug("train", "p" * 60 + "/train.py")
-    assert len(long) == 40 and long.endswith(".py")
+    assert len(long) == 40 and long.endswith("p_train.py")  # the project's name gives way first
+    deep = slug("train", "proj/" + "sub/" * 20 + "train.py")
+    assert len(deep) == 40 and deep.startswith("proj_") and deep.endswith("sub_train.py")
 
 
 def test_no_scripts_run_name_can_be_a_recipes_name() -> None:

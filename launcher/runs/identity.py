@@ -43,6 +43,10 @@ def slug(name: str, identity: str | None = None) -> str:
     recipe name has (recipe names are letters, digits, ``_`` and ``-``), so the two never collide."""
     if identity is None:
         return _UNSAFE.sub("_", name)[:MAX_SLUG] or "run"
-    safe = _UNSAFE.sub("_", identity)
-    stem = safe.removesuffix(".py")
-    return stem[:MAX_SLUG - 3] + ".py"
+    project, _, entry = identity.partition("/")
+    head, tail = _UNSAFE.sub("_", project), _UNSAFE.sub("_", entry.removesuffix(".py"))
+    room = MAX_SLUG - len(".py") - 1 - len(tail)  # what is left for the project's name
+    if room < 4:  # a deep entry path: keep its end, where the script's own name is
+        tail = tail[-(MAX_SLUG - len(".py") - 1 - 4):]
+        room = 4
+    return f"{head[:room]}_{tail}.py"
