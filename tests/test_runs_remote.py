@@ -339,7 +339,7 @@ def test_a_plain_script_runs_with_the_profile_injected(testhost: TestHost, tiny_
     code, env, err = cli(tiny_workspace, "run", str(script), "--seed", "11", *ssh_args(testhost), "--detach")
     assert code == 0, err
     run_id = env["data"]["runs"][0]["run_id"]
-    assert "-my_train-" in run_id
+    assert "_my_train.py-" in run_id  # named by its project (the script's folder) and its path
     code, ps, err = cli(tiny_workspace, "ps", *ssh_args(testhost))
     assert code == 0, err
     row = next(r for r in ps["data"]["runs"] if r["run_id"] == run_id)
@@ -348,6 +348,7 @@ def test_a_plain_script_runs_with_the_profile_injected(testhost: TestHost, tiny_
     assert code == 0, err
     manifest = env["data"]["manifest"]
     assert manifest["recipe"]["name"] == "my train" and manifest["seed"] == 11
+    assert manifest["recipe"]["identity"] == f"{script.parent.name}/my train.py"
     assert "outputs/done.txt" in {a["path"] for a in manifest["artifacts"]}
     log = (tiny_workspace / "runs" / run_id / "outputs" / "logs" / "train.log").read_text()
     assert "seed 11 hash 11" in log

@@ -287,3 +287,41 @@ def test_slurm_opt_values_sbatch_refuses_stop_the_run_before_anything_is_shipped
     assert code == ExitCode.SLURM_REFUSED, out
     assert not slurm_cluster.login.exec("sh", "-c", f"ls {slurm_cluster.shared}/images 2>/dev/null || true").strip()
     assert not list((tiny_workspace / "runs").glob("*/launch.json"))
+
+
+FAILS_ON_SEED_2 = """import hashlib, json, os, sys, time
+seed = int(os.environ["LAUNCHER_SEED"])
+token = os.environ.get("TOKEN", "")
+json.dump({"mode": os.environ.get("MODE"), "token_sha256": hashlib.sha256(token.encode()).hexdigest()},
+          open("env.json", "w"))
+print("seed", seed, flush=True)
+if seed == 2:
+    sys.exit(4)
+time.sleep(60)
+"""
+
+
+def test_a_failed_replicate_cancels_the_rest_of_its_array_and_secrets_reach_the_nodes(
+        slurm_cluster: SlurmCluster, tiny_workspace: Path, tmp_path: Path) -> None:
+    import hashlib
+
+    project = tmp_path / "slurmproj"
+    project.mkdir()
+    (project / "train.py").write_text(FAILS_ON_SEED_2)
+    res = runner.invoke(app, ["--workspace", str(tiny_workspace), "--json", "--quiet", "run",
+                              str(project / "train.py"), *_on(slurm_cluster.login), "--scheduler", "slurm",
+                              "--seed", "1", "--seed", "2", "--seed", "3", "--env", "MODE=on nodes",
+                              "--secret-env", "TOKEN=hunter2 s3cr3t"])
+    assert res.exit_code == ExitCode.RUN_FAILED, res.output
+    data = json.loads(res.stdout)["data"]
+    failure = data["failure"]
+    assert (failure["replicate"], failure["exit_code"]) == (1, 4) and "seed 2" in failure["log_tail"]
+    by_replicate = {m["replicate"]: m for m in data["runs"]}
+    assert by_replicate[1]["status"] == "failed"
+    assert {by_replicate[0]["status"], by_replicate[2]["status"]} == {"cancelled"}  # they sleep a minute
+    assert sorted(failure["cancelled"]) == sorted(by_replicate[i]["run_id"] for i in (0, 2))
+    assert by_replicate[1]["recipe"]["identity"] == "slurmproj/train.py"
+    seen = json.loads((tiny_workspace / "runs" / failure["run_id"] / "outputs" / "env.json").read_text())
+    assert seen == {"mode": "on nodes", "token_sha256": hashlib.sha256(b"hunter2 s3cr3t").hexdigest()}
+    shared = slurm_cluster.login.exec("sh", "-c", "grep -rl s3cr3t /root/.launcher || true")
+    assert shared.strip() == ""  # no task script, array script or env file left holding the secret

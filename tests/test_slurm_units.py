@@ -7,7 +7,7 @@ import json
 import os
 import shlex
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -165,3 +165,59 @@ def test_without_accounting_the_fallback_says_why_it_cannot_tell() -> None:
     state = SlurmPlacement(login).state(LAUNCH)  # type: ignore[arg-type]
     assert state is not None and state.status == "cancelled"
     assert "keeps no accounting" in state.info["error"]
+
+
+def test_a_pyxis_task_gets_the_users_env_and_its_secret_from_a_file_it_removes(tmp_path: Path) -> None:
+    job = _job(tmp_path, user_env={"MODE": "fast run"}, secret_env={"TOKEN": "hunter2 x=y"})
+    run_dir = tmp_path / "run"
+    (run_dir / "out").mkdir(parents=True)
+    env_file = run_dir / "secret.env"
+    env_file.write_text("TOKEN=hunter2 x=y\n")
+    job = replace(job, env_file=str(env_file))
+    script = _pyxis(FakeLogin())._task_script(job, str(run_dir), owner=None)
+    assert "hunter2" not in script
+    argv = pyxis_srun_argv(job, REF)
+    names = next(a for a in argv if a.startswith("--container-env=")).partition("=")[2].split(",")
+    assert {"MODE", "TOKEN", "LAUNCHER_SEED"} <= set(names)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    seen = tmp_path / "srun.json"
+    (bin_dir / "srun").write_text("#!/usr/bin/env python3\nimport json, os, sys\n"
+                                  f"json.dump(dict(os.environ), open({str(seen)!r}, 'w'))\n")
+    (bin_dir / "srun").chmod(0o755)
+    (run_dir / "task.sh").write_text(script)
+    done = subprocess.run(["bash", str(run_dir / "task.sh")], capture_output=True, text=True, check=False,
+                          env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert done.returncode == 0, done.stderr
+    got = json.loads(seen.read_text())
+    assert (got["MODE"], got["TOKEN"]) == ("fast run", "hunter2 x=y")
+    assert not env_file.exists()  # removed when the task ended
+
+
+def test_a_docker_task_passes_secrets_by_env_file_written_through_stdin(tmp_path: Path) -> None:
+    @dataclass
+    class Recording(FakeLogin):
+        inputs: list[tuple[list[str], bytes | None]] = field(default_factory=list)
+
+        def run(self, argv: list[str], check: bool = False, **kw: Any) -> Completed:
+            self.inputs.append((list(argv), kw.get("input")))
+            return super().run(argv, check, **kw)
+
+        def owner(self) -> str:
+            return "1000:1000"
+
+        def makedirs(self, path: str) -> None:
+            pass
+
+    login = Recording({("sbatch", "--parsable"): (0, "41\n", "")})
+    placement = SlurmPlacement(login)  # type: ignore[arg-type]
+    placement.settings = {"runtime": "docker"}
+    placement.start_array([_job(tmp_path, secret_env={"TOKEN": "hunter2"})])
+    secret_writes = [(argv, data) for argv, data in login.inputs if data and b"hunter2" in data]
+    assert len(secret_writes) == 1
+    argv, data = secret_writes[0]
+    assert "umask 077" in argv[2] and argv[-1] == f"{tmp_path}/run/secret.env" and data == b"TOKEN=hunter2\n"
+    task = next(d for a, d in login.inputs if a[-1].endswith("/task.sh"))
+    assert task is not None and b"hunter2" not in task
+    assert f"--env-file {tmp_path}/run/secret.env".encode() in task and b"EXIT" in task
+    assert not any(b"hunter2" in " ".join(a).encode() for a, _ in login.inputs)

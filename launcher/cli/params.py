@@ -355,7 +355,19 @@ ProbesOpt = Annotated[str | None, typer.Option(
     "keys, e.g. count=8,gradcam=false or indices=0;3;7,layer=conv2d. Overrides a recipe's \\[probes].")]
 DataOpt = Annotated[str | None, typer.Option(
     "--data", metavar="PATH", help="Dataset folder on the host, mounted read-only.")]
+EnvOpt = Annotated[list[str] | None, typer.Option(
+    "--env", metavar="NAME[=VALUE]",
+    help="Pass an environment variable to the run: NAME alone passes this machine's value. Recorded with its "
+    "value in the launch record and manifest; repeatable.")]
+SecretEnvOpt = Annotated[list[str] | None, typer.Option(
+    "--secret-env", metavar="NAME[=VALUE]",
+    help="Like --env, but only the value's sha256 is recorded: the value reaches the container through an env "
+    "file readable by you alone, never a command line or a log; repeatable.")]
+ScriptArgs = Annotated[list[str] | None, typer.Argument(
+    metavar="[-- SCRIPT_ARGS...]",
+    help="Arguments for the script itself, after `--` (e.g. -- --lr 0.01); recorded and compared by verify.",
+    show_default=False)]
 RunArg = Annotated[str, typer.Argument(metavar="RUN", autocompletion=complete_run,
-                                       help="A run id (see `launcher ps`).")]
+                                       help="A run id, or any unique start of it (see `launcher ps`).")]
 RunsArg = Annotated[list[str] | None, typer.Argument(metavar="RUN", autocompletion=complete_run,
-                                                     help="Run ids (see `launcher ps`).")]
+                                                     help="Run ids, or unique starts of them (see `launcher ps`).")]

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import typer
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 from launcher.cli.common import command, options, render, reporter, stdout, workspace_of
@@ -22,10 +22,13 @@ from launcher.cli.hostopts import (
 from launcher.cli.params import (
     DataOpt,
     DeterminismOpt,
+    EnvOpt,
     ParamOpt,
     ProbesOpt,
     RunArg,
     RunsArg,
+    ScriptArgs,
+    SecretEnvOpt,
     SeedOpt,
     ThreadsOpt,
     VariantOpt,
@@ -37,6 +40,7 @@ from launcher.cli.provision_text import cluster_text, facts_text
 from launcher.errors import ExitCode, UsageError
 from launcher.hosts.spec import HostSpec
 from launcher.result import Result
+from launcher.runs.store import resolve_run_id
 
 app = typer.Typer()
 
@@ -120,7 +124,19 @@ def _run_text(result: Result) -> None:
             stdout.print(
                 f"{r['run_id']}  {r['status']} (exit {r['exit_code']}), {n} artifacts verified", markup=False
             )
+    print_failure(result.data.get("failure"))
+    for note in result.data.get("notes") or []:
+        stdout.print(f"note: {note}", markup=False)
     stdout.print(result.summary, markup=False)
+
+
+def print_failure(failure: dict[str, Any] | None) -> None:
+    """The failed replicate's last log lines (the summary names it, its exit code and what it stopped)."""
+    if not failure:
+        return
+    stdout.print(f"last lines of the log of replicate #{failure['replicate']} ({failure['run_id']}):", markup=False)
+    for line in failure.get("log_tail") or ["(no log)"]:
+        stdout.print(f"  | {line}", markup=False, highlight=False)
 
 
 @command(app, "run")
@@ -136,14 +152,7 @@ def run_cmd(
             "or a folder with --entry.",
         ),
     ],
-    script_args: Annotated[
-        list[str] | None,
-        typer.Argument(
-            metavar="[-- SCRIPT_ARGS...]",
-            help="Arguments for the script itself, after `--` (e.g. -- --lr 0.01); recorded and compared by verify.",
-            show_default=False,
-        ),
-    ] = None,
+    script_args: ScriptArgs = None,
     host: HostSpec = LOCAL,
     variant: VariantOpt = "cpu",
     seed: SeedOpt = None,
@@ -161,8 +170,11 @@ def run_cmd(
     ] = None,
     param: ParamOpt = None,
     probes: ProbesOpt = None,
+    env: EnvOpt = None,
+    secret_env: SecretEnvOpt = None,
     runs_n: Annotated[int, typer.Option("--runs", "-n", metavar="N",
-                                        help="Replicates per seed, grouped for verify.")] = 1,
+                                        help="Replicates per seed, grouped for verify. The first that fails stops "
+                                        "the rest.")] = 1,
     detach: Annotated[
         bool, typer.Option("--detach", "-d", help="Start and return; `launcher pull` later.")
     ] = False,
@@ -219,8 +231,10 @@ def run_cmd(
     manifest records the digest of the code the container executed, computed inside it.
     """
     from launcher.runs import lifecycle as runs
+    from launcher.runs import userenv
 
     runs.probe_option(probes)  # a bad SPEC stops here, before the workspace is read
+    user_env = userenv.parse(env or [], secret_env or [])
     ws = workspace_of(ctx)
     variant = variant_for(ctx, ws, variant, recipe, entry)
     threads = threads_for(ctx, determinism, threads)
@@ -242,6 +256,8 @@ def run_cmd(
         mount=mount,
         build=not no_build,
         probes=probes,
+        env=dict(user_env.plain),
+        secret_env=dict(user_env.secret),
     )
     runs.load_recipe(ws, recipe, entry=entry)
     opts = options(ctx)
@@ -258,19 +274,18 @@ def run_cmd(
             on_log=sink,
             host_spec=host,
         )
-    failed = outcome.failed
-    code = ExitCode.RUN_FAILED if failed else ExitCode.OK
+    failure = outcome.failure
+    code = ExitCode.RUN_FAILED if failure or outcome.failed else ExitCode.OK
     if outcome.detached:
         summary = f"group {outcome.group}: {len(outcome.runs)} runs started; `launcher pull RUN` when done"
-    elif failed:
-        summary = (
-            f"group {outcome.group}: {len(failed)} of {len(outcome.runs)} runs failed "
-            f"(exit {failed[0]['exit_code']}); logs in runs/{failed[0]['run_id']}/outputs/logs/train.log"
-        )
+    elif failure:
+        summary = (f"group {outcome.group}: {failure.line()}; its log: "
+                   f"runs/{failure.run_id}/outputs/logs/train.log (`launcher logs {failure.run_id}`)")
     else:
         n = len(outcome.runs)
         summary = f"group {outcome.group}: {n} run{'s' if n != 1 else ''} succeeded"
-    data_out = {"group": outcome.group, "detached": outcome.detached, "runs": outcome.runs}
+    data_out = {"group": outcome.group, "detached": outcome.detached, "runs": outcome.runs,
+                "failure": failure.to_dict() if failure else None, "notes": outcome.notes}
     render(ctx, Result("run", data_out, exit_code=code, summary=summary), _run_text)
 
 
@@ -297,9 +312,12 @@ def ps_cmd(
             where = f" or on {host.name}" if not host.local else ""
             stdout.print(f"no runs in {ws.runs}{where} yet; start one with `launcher run RECIPE`", markup=False)
             return
-        t = Table("run", "recipe", "code", "host", "status", "container")
-        for r in result.data["runs"]:
-            cells = (r["run_id"], r.get("recipe"), r.get("code"), r.get("host"), r["status"],
+        runs = result.data["runs"]
+        # the unique start of each id, whole however narrow the terminal (`launcher logs` etc. take it back)
+        first = Column("run", no_wrap=True, min_width=max(len(r["short_id"]) for r in runs))
+        t = Table(first, "recipe or script", "code", "host", "status", "container")
+        for r in runs:
+            cells = (r["short_id"], r.get("code_name"), r.get("code"), r.get("host"), r["status"],
                      r.get("container_status"))
             t.add_row(*(Text(str(c or "-")) for c in cells))
         stdout.print(t)
@@ -323,7 +341,9 @@ def logs_cmd(
     from launcher.runs import control as runcontrol
 
     lines: list[str] = []
-    runcontrol.logs(workspace_of(ctx), run_id, _sink(ctx, lines), follow=follow)
+    ws = workspace_of(ctx)
+    run_id = resolve_run_id(ws, run_id)
+    runcontrol.logs(ws, run_id, _sink(ctx, lines), follow=follow)
     render(ctx, Result("logs", {"run_id": run_id, "lines": lines}), lambda r: None)
 
 
@@ -333,8 +353,10 @@ def attach_cmd(ctx: typer.Context, run_id: RunArg) -> None:
     from launcher.runs import control as runcontrol
 
     lines: list[str] = []
+    ws = workspace_of(ctx)
+    run_id = resolve_run_id(ws, run_id)
     with reporter(ctx) as rep:
-        manifest = runcontrol.attach(workspace_of(ctx), run_id, _sink(ctx, lines), rep)
+        manifest = runcontrol.attach(ws, run_id, _sink(ctx, lines), rep)
     code = ExitCode.OK if manifest.get("status") == "succeeded" else ExitCode.RUN_FAILED
     render(
         ctx,
@@ -359,8 +381,10 @@ def pull_cmd(
     """Copy a run's outputs back, verified (resumable: verified files are skipped)."""
     from launcher.runs import lifecycle as runs
 
+    ws = workspace_of(ctx)
+    run_id = resolve_run_id(ws, run_id)
     with reporter(ctx) as rep:
-        out = runs.pull_run(workspace_of(ctx), run_id, reporter=rep, watch=watch)
+        out = runs.pull_run(ws, run_id, reporter=rep, watch=watch)
     if out.get("status") == "running":
         summary = f"{run_id} is still running; pulled {out['pulled']['transferred']} files so far"
         code = ExitCode.OK
@@ -378,8 +402,10 @@ def stop_cmd(ctx: typer.Context, run_id: RunArg) -> None:
     cancel its whole job array, and pull every replicate's outputs and manifest."""
     from launcher.runs import control as runcontrol
 
+    ws = workspace_of(ctx)
+    run_id = resolve_run_id(ws, run_id)
     with reporter(ctx) as rep:
-        out = runcontrol.stop(workspace_of(ctx), run_id, rep)
+        out = runcontrol.stop(ws, run_id, rep)
     summary = f"stopped {run_id} (exit {out.get('exit_code')})"
     if out.get("runs"):
         summary = f"stopped the job array of {run_id}: " + ", ".join(
@@ -416,9 +442,10 @@ def clean_cmd(
     if datasets and host.local:
         raise UsageError("--datasets needs --host", "the local engine mounts datasets where they are")
     ws = workspace_of(ctx)
+    named = [resolve_run_id(ws, ref) for ref in run_ids or []]  # every ref checked before anything is deleted
     done = []
     with reporter(ctx) as rep:
-        for run_id in run_ids or []:
+        for run_id in dict.fromkeys(named):
             done.append(runcontrol.clean(ws, run_id, force=force, reporter=rep))
     data: dict[str, Any] = {"runs": done}
     removed = sum(d["removed"] for d in done)

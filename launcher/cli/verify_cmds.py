@@ -23,8 +23,11 @@ from launcher.cli.hostopts import (
 from launcher.cli.params import (
     DataOpt,
     DeterminismOpt,
+    EnvOpt,
     ParamOpt,
     ProbesOpt,
+    ScriptArgs,
+    SecretEnvOpt,
     ThreadsOpt,
     VariantOpt,
     complete_group,
@@ -34,6 +37,7 @@ from launcher.cli.params import (
     threads_for,
     variant_for,
 )
+from launcher.cli.run_cmds import print_failure
 from launcher.hosts.spec import HostSpec
 from launcher.result import Result
 from launcher.runs.determinism import DEFAULT_SEED
@@ -306,14 +310,17 @@ def _print_experiment(result: Result) -> None:
     d = result.data
     table = Table("group", "#", "seed", "host", "run", "result")
     for r in d["runs"]:
-        outcome = "[green]ok[/]" if r["ok"] else f"[bold red]{r['error'] or 'run failed'}[/]"
+        outcome = "[green]ok[/]" if r["ok"] else f"[bold red]{escape(r['error'] or 'run failed')}[/]"
         table.add_row(r["group"], str(r["replicate"]), str(r["seed"]), r["host"] or "-",
                       ", ".join(r["run_ids"]) or "-", outcome)
     stdout.print(table)
+    print_failure(d.get("failure"))
+    for note in d.get("notes") or []:
+        stdout.print(f"note: {note}", markup=False)
     for name in d["groups"].values():
         stdout.print(f"verify:  launcher verify checksums --group {name}")
     stdout.print(f"report:  launcher report {' '.join(d['groups'].values())}")
-    stdout.print(result.summary)
+    stdout.print(result.summary, markup=False)
 
 
 @command(app, "experiment")
@@ -321,8 +328,10 @@ def _print_experiment(result: Result) -> None:
 def experiment_cmd(
     ctx: typer.Context,
     recipe: Annotated[str, typer.Argument(metavar="RECIPE", autocompletion=complete_recipe,
-                                          help="A recipe name (recipes/NAME).")],
-    runs: Annotated[int, typer.Option("--runs", "-n", metavar="N", help="Runs per group.")] = 5,
+                                          help="A recipe name (recipes/NAME), a recipe folder or a .py script.")],
+    script_args: ScriptArgs = None,
+    runs: Annotated[int, typer.Option("--runs", "-n", metavar="N",
+                                      help="Runs per group. The first run that fails stops the rest.")] = 5,
     seeds: Annotated[Literal["same", "different", "both"], typer.Option(
         "--seeds", help="same: one seed for every run; different: a seed per run; both: one group of each.")
     ] = "both",
@@ -344,12 +353,16 @@ def experiment_cmd(
         "(once per host), then mounted read-only like --data.")] = None,
     param: ParamOpt = None,
     probes: ProbesOpt = None,
+    env: EnvOpt = None,
+    secret_env: SecretEnvOpt = None,
 ) -> None:
     """Run replicates of a recipe in a same-seed and a different-seeds group, in parallel across hosts."""
     from launcher.runs import lifecycle as runs_mod
+    from launcher.runs import userenv
     from launcher.runs.experiment import experiment
 
     runs_mod.probe_option(probes)  # a bad SPEC stops here, before any host is opened
+    user_env = userenv.parse(env or [], secret_env or [])
     ws = workspace_of(ctx)
     variant = variant_for(ctx, ws, variant, recipe)
     threads = threads_for(ctx, determinism, threads)
@@ -364,10 +377,12 @@ def experiment_cmd(
                          profile=determinism, threads=threads, data=data,
                          data_from=str(data_from) if data_from else None,
                          params=runs_mod.parse_params(param or []), probes=probes, reporter=rep,
-                         placement=cluster)
+                         placement=cluster, args=script_args or [], user_env=user_env)
     n_failed = len(res.failed)
     summary = (f"{len(res.outcomes)} runs in {len(res.groups)} groups" if not n_failed
                else f"{n_failed} of {len(res.outcomes)} runs failed")
+    if res.failure:
+        summary += f"; {res.failure.group} {res.failure.line()} (`launcher logs {res.failure.run_id}`)"
     render(ctx, Result("experiment", res.to_dict(), res.exit_code, summary), _print_experiment)
 
 

@@ -128,9 +128,10 @@ def collect(ws: Workspace, groups: list[str]) -> tuple[list[GroupStats], list[st
         if not manifests:
             raise NotFound(f"no completed runs in group {name!r} under {ws.runs}",
                            "check the group name in a run's manifest.json, or run `launcher experiment`")
-        recipes = {m.recipe_name for m in manifests}
-        if len(recipes) > 1:
-            raise UsageError(f"group {name!r} mixes recipes: {', '.join(sorted(recipes))}")
+        codes = {m.code_name for m in manifests}  # a recipe's name, a script's project/path
+        if len(codes) > 1:
+            raise UsageError(f"group {name!r} mixes the runs of different code: {', '.join(sorted(codes))}",
+                             "report each code's runs in groups of their own")
         runs = [_series(m) for m in manifests]
         for r in runs:
             for k in r.final:

@@ -77,8 +77,9 @@ def export_mlflow(ws: Workspace, manifests: Sequence[Manifest], tracking_uri: st
                   experiment: str | None = None, reporter: Reporter | None = None) -> ExportResult:
     """One MLflow run per launcher run: params, per-epoch metrics, tags (image, lock, base, verdict), artifacts.
 
-    The experiment is ``experiment`` or the recipe's name. Exporting a run again replaces the
-    MLflow run that an earlier export made of it (found by its ``launcher.run_id`` tag).
+    The experiment is ``experiment`` or the run's code name (a recipe's name, a script's project/path).
+    Exporting a run again replaces the MLflow run that an earlier export made of it (found by its
+    ``launcher.run_id`` tag).
     """
     rep = reporter or NullReporter()
     uri = normalise_tracking_uri(tracking_uri or default_tracking_uri(ws))
@@ -97,7 +98,7 @@ def export_mlflow(ws: Workspace, manifests: Sequence[Manifest], tracking_uri: st
         try:
             client = tracking.MlflowClient(tracking_uri=uri)
             for m in manifests:
-                name = experiment or m.recipe_name
+                name = experiment or m.code_name  # two projects' train.py are two experiments
                 if name not in result.experiments:
                     result.experiments[name] = _experiment_id(client, name)
                 result.runs.append(_export_one_mlflow(client, entities, result.experiments[name], m,

@@ -149,6 +149,7 @@ def run_tags(m: Manifest, verdict: Verdict) -> dict[str, str]:
         TAG_PREFIX + "group": m.group,
         TAG_PREFIX + "replicate": str(m.replicate),
         TAG_PREFIX + "recipe": m.recipe_name,
+        TAG_PREFIX + "code": m.code_name,  # a script's project/path (myproj/train.py); a recipe's name
         TAG_PREFIX + "status": m.status,
         TAG_PREFIX + "seed": str(m.seed),
         TAG_PREFIX + "determinism_profile": str(m.determinism.get("profile")),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.hosts import engine
@@ -16,6 +16,7 @@ CONTAINER_OUT = "/launcher/out"
 CONTAINER_DATA = "/launcher/data"
 CONTAINER_CODE = "/launcher/code"
 IMAGE_RECIPES = "/opt/launcher/recipes"
+SECRET_ENV_FILE = "secret.env"  # noqa: S105 - a file name: in the run's host directory, beside out/ (never pulled)
 
 
 def container_name(run_id: str) -> str:
@@ -28,7 +29,10 @@ class ContainerJob:
     arguments and the host folders it mounts. host_code: the code folder on the host, mounted
     read-only (a plain script's project, or a recipe folder run without baking); code_entry: the
     script inside it. owner ("UID:GID"): who gets the outputs when the run ends (the container
-    runs as root; the user on the host should own what it wrote); the placement sets it."""
+    runs as root; the user on the host should own what it wrote); the placement sets it.
+    user_env: the user's --env variables (on the command line as -e NAME=VALUE); secret_env: the
+    --secret-env ones, which travel only in the env file env_file on the host (the placement writes
+    it, readable by the user alone, and sets env_file)."""
 
     run_id: str
     image_id: str
@@ -44,10 +48,28 @@ class ContainerJob:
     owner: str | None = None
     probes: Mapping[str, Any] | None = None  # --probes: the probe set to record instead of recipe.toml's
     no_probes: bool = False  # --probes off: record none, whatever recipe.toml says
+    user_env: Mapping[str, str] = field(default_factory=dict)
+    secret_env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    env_file: str | None = None
 
     @property
     def name(self) -> str:
         return container_name(self.run_id)
+
+    @property
+    def run_dir(self) -> str:
+        """The run's directory on the host (host_out is its out/)."""
+        return self.host_out.rsplit("/", 1)[0]
+
+    @property
+    def user_env_names(self) -> list[str]:
+        """The names of the user's variables, secret or not (what `launcher env RUN` may print)."""
+        return sorted({*self.user_env, *self.secret_env})
+
+
+def env_file_text(job: ContainerJob) -> bytes:
+    """The secret variables as Docker's --env-file reads them (NAME=VALUE lines, no quoting)."""
+    return "".join(f"{k}={v}\n" for k, v in sorted(job.secret_env.items())).encode("utf-8")
 
 
 def runtime_argv(job: ContainerJob) -> list[str]:
@@ -89,6 +111,12 @@ def docker_run_argv(job: ContainerJob, *, detach: bool = True) -> list[str]:
                           "--label", f"{RUN_LABEL}={job.run_id}")
     for key, value in sorted(job.env.items()):
         argv += ["-e", f"{key}={value}"]
+    for key, value in sorted(job.user_env.items()):
+        argv += ["-e", f"{key}={value}"]
+    if job.secret_env:
+        if not job.env_file:  # a secret's value never goes on a command line
+            raise ValueError(f"run {job.run_id} has secret variables but no env file to pass them in")
+        argv += ["--env-file", job.env_file]
     if job.owner:
         argv += ["-e", f"LAUNCHER_OWNER={job.owner}"]
     for host_path, inside, read_only in mounts(job):

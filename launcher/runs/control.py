@@ -10,12 +10,14 @@ from launcher.progress import Reporter
 from launcher.runs.lifecycle import LAUNCH_FILE, MANIFEST_FILE, LogSink, pull_run, read_launch, run_dir, wait_run
 from launcher.runs.manifest import describe_code, read_json_object
 from launcher.runs.placement import Placement, placement_for
+from launcher.runs.store import resolve_run_id, run_ids, short_ids
 from launcher.runs.targets import open_placement
 from launcher.workspace import Workspace
 
 
 def list_runs(ws: Workspace, target: Host | Placement | None = None) -> list[dict[str, Any]]:
-    """Local run directories with their state; with a target, also the runs it knows (containers)."""
+    """Local run directories with their state; with a target, also the runs it knows (containers).
+    Each row has the full ``run_id`` and ``short_id``, the shortest start of it unique in the workspace."""
     rows: dict[str, dict[str, Any]] = {}
     if ws.runs.is_dir():
         for d in sorted(ws.runs.iterdir()):
@@ -23,9 +25,11 @@ def list_runs(ws: Workspace, target: Host | Placement | None = None) -> list[dic
             if not launch:
                 continue
             manifest = read_json_object(d / MANIFEST_FILE)
+            recipe = launch.get("recipe") or {}
             rows[d.name] = {
                 "run_id": d.name,
-                "recipe": launch.get("recipe", {}).get("name"),
+                "recipe": recipe.get("name"),
+                "code_name": recipe.get("identity") or recipe.get("name"),  # Manifest.code_name, before the manifest
                 "code": describe_code(manifest.get("recipe") or launch.get("recipe") or {}),
                 "group": launch.get("group"),
                 "host": launch.get("host", {}).get("name"),
@@ -39,11 +43,15 @@ def list_runs(ws: Workspace, target: Host | Placement | None = None) -> list[dic
                                   {"run_id": listed.run_id, "host": placement.name, "status": "unknown here"})
             row["container"] = listed.state
             row["container_status"] = listed.status
+    short = short_ids([*rows, *run_ids(ws)])  # unique among the workspace's runs and those the target lists
+    for row in rows.values():
+        row["short_id"] = short[row["run_id"]]
     return sorted(rows.values(), key=lambda r: r["run_id"])
 
 
 def logs(ws: Workspace, run_id: str, sink: LogSink, *, follow: bool = False) -> None:
     """The recipe's output: from the container while it exists, else from the pulled train.log."""
+    run_id = resolve_run_id(ws, run_id)
     launch = read_launch(ws, run_id)
     pulled = run_dir(ws, run_id) / "outputs" / "logs" / "train.log"
     placement: Placement | None
@@ -74,6 +82,7 @@ def logs(ws: Workspace, run_id: str, sink: LogSink, *, follow: bool = False) -> 
 
 def attach(ws: Workspace, run_id: str, sink: LogSink, reporter: Reporter | None = None) -> dict[str, Any]:
     """Follow a detached run to its end, then pull it."""
+    run_id = resolve_run_id(ws, run_id)
     launch = read_launch(ws, run_id)
     with open_placement(ws, launch) as placement:
         if placement.state(launch) is not None:
@@ -82,6 +91,7 @@ def attach(ws: Workspace, run_id: str, sink: LogSink, reporter: Reporter | None 
 
 
 def stop(ws: Workspace, run_id: str, reporter: Reporter | None = None) -> dict[str, Any]:
+    run_id = resolve_run_id(ws, run_id)
     launch = read_launch(ws, run_id)
     with open_placement(ws, launch) as placement:
         state = placement.stop(launch)
@@ -102,6 +112,7 @@ def clean(ws: Workspace, run_id: str, *, force: bool = False, reporter: Reporter
     from launcher.runs.manifest import load_manifest
     from launcher.verify.verdicts import check_integrity
 
+    run_id = resolve_run_id(ws, run_id)
     launch = read_launch(ws, run_id)
     if not force:
         check_integrity([load_manifest(run_dir(ws, run_id))], reporter)

@@ -88,3 +88,9 @@ def profile_env(profile: str, seed: int | None = None, threads: int | None = Non
         "XLA_FLAGS": "--xla_gpu_deterministic_ops=true",
     })
     return dict(sorted(env.items()))
+
+
+# Every variable some profile sets: a user may not set them with --env (the run would record one
+# profile and run another).
+RESERVED_ENV: frozenset[str] = frozenset(
+    key for profile in PROFILES for key in profile_env(profile, DEFAULT_SEED, None if profile == "strict" else 2))

@@ -18,6 +18,8 @@ from launcher.errors import ExitCode, HostUnreachable, LauncherError, UsageError
 from launcher.hosts.spec import HostSpec
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.determinism import DEFAULT_SEED
+from launcher.runs.replicates import Failure, seed_override_note
+from launcher.runs.userenv import UserEnv
 from launcher.workspace import Workspace
 
 SEED_MODES = ("same", "different", "both")
@@ -73,12 +75,15 @@ class Outcome(Generic[J]):
 
 def run_parallel(jobs: Sequence[J], hosts: Sequence[H], launch: Callable[[J, H], Any],
                  name_of: Callable[[H], str] = str,
-                 on_done: Callable[[Outcome[J]], None] | None = None) -> list[Outcome[J]]:
+                 on_done: Callable[[Outcome[J]], None] | None = None,
+                 stop_when: Callable[[Outcome[J]], str | None] | None = None) -> list[Outcome[J]]:
     """Run every job on some host: one worker per host, so each host runs one job at a time.
 
     A job that raises is recorded and the worker goes on with the next; a host that turns out
     unreachable stops taking jobs and the others take over the rest. Jobs no host could take
-    are returned with host None. Results come back in the order of ``jobs``.
+    are returned with host None. Once stop_when gives a reason for a finished job, no job is
+    started any more (those already going finish); the rest are returned with host None and
+    "not started: <reason>". Results come back in the order of ``jobs``.
     """
     if not hosts:
         raise UsageError("no host to run on", "give --host (or none for the local engine)")
@@ -86,10 +91,19 @@ def run_parallel(jobs: Sequence[J], hosts: Sequence[H], launch: Callable[[J, H],
     lock = threading.Lock()
     pending = list(range(len(jobs)))
     pending.reverse()  # pop() from the end takes jobs in order
+    stopped: list[str] = []
 
     def take() -> int | None:
         with lock:
-            return pending.pop() if pending else None
+            return pending.pop() if pending and not stopped else None
+
+    def finished(out: Outcome[J]) -> None:
+        with lock:  # one job at a time says whether it stops the rest
+            reason = stop_when(out) if stop_when is not None and not stopped else None
+            if reason:
+                stopped.append(reason)
+        if on_done is not None:
+            on_done(out)
 
     def worker(host: H) -> None:
         while (i := take()) is not None:
@@ -100,13 +114,11 @@ def run_parallel(jobs: Sequence[J], hosts: Sequence[H], launch: Callable[[J, H],
             except LauncherError as exc:
                 out.error, out.exit_code = exc.one_line(), int(exc.exit_code)
                 if isinstance(exc, HostUnreachable):
-                    if on_done is not None:
-                        on_done(out)
+                    finished(out)
                     return
             except Exception as exc:  # one broken run must not take the others down
                 out.error, out.exit_code = f"{type(exc).__name__}: {exc}", int(ExitCode.FAILURE)
-            if on_done is not None:
-                on_done(out)
+            finished(out)
 
     threads = [threading.Thread(target=worker, args=(h,), name=f"launcher-host-{k}", daemon=True)
                for k, h in enumerate(hosts)]
@@ -115,8 +127,11 @@ def run_parallel(jobs: Sequence[J], hosts: Sequence[H], launch: Callable[[J, H],
     for t in threads:
         t.join()
     for i in pending:
-        outcomes[i].error = "not started: no host was left to run it"
-        outcomes[i].exit_code = int(ExitCode.HOST_UNREACHABLE)
+        if stopped:
+            outcomes[i].error, outcomes[i].exit_code = f"not started: {stopped[0]}", int(ExitCode.RUN_FAILED)
+        else:
+            outcomes[i].error = "not started: no host was left to run it"
+            outcomes[i].exit_code = int(ExitCode.HOST_UNREACHABLE)
     return outcomes
 
 
@@ -125,6 +140,9 @@ class ExperimentResult:
     recipe: str
     groups: dict[str, str]  # kind -> group name
     outcomes: list[Outcome[PlannedRun]] = field(default_factory=list)
+    code_name: str | None = None  # a plain script's project/path (runs.identity); None: the recipe's name
+    failure: Failure | None = None  # the first replicate that failed, and what it stopped
+    notes: list[str] = field(default_factory=list)  # warnings about the experiment as a whole (for the CLI)
 
     @property
     def failed(self) -> list[Outcome[PlannedRun]]:
@@ -140,7 +158,10 @@ class ExperimentResult:
     def to_dict(self) -> dict[str, Any]:
         return {
             "recipe": self.recipe,
+            "code_name": self.code_name or self.recipe,
             "groups": self.groups,
+            "failure": self.failure.to_dict() if self.failure else None,
+            "notes": list(self.notes),
             "runs": [{**asdict(o.job), "host": o.host, "run_ids": _run_ids(o.value), "error": o.error,
                       "exit_code": o.exit_code, "ok": o.ok and not _run_failed(o.value)}
                      for o in self.outcomes],
@@ -157,7 +178,7 @@ def _run_ids(value: Any) -> list[str]:
 
 
 def _run_failed(value: Any) -> bool:
-    return any(r.get("status") == "failed" for r in _records(value))
+    return any(r.get("status") in ("failed", "cancelled") for r in _records(value))
 
 
 def _launch_with_runs(ws: Workspace, base: Any, reporter: Reporter) -> Callable[[PlannedRun, Any], Any]:
@@ -178,62 +199,95 @@ def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
                threads: int | None = None, data: str | None = None, data_from: str | None = None,
                params: dict[str, Any] | None = None,
                probes: str | None = None,
+               args: Sequence[str] = (),
+               user_env: UserEnv | None = None,
                reporter: Reporter | None = None,
                launch: Callable[[PlannedRun, Any], Any] | None = None,
                stamp: str | None = None,
                placement: Callable[[Any, HostSpec], Any] | None = None) -> ExperimentResult:
-    """Plan the groups, open every host (failing early if one is unreachable), run, collect."""
+    """Plan the groups, open every host (failing early if one is unreachable), run, collect.
+    args: the script's own arguments (after `--`), as `run` takes them; user_env: --env/--secret-env.
+    The first replicate that fails stops the experiment: no replicate is started after it (those going
+    on other hosts finish; a cluster's job arrays are cancelled); ExperimentResult.failure says which."""
+    from launcher.runs import lifecycle as runs_mod
+
     rep = reporter or NullReporter()
-    jobs = plan(recipe, runs, seeds, base_seed, stamp)
-    groups = {job.kind: job.group for job in jobs}
-    specs = list(dict.fromkeys(hosts)) or [HostSpec()]
-    result = ExperimentResult(recipe, groups)
+    env = user_env or UserEnv()
+    base = runs_mod.RunSpec(recipe=recipe, variant=variant, profile=profile, threads=threads, data=data,
+                            data_from=data_from, params=dict(params or {}), probes=probes, args=list(args),
+                            env=dict(env.plain), secret_env=dict(env.secret))
+    name, code_name = recipe, None
     if launch is None:  # a wrong param or image stops here, before any progress is drawn
-        from launcher.runs import lifecycle as runs_mod
+        from launcher.runs import identity
+        from launcher.runs.spec import code_identity
 
         loaded = runs_mod.load_recipe(ws, recipe)
         runs_mod.check_params(loaded, dict(params or {}))
         runs_mod.probe_option(probes)
         runs_mod.check_framework(ws, loaded, variant)
-    task = rep.task(f"experiment {recipe}: {len(jobs)} runs on {len(specs)} hosts", total=len(jobs))
+        code_name = code_identity(base, loaded)
+        name = identity.slug(loaded.name, code_name)
+    jobs = plan(name, runs, seeds, base_seed, stamp)
+    groups = {job.kind: job.group for job in jobs}
+    specs = list(dict.fromkeys(hosts)) or [HostSpec()]
+    result = ExperimentResult(recipe, groups, code_name=code_name)
+    task = rep.task(f"experiment {code_name or recipe}: {len(jobs)} runs on {len(specs)} hosts", total=len(jobs))
 
     def done(out: Outcome[PlannedRun]) -> None:
         task.advance()
         status = "ok" if out.ok and not _run_failed(out.value) else f"failed: {out.error or 'run failed'}"
         rep.note(f"{out.job.group} #{out.job.replicate} (seed {out.job.seed}) on {out.host}: {status}")
 
+    def stop_when(out: Outcome[PlannedRun]) -> str | None:  # called for one job at a time, until it says stop
+        failure = getattr(out.value, "failure", None)
+        if not isinstance(failure, Failure):
+            return None
+        result.failure = failure
+        return f"{failure.group} {failure.line()}"
+
     try:
         if launch is not None:
-            result.outcomes = run_parallel(jobs, specs, launch, _host_name, done)
-            return result
-        from launcher.runs import lifecycle as runs_mod
-
-        base = runs_mod.RunSpec(recipe=recipe, variant=variant, profile=profile, threads=threads, data=data,
-                                data_from=data_from, params=dict(params or {}), probes=probes)
-        with ExitStack() as stack:
-            opened = []
-            for s in specs:
-                opened.append((s, stack.enter_context(s.open(ws.root if s.local else None))))
-            if placement is not None:  # a cluster: each group is one job array; the scheduler spreads it
-                if len(opened) != 1:
-                    raise UsageError("a cluster is reached through one login node", "give --host once")
-                spec, host = opened[0]
-                result.outcomes = _on_cluster(ws, base, jobs, placement(host, spec), spec.name, rep, done)
-                return result
-            fn = _launch_with_runs(ws, base, rep)
-            result.outcomes = run_parallel(jobs, opened, fn, lambda h: _host_name(h[0]), done)
-        return result
+            result.outcomes = run_parallel(jobs, specs, launch, _host_name, done, stop_when)
+        else:
+            with ExitStack() as stack:
+                opened = [(s, stack.enter_context(s.open(ws.root if s.local else None))) for s in specs]
+                if placement is not None:  # a cluster: each group is one job array; the scheduler spreads it
+                    if len(opened) != 1:
+                        raise UsageError("a cluster is reached through one login node", "give --host once")
+                    spec, host = opened[0]
+                    result.outcomes, result.failure = _on_cluster(ws, base, jobs, placement(host, spec), spec.name,
+                                                                  rep, done)
+                else:
+                    fn = _launch_with_runs(ws, base, rep)
+                    result.outcomes = run_parallel(jobs, opened, fn, lambda h: _host_name(h[0]), done, stop_when)
     finally:
         task.close()
+    _conclude(result, seeds)
+    return result
+
+
+def _conclude(result: ExperimentResult, seeds: str) -> None:
+    """What the runs tell as a whole: how many a failure left unstarted; whether the different-seeds
+    runs really had different seeds (a script that seeds itself overrides launcher's seed)."""
+    if result.failure is not None:
+        unstarted = sum(1 for o in result.outcomes if o.host is None and o.exit_code == ExitCode.RUN_FAILED)
+        result.failure = replace(result.failure, not_started=unstarted)
+    if seeds in ("different", "both"):
+        manifests = [r for o in result.outcomes if o.job.kind == DIFFERENT_SEEDS for r in _records(o.value)]
+        note = seed_override_note(manifests)
+        if note:
+            result.notes.append(note)
 
 
 def _on_cluster(ws: Workspace, base: Any, jobs: Sequence[PlannedRun], target: Any, name: str,
-                reporter: Reporter, done: Callable[[Outcome[PlannedRun]], None]) -> list[Outcome[PlannedRun]]:
-    """Submit each group as one job array (detached), then wait for and pull every replicate."""
+                reporter: Reporter, done: Callable[[Outcome[PlannedRun]], None]
+                ) -> tuple[list[Outcome[PlannedRun]], Failure | None]:
+    """Submit each group as one job array (detached), then wait for and pull every replicate; the first
+    that fails cancels the arrays (runs.lifecycle.collect_together)."""
     from launcher.runs import lifecycle as runs
 
     outcomes = [Outcome(job, host=name) for job in jobs]
-    started: dict[int, str] = {}
+    started: dict[int, dict[str, Any]] = {}
     for kind in (SAME_SEED, DIFFERENT_SEEDS):
         idx = [i for i, job in enumerate(jobs) if job.kind == kind]
         if not idx:
@@ -247,16 +301,21 @@ def _on_cluster(ws: Workspace, base: Any, jobs: Sequence[PlannedRun], target: An
                 outcomes[i].error, outcomes[i].exit_code = exc.one_line(), int(exc.exit_code)
                 done(outcomes[i])
             continue
-        for i, launch in zip(idx, sub.runs, strict=True):
-            started[i] = launch["run_id"]
-    for i, run_id in sorted(started.items()):
-        try:
-            runs.wait_run(ws, run_id, target)
-            outcomes[i].value = {"runs": [runs.pull_run(ws, run_id, target, reporter)]}
-        except LauncherError as exc:
-            outcomes[i].error, outcomes[i].exit_code = exc.one_line(), int(exc.exit_code)
-        done(outcomes[i])
-    return outcomes
+        started.update(zip(idx, sub.runs, strict=True))
+    by_run = {launch["run_id"]: i for i, launch in started.items()}
+
+    def failed_pull(run_id: str, exc: LauncherError) -> None:
+        out = outcomes[by_run[run_id]]
+        out.error, out.exit_code = exc.one_line(), int(exc.exit_code)
+        done(out)
+
+    collected = runs.collect_together(ws, target, [started[i] for i in sorted(started)], reporter,
+                                      on_error=failed_pull)
+    for manifest in collected.runs:
+        out = outcomes[by_run[manifest["run_id"]]]
+        out.value = {"runs": [manifest]}
+        done(out)
+    return outcomes, collected.failure
 
 
 def _host_name(spec: Any) -> str:

@@ -16,12 +16,12 @@ import re
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from launcher.errors import CommandFailed, NotFound, UnsafePath, UsageError
+from launcher.errors import CommandFailed, LauncherError, NotFound, UnsafePath, UsageError
 from launcher.hashing import atomic_write_json
 from launcher.hosts.base import Host
 from launcher.hosts.spec import HostSpec
@@ -30,6 +30,7 @@ from launcher.runs.container import ContainerJob
 from launcher.runs.placement import Placement, RunState, placement_for
 from launcher.runs.pull import STATE_FILE, PullResult, pull_outputs
 from launcher.runs.recipes import Recipe
+from launcher.runs.replicates import Failure, failure_of, is_failed, seed_override_note
 from launcher.runs.spec import (
     RunSpec,
     check_framework,
@@ -41,7 +42,9 @@ from launcher.runs.spec import (
     probe_option,
     probes_record,
 )
+from launcher.runs.store import resolve_run_id
 from launcher.runs.targets import open_placement
+from launcher.runs.userenv import UserEnv
 from launcher.workspace import Workspace
 
 LAUNCH_FILE = "launch.json"
@@ -59,6 +62,7 @@ __all__ = [
     "RunSpec",
     "check_framework",
     "check_params",
+    "collect_together",
     "load_recipe",
     "new_run_id",
     "parse_params",
@@ -78,6 +82,8 @@ class RunOutcome:
     group: str
     runs: list[dict[str, Any]]  # manifests, or launch records for detached runs
     detached: bool = False
+    failure: Failure | None = None  # the first replicate that failed, and what it stopped
+    notes: list[str] = field(default_factory=list)  # warnings about the group as a whole (for the CLI)
 
     @property
     def failed(self) -> list[dict[str, Any]]:
@@ -164,7 +170,7 @@ def _launch(
 ) -> tuple[dict[str, Any], ContainerJob]:
     """Everything before the start: checks, data and code placed, the image shipped, the run directory
     made; the launch record written (a run is never started unrecorded). Returns it and the job."""
-    from launcher.runs import determinism
+    from launcher.runs import determinism, identity
 
     rep = reporter or NullReporter()
     recipe = recipe or load_recipe(ws, spec.recipe, entry=spec.entry)
@@ -181,7 +187,8 @@ def _launch(
     spec = _with_code(spec, placement, rep)
     plan = spec.code_plan or {}
     data = str(PurePosixPath(spec.data)) if spec.data else None
-    run_id = new_run_id(recipe.name)
+    code_identity = identity.from_plan(plan) if recipe.adhoc else None
+    run_id = new_run_id(identity.slug(recipe.name, code_identity))
     remote = placement.run_dir(run_id, data)
     shipped = placement.ship(image, via=spec.ship_via, reporter=rep, cache_dir=cache_dir or ws.cache_dir)
     job = ContainerJob(
@@ -198,6 +205,8 @@ def _launch(
         args=tuple(spec.args),
         probes=probes["config"] if probes["source"] == "option" else None,
         no_probes=probes["source"] == "option" and probes["config"] is None,
+        user_env=dict(spec.env),
+        secret_env=dict(spec.secret_env),
     )
     launch = {
         "run_id": run_id,
@@ -219,6 +228,7 @@ def _launch(
             "volatile": list(getattr(recipe.spec, "volatile", ()) or ()),
             # what the host expects to run; the manifest records what the container computed
             "expected_digest": plan.get("digest") or baked_digests.get(recipe.name),
+            **({"identity": code_identity} if code_identity else {}),
         },
         "code": {k: v for k, v in plan.items() if k not in ("git",)},
         "params": params,
@@ -229,6 +239,7 @@ def _launch(
             "threads": int(env["LAUNCHER_THREADS"]) if "LAUNCHER_THREADS" in env else spec.threads,
             "env": env,
         },
+        "env": UserEnv(spec.env, spec.secret_env).record(),
         "image": image,
         "data": data,
         "data_source": spec.data_source or ({"kind": "host", "path": data} if data else None),
@@ -284,7 +295,9 @@ def pull_run(
     """Copy the run's outputs back (skipping files verified before); write the manifest once it ended.
 
     Returns the manifest, or, while the run still goes (and watch is None), a status record.
+    run_id: the run's id, or any unique part of it (runs.store.resolve_run_id).
     """
+    run_id = resolve_run_id(ws, run_id)
     launch = read_launch(ws, run_id)
     own = target is None
     placement = open_placement(ws, launch) if target is None else placement_for(target)
@@ -350,8 +363,11 @@ def run_recipe(
     host_spec: HostSpec | None = None,
     facts: Mapping[str, Any] | None = None,
     cache_dir: Path | None = None,
+    poll_s: float = 1.0,
 ) -> RunOutcome:
     """Run the recipe `runs` times for each seed (one group), waiting and pulling unless detached.
+    The first replicate that fails stops the rest (see runs.replicates): those not started are not
+    started, those a parallel target already runs are stopped; RunOutcome.failure says which.
 
     target: an opened host (its runs placed directly on its Docker engine) or any Placement;
     host_spec: how to reopen the host later (recorded in each launch record)."""
@@ -363,7 +379,7 @@ def run_recipe(
     probe_option(spec.probes)
     check_framework(ws, recipe, spec.variant)
     from launcher.images import build
-    from launcher.runs import determinism
+    from launcher.runs import determinism, identity
 
     seed_list = list(seeds) or [spec.seed]
     for seed in seed_list:  # a bad profile, seed or thread count stops here, before a build or an upload
@@ -372,10 +388,8 @@ def run_recipe(
     spec = replace(spec, code_plan=plan)
     build.ensure_current(ws, spec.variant, recipes=plan.get("source") == "image",
                          allow_build=spec.build, reporter=reporter)
-    group = (
-        spec.group
-        or f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}-{recipe.name}-g{secrets.token_hex(3)}"
-    )
+    name = identity.slug(recipe.name, identity.from_plan(plan) if recipe.adhoc else None)
+    group = spec.group or f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}-{name}-g{secrets.token_hex(3)}"
     if facts is None:
         from launcher.hosts import provision
 
@@ -387,22 +401,81 @@ def run_recipe(
     spec = _with_code(spec, placement, reporter)
     specs = [RunSpec(**{**asdict(spec), "seed": seed, "group": group, "replicate": spec.replicate + i})
              for i, seed in enumerate(s for s in seed_list for _ in range(runs))]  # replicates numbered across seeds
-    out: list[dict[str, Any]] = []
+    start: dict[str, Any] = {"facts": facts, "recipe": recipe, "cache_dir": cache_dir}
     if placement.parallel:  # the target runs the group at once (a job array): start all, then collect each
-        prepared = [_launch(ws, one, placement, reporter, facts=facts, recipe=recipe, cache_dir=cache_dir)
-                    for one in specs]
-        launches = _start(ws, placement, prepared, reporter)
+        launches = _start(ws, placement, [_launch(ws, one, placement, reporter, **start) for one in specs],
+                          reporter)
         if spec.detach:
             return RunOutcome(group=group, runs=launches, detached=True)
-        for i, launch in enumerate(launches):
-            wait_run(ws, launch["run_id"], placement, on_log=on_log if i == 0 else None)
-            out.append(pull_run(ws, launch["run_id"], placement, reporter))
-        return RunOutcome(group=group, runs=out)
-    for one in specs:
-        launch = start_run(ws, one, placement, reporter, facts=facts, recipe=recipe, cache_dir=cache_dir)
-        if spec.detach:
-            out.append(launch)
+        outcome = collect_together(ws, placement, launches, reporter, on_log=on_log, poll_s=poll_s)
+    elif spec.detach:
+        launches = [start_run(ws, one, placement, reporter, **start) for one in specs]
+        return RunOutcome(group=group, runs=launches, detached=True)
+    else:
+        outcome = RunOutcome(group=group, runs=[])
+        for i, one in enumerate(specs):  # one after the other: the first that fails leaves the rest unstarted
+            launch = start_run(ws, one, placement, reporter, **start)
+            wait_run(ws, launch["run_id"], placement, on_log=on_log, poll_s=poll_s)
+            outcome.runs.append(pull_run(ws, launch["run_id"], placement, reporter))
+            if is_failed(outcome.runs[-1]):
+                outcome.failure = failure_of(ws, outcome.runs[-1], placement, not_started=len(specs) - i - 1)
+                break
+    if len(set(seed_list)) > 1 and (note := seed_override_note(outcome.runs)):
+        outcome.notes.append(note)
+    return outcome
+
+
+def collect_together(ws: Workspace, placement: Placement, launches: Sequence[dict[str, Any]],
+                     reporter: Reporter | None, *, on_log: LogSink | None = None, poll_s: float = 1.0,
+                     on_error: Callable[[str, LauncherError], None] | None = None) -> RunOutcome:
+    """Wait for runs started together and pull each as it ends. At the first that failed, stop the others
+    (on Slurm: cancel the job array) and pull them too: their manifests say cancelled. The first run's
+    log is streamed to its end first, so a failure of another is acted on once that one has ended.
+    on_error: given a run's id and the error that stopped its pull (the run is then left out of the
+    outcome); without it the error is raised."""
+    if on_log is not None and launches:
+        for line in placement.logs(launches[0], follow=True):
+            on_log(line.rstrip("\n"))
+    pulled: dict[str, dict[str, Any]] = {}
+    failure: Failure | None = None
+    cancelled: list[str] = []
+    pending = list(launches)
+    while pending:
+        for launch in list(pending):
+            state = placement.state(launch)
+            if state is not None and not state.ended:
+                continue
+            pending.remove(launch)
+            try:
+                manifest = pulled[launch["run_id"]] = pull_run(ws, launch["run_id"], placement, reporter)
+            except LauncherError as exc:
+                if on_error is None:
+                    raise
+                on_error(launch["run_id"], exc)
+                continue
+            if failure is None and is_failed(manifest):
+                cancelled = _stop_all(placement, pending)
+                failure = failure_of(ws, manifest, placement, cancelled=cancelled)
+        if pending:
+            time.sleep(poll_s)
+    if failure is not None:  # those the stop reached before they ended on their own
+        reached = [r for r in cancelled if (pulled.get(r) or {}).get("status") == "cancelled"]
+        failure = replace(failure, cancelled=reached)
+    return RunOutcome(group=str(launches[0]["group"]) if launches else "",
+                      runs=[pulled[launch["run_id"]] for launch in launches if launch["run_id"] in pulled],
+                      failure=failure)
+
+
+def _stop_all(placement: Placement, launches: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Stop every run in launches (one stop may stop several: a Slurm job array); their ids."""
+    done: set[str] = set()
+    for launch in launches:
+        if launch["run_id"] in done:
             continue
-        wait_run(ws, launch["run_id"], placement, on_log=on_log)
-        out.append(pull_run(ws, launch["run_id"], placement, reporter))
-    return RunOutcome(group=group, runs=out, detached=spec.detach)
+        try:
+            placement.stop(launch)
+        except LauncherError:  # it ended meanwhile, or its target forgot it: it is collected as it is
+            pass
+        done.update(placement.stopped_with(launch))
+        done.add(str(launch["run_id"]))
+    return [str(launch["run_id"]) for launch in launches if launch["run_id"] in done]

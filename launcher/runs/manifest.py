@@ -280,6 +280,7 @@ def assemble(launch: Mapping[str, Any], outputs: Path, files: Mapping[str, Mappi
         "replicate": launch.get("replicate", 0),
         "recipe": recipe,
         "params": launch.get("params", {}),
+        "env": dict(launch.get("env") or {}),  # the user's --env/--secret-env: {NAME: {value} | {sha256}}
         "probes": launch.get("probes"),
         "seed": launch.get("seed"),
         "determinism": launch["determinism"],

@@ -22,7 +22,14 @@ from launcher.hosts.base import Host
 from launcher.hosts.engine import Engine
 from launcher.hosts.spec import HostSpec
 from launcher.progress import Reporter
-from launcher.runs.container import RUN_LABEL, ContainerJob, container_name, docker_run_argv
+from launcher.runs.container import (
+    RUN_LABEL,
+    SECRET_ENV_FILE,
+    ContainerJob,
+    container_name,
+    docker_run_argv,
+    env_file_text,
+)
 from launcher.runs.ship import ShipResult, ship_image, ship_image_via_registry
 
 MIN_FREE_BYTES = 512 << 20
@@ -130,6 +137,19 @@ class Placement(ABC):
         """Start several runs of one group together (a parallel target); by default one by one."""
         return [self.start(job) for job in jobs]
 
+    def write_secrets(self, job: ContainerJob) -> ContainerJob:
+        """The job with its --secret-env values in an env file in its run directory on ``host``
+        (created readable by the user alone, its text sent on stdin, never on a command line)."""
+        if not job.secret_env:
+            return job
+        path = f"{job.run_dir}/{SECRET_ENV_FILE}"
+        self.host.run(["sh", "-c", 'umask 077 && cat > "$1"', "sh", path], input=env_file_text(job))
+        return replace(job, env_file=path)
+
+    def remove_secrets(self, job: ContainerJob) -> None:
+        if job.env_file:
+            self.host.run(["rm", "-f", "--", job.env_file], check=False)
+
     @abstractmethod
     def state(self, launch: Mapping[str, Any]) -> RunState | None:
         """None when the target no longer knows the run."""
@@ -193,9 +213,13 @@ class DirectPlacement(Placement):
         return ship_image(self.host, image["id"], tag=image.get("tag"), reporter=reporter, cache_dir=cache_dir)
 
     def start(self, job: ContainerJob) -> dict[str, Any]:
-        argv = docker_run_argv(replace(job, owner=output_owner(self.host, self.engine)))
+        job = self.write_secrets(replace(job, owner=output_owner(self.host, self.engine)))
+        argv = docker_run_argv(job)
         record: dict[str, Any] = {"container": job.name, "argv": argv}
-        started = self.engine.run_container(argv)
+        try:
+            started = self.engine.run_container(argv)
+        finally:  # docker reads the file when it creates the container: the values need not stay on disk
+            self.remove_secrets(job)
         if started.returncode != 0:
             raise CommandFailed(
                 f"the container for {job.run_id} did not start on {self.name}: {started.last_error_line()}",

@@ -72,7 +72,7 @@ def pyxis_srun_argv(job: ContainerJob, ref: str) -> list[str]:
     binds = ",".join(f"{host}:{inside}" + (":ro" if ro else "") for host, inside, ro in mounts(job))
     argv = ["srun", "--ntasks=1", f"--container-image={pyxis_image(ref)}", f"--container-mounts={binds}",
             "--no-container-mount-home", "--container-workdir=/"]
-    names = sorted(job.env)
+    names = sorted({*job.env, *job.user_env_names})
     if names:
         argv.append("--container-env=" + ",".join(names))
     return [*argv, *runtime_argv(job)]
@@ -263,10 +263,15 @@ class SlurmPlacement(Placement):
             f"sh -c {q(host_script('facts.sh'))} > \"$RUN/{NODE_FACTS}\" 2>/dev/null || true",
             f"IMAGE={q(job.image_id)}",
         ]
+        if job.env_file:  # the secrets' file goes when the task ends, however it ends
+            lines.append(f"trap {q(f'rm -f {q(job.env_file)}')} EXIT")
         if self.runtime == "pyxis":
             # enroot keeps no Docker image ID; the manifest digest it pulls by names exactly this image ID
-            lines += ['HAVE="$IMAGE"', *(f"export {k}={q(str(v))}" for k, v in sorted(job.env.items())),
-                      f"{shlex.join(pyxis_srun_argv(job, str(self.image_source['ref'])))} &", "STEP=$!",
+            exported = {**job.env, **job.user_env}
+            lines += ['HAVE="$IMAGE"', *(f"export {k}={q(str(v))}" for k, v in sorted(exported.items()))]
+            if job.env_file:  # NAME=VALUE lines, exported as they are (never written into this script)
+                lines.append(f'while IFS= read -r LINE; do export "$LINE"; done < {q(job.env_file)}')
+            lines += [f"{shlex.join(pyxis_srun_argv(job, str(self.image_source['ref'])))} &", "STEP=$!",
                       "cancelled() {", '  kill -TERM "$STEP" 2>/dev/null; wait "$STEP" 2>/dev/null',
                       '  write_task 143 cancelled "cancelled by Slurm (scancel or time limit)"', "  exit 143", "}",
                       "trap cancelled TERM INT", 'wait "$STEP"', "RC=$?"]
@@ -295,7 +300,8 @@ class SlurmPlacement(Placement):
         key = jobs[0].run_id
         array_dir = f"{self.area}/slurm/{key}"
         self.host.makedirs(array_dir)
-        run_dirs = [job.host_out.rsplit("/", 1)[0] for job in jobs]
+        jobs = [self.write_secrets(job) for job in jobs]  # read on the node when the task runs, then removed
+        run_dirs = [job.run_dir for job in jobs]
         for job, run_dir in zip(jobs, run_dirs, strict=True):
             self._write(f"{run_dir}/task.sh", self._task_script(job, run_dir, owner))
         opts = [*self._header_options(len(jobs), any(job.gpu for job in jobs)),

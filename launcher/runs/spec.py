@@ -39,6 +39,8 @@ class RunSpec:
     build: bool = True  # rebuild a stale image first; False: refuse to run stale code
     code_plan: dict[str, Any] | None = None  # what code runs and where the host has it (set by Placement.send_code)
     probes: str | None = None  # --probes SPEC as given: off, N or KEY=VALUE,...; None: the recipe's [probes]
+    env: dict[str, str] = field(default_factory=dict)  # --env: the user's variables, recorded with their values
+    secret_env: dict[str, str] = field(default_factory=dict, repr=False)  # --secret-env: recorded by sha256 only
 
 
 def parse_params(pairs: Sequence[str]) -> dict[str, Any]:
@@ -166,14 +168,27 @@ def plan_code(ws: Workspace, spec: RunSpec, recipe: Recipe) -> dict[str, Any]:
         raise UsageError("--code is for plain scripts", f"{recipe.name} is a recipe folder: it is its own code")
     if baked(ws, recipe, spec.mount):
         return {"source": "image", "git": code.git_state(recipe.path)}
-    root = Path(spec.code) if spec.code else None
-    if recipe.adhoc:
-        script = recipe.path
-        if root is None:
-            root = code.git_toplevel(script.parent) or script.parent
-        tree = code.select(root, script)
-    else:
-        tree = code.select(recipe.path)
+    tree = code.select(script_root(spec, recipe), recipe.path) if recipe.adhoc else code.select(recipe.path)
     local = code.snapshot(tree, ws.cache_dir)
     return {"source": "mounted", "local": str(local), **tree.to_dict()}
+
+
+def script_root(spec: RunSpec, recipe: Recipe) -> Path:
+    """The project folder a plain script is sent with: --code DIR, else the enclosing git work tree,
+    else the folder named with --entry, else the script's own folder."""
+    from launcher.runs import code
+
+    if spec.code:
+        return Path(spec.code)
+    top = code.git_toplevel(recipe.path.parent)
+    if top is not None:
+        return top
+    return Path(spec.recipe) if spec.entry else recipe.path.parent
+
+
+def code_identity(spec: RunSpec, recipe: Recipe) -> str | None:
+    """A plain script's ``project/path`` (runs.identity) before its code is planned; None for a recipe."""
+    from launcher.runs import identity
+
+    return identity.script_identity(script_root(spec, recipe), recipe.path) if recipe.adhoc else None
 

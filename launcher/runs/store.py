@@ -27,23 +27,76 @@ def _completed_manifests(ws: Workspace) -> list[Manifest]:
     return out
 
 
-def resolve_run(ws: Workspace, ref: str) -> Path:
-    """A run id under runs/, or a path to a run directory."""
-    candidate = ws.runs / ref
-    if "/" not in ref and candidate.is_dir():
-        return candidate
-    as_path = Path(ref)
-    if as_path.is_dir():
-        return as_path.resolve()
-    matches: list[Path] = []
-    if ws.runs.is_dir() and "/" not in ref:
-        matches = sorted(p for p in ws.runs.glob(f"{ref}*") if p.is_dir())
-    if len(matches) == 1:
-        return matches[0]
-    if len(matches) > 1:
-        raise UsageError(f"run {ref!r} is ambiguous: {', '.join(p.name for p in matches[:5])}",
-                         "give more of the run id")
+def run_ids(ws: Workspace) -> list[str]:
+    """Every run of the workspace, finished or not (a directory under runs/ with a launch record or a
+    manifest), oldest first."""
+    if not ws.runs.is_dir():
+        return []
+    return sorted(d.name for d in ws.runs.iterdir()
+                  if d.is_dir() and ((d / "launch.json").is_file() or (d / "manifest.json").is_file()))
+
+
+def _token(run_id: str) -> str:
+    """The random tail of a run id (``...-mnist_convnet-1a2b3c`` -> ``1a2b3c``), which verify prints as the
+    run's short name."""
+    return run_id.rsplit("-", 1)[-1]
+
+
+def resolve_run_id(ws: Workspace, ref: str) -> str:
+    """The run id ``ref`` names: the whole id, any start of it that only one run has (``launcher ps``
+    prints the shortest), or the random tail verify prints (``1a2b3c``, or any start of it that is
+    unique). Runs still going count (they have a launch record only). An ambiguous ref is a UsageError
+    listing the candidates; none, NotFound."""
+    if ref and "/" not in ref and ref not in (".", "..") and (ws.runs / ref).is_dir():
+        return ref
+    ids = run_ids(ws) if ref else []
+    found = [r for r in ids if r.startswith(ref)] or [r for r in ids if _token(r).startswith(ref)]
+    if len(found) == 1:
+        return found[0]
+    if found:
+        shown = ", ".join(found[:6]) + (f" and {len(found) - 6} more" if len(found) > 6 else "")
+        raise UsageError(f"run {ref!r} is ambiguous: {len(found)} runs match ({shown})",
+                         "give more of the run id (`launcher ps` shows the shortest unique one)")
     raise NotFound(f"no run {ref!r} under {ws.runs}", "list runs with `launcher ps`")
+
+
+def resolve_run(ws: Workspace, ref: str) -> Path:
+    """A run's directory: from its id or any unique part of it (resolve_run_id), or a path to a run
+    directory (one with a ``/``, or an existing folder that is no run's id)."""
+    if "/" in ref or ref.startswith("."):
+        as_path = Path(ref)
+        if as_path.is_dir():
+            return as_path.resolve()
+        raise NotFound(f"no run directory {ref}", "list runs with `launcher ps`")
+    try:
+        return ws.runs / resolve_run_id(ws, ref)
+    except NotFound:
+        if Path(ref).is_dir():
+            return Path(ref).resolve()
+        raise
+
+
+def short_ids(ids: Iterable[str]) -> dict[str, str]:
+    """For each run id, the shortest start of it that no other id has, but never shorter than its
+    time and name (``20261124T101500-mnist_convnet``), so that it stays readable; resolve_run_id
+    takes it back."""
+    every = sorted(set(ids))
+
+    def common(a: str, b: str) -> int:
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        return n
+
+    out: dict[str, str] = {}
+    for i, rid in enumerate(every):  # sorted, so the ids sharing most of its start are its neighbours
+        shared = max(common(rid, every[i - 1]) if i else 0, common(rid, every[i + 1]) if i + 1 < len(every) else 0)
+        head = len(rid.rsplit("-", 1)[0])
+        n = max(shared + 1, head)
+        if head < n < head + 2:  # past the name: its "-" and a character at once
+            n = head + 2
+        out[rid] = rid[:n]
+    return out
 
 
 def skipped_in_group(ws: Workspace, group: str) -> list[dict[str, str]]:

@@ -18,6 +18,8 @@ keras = tf.keras
 layers = keras.layers
 p = api.params()
 SIZE = int(p["img_size"])
+if SIZE % 32:  # each decoder step doubles a skip's size back: five halvings must all be exact
+    raise SystemExit(f"img_size must be a multiple of 32 (32, 64, 96, 128, ...), not {SIZE}")
 OUTPUT_CLASSES = 3
 SKIPS = {
     "mobilenetv2": ["block_1_expand_relu", "block_3_expand_relu", "block_6_expand_relu",

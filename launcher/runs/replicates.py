@@ -1,0 +1,99 @@
+"""A group of replicates once it ran: the first one that failed (what its error shows, and what was
+not run because of it), and whether the runs' seeds were really launcher's.
+
+A replicate that fails inside its container (exit code other than 0) stops its command: the
+replicates not yet started are not started (``run --runs N``, ``experiment``), and on a target that
+starts a group at once (a Slurm job array) the others are cancelled. Repeating a script that died on
+an import error N times tells nothing more and costs N times as much.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from launcher.errors import LauncherError
+from launcher.workspace import Workspace
+
+TAIL_LINES = 10
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The first replicate of a command that failed, and what that stopped."""
+
+    run_id: str
+    group: str
+    replicate: int
+    exit_code: int | None
+    log_tail: list[str]
+    not_started: int = 0  # later replicates not started because of it
+    cancelled: list[str] = field(default_factory=list)  # replicates already going, stopped because of it
+
+    def line(self) -> str:
+        what = f"replicate #{self.replicate} (run {self.run_id}) failed with exit {self.exit_code}"
+        rest = []
+        if self.not_started:
+            rest.append(f"{self.not_started} later replicate{'s' if self.not_started != 1 else ''} not started")
+        if self.cancelled:
+            rest.append(f"{len(self.cancelled)} replicate{'s' if len(self.cancelled) != 1 else ''} already going "
+                        "cancelled")
+        return what + (f"; {', '.join(rest)}" if rest else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def is_failed(manifest: Mapping[str, Any]) -> bool:
+    return manifest.get("status") == "failed"
+
+
+def log_tail(ws: Workspace, run_id: str, placement: Any = None, n: int = TAIL_LINES) -> list[str]:
+    """The last n lines of a run's log: its pulled train.log, else what its placement still has
+    (a Slurm task that never started its container logs only there)."""
+    pulled = ws.runs / run_id / "outputs" / "logs" / "train.log"
+    try:
+        lines = pulled.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        lines = []
+    if not lines and placement is not None:
+        try:
+            launch = json.loads((ws.runs / run_id / "launch.json").read_text())
+            lines = "".join(placement.logs(launch, follow=False)).splitlines()
+        except (OSError, ValueError, LauncherError):
+            lines = []
+    return [line.rstrip() for line in lines[-n:]]
+
+
+def failure_of(ws: Workspace, manifest: Mapping[str, Any], placement: Any = None, *, not_started: int = 0,
+               cancelled: Sequence[str] = ()) -> Failure:
+    run_id = str(manifest["run_id"])
+    code = manifest.get("exit_code")
+    return Failure(run_id, str(manifest.get("group", "")), int(manifest.get("replicate") or 0),
+                   code if isinstance(code, int) else None, log_tail(ws, run_id, placement), not_started,
+                   list(cancelled))
+
+
+def seed_override_note(manifests: Iterable[Mapping[str, Any]]) -> str | None:
+    """A warning when runs meant to differ in seed seeded themselves (the runtime's ``seed_calls``): the
+    script's own seed then overrides launcher's, and the "different seeds" are not different. A call
+    that passes on the run's own seed (read from LAUNCHER_SEED) does not count."""
+    runs = list(manifests)
+    own: dict[str, list[str]] = {}
+    for m in runs:
+        calls = (m.get("runtime") or {}).get("seed_calls") if isinstance(m.get("runtime"), dict) else None
+        if not isinstance(calls, list):
+            continue  # an older runtime did not say
+        for c in calls:
+            if isinstance(c, dict) and c.get("seed") != m.get("seed"):
+                seed = c.get("seed")
+                own.setdefault(str(m.get("run_id")), []).append(f"{c.get('api')}({'?' if seed is None else seed})")
+    if not own:
+        return None
+    seen = sorted({call for calls in own.values() for call in calls})
+    return (f"{len(own)} of {len(runs)} runs seed themselves ({', '.join(seen[:4])}"
+            f"{', ...' if len(seen) > 4 else ''}): the script's own seed overrides launcher's, so these runs' "
+            "seeds are not different; seed from the run's seed (int(os.environ['LAUNCHER_SEED'])) or drop the "
+            "script's own seeding")
