@@ -9,6 +9,7 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import need
@@ -48,22 +49,28 @@ def test_the_committed_torch_lock_pins_the_official_cpu_wheel(repo_workspace: Wo
     assert not repo_workspace.needs_gpu("torch-cpu") and repo_workspace.needs_gpu("torch-gpu")
 
 
-def test_mnist_torch_in_the_torch_cpu_image_twice_is_bit_identical(
-    make_workspace: Callable[[Path], Workspace], torch_wheels: Path, tmp_path: Path
-) -> None:
-    ws = make_workspace(tmp_path / "ws")
+@pytest.fixture(scope="module")
+def torch_ws(make_workspace: Callable[[Path], Workspace], torch_wheels: Path,
+             tmp_path_factory: pytest.TempPathFactory) -> tuple[Workspace, dict[str, Any]]:
+    """A workspace with the torch-cpu image built from the committed lock (the wheel from a folder)."""
+    ws = make_workspace(tmp_path_factory.mktemp("torchws") / "ws")
     built = cli(ws, "build", "--variant", "torch-cpu", "--find-links", str(torch_wheels))["data"]
+    return ws, built
+
+
+def test_mnist_torch_in_the_torch_cpu_image_twice_is_bit_identical(torch_ws: tuple[Workspace, dict[str, Any]]) -> None:
+    ws, built = torch_ws
     assert built["labels"]["org.launcher.variant"] == "torch-cpu"
     # no --variant: mnist_torch's recipe.toml says torch-cpu
     cli(ws, "run", "mnist_torch", "--runs", "2", "--seed", "7", "--param", "epochs=2",
         "--param", "batch_size=32", "--param", "learning_rate=1.0")
-    manifests = [json.loads(p.read_text()) for p in sorted(ws.runs.glob("*/manifest.json"))]
+    manifests = [json.loads(p.read_text()) for p in sorted(ws.runs.glob("*mnist_torch*/manifest.json"))]
     assert len(manifests) == 2
     for m in manifests:
         assert m["status"] == "succeeded" and m["image"]["variant"] == "torch-cpu"
         assert m["image"]["id"] == built["image_id"]
         assert m["runtime"]["framework"]["version"] == "2.13.0+cpu"
-    verdict = cli(ws, "verify", "checksums")["data"]
+    verdict = cli(ws, "verify", "checksums", *(m["run_id"] for m in manifests))["data"]
     assert verdict["verdict"] == "identical", verdict["summary"]
     epochs = [json.loads(line) for line in (ws.runs / manifests[0]["run_id"] / "outputs" / "metrics.jsonl")
               .read_text().splitlines() if line.strip()]
@@ -76,3 +83,78 @@ def test_mnist_torch_in_the_torch_cpu_image_twice_is_bit_identical(
     assert out["ok"], out
     made = json.loads(next((ws.runs).glob("*tiny_torch*/manifest.json")).read_text())
     assert made["status"] == "succeeded" and made["image"]["variant"] == "torch-cpu"
+
+
+# The shape of the PyTorch examples' MNIST script: argparse, a convnet, no seed of its own, the test
+# accuracy printed, and the model saved only with --save-model. (Digits from scikit-learn: no downloads.)
+EXAMPLE_SHAPED = '''import argparse
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from sklearn.datasets import load_digits
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 8, 3)
+        self.drop = nn.Dropout(0.25)
+        self.fc = nn.Linear(8 * 6 * 6, 10)
+
+    def forward(self, x):
+        x = self.drop(F.relu(self.conv(x)))
+        return F.log_softmax(self.fc(torch.flatten(x, 1)), dim=1)
+
+
+def main():
+    parser = argparse.ArgumentParser(description="digits, the MNIST example's way")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--lr", type=float, default=0.5)
+    parser.add_argument("--save-model", action="store_true", default=False)
+    args = parser.parse_args()
+    d = load_digits()
+    x = torch.tensor(d.images / 16.0, dtype=torch.float32).unsqueeze(1)
+    y = torch.tensor(d.target)
+    train = torch.utils.data.TensorDataset(x[:1500], y[:1500])
+    loader = torch.utils.data.DataLoader(train, batch_size=64, shuffle=True)
+    model = Net()
+    opt = torch.optim.Adadelta(model.parameters(), lr=args.lr)
+    for epoch in range(1, args.epochs + 1):
+        model.train()
+        for data, target in loader:
+            opt.zero_grad()
+            F.nll_loss(model(data), target).backward()
+            opt.step()
+    model.eval()
+    with torch.no_grad():
+        correct = model(x[1500:]).argmax(1).eq(y[1500:]).sum().item()
+    print(f"Test set: Accuracy: {correct}/{len(y) - 1500}")
+    if args.save_model:
+        torch.save(model.state_dict(), "mnist_cnn.pt")
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_script_that_saves_nothing_is_inconclusive_and_saving_the_model_makes_the_proof(
+        torch_ws: tuple[Workspace, dict[str, Any]], tmp_path: Path) -> None:
+    ws, _ = torch_ws
+    script = tmp_path / "mnist_example" / "main.py"
+    script.parent.mkdir()
+    script.write_text(EXAMPLE_SHAPED)
+    for profile in ("off", "deterministic"):
+        runs = cli(ws, "run", str(script), "--runs", "2", "--determinism", profile, "--variant", "torch-cpu",
+                   "--", "--epochs", "1")["data"]["runs"]
+        assert all(r["runtime"]["frameworks"] == ["torch"] for r in runs)
+        res = CliRunner().invoke(app, ["-w", str(ws.root), "--json", "verify", "checksums",
+                                       *(r["run_id"] for r in runs)])
+        doc = json.loads(res.stdout)
+        assert res.exit_code == 37 and doc["data"]["verdict"] == "inconclusive", (profile, doc["summary"])
+        assert "--evidence" in doc["summary"] and "save" in doc["summary"]
+    saved = cli(ws, "run", str(script), "--runs", "2", "--variant", "torch-cpu", "--",
+                "--epochs", "1", "--save-model")["data"]["runs"]
+    verdict = cli(ws, "verify", "checksums", *(r["run_id"] for r in saved))["data"]
+    assert verdict["verdict"] == "identical", verdict["summary"]

@@ -33,8 +33,12 @@ def train(inputs: Any, x: Any, params: dict[str, Any], train: tuple[np.ndarray, 
     trainable = int(sum(np.prod(w.shape) for w in model.trainable_weights))
     print(f"trainable params: {trainable:,}")
     model.compile(loss="binary_crossentropy", optimizer="rmsprop", metrics=["accuracy"])
-    model.fit(train[0], train[1], batch_size=params["batch_size"], epochs=params["epochs"], verbose=2,
-              validation_data=val)
+    # A tf.data pipeline, shuffled anew each epoch from the global seed. Handing fit() the arrays instead
+    # (Keras' array adapter) trains mini Xception to other bits run to run on CPU here, at any thread
+    # count and with op determinism on; the same batches from this pipeline train the same bits.
+    batches = (tf.data.Dataset.from_tensor_slices(train).shuffle(len(train[0]), reshuffle_each_iteration=True)
+               .batch(params["batch_size"]))
+    model.fit(batches, epochs=params["epochs"], verbose=2, validation_data=val)
     loss, acc = model.evaluate(val[0], val[1], verbose=0)
     print(f"accuracy: {acc:.3f}")
     return model
