@@ -223,3 +223,38 @@ def test_a_folder_without_recipe_toml_runs_with_entry_and_bad_input_is_refused(t
     assert code == ExitCode.NOT_FOUND
     assert len(manifests(tiny_workspace)) == 1
     assert len(list(tiny_workspace.glob("runs/*"))) == 1  # refusals leave no run directory
+
+
+def test_two_projects_train_py_are_two_codes_never_one_group(tiny_workspace: Path, tmp_path: Path) -> None:
+    """Every project has a train.py: each runs as its own code (project/path plus digest), in its own
+    group; two projects that share a folder name still differ by their code; verify compares them only
+    when asked."""
+    alpha = write_project(tmp_path / "alpha")
+    beta = write_project(tmp_path / "beta")
+    (beta.parent / "util.py").write_text("def scale(x):\n    return x * 5\n")
+    twin = write_project(tmp_path / "elsewhere" / "alpha")  # the same folder name, other code
+    (twin.parent / "util.py").write_text("def scale(x):\n    return x * 7\n")
+    for script in (alpha, beta, twin):
+        code, out, err = cli(tiny_workspace, "run", str(script), "--runs", "2")
+        assert code == 0, (out, err)
+    runs = manifests(tiny_workspace)
+    by_name: dict[str, set[str]] = {}
+    for m in runs:
+        by_name.setdefault(m["recipe"]["identity"], set()).add(m["group"])
+    assert sorted(by_name) == ["alpha/train.py", "beta/train.py"]
+    groups = {m["group"] for m in runs}
+    assert len(groups) == 3 and len(by_name["alpha/train.py"]) == 2  # the twin is another group
+    assert all("alpha_train.py" in m["run_id"] or "beta_train.py" in m["run_id"] for m in runs)
+
+    first_alpha, first_beta = runs[0], next(m for m in runs if m["recipe"]["identity"] == "beta/train.py")
+    code, verdict, err = cli(tiny_workspace, "verify", "checksums", first_alpha["run_id"], first_beta["run_id"])
+    assert code == ExitCode.INCOMPATIBLE and "--across-code" in err, (verdict, err)
+    twin_run = runs[-1]
+    code, verdict, err = cli(tiny_workspace, "verify", "checksums", first_alpha["run_id"], twin_run["run_id"])
+    assert code == ExitCode.INCOMPATIBLE, (verdict, err)  # same name, other digest: other code
+    code, verdict, _ = cli(tiny_workspace, "verify", "checksums", first_alpha["run_id"], first_beta["run_id"],
+                           "--across-code")
+    assert code == ExitCode.NOT_REPRODUCIBLE and "the code differs" in verdict["summary"], verdict["summary"]
+    assert "may come from the code" in verdict["summary"]
+    code, verdict, _ = cli(tiny_workspace, "verify", "checksums")  # the latest group: the twin's two runs
+    assert {r["run_id"] for r in verdict["data"]["runs"]} == {m["run_id"] for m in runs[-2:]}

@@ -140,6 +140,32 @@ def apply_jax(jax: Any, profile: str, seed: int | None, threads: int | None) -> 
     return info
 
 
+def _importer() -> str | None:
+    """The file of the program's own code whose import brought a framework in (the first frame
+    outside the import machinery, launcher's runtime and installed packages), as path:line."""
+    frame = sys._getframe(1)
+    skip = ("<frozen ", os.path.dirname(__file__), *{p for p in sys.path if p.endswith("-packages")})
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(skip) and "importlib" not in name:
+            return f"{name}:{frame.f_lineno}"
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
+
+
+def _applied_phrase(info: dict[str, Any], rt: Runtime) -> str:
+    """What the profile did to a framework, in a few words for the log."""
+    if rt.profile not in SEEDED:
+        return f"profile {rt.profile}, nothing applied"
+    parts = [f"seed {rt.seed}"] if rt.seed is not None else []
+    if info.get("op_determinism") or info.get("deterministic_algorithms") or info.get("deterministic_ops"):
+        parts.append("deterministic ops")
+    threads = info.get("threads")
+    if isinstance(threads, dict) and threads.get("intra_op"):
+        parts.append(f"{threads['intra_op']} threads")
+    return f"{rt.profile} profile ({', '.join(parts) or 'seeded'})"
+
+
 class Runtime:
     """What the runtime applied in this interpreter, written to runtime.json whenever it changes."""
 
@@ -195,11 +221,17 @@ class Runtime:
         if name in self.applied:
             return
         self.frameworks.append(name)
+        by = _importer()
         try:
-            self.applied[name] = apply()
+            self.applied[name] = {**apply(), **({"imported_by": by} if by else {})}
         except Exception as exc:  # the code's own import must not fail because of launcher
             self.applied[name] = {"name": name, "error": f"{type(exc).__name__}: {exc}"}
             print(f"launcher: could not apply the {self.profile} profile to {name}: {type(exc).__name__}: {exc}",
+                  file=sys.stderr, flush=True)
+        else:
+            info = self.applied[name]
+            where = f" by {by}" if by else ""
+            print(f"launcher: {name} {info.get('version') or ''} imported{where}: {_applied_phrase(info, self)}",
                   file=sys.stderr, flush=True)
         self.write()
 

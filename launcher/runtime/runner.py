@@ -174,7 +174,8 @@ def prepare(args: argparse.Namespace, tee: Tee) -> tuple[recipe_spec.RecipeSpec,
         "PYTHONPATH": os.pathsep.join(p for p in (str(LAUNCHER_ROOT), str(lib or ""), env.get("PYTHONPATH", ""))
                                       if p),
     })
-    tee.say(f"script {spec.name} (framework: what its code imports)" if spec.adhoc else
+    tee.say(f"script {spec.entry}: the profile reaches TensorFlow/Keras, PyTorch or JAX when its code imports them"
+            if spec.adhoc else
             f"recipe {spec.name} ({spec.framework}), params {recipe_spec.params_json(params)}")
     script_args = args.args[1:] if args.args[:1] == ["--"] else list(args.args)
     if script_args:
