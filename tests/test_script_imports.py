@@ -47,3 +47,17 @@ def test_no_framework_a_syntax_error_and_an_import_cycle_are_harmless(tmp_path: 
     assert load_script(script).framework == "none"
     assert "tensorflow" not in imports.frameworks(write(tmp_path / "t", {"train.py": "# uses tensorflow-ish ideas\n"
                                                                                      "keras = 'a word'\n"}))
+
+
+def test_a_script_importing_torch_runs_in_the_one_cpu_variant_that_has_it(tmp_path: Path) -> None:
+    from launcher.runs.spec import framework_variant
+    from launcher.workspace import Workspace
+
+    ws = Workspace.at(Path(__file__).resolve().parents[1])  # cpu, gpu (TensorFlow), torch-cpu, torch-gpu
+    torch_script = load_script(write(tmp_path / "t", {"train.py": "import nets\n", "nets.py": "import torch\n"}))
+    keras_script = load_script(write(tmp_path / "k", {"train.py": "import keras\n"}))
+    assert framework_variant(ws, torch_script, "cpu") == "torch-cpu"
+    assert framework_variant(ws, torch_script, "gpu") == "torch-gpu"  # where the default runs: on a GPU
+    assert framework_variant(ws, torch_script, "torch-cpu") is None  # the default has it
+    assert framework_variant(ws, keras_script, "cpu") is None
+    assert framework_variant(ws, keras_script, "torch-cpu") == "cpu"

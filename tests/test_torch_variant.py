@@ -146,9 +146,10 @@ def test_a_script_that_saves_nothing_is_inconclusive_and_saving_the_model_makes_
     script.parent.mkdir()
     script.write_text(EXAMPLE_SHAPED)
     for profile in ("off", "deterministic"):
-        runs = cli(ws, "run", str(script), "--runs", "2", "--determinism", profile, "--variant", "torch-cpu",
+        # no --variant: the script imports torch, which the default cpu image lacks; torch-cpu has it
+        runs = cli(ws, "run", str(script), "--runs", "2", "--determinism", profile,
                    "--", "--epochs", "1")["data"]["runs"]
-        assert all(r["runtime"]["frameworks"] == ["torch"] for r in runs)
+        assert all(r["runtime"]["frameworks"] == ["torch"] and r["image"]["variant"] == "torch-cpu" for r in runs)
         res = CliRunner().invoke(app, ["-w", str(ws.root), "--json", "verify", "checksums",
                                        *(r["run_id"] for r in runs)])
         doc = json.loads(res.stdout)

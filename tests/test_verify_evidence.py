@@ -106,7 +106,7 @@ def test_runs_that_saved_nothing_of_training_are_inconclusive(ws: Workspace) -> 
     report = verify_checksums(ws)
     assert report.identical and report.exit_code == ExitCode.INCONCLUSIVE == 37
     line = report.summary_line()
-    assert line.startswith("inconclusive: identical outputs") and "bit-identical" not in line
+    assert line.startswith("inconclusive: no difference found") and "bit-identical" not in line
     assert "nothing that training produced was compared" in line and "--save-model" in line
     assert "torch.save(model.state_dict()" in line and "--evidence GLOB" in line
     code, env, _ = _cli(ws)

@@ -299,19 +299,29 @@ class LauncherGroup(_Conventions, TyperGroup):
 
 def variant_for(ctx: typer.Context, ws: Workspace, variant: str, recipe: str, entry: str | None = None) -> str:
     """The image variant of a run: --variant typed on the command line, else the one the recipe's
-    recipe.toml names (`variant = "torch-cpu"`: a PyTorch recipe needs a PyTorch image), else the
-    default (LAUNCHER_VARIANT, launcher.toml, cpu)."""
+    recipe.toml names (`variant = "torch-cpu"`: a PyTorch recipe needs a PyTorch image), else, for a
+    plain script whose code imports a framework the default lacks, the one variant that has it (said on
+    stderr), else the default (LAUNCHER_VARIANT, launcher.toml, cpu)."""
     from typer._click.core import ParameterSource
 
     if ctx.get_parameter_source("variant") != ParameterSource.COMMANDLINE:
         from launcher.runs.recipes import load_recipe
+        from launcher.runs.spec import framework_variant
 
         try:
-            wanted = load_recipe(ws, recipe, entry=entry).variant
+            loaded = load_recipe(ws, recipe, entry=entry)
         except LauncherError:
-            wanted = None  # the run names the recipe's problem itself, in its place
-        if wanted:
-            return check_variant(ws, wanted)
+            return check_variant(ws, variant)  # the run names the recipe's problem itself, in its place
+        if loaded.variant:
+            return check_variant(ws, loaded.variant)
+        chosen = framework_variant(ws, loaded, variant)
+        if chosen:
+            from launcher.cli.common import options, stderr
+
+            if not options(ctx).quiet:
+                stderr.print(f"note: {recipe} imports {loaded.framework}, which the {variant} image lacks: running "
+                             f"in the {chosen} image (--variant to choose another)", markup=False)
+            return check_variant(ws, chosen)
     return check_variant(ws, variant)
 
 

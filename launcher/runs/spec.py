@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher import __version__
-from launcher.errors import Corrupt, NotFound, UsageError
+from launcher.errors import Corrupt, LauncherError, NotFound, UsageError
 from launcher.images.lock import parse_lock
 from launcher.runs import recipes
 from launcher.runs.recipes import Recipe
@@ -96,31 +96,52 @@ def check_params(recipe: Recipe, given: Mapping[str, Any]) -> dict[str, Any]:
 FRAMEWORK_PACKAGES = {"tensorflow": ("tensorflow", "tensorflow-cpu"), "torch": ("torch",)}
 
 
+def holds_framework(ws: Workspace, variant: str, framework: str) -> bool:
+    """Whether the variant's lock holds the framework's distribution (True for a framework launcher
+    has no package names for, and for a variant not locked yet: nothing to refuse on)."""
+    wanted = FRAMEWORK_PACKAGES.get(framework)
+    path = ws.lock_txt(variant)
+    if not wanted or not path.is_file():
+        return True
+    try:
+        text = path.read_text()
+    except OSError:
+        return False
+    return any(r.name in wanted for r in parse_lock(text, str(path)))
+
+
+def framework_variant(ws: Workspace, recipe: Recipe, default: str) -> str | None:
+    """For a plain script whose code imports a framework the default variant lacks (a PyTorch script
+    and the cpu image): the one other variant that has it and runs where the default runs (the same
+    accelerator); None when the default has it, or when none or several would do."""
+    if not recipe.adhoc or holds_framework(ws, default, recipe.framework):
+        return None
+    try:
+        accelerator = ws.accelerator(default)
+        found = [v for v in ws.variants() if v != default and ws.accelerator(v) == accelerator
+                 and ws.lock_txt(v).is_file() and holds_framework(ws, v, recipe.framework)]
+    except LauncherError:
+        return None
+    return found[0] if len(found) == 1 else None
+
+
 def check_framework(ws: Workspace, recipe: Recipe, variant: str) -> None:
     """Refuse, before any build or upload, a recipe whose framework the variant's lock does not hold
     (a PyTorch recipe in the TensorFlow image); the hint names the variants that hold it."""
-    wanted = FRAMEWORK_PACKAGES.get(recipe.framework)
-    if not wanted or not ws.lock_txt(variant).is_file():
+    if holds_framework(ws, variant, recipe.framework):
         return
-
-    def holds(v: str) -> bool:
-        try:
-            text = ws.lock_txt(v).read_text()
-        except OSError:
-            return False
-        return any(r.name in wanted for r in parse_lock(text, str(ws.lock_txt(v))))
-
-    if holds(variant):
-        return
-    others = [v for v in ws.variants() if v != variant and holds(v)]
+    wanted = FRAMEWORK_PACKAGES[recipe.framework]
+    others = [v for v in ws.variants() if v != variant and ws.lock_txt(v).is_file()
+              and holds_framework(ws, v, recipe.framework)]
     if others:
         hint = f"run it with --variant {' or --variant '.join(others)}" + (
             f', or name the image in its recipe.toml (variant = "{others[0]}")' if not recipe.adhoc else "")
     else:
         hint = (f"add a variant with {wanted[0]} (lockfiles/NAME.in listing it, dockerfiles/NAME.Dockerfile, "
                 "then `launcher lock --variant NAME`), or copy one from launcher's repository (torch-cpu)")
+    name = f"{recipe.path.parent.name}/{recipe.path.name}" if recipe.adhoc else recipe.name
     raise UsageError(
-        f"{recipe.name} uses {recipe.framework}, which the {variant} image does not have "
+        f"{name} uses {recipe.framework}, which the {variant} image does not have "
         f"({ws.lock_txt(variant).relative_to(ws.root)} lists no {wanted[0]})", hint)
 
 

@@ -312,7 +312,9 @@ class VerifyReport:
                     f"content differs in {named}{tail}")
         reasons = self.inconclusive
         if reasons:
-            return (f"{prefix}inconclusive: identical outputs{tail}; but " + " and ".join(x["line"] for x in reasons)
+            # with nothing of training compared there is no output to call identical, only no difference
+            found = "no difference found" if any(x["reason"] == "no-evidence" for x in reasons) else "identical outputs"
+            return (f"{prefix}inconclusive: {found}{tail}; but " + " and ".join(x["line"] for x in reasons)
                     + "; fix: " + "; and ".join(x["fix"] for x in reasons))
         content = list({f["path"]: f for r in self.runs for f in r.content_only}.values())
         if not content:
