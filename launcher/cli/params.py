@@ -316,11 +316,9 @@ def variant_for(ctx: typer.Context, ws: Workspace, variant: str, recipe: str, en
             return check_variant(ws, loaded.variant)
         chosen = framework_variant(ws, loaded, variant)
         if chosen:
-            from launcher.cli.common import options, stderr
-
-            if not options(ctx).quiet:
-                stderr.print(f"note: {recipe} imports {loaded.framework}, which the {variant} image lacks: running "
-                             f"in the {chosen} image (--variant to choose another)", markup=False)
+            if not getattr(ctx.obj, "quiet", False):
+                typer.echo(f"note: {recipe} imports {loaded.framework}, which the {variant} image lacks: running "
+                           f"in the {chosen} image (--variant to choose another)", err=True)
             return check_variant(ws, chosen)
     return check_variant(ws, variant)
 
