@@ -31,8 +31,8 @@ FindLinksOpt = Annotated[list[Path] | None, typer.Option("--find-links", metavar
 ProjectArg = Annotated[Path | None, typer.Argument(
     metavar="[PROJECT]", show_default=False,
     help="A project folder (a plain script's code folder, or a recipe folder), or a script in it: lock its own "
-         "requirements (requirements.in, requirements.txt or pyproject.toml [project] dependencies) for its "
-         "variant's image into PROJECT/requirements.lock.")]
+         "requirements (requirements.in, requirements.txt or pyproject.toml \\[project] dependencies) for one "
+         "variant's image (--variant, else its recipe's, else the default) into PROJECT/requirements.lock.")]
 # `launcher build gpu`, as the README once wrote it: the positional variant still works, hidden.
 OldVariantArg = Annotated[str | None, typer.Argument(hidden=True, show_default=False)]
 VariantsOpt = Annotated[str, typer.Option(
