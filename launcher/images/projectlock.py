@@ -286,6 +286,11 @@ def _failure(answer: dict[str, Any], req: Requirements, variant: str, held: Sequ
         return found
     failed = lock.explain_failure(answer, req.source.name, pin, ca_path)
     if failed.message.startswith("pip-tools could not resolve"):
+        said = [ln.strip().removeprefix("ERROR: ") for ln in output.splitlines()]
+        best = next((ln for key in ("No matching distribution", "Could not find a version")
+                     for ln in said if ln.startswith(key)), None)
+        if best:  # pip's first ERROR line may only list yanked releases it ignored
+            failed.message = f"pip-tools could not resolve {req.source.name}: {best}"
         failed.hint = (f"check the names and versions in {req.source.name}; a wheel no reachable index serves "
                        "goes in a folder given with --find-links DIR")
     failed.message += wheelsources.unreachable_hint(dropped)

@@ -98,7 +98,8 @@ def with_image(ws: Workspace, spec: RunSpec, recipe: Recipe, reporter: Reporter 
     if layer.built:
         names = ", ".join(p.replace("==", " ") for p in layer.packages[:6]) + (", ..." if len(layer.packages) > 6
                                                                                else "")
-        rep.note(f"project layer of {root.name}: {len(layer.packages)} packages beside the {spec.variant} image"
+        count = f"{len(layer.packages)} package{'' if len(layer.packages) == 1 else 's'}"
+        rep.note(f"project layer of {root.name}: {count} beside the {spec.variant} image"
                  f"{f' ({names})' if names else ''}, built in {layer.seconds:.1f} s; the {spec.variant} image "
                  "itself is unchanged")
     project = {"folder": root.name, "requirements_lock_sha256": layer.requirements_lock_sha256,
