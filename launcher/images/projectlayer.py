@@ -259,10 +259,11 @@ def labels_of(layer: ProjectLayer) -> dict[str, str]:
 
 
 def ensure_image(base_image_id: str, layer: ProjectLayer, tag: str, cache_dir: Path,
-                 epoch: int = DEFAULT_EPOCH) -> str:
+                 epoch: int = DEFAULT_EPOCH) -> tuple[str, bool]:
     """The image base_image_id + the layer, in the local engine under tag (loaded with the layer alone
-    when the engine lacks it; its config kept in the layer cache, so ships send only missing layers).
-    The image the tag named before is removed when nothing else uses it."""
+    when the engine lacks it; its config kept in the layer cache, so ships send only missing layers),
+    and whether the tag names it only now. The image the tag named before is removed when nothing else
+    uses it."""
     configs = cache_dir / "images" / "configs"
     try:
         base = (configs / f"{base_image_id.removeprefix('sha256:')}.json").read_bytes()
@@ -279,4 +280,4 @@ def ensure_image(base_image_id: str, layer: ProjectLayer, tag: str, cache_dir: P
         engine.local().tag(image_id, tag, check=True)
     if previous is not None and previous != image_id:
         docker_engine.remove_unreferenced([previous], launcher_only=True)
-    return image_id
+    return image_id, previous != image_id

@@ -94,14 +94,14 @@ def with_image(ws: Workspace, spec: RunSpec, recipe: Recipe, reporter: Reporter 
             image_id=installer, pin=images.load(ws).get(spec.variant), cache_dir=ws.cache_dir,
             find_links=find_links, ca_bundle=ca_bundle, system=system, epoch=epoch, reporter=rep)
     tag = f"launcher/{build.slug(ws.root.name)}-{spec.variant}-project:{build.slug(root.name)}"
-    image_id = projectlayer.ensure_image(str(base["id"]), layer, tag, ws.cache_dir, epoch)
-    if layer.built:
+    image_id, new = projectlayer.ensure_image(str(base["id"]), layer, tag, ws.cache_dir, epoch)
+    if layer.built or new:  # said when the project's image changes; the same one again goes without a word
+        count = f"{len(layer.packages)} package{'' if len(layer.packages) == 1 else 's'}"
         names = ", ".join(p.replace("==", " ") for p in layer.packages[:6]) + (", ..." if len(layer.packages) > 6
                                                                                else "")
-        count = f"{len(layer.packages)} package{'' if len(layer.packages) == 1 else 's'}"
+        how = f"built in {layer.seconds:.1f} s" if layer.built else "from the layer cache"
         rep.note(f"project layer of {root.name}: {count} beside the {spec.variant} image"
-                 f"{f' ({names})' if names else ''}, built in {layer.seconds:.1f} s; the {spec.variant} image "
-                 "itself is unchanged")
+                 f"{f' ({names})' if names else ''}, {how}; the {spec.variant} image itself is unchanged")
     project = {"folder": root.name, "requirements_lock_sha256": layer.requirements_lock_sha256,
                "system_lock_sha256": layer.system_lock_sha256, "layer": layer.diff_id,
                "packages": list(layer.packages), "system_packages": list(layer.system_packages),
