@@ -230,7 +230,8 @@ def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
         runs_mod.check_framework(ws, loaded, variant)
         from launcher.runs import project
 
-        base = project.prepare(ws, base, loaded, rep)  # the project's lock and image, once for every run
+        if project.declares(base, loaded):  # its lock and image, once for every run (not in each thread)
+            base = project.prepare(ws, base, loaded, rep)
         code_name = code_identity(base, loaded)
         name = identity.slug(loaded.name, code_name)
     jobs = plan(name, runs, seeds, base_seed, stamp)

@@ -109,6 +109,14 @@ def with_image(ws: Workspace, spec: RunSpec, recipe: Recipe, reporter: Reporter 
     return replace(spec, image={**base, "id": image_id, "tag": tag, "project": project})
 
 
+def declares(spec: RunSpec, recipe: Recipe) -> bool:
+    """Whether the run's project declares anything beyond the image (Python requirements, OS packages)."""
+    root = folder(spec, recipe)
+    apt = _apt()
+    return projectlock.find(root) is not None or (root / SYSTEM_LOCK).is_file() or \
+        bool(apt is not None and apt[0].declared(root).packages)
+
+
 def prepare(ws: Workspace, spec: RunSpec, recipe: Recipe, reporter: Reporter | None = None) -> RunSpec:
     """Everything a group of runs shares before any starts: the project's lock, the variant's image
     current, the image with the project layer (once, for an experiment's many runs)."""
