@@ -133,6 +133,17 @@ def test_a_project_lock_is_constrained_by_the_variant_and_byte_stable(ws: Worksp
     assert projectlock.stale_reason(ws, projectlock.find(proj), "cpu") is None  # type: ignore[arg-type]
 
 
+def test_only_the_files_the_input_includes_go_to_the_resolver(ws: Workspace, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    proj = make_project(tmp_path / "p", "-r base.in\ntabulate\n")
+    (proj / "base.in").write_text("-c pins.txt\nmsgpack\n")
+    (proj / "pins.txt").write_text("msgpack<2\n")
+    (proj / "labels.txt").write_text("cat\ndog\n")  # data beside the code, not a requirements file
+    compile_ = fake(monkeypatch, FakeCompile(entry("msgpack", "1.2.4")))
+    projectlock.lock_project(ws, proj, "cpu")
+    assert set(compile_.calls[0]["files"]) == {"requirements.in", "base.in", "pins.txt", projectlock.CONSTRAINTS}
+
+
 def test_stale_reasons_name_what_changed(ws: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     proj = make_project(tmp_path / "p")
     req = projectlock.find(proj)

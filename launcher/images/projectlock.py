@@ -34,6 +34,7 @@ CONSTRAINTS = "launcher-constraints.txt"
 _INPUT = re.compile(r"^# input: (\S+) (sha256:[0-9a-f]{64})", re.MULTILINE)
 _CONSTRAINTS = re.compile(r"^# constraints: lockfiles/(\S+)\.txt (sha256:[0-9a-f]{64})", re.MULTILINE)
 _CONFLICT = re.compile(r"^The conflict is caused by:\s*$((?:\n[ \t]+\S.*)+)", re.MULTILINE)
+_INCLUDE = re.compile(r"^\s*(?:-r|-c|--requirement|--constraint)(?:\s+|=)(\S+)", re.MULTILINE)
 _CANNOT = re.compile(r"Cannot install (.+?) because these package versions have conflicting dependencies")
 
 
@@ -203,11 +204,10 @@ def lock_project(ws: Workspace, folder: Path, variant: str, *, upgrade: bool = F
 
 def _inputs(req: Requirements, constraints_text: str, held: Sequence[LockedRequirement],
             upgrade: bool) -> tuple[dict[str, str], list[str]]:
-    """The files pip-compile works on: the project's top-level requirement files (for -r), its input
+    """The files pip-compile works on: the requirement files its input includes (-r, -c), its input
     constrained by the variant's pins and headed by the indexes this machine reaches, and the pins
     of its existing lock that the image does not fix (kept unless an upgrade is asked for)."""
-    files = {p.name: p.read_text() for p in sorted(req.folder.iterdir())
-             if p.is_file() and p.suffix in (".in", ".txt") and p.name != LOCK_NAME}
+    files = _included(req.folder, req.text)
     indexes = "".join(f"{o} {u}\n" for o, u in wheelsources.index_options(constraints_text))
     files[req.input_name] = f"{indexes}{req.text.rstrip()}\n-c {CONSTRAINTS}\n"
     files[CONSTRAINTS] = "".join(f"{r.name}=={r.version}\n" for r in held)
@@ -223,6 +223,18 @@ def _inputs(req: Requirements, constraints_text: str, held: Sequence[LockedRequi
         files[name], gone = wheelsources.split_indexes(text)
         dropped += [u for u in gone if u not in dropped]
     return files, dropped
+
+
+def _included(folder: Path, text: str, seen: dict[str, str] | None = None) -> dict[str, str]:
+    """The requirement files text names with -r/-c (and those they name), beside it in folder."""
+    seen = {} if seen is None else seen
+    for name in _INCLUDE.findall(text):
+        path = (folder / name).resolve()
+        if name in seen or not path.is_file() or not path.is_relative_to(folder.resolve()) or "/" in name:
+            continue
+        seen[name] = path.read_text()
+        _included(folder, seen[name], seen)
+    return seen
 
 
 def _check_against(reqs: Sequence[LockedRequirement], held: Sequence[LockedRequirement], req: Requirements,
