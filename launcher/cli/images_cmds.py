@@ -28,6 +28,11 @@ LockCaBundleOpt = Annotated[Path | None, typer.Option("--ca-bundle", metavar="FI
 FIND_LINKS_HELP = ("A folder of wheels to use beside the indexes (repeatable): a wheel from it counts only when "
                    "its sha256 is locked. For indexes this machine cannot reach, e.g. download.pytorch.org.")
 FindLinksOpt = Annotated[list[Path] | None, typer.Option("--find-links", metavar="DIR", help=FIND_LINKS_HELP)]
+ProjectArg = Annotated[Path | None, typer.Argument(
+    metavar="[PROJECT]", show_default=False,
+    help="A project folder (a plain script's code folder, or a recipe folder), or a script in it: lock its own "
+         "requirements (requirements.in, requirements.txt or pyproject.toml \\[project] dependencies) for one "
+         "variant's image (--variant, else its recipe's, else the default) into PROJECT/requirements.lock.")]
 # `launcher build gpu`, as the README once wrote it: the positional variant still works, hidden.
 OldVariantArg = Annotated[str | None, typer.Argument(hidden=True, show_default=False)]
 VariantsOpt = Annotated[str, typer.Option(
@@ -67,9 +72,59 @@ def init_cmd(
     render(ctx, result)
 
 
+def _project_variant(ctx: typer.Context, ws: Workspace, folder: Path, variants: str) -> str:
+    """--variant typed for a project, else its recipe's `variant`, else the default variant (launcher.toml,
+    LAUNCHER_VARIANT, cpu): a project is locked for the one image it runs in."""
+    from typer._click.core import ParameterSource
+
+    from launcher import config
+    from launcher.runtime import spec as rspec
+
+    if ctx.get_parameter_source("variants") == ParameterSource.COMMANDLINE and variants != "all":
+        return check_variant(ws, variants)
+    if (folder / rspec.RECIPE_FILE).is_file():
+        try:
+            wanted = rspec.load_spec(folder).variant
+        except rspec.SpecError:
+            wanted = None  # the run names the recipe's problem
+        if wanted:
+            return check_variant(ws, wanted)
+    default = next(v.value for v in config.resolve(ws).values if v.setting.key == "variant")
+    return check_variant(ws, str(default))
+
+
+def _lock_project(ctx: typer.Context, ws: Workspace, project: Path, variants: str, upgrade: bool,
+                  upgrade_package: list[str] | None, ca_bundle: Path | None, find_links: list[Path] | None) -> None:
+    from launcher.images import projectlock
+    from launcher.runs.code import git_toplevel
+
+    if not project.exists():
+        raise UsageError(f"{project} does not exist", "name a project folder (or a script in it)")
+    folder = project.resolve()
+    if folder.is_file():  # a script: its project, as `launcher run` takes it
+        folder = git_toplevel(folder.parent) or folder.parent
+    variant = _project_variant(ctx, ws, folder, variants)
+    res = None
+    if projectlock.find(folder) is not None:
+        with reporter(ctx) as rep:
+            res = projectlock.lock_project(ws, folder, variant, upgrade=upgrade,
+                                           upgrade_packages=tuple(upgrade_package or ()), ca_bundle=ca_bundle,
+                                           find_links=wheelsources.check_dirs(find_links or ()), reporter=rep)
+    data = {"project": str(folder), "variant": variant, "python": res.to_dict() if res else None}
+    if res is None:
+        summary = (f"{folder}: no Python requirements declared (requirements.in, requirements.txt or pyproject.toml "
+                   "[project] dependencies); nothing to lock")
+    else:
+        summary = (f"{res.path}: {res.packages} packages ({res.extra} not in the {variant} image), "
+                   f"{'updated' if res.changed else 'unchanged'} ({res.sha256[:19]}…, resolved by {res.target} in "
+                   "the base image, constrained by " + f"lockfiles/{variant}.txt)")
+    render(ctx, Result("lock", data, summary=summary))
+
+
 @command(app, "lock")
 def lock_cmd(
     ctx: typer.Context,
+    project: ProjectArg = None,
     variants: VariantsOpt = "all",
     upgrade: Annotated[bool, typer.Option("--upgrade", help="Pick the newest allowed versions of everything.")] = False,
     upgrade_package: Annotated[list[str] | None, typer.Option(
@@ -83,8 +138,15 @@ def lock_cmd(
     image's own Python and platform resolve it, whatever this machine runs; the
     header records the base digest and that interpreter. Locking again with
     nothing changed rewrites nothing. No base yet: `launcher base bootstrap`.
+
+    With PROJECT, lock that project's own requirements instead, constrained by the variant's lock
+    (the image's packages cannot move), into PROJECT/requirements.lock; `launcher run` uses them
+    as one thin layer on the variant's image.
     """
     ws = workspace_of(ctx)
+    if project is not None:
+        _lock_project(ctx, ws, project, variants, upgrade, upgrade_package, ca_bundle, find_links)
+        return
     variant = check_variant(ws, variants, all_ok=True)
     if variant != "all":
         images.check_variant(variant)

@@ -371,6 +371,14 @@ SecretEnvOpt = Annotated[list[str] | None, typer.Option(
     "--secret-env", metavar="NAME[=VALUE]",
     help="Like --env, but only the value's sha256 is recorded: the value reaches the container through an env "
     "file readable by you alone, never a command line or a log; repeatable.")]
+WheelsOpt = Annotated[list[Path] | None, typer.Option(
+    "--find-links", metavar="DIR",
+    help="A folder of wheels (repeatable) for what no reachable index serves, for the image and for the project's "
+    "own requirements (requirements.in beside the code): a wheel from it counts only when its sha256 is locked.")]
+IndexCaOpt = Annotated[Path | None, typer.Option(
+    "--ca-bundle", metavar="FILE",
+    help="CA bundle (PEM) pip trusts for the package index (behind a TLS-intercepting proxy), when the run locks "
+    "the project's requirements or downloads wheels. Default: this machine's.")]
 ScriptArgs = Annotated[list[str] | None, typer.Argument(
     metavar="[-- SCRIPT_ARGS...]",
     help="Arguments for the script itself, after `--` (e.g. -- --lr 0.01); recorded and compared by verify.",

@@ -23,6 +23,7 @@ from launcher.cli.params import (
     DataOpt,
     DeterminismOpt,
     EnvOpt,
+    IndexCaOpt,
     ParamOpt,
     ProbesOpt,
     RunArg,
@@ -32,6 +33,7 @@ from launcher.cli.params import (
     SeedOpt,
     ThreadsOpt,
     VariantOpt,
+    WheelsOpt,
     complete_recipe,
     threads_for,
     variant_for,
@@ -39,6 +41,7 @@ from launcher.cli.params import (
 from launcher.cli.provision_text import cluster_text, facts_text
 from launcher.errors import ExitCode, UsageError
 from launcher.hosts.spec import HostSpec
+from launcher.images import wheelsources
 from launcher.result import Result
 from launcher.runs.store import resolve_run_id
 
@@ -224,11 +227,15 @@ def run_cmd(
     partition: PartitionOpt = None,
     slurm_opt: SlurmOpt = None,
     max_parallel: MaxParallelOpt = None,
+    find_links: WheelsOpt = None,
+    ca_bundle: IndexCaOpt = None,
 ) -> None:
     """Run a recipe or a script in its pinned image on the local engine or a host over SSH, determinism injected.
 
     The image is rebuilt first when the workspace's code differs from it (see --no-build), and the
-    manifest records the digest of the code the container executed, computed inside it.
+    manifest records the digest of the code the container executed, computed inside it. A project
+    that declares its own requirements (requirements.in beside the code) runs in the variant's image
+    plus one thin layer of them, locked first when requirements.lock is missing or stale.
     """
     from launcher.runs import lifecycle as runs
     from launcher.runs import userenv
@@ -258,6 +265,8 @@ def run_cmd(
         probes=probes,
         env=dict(user_env.plain),
         secret_env=dict(user_env.secret),
+        find_links=[str(d) for d in wheelsources.check_dirs(find_links or ())],
+        ca_bundle=str(ca_bundle) if ca_bundle else None,
     )
     runs.load_recipe(ws, recipe, entry=entry)
     opts = options(ctx)

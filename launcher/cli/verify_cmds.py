@@ -24,12 +24,14 @@ from launcher.cli.params import (
     DataOpt,
     DeterminismOpt,
     EnvOpt,
+    IndexCaOpt,
     ParamOpt,
     ProbesOpt,
     ScriptArgs,
     SecretEnvOpt,
     ThreadsOpt,
     VariantOpt,
+    WheelsOpt,
     complete_group,
     complete_recipe,
     complete_run,
@@ -39,6 +41,7 @@ from launcher.cli.params import (
 )
 from launcher.cli.run_cmds import print_failure
 from launcher.hosts.spec import HostSpec
+from launcher.images.wheelsources import check_dirs
 from launcher.result import Result
 from launcher.runs.determinism import DEFAULT_SEED
 
@@ -355,6 +358,8 @@ def experiment_cmd(
     probes: ProbesOpt = None,
     env: EnvOpt = None,
     secret_env: SecretEnvOpt = None,
+    find_links: WheelsOpt = None,
+    ca_bundle: IndexCaOpt = None,
 ) -> None:
     """Run replicates of a recipe in a same-seed and a different-seeds group, in parallel across hosts."""
     from launcher.runs import lifecycle as runs_mod
@@ -377,7 +382,9 @@ def experiment_cmd(
                          profile=determinism, threads=threads, data=data,
                          data_from=str(data_from) if data_from else None,
                          params=runs_mod.parse_params(param or []), probes=probes, reporter=rep,
-                         placement=cluster, args=script_args or [], user_env=user_env)
+                         placement=cluster, args=script_args or [], user_env=user_env,
+                         find_links=[str(d) for d in check_dirs(find_links or ())],
+                         ca_bundle=str(ca_bundle) if ca_bundle else None)
     n_failed = len(res.failed)
     summary = (f"{len(res.outcomes)} runs in {len(res.groups)} groups" if not n_failed
                else f"{n_failed} of {len(res.outcomes)} runs failed")

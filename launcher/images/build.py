@@ -88,7 +88,8 @@ def git_state(root: Path) -> tuple[str, bool]:
     return head.out.strip(), bool(status.out.strip())
 
 
-def _slug(name: str) -> str:
+def slug(name: str) -> str:
+    """A name as an image repository or tag part: lower-case letters, digits and '-'."""
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "workspace"
 
 
@@ -107,7 +108,7 @@ def gather(ws: Workspace, variant: str) -> Inputs:
     parts = [variant, dockerfile.read_text(), sha256_bytes(lock_bytes), pin.ref, runtime]
     env_content = hashlib.sha256("\n".join(parts).encode()).hexdigest()
     content = hashlib.sha256(f"{env_content}\n{recipes}".encode()).hexdigest()
-    tag = f"launcher/{_slug(ws.root.name)}-{variant}:{content[:12]}"
+    tag = f"launcher/{slug(ws.root.name)}-{variant}:{content[:12]}"
     return Inputs(variant, dockerfile, lockfile, pin, sha256_bytes(lock_bytes), recipes, runtime,
                   "sha256:" + env_content, "sha256:" + content, tag)
 
@@ -376,6 +377,7 @@ def changed_parts(ws: Workspace, record: BuildRecord | None, inputs: Inputs, *, 
 
 
 def ensure_current(ws: Workspace, variant: str, *, recipes: bool = True, allow_build: bool = True,
+                   find_links: Sequence[Path] = (), ca_bundle: Path | None = None,
                    reporter: Reporter | None = None) -> BuildRecord:
     """The workspace's image of variant, built first when missing or out of date (recipes: the
     run executes the baked recipes, so they must be current too). allow_build=False refuses
@@ -396,7 +398,7 @@ def ensure_current(ws: Workspace, variant: str, *, recipes: bool = True, allow_b
         raise ImageOutOfDate(why, f"run `launcher build --variant {variant}` (a recipe edit takes seconds), or drop "
                              "--no-build to let run build it")
     rep.note(f"{why}; building it first")
-    return build(ws, variant, reporter=rep)
+    return build(ws, variant, find_links=find_links, ca_bundle=ca_bundle, reporter=rep)
 
 
 def _ensure_base(pin: images.BasePin) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from launcher.errors import EngineUnavailable, HostNotReady, LockFailed, NotFoun
 from launcher.hashing import atomic_write_text, sha256_file
 from launcher.hosts import engine
 from launcher.hosts.engine import Engine
-from launcher.images import lockdriver, wheelsources
+from launcher.images import companions, lockdriver, wheelsources
 from launcher.images import pins as images
 from launcher.proc import Completed
 from launcher.progress import NullReporter, Reporter
@@ -214,21 +214,9 @@ def lock_variant(ws: Workspace, variant: str, *, upgrade: bool = False, upgrade_
         argv.append("--upgrade")
     for name in upgrade_packages:
         argv += ["--upgrade-package", name]
-    mounts: list[str] = []
-    for i, folder in enumerate(find_links):
-        mounts += ["-v", f"{folder}:/find-links/{i}:ro"]
-        argv += ["--find-links", f"/find-links/{i}"]
     argv.append(rel_in)
-    env = {k: v for k in (*KEEP_CONTAINER_ENV, *PROXY_ENV) if (v := os.environ.get(k))}
-    request = {"files": files, "ca": ca_text, "tools": list(TOOLS), "compile": argv, "output": rel_out, "env": env}
-    task = rep.task(f"resolving {src.name} inside the base image with pip-tools {PIP_TOOLS}")
-    try:
-        done = eng.run_to_end(["-i", "--platform", pin.platform, "--network", "bridge", *mounts, pin.ref,
-                               "python3", "-c", _driver_source()],
-                              input=json.dumps(request).encode(), timeout=LOCK_TIMEOUT_S)
-    finally:
-        task.close()
-    answer = _answer(done, pin)
+    answer = compile_in_base(eng, pin, files, argv, rel_out, find_links=find_links, ca_text=ca_text,
+                             task=rep.task(f"resolving {src.name} inside the base image with pip-tools {PIP_TOOLS}"))
     if not answer.get("ok"):
         failed = _failure(answer, src.name, pin, ca_path)
         failed.message += wheelsources.unreachable_hint(dropped)
@@ -238,6 +226,8 @@ def lock_variant(ws: Workspace, variant: str, *, upgrade: bool = False, upgrade_
     text = header(variant, pin, python, plat) + indexes + str(answer["lock"])
     reqs = parse_lock(text, str(out))
     names = {r.name for r in reqs}
+    companions.check({r.name: r.version for r in reqs}, dict.fromkeys(names, rel_out), source=rel_in,
+                     relock=f"launcher lock --variant {variant}")
     missing = {"pip", "setuptools"} - names
     if missing:
         names_missing = ", ".join(sorted(missing))
@@ -247,6 +237,41 @@ def lock_variant(ws: Workspace, variant: str, *, upgrade: bool = False, upgrade_
     if changed:
         atomic_write_text(out, text)
     return LockResult(variant, out, changed, len(reqs), sha256_file(out), f"CPython {python} {plat}", pin.ref)
+
+
+def compile_in_base(eng: Engine, pin: images.BasePin, files: dict[str, str], argv: list[str], output: str, *,
+                    find_links: Sequence[Path] = (), ca_text: str | None = None, diagnose: list[str] | None = None,
+                    task: Any = None) -> dict[str, Any]:
+    """Run pip-compile (argv, paths relative to a copy of `files` under lockfiles/) in a container of the
+    pinned base by its own interpreter; the driver's answer (ok and the lock, or the stage that failed).
+    The find_links folders are mounted read-only and added to argv; diagnose: pip's arguments to run
+    when the compile fails (its output comes back as "diagnosis")."""
+    mounts: list[str] = []
+    argv = list(argv)
+    for i, folder in enumerate(find_links):
+        mounts += ["-v", f"{folder}:/find-links/{i}:ro"]
+        argv[-1:-1] = ["--find-links", f"/find-links/{i}"]
+    env = {k: v for k in (*KEEP_CONTAINER_ENV, *PROXY_ENV) if (v := os.environ.get(k))}
+    request = {"files": files, "ca": ca_text, "tools": list(TOOLS), "compile": argv, "output": output, "env": env,
+               "diagnose": diagnose}
+    try:
+        done = eng.run_to_end(["-i", "--platform", pin.platform, "--network", "bridge", *mounts, pin.ref,
+                               "python3", "-c", _driver_source()],
+                              input=json.dumps(request).encode(), timeout=LOCK_TIMEOUT_S)
+    finally:
+        if task is not None:
+            task.close()
+    return _answer(done, pin)
+
+
+def explain_failure(answer: dict[str, Any], src: str, pin: images.BasePin, ca_path: Path | None) -> LockFailed:
+    """The one-line error for a failed answer of compile_in_base (TLS, venv, install or resolution)."""
+    return _failure(answer, src, pin, ca_path)
+
+
+def check_target(answer: dict[str, Any], pin: images.BasePin) -> tuple[str, str]:
+    """The interpreter and platform an answer was resolved by (PinMismatch when not images.lock's)."""
+    return _check_target(answer, pin)
 
 
 def _driver_source() -> str:

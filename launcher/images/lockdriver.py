@@ -1,10 +1,12 @@
 """Run inside the base image by `launcher lock` (sent as text to the image's own python3).
 
 It reads one JSON request on stdin: the lockfiles/ text files, the CA bundle (or none), the
-pinned tool versions and pip-compile's arguments. It makes a venv, installs pip-tools into it,
-runs pip-compile in a copy of lockfiles/ and writes one JSON answer after MARKER on stdout:
-the lock's text, or the stage that failed and its output. It needs only the standard library
-of any Python 3 that the base image may have, and imports nothing of launcher.
+pinned tool versions, pip-compile's arguments, and optionally pip's arguments for a diagnosis
+run when the compile fails (pip install --dry-run names both sides of a conflict). It makes a
+venv, installs pip-tools into it, runs pip-compile in a copy of lockfiles/ and writes one JSON
+answer after MARKER on stdout: the lock's text (or the stage that failed, its output and the
+diagnosis). It needs only the standard library of any Python 3 that the base image may have,
+and imports nothing of launcher.
 """
 
 import json
@@ -52,6 +54,11 @@ def main() -> int:
     if ok:
         with open(os.path.join(work, req["output"])) as f:
             answer.update(ok=True, lock=f.read())
+    elif answer.get("stage") == "compile" and req.get("diagnose"):
+        # pip-compile names only one side of a conflict; pip's own resolver names both
+        done = subprocess.run([py, "-m", "pip", *req["diagnose"]], cwd=work, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT)
+        answer["diagnosis"] = done.stdout.decode("utf-8", "replace")[-20000:]
     sys.stdout.write(MARKER + json.dumps(answer) + "\n")
     return 0
 

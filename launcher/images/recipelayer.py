@@ -112,9 +112,14 @@ def image_id_of(config: bytes) -> str:
 def load(config: bytes, layer: RecipesLayer, tag: str) -> str:
     """Load the composed image into the local engine, sending the recipes layer alone: the
     engine has the environment's layers, and `docker load` skips a layer it already has."""
+    return load_top(config, layer.path, tag, "the recipes layer")
+
+
+def load_top(config: bytes, top: Path, tag: str, what: str) -> str:
+    """Load an image whose layers the engine has all but the last (top), sending that one alone."""
     image_id = image_id_of(config)
     n = len(json.loads(config)["rootfs"]["diff_ids"])
-    files: list[Path | None] = [None] * (n - 1) + [layer.path]
+    files: list[Path | None] = [None] * (n - 1) + [top]
     loader = engine.local().load()
     try:
         imagetree.write_load_archive(loader.stdin, image_id, config, files, tag=tag)
@@ -123,6 +128,6 @@ def load(config: bytes, layer: RecipesLayer, tag: str) -> str:
         pass
     err = loader.stderr_text()
     if loader.wait() != 0:
-        raise BuildFailed(f"docker load of the recipes layer failed: {err.strip()[:300]}",
-                          "the environment image may be gone from the engine: `launcher build --no-cache`")
+        raise BuildFailed(f"docker load of {what} failed: {err.strip()[:300]}",
+                          "the image below it may be gone from the engine: `launcher build --no-cache`")
     return image_id

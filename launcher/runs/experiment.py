@@ -201,12 +201,14 @@ def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
                probes: str | None = None,
                args: Sequence[str] = (),
                user_env: UserEnv | None = None,
+               find_links: Sequence[str] = (), ca_bundle: str | None = None,
                reporter: Reporter | None = None,
                launch: Callable[[PlannedRun, Any], Any] | None = None,
                stamp: str | None = None,
                placement: Callable[[Any, HostSpec], Any] | None = None) -> ExperimentResult:
     """Plan the groups, open every host (failing early if one is unreachable), run, collect.
-    args: the script's own arguments (after `--`), as `run` takes them; user_env: --env/--secret-env.
+    args: the script's own arguments (after `--`), as `run` takes them; user_env: --env/--secret-env;
+    find_links, ca_bundle: --find-links folders and --ca-bundle for the project's lock and wheels.
     The first replicate that fails stops the experiment: no replicate is started after it (those going
     on other hosts finish; a cluster's job arrays are cancelled); ExperimentResult.failure says which."""
     from launcher.runs import lifecycle as runs_mod
@@ -215,7 +217,8 @@ def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
     env = user_env or UserEnv()
     base = runs_mod.RunSpec(recipe=recipe, variant=variant, profile=profile, threads=threads, data=data,
                             data_from=data_from, params=dict(params or {}), probes=probes, args=list(args),
-                            env=dict(env.plain), secret_env=dict(env.secret))
+                            env=dict(env.plain), secret_env=dict(env.secret), find_links=list(find_links),
+                            ca_bundle=ca_bundle)
     name, code_name = recipe, None
     if launch is None:  # a wrong param or image stops here, before any progress is drawn
         from launcher.runs import identity
@@ -225,6 +228,10 @@ def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
         runs_mod.check_params(loaded, dict(params or {}))
         runs_mod.probe_option(probes)
         runs_mod.check_framework(ws, loaded, variant)
+        from launcher.runs import project
+
+        if project.declares(base, loaded):  # its lock and image, once for every run (not in each thread)
+            base = project.prepare(ws, base, loaded, rep)
         code_name = code_identity(base, loaded)
         name = identity.slug(loaded.name, code_name)
     jobs = plan(name, runs, seeds, base_seed, stamp)

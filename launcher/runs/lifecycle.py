@@ -177,7 +177,7 @@ def _launch(
     params = check_params(recipe, spec.params)
     probes = probes_record(spec, recipe)
     env = determinism.profile_env(spec.profile, spec.seed, spec.threads)
-    image = image_record(ws, spec.variant)
+    image = dict(spec.image) if spec.image else image_record(ws, spec.variant)  # a project layer's, or the variant's
     baked_digests = image.pop("recipes", {})
     placement.prepare(ws.needs_gpu(spec.variant))
     if spec.data_from:
@@ -379,15 +379,18 @@ def run_recipe(
     probe_option(spec.probes)
     check_framework(ws, recipe, spec.variant)
     from launcher.images import build
-    from launcher.runs import determinism, identity
+    from launcher.runs import determinism, identity, project
 
     seed_list = list(seeds) or [spec.seed]
     for seed in seed_list:  # a bad profile, seed or thread count stops here, before a build or an upload
         determinism.profile_env(spec.profile, seed, spec.threads)
+    project.ensure_lock(ws, spec, recipe, reporter)  # before the code is planned: the lock is part of the project
     plan = plan_code(ws, spec, recipe)
     spec = replace(spec, code_plan=plan)
-    build.ensure_current(ws, spec.variant, recipes=plan.get("source") == "image",
-                         allow_build=spec.build, reporter=reporter)
+    build.ensure_current(ws, spec.variant, recipes=plan.get("source") == "image", allow_build=spec.build,
+                         find_links=[Path(p) for p in spec.find_links],
+                         ca_bundle=Path(spec.ca_bundle) if spec.ca_bundle else None, reporter=reporter)
+    spec = project.with_image(ws, spec, recipe, reporter)  # the variant's image plus the project layer, if any
     name = identity.slug(recipe.name, identity.from_plan(plan) if recipe.adhoc else None)
     group = spec.group or f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}-{name}-g{secrets.token_hex(3)}"
     if facts is None:

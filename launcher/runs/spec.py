@@ -41,6 +41,9 @@ class RunSpec:
     probes: str | None = None  # --probes SPEC as given: off, N or KEY=VALUE,...; None: the recipe's [probes]
     env: dict[str, str] = field(default_factory=dict)  # --env: the user's variables, recorded with their values
     secret_env: dict[str, str] = field(default_factory=dict, repr=False)  # --secret-env: recorded by sha256 only
+    find_links: list[str] = field(default_factory=list)  # --find-links DIR: wheels no reachable index serves
+    ca_bundle: str | None = None  # --ca-bundle FILE: the CA pip trusts for the index (locks and downloads)
+    image: dict[str, Any] | None = None  # the image the runs use when it is not the variant's (a project layer)
 
 
 def parse_params(pairs: Sequence[str]) -> dict[str, Any]:

@@ -1,0 +1,125 @@
+"""Companion packages must match the framework build they extend.
+
+torchvision, torchaudio and torchtext carry compiled operators built against one torch build:
+PyPI's torchvision (no local version label) is built for PyPI's torch, a CUDA build; beside
+``torch==2.13.0+cpu`` from PyTorch's CPU index its operators fail to load (``operator
+torchvision::nms does not exist``), at import time, minutes after a build. pip cannot see that: a
+requirement ``torch==2.13.0`` is met by ``2.13.0+cpu``. So a lock is checked here instead: every
+companion must carry its framework's local version label (``+cpu`` beside ``+cpu``, none beside
+none), which also says the index it came from. TensorFlow's companions (``tensorflow-text``,
+``tf-keras``) follow TensorFlow's major.minor, and two builds of one framework in one environment
+(``tensorflow`` beside ``tensorflow-cpu``) are refused too: they share the import name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from launcher.errors import LockFailed
+
+PYTORCH_INDEX = "https://download.pytorch.org/whl"
+
+
+@dataclass(frozen=True)
+class Family:
+    builds: tuple[str, ...]  # the framework's distributions: one import name, so at most one of them
+    companions: tuple[str, ...]
+    rule: str  # "label": the same local version label; "minor": the same major.minor
+
+
+FAMILIES = (
+    Family(("torch",), ("torchvision", "torchaudio", "torchtext"), "label"),
+    Family(("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel"), ("tensorflow-text", "tf-keras"),
+           "minor"),
+)
+
+
+def label(version: str) -> str:
+    """The local version label (``2.13.0+cpu`` -> ``cpu``; none -> "")."""
+    return version.partition("+")[2]
+
+
+def public(version: str) -> str:
+    return version.partition("+")[0]
+
+
+def minor(version: str) -> str:
+    return ".".join(public(version).split(".")[:2])
+
+
+def index_of(tag: str) -> str:
+    """Where a torch-family wheel with this label is served: PyTorch's index of that build, or PyPI."""
+    return f"{PYTORCH_INDEX}/{tag}" if tag else "https://pypi.org/simple"
+
+
+def describe(tag: str) -> str:
+    if not tag:
+        return "PyPI's build (no local version label; on Linux built for PyPI's CUDA torch)"
+    return f"the +{tag} build ({index_of(tag)})"
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    companion: str
+    companion_version: str
+    framework: str
+    framework_version: str
+    rule: str
+
+    @property
+    def wanted(self) -> str:
+        """The companion version that would match (label rule: the same release with the framework's label)."""
+        tag = label(self.framework_version)
+        return public(self.companion_version) + (f"+{tag}" if tag else "")
+
+
+def mismatches(pins: Mapping[str, str]) -> list[Mismatch]:
+    """Companions in pins (normalized name -> version) that do not match their framework's build."""
+    out: list[Mismatch] = []
+    for family in FAMILIES:
+        builds = [b for b in family.builds if b in pins]
+        if not builds:
+            continue
+        fw = builds[0]
+        for other in builds[1:]:
+            out.append(Mismatch(other, pins[other], fw, pins[fw], "build"))
+        for comp in family.companions:
+            if comp not in pins:
+                continue
+            if family.rule == "label" and label(pins[comp]) != label(pins[fw]):
+                out.append(Mismatch(comp, pins[comp], fw, pins[fw], "label"))
+            elif family.rule == "minor" and minor(pins[comp]) != minor(pins[fw]):
+                out.append(Mismatch(comp, pins[comp], fw, pins[fw], "minor"))
+    return out
+
+
+def check(pins: Mapping[str, str], where: Mapping[str, str], *, source: str, relock: str) -> None:
+    """Refuse a set of pins that pairs a framework build with a companion of another build.
+    where: name -> the lockfile that pins it; source: the requirements file to edit; relock: the
+    `launcher lock ...` command that locks it again."""
+    found = mismatches(pins)
+    if not found:
+        return
+    m = found[0]
+    comp = f"{m.companion}=={m.companion_version} ({where.get(m.companion, 'the lock')})"
+    fw = f"{m.framework}=={m.framework_version} ({where.get(m.framework, 'the lock')})"
+    if m.rule == "build":
+        raise LockFailed(f"{comp} is a second build of {m.framework} beside {fw}: both install the same module",
+                         f"keep one: remove what pulls in {m.companion} from {source}, then `{relock}`")
+    if m.rule == "minor":
+        raise LockFailed(f"{comp} does not match {fw}: its releases follow {m.framework}'s major.minor "
+                         f"({minor(m.framework_version)})",
+                         f"pin {m.companion}=={minor(m.framework_version)}.* in {source}, then `{relock}`")
+    tag = label(m.framework_version)
+    index = index_of(tag)
+    problem = (f"{comp} does not match {fw}: {m.companion} is {describe(label(m.companion_version))}, "
+               f"{m.framework} is {describe(tag)}; its compiled operators would fail to load (e.g. `operator "
+               f"{m.companion}::nms does not exist`)")
+    if not tag:
+        raise LockFailed(problem, f"pin {m.companion}=={m.wanted} (PyPI's build) in {source}, then `{relock}`")
+    raise LockFailed(
+        problem,
+        f"pin {m.companion}=={m.wanted} in {source} and give its wheel from {index}: either add "
+        f"`--extra-index-url {index}` to {source}, or download the {m.companion} {m.wanted} wheel for the image's "
+        f"Python from {index}/{m.companion}/ into a folder DIR and run `{relock} --find-links DIR`")

@@ -1,0 +1,178 @@
+"""A run's project: the folder its code comes from, what that folder declares it needs beyond the
+image (Python requirements, OS packages), locked beside it for the run's variant, and the image the
+run then uses: the variant's image plus one thin project layer (:mod:`launcher.images.projectlayer`).
+
+The project is the folder a plain script is sent with (``runs.spec.script_root``) or a recipe folder.
+Its ``requirements.lock`` is made (or made again) by :func:`ensure_lock` before the code is planned,
+since the lock is part of the project's code; :func:`with_image` puts the image with the layer in the
+run's spec, and the launch record and manifest keep it as ``image.project``.
+
+OS packages are the APT side of the seam (``launcher.images.aptlock`` and ``launcher.images.debs``,
+where this launcher has them): ``[system] apt`` kept current in ``system.lock`` beside the project
+(:func:`ensure_system_lock`), its ``.deb`` files fetched, verified and unpacked, and the unpacked tree
+joined to the same layer with the modes and owners the packages give (:func:`system_part`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import ImageOutOfDate, LockFailed, NotFound, UsageError
+from launcher.images import builder as docker_engine
+from launcher.images import pins as images
+from launcher.images import projectlayer, projectlock
+from launcher.images.projectlock import Requirements
+from launcher.images.tree import DEFAULT_EPOCH
+from launcher.progress import NullReporter, Reporter
+from launcher.runs.recipes import Recipe
+from launcher.runs.spec import RunSpec, baked, image_record, script_root
+from launcher.workspace import Workspace
+
+SYSTEM_LOCK = "system.lock"
+
+
+def folder(spec: RunSpec, recipe: Recipe) -> Path:
+    """The project folder of a run: a plain script's code root, or the recipe's folder."""
+    return (script_root(spec, recipe) if recipe.adhoc else recipe.path).resolve()
+
+
+def _paths(spec: RunSpec) -> tuple[tuple[Path, ...], Path | None]:
+    return tuple(Path(p) for p in spec.find_links), Path(spec.ca_bundle) if spec.ca_bundle else None
+
+
+def ensure_lock(ws: Workspace, spec: RunSpec, recipe: Recipe, reporter: Reporter | None = None) -> Requirements | None:
+    """The project's requirements, with requirements.lock current for the run's variant: locked here
+    (one line says why) when it is missing or stale. None when the project declares none. With
+    spec.build False (--no-build) a stale lock is refused instead."""
+    rep = reporter or NullReporter()
+    root = folder(spec, recipe)
+    ensure_system_lock(ws, root, spec.variant, spec.build, rep)
+    req = projectlock.find(root)
+    if req is None:
+        return None
+    reason = projectlock.stale_reason(ws, req, spec.variant)
+    if reason is None:
+        return req
+    if not spec.build:
+        raise ImageOutOfDate(f"the project {root.name}: {reason}",
+                             f"lock it with `launcher lock {root} --variant {spec.variant}`, or drop --no-build")
+    rep.note(f"project {root.name}: {reason}; locking {req.source.name} for the {spec.variant} image")
+    find_links, ca_bundle = _paths(spec)
+    projectlock.lock_project(ws, root, spec.variant, find_links=find_links, ca_bundle=ca_bundle, reporter=rep)
+    return req
+
+
+def with_image(ws: Workspace, spec: RunSpec, recipe: Recipe, reporter: Reporter | None = None) -> RunSpec:
+    """The spec with the image its run uses: the variant's image plus the project layer, when the project
+    declares requirements or OS packages (its lock current: ensure_lock first); unchanged otherwise."""
+    from launcher.images import build
+
+    if spec.image is not None:
+        return spec
+    rep = reporter or NullReporter()
+    root = folder(spec, recipe)
+    req = projectlock.find(root)
+    with system_part(ws, root, spec.variant, rep) as system:
+        if req is None and system is None:
+            return spec
+        base = image_record(ws, spec.variant)
+        record = build.read_record(ws, spec.variant)
+        extra = record.extra if record is not None else {}
+        env_id = str(extra.get("env_image_id") or "")
+        installer = env_id if env_id and docker_engine.image_exists(env_id) else str(base["id"])
+        epoch = int(extra.get("epoch") or DEFAULT_EPOCH)
+        find_links, ca_bundle = _paths(spec)
+        layer = projectlayer.build_layer(
+            lock_path=req.lock_path if req is not None else None, variant_lock=ws.lock_txt(spec.variant),
+            image_id=installer, pin=images.load(ws).get(spec.variant), cache_dir=ws.cache_dir,
+            find_links=find_links, ca_bundle=ca_bundle, system=system, epoch=epoch, reporter=rep)
+    tag = f"launcher/{build.slug(ws.root.name)}-{spec.variant}-project:{build.slug(root.name)}"
+    image_id, new = projectlayer.ensure_image(str(base["id"]), layer, tag, ws.cache_dir, epoch)
+    if layer.built or new:  # said when the project's image changes; the same one again goes without a word
+        count = f"{len(layer.packages)} package{'' if len(layer.packages) == 1 else 's'}"
+        names = ", ".join(p.replace("==", " ") for p in layer.packages[:6]) + (", ..." if len(layer.packages) > 6
+                                                                               else "")
+        how = f"built in {layer.seconds:.1f} s" if layer.built else "from the layer cache"
+        rep.note(f"project layer of {root.name}: {count} beside the {spec.variant} image"
+                 f"{f' ({names})' if names else ''}, {how}; the {spec.variant} image itself is unchanged")
+    project = {"folder": root.name, "requirements_lock_sha256": layer.requirements_lock_sha256,
+               "system_lock_sha256": layer.system_lock_sha256, "layer": layer.diff_id,
+               "packages": list(layer.packages), "system_packages": list(layer.system_packages),
+               "variant_image_id": base["id"]}
+    return replace(spec, image={**base, "id": image_id, "tag": tag, "project": project})
+
+
+def declares(spec: RunSpec, recipe: Recipe) -> bool:
+    """Whether the run's project declares anything beyond the image (Python requirements, OS packages)."""
+    root = folder(spec, recipe)
+    apt = _apt()
+    return projectlock.find(root) is not None or (root / SYSTEM_LOCK).is_file() or \
+        bool(apt is not None and apt[0].declared(root).packages)
+
+
+def prepare(ws: Workspace, spec: RunSpec, recipe: Recipe, reporter: Reporter | None = None) -> RunSpec:
+    """Everything a group of runs shares before any starts: the project's lock, the variant's image
+    current, the image with the project layer (once, for an experiment's many runs)."""
+    from launcher.images import build
+
+    ensure_lock(ws, spec, recipe, reporter)
+    find_links, ca_bundle = _paths(spec)
+    build.ensure_current(ws, spec.variant, recipes=baked(ws, recipe, spec.mount), allow_build=spec.build,
+                         find_links=find_links, ca_bundle=ca_bundle, reporter=reporter)
+    return with_image(ws, spec, recipe, reporter)
+
+
+def _apt() -> tuple[Any, Any] | None:
+    """The APT workstream's modules (launcher.images.aptlock, launcher.images.debs), where this launcher
+    has them."""
+    try:
+        return importlib.import_module("launcher.images.aptlock"), importlib.import_module("launcher.images.debs")
+    except ImportError:
+        return None
+
+
+def ensure_system_lock(ws: Workspace, root: Path, variant: str, build: bool, reporter: Reporter) -> None:
+    """The project's system.lock current for the variant (locked here when stale, as ensure_lock does)."""
+    apt = _apt()
+    if apt is None or not apt[0].declared(root).packages:
+        return
+    try:
+        apt[0].current(ws, root, variant)
+    except (LockFailed, NotFound) as exc:
+        if not build:
+            raise ImageOutOfDate(exc.message, exc.hint) from None
+        reporter.note(f"{root.name}/{SYSTEM_LOCK}: {exc.message.split(': ', 1)[-1]}; locking its OS packages")
+        apt[0].lock_project(ws, root, variant, reporter)
+
+
+@contextmanager
+def system_part(ws: Workspace, root: Path, variant: str,
+                reporter: Reporter) -> Iterator[projectlayer.SystemPart | None]:
+    """The project's OS packages for its layer: its system.lock's .deb files fetched into the cache (each
+    checked against its sha256) and unpacked, without maintainer scripts, into a temporary folder by the
+    APT side (aptlock.current, debs.unpack_lock); None when the project has no system.lock."""
+    path = root / SYSTEM_LOCK
+    if not path.is_file():
+        yield None
+        return
+    apt = _apt()
+    if apt is None:
+        raise UsageError(f"{path}: this launcher cannot install OS packages", "remove system.lock, or use a "
+                         "launcher with OS packages ([system] apt in launcher.toml)")
+    aptlock, debs = apt
+    tree = Path(tempfile.mkdtemp(prefix="launcher-debs-"))
+    try:
+        lock = aptlock.current(ws, root, variant) or aptlock.read(path)
+        unpacked = debs.unpack_lock(lock, ws.cache_dir, tree, reporter)
+        meta = {e.path: (e.mode, e.uid, e.gid) for e in unpacked.entries}
+        names = tuple(f"{p.name}={p.version}" for p in lock.packages)
+        yield projectlayer.SystemPart(aptlock.lock_sha256(path), tree, names, meta)
+    finally:
+        shutil.rmtree(tree, ignore_errors=True)

@@ -1,0 +1,52 @@
+"""A project image shipped to an SSH host that has the variant's image: the project layer travels alone,
+from the layer cache, and the project's package imports there."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from testhost import TestHost
+
+from launcher.hosts.engine import Engine
+from launcher.hosts.ssh import SSHHost
+from launcher.images import build, lock
+from launcher.runs import project, ship
+from launcher.runs.recipes import load_recipe
+from launcher.runs.spec import RunSpec
+from launcher.workspace import Workspace
+
+pytestmark = [pytest.mark.testhost, pytest.mark.docker, pytest.mark.network]
+
+
+@pytest.fixture
+def remote(testhost: TestHost) -> Iterator[SSHHost]:
+    with SSHHost.connect(testhost.spec, identity=testhost.key, known_hosts=testhost.known_hosts,
+                         ssh_config=Path("/dev/null")) as h:
+        yield h
+
+
+def test_the_project_layer_ships_alone_to_a_host_that_has_the_variants_image(
+        remote: SSHHost, testhost: TestHost, make_workspace: Callable[..., Workspace], tmp_path: Path) -> None:
+    ws = Workspace.at(make_workspace(tmp_path / "ws", recipes=False).root, tmp_path / "cache")
+    ws.lock_in("cpu").write_text("six==1.17.0\npip\nsetuptools\n")
+    lock.lock_variant(ws, "cpu")
+    variant = build.build(ws, "cpu")
+    first = ship.ship_image(remote, variant.tag, cache_dir=ws.cache_dir)
+    assert not first.skipped
+
+    proj = tmp_path / "myproj"
+    proj.mkdir()
+    (proj / "train.py").write_text("import tabulate\n")
+    (proj / "requirements.in").write_text("tabulate\n")
+    spec = RunSpec(recipe=str(proj / "train.py"), variant="cpu")
+    spec = project.prepare(ws, spec, load_recipe(ws, spec.recipe))
+    assert spec.image is not None and spec.image["project"]["variant_image_id"] == variant.image_id
+    sent = ship.ship_image(remote, spec.image["id"], tag="launcher-test/project:one", cache_dir=ws.cache_dir)
+    n_layers = len(Engine(remote).inspect_image(spec.image["id"])["RootFS"]["Layers"])
+    assert (sent.layers_sent, sent.layers_skipped) == (1, n_layers - 1)
+    assert sent.bytes_sent < 1 << 20  # tabulate and its lock, not the image
+    out = testhost.exec("docker", "run", "--rm", "--network", "none", "launcher-test/project:one", "python", "-c",
+                        "import tabulate, sys; print(tabulate.__file__, sys.flags.dont_write_bytecode)")
+    assert "/opt/launcher/project/site-packages/tabulate/__init__.py" in out
