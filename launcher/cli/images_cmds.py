@@ -11,11 +11,11 @@ from rich.table import Table
 from launcher.cli.common import command, render, reporter, stdout, workspace_of
 from launcher.cli.params import VariantOpt, check_variant, complete_variants, group
 from launcher.errors import ExitCode, UsageError
+from launcher.images import aptlock, registry, wheelsources
 from launcher.images import bootstrap as bootstrap_mod
 from launcher.images import build as build_mod
 from launcher.images import lock as lock_mod
 from launcher.images import pins as images
-from launcher.images import registry, wheelsources
 from launcher.result import Result
 from launcher.scaffold import init_workspace
 from launcher.workspace import Workspace
@@ -67,9 +67,61 @@ def init_cmd(
     render(ctx, result)
 
 
+ProjectArg = Annotated[Path | None, typer.Argument(
+    metavar="[PROJECT]", show_default=False,
+    help="A project folder (a plain script's code folder, or a recipe folder): lock what it declares, beside it. "
+         "OS packages ([system] apt in its launcher.toml or recipe.toml) go to PROJECT/system.lock.")]
+
+
+def _project_variant(ctx: typer.Context, ws: Workspace, folder: Path, variants: str) -> str:
+    """--variant typed for a project, else its recipe's `variant`, else the default variant (launcher.toml,
+    LAUNCHER_VARIANT, cpu): a project is locked for the one image it runs in."""
+    from typer._click.core import ParameterSource
+
+    from launcher import config
+    from launcher.runtime import spec as rspec
+
+    if ctx.get_parameter_source("variants") == ParameterSource.COMMANDLINE and variants != "all":
+        return check_variant(ws, variants)
+    if (folder / rspec.RECIPE_FILE).is_file():
+        try:
+            wanted = rspec.load_spec(folder).variant
+        except rspec.SpecError:
+            wanted = None  # aptlock.declared names the recipe's problem
+        if wanted:
+            return check_variant(ws, wanted)
+    default = next(v.value for v in config.resolve(ws).values if v.setting.key == "variant")
+    return check_variant(ws, str(default))
+
+
+def _lock_project(ctx: typer.Context, ws: Workspace, project: Path, variants: str, upgrade: bool) -> None:
+    from launcher.runs.code import git_toplevel
+
+    if not project.exists():
+        raise UsageError(f"{project} does not exist", "name a project folder (or a script in it)")
+    folder = project.resolve()
+    if folder.is_file():  # a script: its project, as `launcher run` takes it
+        folder = git_toplevel(folder.parent) or folder.parent
+    variant = _project_variant(ctx, ws, folder, variants)
+    with reporter(ctx) as rep:
+        res = aptlock.lock_project(ws, folder, variant, rep, upgrade=upgrade)
+    data = {"project": str(folder), "variant": variant, "system": res.to_dict() if res else None}
+    if res is None:
+        summary = f"{folder}: no OS packages declared ([system] apt in launcher.toml or recipe.toml); nothing to lock"
+    else:
+        lk = res.lock
+        summary = (f"{res.path}: {len(lk.packages)} .deb(s) for {' '.join(lk.requested)} on Debian {lk.debian} "
+                   f"({variant} base {lk.base_digest[:19]}…), {'updated' if res.changed else 'unchanged'} "
+                   f"({res.sha256[:19]}…); fetched and verified in {ws.cache_dir / 'debs'}")
+        if lk.in_base:
+            summary += f"\nalready in the base image: {', '.join(lk.in_base)}"
+    render(ctx, Result("lock", data, summary=summary))
+
+
 @command(app, "lock")
 def lock_cmd(
     ctx: typer.Context,
+    project: ProjectArg = None,
     variants: VariantsOpt = "all",
     upgrade: Annotated[bool, typer.Option("--upgrade", help="Pick the newest allowed versions of everything.")] = False,
     upgrade_package: Annotated[list[str] | None, typer.Option(
@@ -83,8 +135,14 @@ def lock_cmd(
     image's own Python and platform resolve it, whatever this machine runs; the
     header records the base digest and that interpreter. Locking again with
     nothing changed rewrites nothing. No base yet: `launcher base bootstrap`.
+
+    With PROJECT, lock that project instead: its OS packages ([system] apt = [...]) are resolved by
+    apt in the variant's base image into PROJECT/system.lock, and their .deb files fetched and verified.
     """
     ws = workspace_of(ctx)
+    if project is not None:
+        _lock_project(ctx, ws, project, variants, upgrade)
+        return
     variant = check_variant(ws, variants, all_ok=True)
     if variant != "all":
         images.check_variant(variant)
