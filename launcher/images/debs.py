@@ -270,6 +270,8 @@ def unpack(debs: Sequence[Path], into: Path, *, base_links: Mapping[str, str]) -
     if os.geteuid() == 0:
         for e in entries.values():
             os.lchown(into / e.path, e.uid, e.gid)
+            if e.kind != "symlink":
+                os.chmod(into / e.path, e.mode)  # chown clears setuid and setgid
     ordered = tuple(entries[k] for k in sorted(entries))
     ld_conf = tuple(e.path for e in ordered if e.path.startswith("etc/ld.so.conf.d/") and e.kind != "dir")
     return Unpacked(into, ordered, {k: v for k, v in sorted(scripts.items()) if v}, ld_conf)
