@@ -250,3 +250,51 @@ def test_current_names_a_missing_lock_and_another_base(project_ws: tuple[Workspa
     aptlock.write(aptlock.SystemLock(**{**other.__dict__, "base": "other@sha256:" + "d" * 64}), proj / "system.lock")
     with pytest.raises(LockFailed, match="was resolved for the base other@"):
         aptlock.current(ws, proj, "cpu")
+
+
+# --- launcher lock PROJECT ----------------------------------------------------------------------------
+
+def test_lock_project_command_picks_the_projects_variant(project_ws: tuple[Workspace, Path],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from launcher.cli import app
+
+    ws, proj = project_ws
+    seen: list[tuple[Path, str]] = []
+
+    def fake_lock_project(ws: Workspace, folder: Path, variant: str, reporter: Any = None,
+                          **kw: Any) -> aptlock.SystemLockResult:
+        seen.append((folder, variant))
+        lock = sample_lock()
+        aptlock.write(lock, folder / "system.lock")
+        return aptlock.SystemLockResult(folder, folder / "system.lock", True, lock,
+                                        aptlock.lock_sha256(folder / "system.lock"))
+
+    monkeypatch.setattr(aptlock, "lock_project", fake_lock_project)
+    runner = CliRunner()
+    res = runner.invoke(app, ["-w", str(ws.root), "--json", "lock", str(proj / "train.py")])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)["data"]
+    assert seen == [(proj.resolve(), "cpu")]  # a script names its folder; the default variant
+    assert data["variant"] == "cpu"
+    assert [p["name"] for p in data["system"]["packages"]] == ["jq", "libjq1", "libonig5", "tree"]
+    (proj / "recipe.toml").write_text('entry = "train.py"\nvariant = "gpu"\n')
+    assert runner.invoke(app, ["-w", str(ws.root), "lock", str(proj)]).exit_code == 0
+    assert seen[-1][1] == "gpu"  # the recipe's variant
+    assert runner.invoke(app, ["-w", str(ws.root), "lock", str(proj), "--variant", "cpu"]).exit_code == 0
+    assert seen[-1][1] == "cpu"  # --variant wins
+    res = runner.invoke(app, ["-w", str(ws.root), "lock", str(proj / "nope")])
+    assert res.exit_code == ExitCode.USAGE and "does not exist" in res.output
+
+
+def test_lock_project_command_with_nothing_declared(project_ws: tuple[Workspace, Path]) -> None:
+    from typer.testing import CliRunner
+
+    from launcher.cli import app
+
+    ws, proj = project_ws
+    (proj / "launcher.toml").unlink()
+    res = CliRunner().invoke(app, ["-w", str(ws.root), "lock", str(proj)])
+    assert res.exit_code == 0, res.output
+    assert "no OS packages declared" in res.output
