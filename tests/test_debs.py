@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import Corrupt, ExitCode, HostUnreachable, NotFound, UnsafePath
+from launcher.errors import BuildFailed, Corrupt, ExitCode, HostUnreachable, NotFound, UnsafePath
 from launcher.images import aptlock, debs
 from launcher.images.aptplan import DebPackage
 
@@ -203,3 +203,11 @@ def test_not_a_deb_is_corrupt(tmp_path: Path) -> None:
     bad.write_bytes(b"PK\x03\x04 not an ar archive")
     with pytest.raises(Corrupt, match=r"not a \.deb"):
         debs.unpack([bad], tmp_path / "root", base_links=LINKS)
+
+
+def test_a_file_where_another_package_has_a_folder_is_refused(tmp_path: Path) -> None:
+    first, second = tmp_path / "a.deb", tmp_path / "b.deb"
+    first.write_bytes(make_deb("a", [("./usr/", "dir", b"", 0o755), ("./usr/x/", "dir", b"", 0o755)]))
+    second.write_bytes(make_deb("b", [("./usr/", "dir", b"", 0o755), ("./usr/x", "file", b"x", 0o644)]))
+    with pytest.raises(BuildFailed, match="where another package has a folder"):
+        debs.unpack([first, second], tmp_path / "root", base_links=LINKS)

@@ -201,9 +201,13 @@ def _no_link_above(root: Path, rel: str, source: str) -> Path:
     return root / rel
 
 
-def _clear(path: Path) -> None:
+def _clear(path: Path, source: str) -> None:
+    """Make room for a file or link at path: a file or link there goes (a later .deb's wins), a folder stays."""
     if path.is_symlink() or (path.exists() and not path.is_dir()):
         path.unlink()
+    elif path.is_dir():
+        raise BuildFailed(f"{source} holds a file at {path.name} where another package has a folder",
+                          "leave one of the two packages out of [system] apt")
 
 
 def _extract(tar: tarfile.TarFile, root: Path, base_links: Mapping[str, str], package: str,
@@ -221,7 +225,7 @@ def _extract(tar: tarfile.TarFile, root: Path, base_links: Mapping[str, str], pa
             os.chmod(path, mode)
             entries[rel] = Entry(rel, "dir", mode, m.uid, m.gid, package=package)
         elif m.isreg():
-            _clear(path)
+            _clear(path, source)
             src = tar.extractfile(m)
             assert src is not None
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -231,12 +235,12 @@ def _extract(tar: tarfile.TarFile, root: Path, base_links: Mapping[str, str], pa
             os.utime(path, (m.mtime, m.mtime))
             entries[rel] = Entry(rel, "file", mode, m.uid, m.gid, package=package)
         elif m.issym():
-            _clear(path)
+            _clear(path, source)
             os.symlink(m.linkname, path)
             entries[rel] = Entry(rel, "symlink", 0o777, m.uid, m.gid, m.linkname, package)
         elif m.islnk():
             target = _image_path(m.linkname, base_links, source)
-            _clear(path)
+            _clear(path, source)
             os.link(_no_link_above(root, target, source), path)
             entries[rel] = Entry(rel, "hardlink", mode, m.uid, m.gid, target, package)
         else:
