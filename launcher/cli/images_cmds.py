@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -16,6 +16,7 @@ from launcher.images import bootstrap as bootstrap_mod
 from launcher.images import build as build_mod
 from launcher.images import lock as lock_mod
 from launcher.images import pins as images
+from launcher.progress import Reporter
 from launcher.result import Result
 from launcher.scaffold import init_workspace
 from launcher.workspace import Workspace
@@ -94,6 +95,20 @@ def _project_variant(ctx: typer.Context, ws: Workspace, folder: Path, variants: 
     return check_variant(ws, str(default))
 
 
+def _locked_system(ws: Workspace, folder: Path, variant: str, upgrade: bool, rep: Reporter) -> tuple[Any, str]:
+    """The project's OS packages locked (aptlock.lock_project): its --json data and its summary line."""
+    res = aptlock.lock_project(ws, folder, variant, rep, upgrade=upgrade)
+    if res is None:
+        return None, f"{folder}: no OS packages declared ([system] apt in launcher.toml or recipe.toml)"
+    lk = res.lock
+    summary = (f"{res.path}: {len(lk.packages)} .deb(s) for {' '.join(lk.requested)} on Debian {lk.debian} "
+               f"({variant} base {lk.base_digest[:19]}…), {'updated' if res.changed else 'unchanged'} "
+               f"({res.sha256[:19]}…); fetched and verified in {ws.cache_dir / 'debs'}")
+    if lk.in_base:
+        summary += f"\nalready in the base image: {', '.join(lk.in_base)}"
+    return res.to_dict(), summary
+
+
 def _lock_project(ctx: typer.Context, ws: Workspace, project: Path, variants: str, upgrade: bool) -> None:
     from launcher.runs.code import git_toplevel
 
@@ -104,18 +119,10 @@ def _lock_project(ctx: typer.Context, ws: Workspace, project: Path, variants: st
         folder = git_toplevel(folder.parent) or folder.parent
     variant = _project_variant(ctx, ws, folder, variants)
     with reporter(ctx) as rep:
-        res = aptlock.lock_project(ws, folder, variant, rep, upgrade=upgrade)
-    data = {"project": str(folder), "variant": variant, "system": res.to_dict() if res else None}
-    if res is None:
-        summary = f"{folder}: no OS packages declared ([system] apt in launcher.toml or recipe.toml); nothing to lock"
-    else:
-        lk = res.lock
-        summary = (f"{res.path}: {len(lk.packages)} .deb(s) for {' '.join(lk.requested)} on Debian {lk.debian} "
-                   f"({variant} base {lk.base_digest[:19]}…), {'updated' if res.changed else 'unchanged'} "
-                   f"({res.sha256[:19]}…); fetched and verified in {ws.cache_dir / 'debs'}")
-        if lk.in_base:
-            summary += f"\nalready in the base image: {', '.join(lk.in_base)}"
-    render(ctx, Result("lock", data, summary=summary))
+        system, summary = _locked_system(ws, folder, variant, upgrade, rep)
+    if system is None:
+        summary += "; nothing to lock"
+    render(ctx, Result("lock", {"project": str(folder), "variant": variant, "system": system}, summary=summary))
 
 
 @command(app, "lock")
