@@ -23,20 +23,27 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from launcher import proc
 from launcher.errors import BuildFailed, Corrupt, HostUnreachable, LockFailed, NotFound, UnsafePath
 from launcher.hashing import CHUNK, atomic_path
+from launcher.images.aptplan import DebPackage
 from launcher.progress import NullReporter, Reporter
-
-if TYPE_CHECKING:
-    from launcher.images.aptlock import SystemLock
-    from launcher.images.aptplan import DebPackage
 
 AREA = "debs"
 TIMEOUT_S = 60.0
 SCRIPTS = ("preinst", "postinst", "prerm", "postrm", "config", "triggers")
+
+
+class SystemLock(Protocol):
+    """What this module needs of a system lock (launcher.images.aptlock.SystemLock, which imports this)."""
+
+    @property
+    def packages(self) -> Sequence[DebPackage]: ...
+
+    @property
+    def base_links(self) -> Mapping[str, str]: ...
 
 
 @dataclass(frozen=True)
