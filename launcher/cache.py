@@ -9,6 +9,8 @@ Areas, each a folder of the cache:
   layer, and the configs of their images (``configs/<image-id>.json``);
 - ``builds``: build records by content, so another workspace reuses an identical build;
 - ``wheels``: the wheelhouse the builds install from, by file name, checked against the lock;
+- ``debs``: the .deb files of projects' system locks (``<sha256 hex>.deb``), checked against the lock;
+  never pruned: once Debian's archive moves on, the cache is what keeps an older lock buildable;
 - ``code``: snapshots of the code folders runs mount, by code digest (small; not pruned);
 - ``bootstrap``: debootstrapped root file systems of pinned bases;
 - ``registry``: the storage of the local registry that holds bootstrapped bases;
@@ -35,7 +37,7 @@ from typing import Any
 from launcher.hashing import sha256_file
 from launcher.images.lock import HASH
 
-AREAS = ("images", "blobs", "builds", "wheels", "code", "bootstrap", "registry", "layer-keys")
+AREAS = ("images", "blobs", "builds", "wheels", "debs", "code", "bootstrap", "registry", "layer-keys")
 ORPHAN_AGE_S = 3600.0
 
 

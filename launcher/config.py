@@ -31,6 +31,7 @@ from launcher.runs.determinism import DEFAULT_PROFILE, PROFILES, default_threads
 from launcher.workspace import VARIANTS, Workspace
 
 FILE = "launcher.toml"
+PROJECT_TABLE = "system"  # a project's OS packages, when the workspace is also the project (images/aptlock.py)
 TABLE = "defaults"
 
 
@@ -127,7 +128,7 @@ def read_file(path: Path, ws: Workspace | None) -> dict[str, Any]:
                         f'write it as TOML, e.g. [{TABLE}] then variant = "cpu"') from None
     known = {s.key: s for s in SETTINGS}
     for key in data:
-        if key != TABLE:
+        if key != TABLE and key != PROJECT_TABLE:
             raise BadConfig(f"{path}: unknown key or table {key!r}",
                             f"put defaults under [{TABLE}]: {', '.join(known)}")
     table = data.get(TABLE, {})

@@ -6,7 +6,20 @@ code in exactly one place; the core raises and never prints or exits.
 
 from __future__ import annotations
 
+import re
 from enum import IntEnum
+
+# Terminal control sequences in captured output (colours, cursor moves, titles, hyperlinks) and the
+# other C0 controls: an error is read in logs, CI and JSON, where they show as raw "\x1b[31m".
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]"        # CSI: colours, cursor and erase
+                   r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)"  # OSC: titles, hyperlinks
+                   r"|\x1b[ -/]*[0-~]"                   # the other escapes (charset, keypad...)
+                   r"|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # the rest of C0 but tab, newline, CR
+
+
+def plain_text(text: str) -> str:
+    """text without terminal escape sequences and control characters (tab, newline and CR kept)."""
+    return _ANSI.sub("", text)
 
 
 class ExitCode(IntEnum):
@@ -58,9 +71,10 @@ class LauncherError(Exception):
     exit_code: ExitCode = ExitCode.FAILURE
 
     def __init__(self, message: str, hint: str | None = None, *, exit_code: ExitCode | None = None) -> None:
+        message = plain_text(message)
         super().__init__(message)
         self.message = message
-        self.hint = hint
+        self.hint = plain_text(hint) if hint is not None else None
         if exit_code is not None:
             self.exit_code = exit_code
 
@@ -68,7 +82,7 @@ class LauncherError(Exception):
         text = self.message.rstrip(".")
         if self.hint:
             text += f"; fix: {self.hint}"
-        return " ".join(text.split())
+        return " ".join(plain_text(text).split())
 
 
 class UsageError(LauncherError):

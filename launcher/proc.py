@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from launcher import errors
-from launcher.errors import NotFound, TimedOut
+from launcher.errors import NotFound, TimedOut, plain_text
 
 
 @dataclass(frozen=True)
@@ -29,8 +29,9 @@ class Completed:
         return self.stderr.decode("utf-8", "replace")
 
     def last_error_line(self) -> str:
+        """The last line the command printed (stderr first), without terminal escapes: for messages."""
         for text in (self.err, self.out):
-            lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+            lines = [ln.strip() for ln in plain_text(text).splitlines() if ln.strip()]
             if lines:
                 return lines[-1]
         return f"exit status {self.returncode}"

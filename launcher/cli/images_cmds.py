@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -11,11 +11,12 @@ from rich.table import Table
 from launcher.cli.common import command, render, reporter, stdout, workspace_of
 from launcher.cli.params import VariantOpt, check_variant, complete_variants, group
 from launcher.errors import ExitCode, UsageError
+from launcher.images import aptlock, registry, wheelsources
 from launcher.images import bootstrap as bootstrap_mod
 from launcher.images import build as build_mod
 from launcher.images import lock as lock_mod
 from launcher.images import pins as images
-from launcher.images import registry, wheelsources
+from launcher.progress import Reporter
 from launcher.result import Result
 from launcher.scaffold import init_workspace
 from launcher.workspace import Workspace
@@ -31,8 +32,9 @@ FindLinksOpt = Annotated[list[Path] | None, typer.Option("--find-links", metavar
 ProjectArg = Annotated[Path | None, typer.Argument(
     metavar="[PROJECT]", show_default=False,
     help="A project folder (a plain script's code folder, or a recipe folder), or a script in it: lock its own "
-         "requirements (requirements.in, requirements.txt or pyproject.toml \\[project] dependencies) for one "
-         "variant's image (--variant, else its recipe's, else the default) into PROJECT/requirements.lock.")]
+         "requirements (requirements.in, requirements.txt or pyproject.toml \\[project] dependencies) into "
+         "PROJECT/requirements.lock and its OS packages (\\[system] apt in its launcher.toml or recipe.toml) into "
+         "PROJECT/system.lock, for one variant's image (--variant, else its recipe's, else the default).")]
 # `launcher build gpu`, as the README once wrote it: the positional variant still works, hidden.
 OldVariantArg = Annotated[str | None, typer.Argument(hidden=True, show_default=False)]
 VariantsOpt = Annotated[str, typer.Option(
@@ -93,6 +95,20 @@ def _project_variant(ctx: typer.Context, ws: Workspace, folder: Path, variants: 
     return check_variant(ws, str(default))
 
 
+def _locked_system(ws: Workspace, folder: Path, variant: str, upgrade: bool, rep: Reporter) -> tuple[Any, str]:
+    """The project's OS packages locked (aptlock.lock_project): its --json data and its summary line."""
+    res = aptlock.lock_project(ws, folder, variant, rep, upgrade=upgrade)
+    if res is None:
+        return None, f"{folder}: no OS packages declared ([system] apt in launcher.toml or recipe.toml)"
+    lk = res.lock
+    summary = (f"{res.path}: {len(lk.packages)} .deb(s) for {' '.join(lk.requested)} on Debian {lk.debian} "
+               f"({variant} base {lk.base_digest[:19]}…), {'updated' if res.changed else 'unchanged'} "
+               f"({res.sha256[:19]}…); fetched and verified in {ws.cache_dir / 'debs'}")
+    if lk.in_base:
+        summary += f"\nalready in the base image: {', '.join(lk.in_base)}"
+    return res.to_dict(), summary
+
+
 def _lock_project(ctx: typer.Context, ws: Workspace, project: Path, variants: str, upgrade: bool,
                   upgrade_package: list[str] | None, ca_bundle: Path | None, find_links: list[Path] | None) -> None:
     from launcher.images import projectlock
@@ -105,19 +121,23 @@ def _lock_project(ctx: typer.Context, ws: Workspace, project: Path, variants: st
         folder = git_toplevel(folder.parent) or folder.parent
     variant = _project_variant(ctx, ws, folder, variants)
     res = None
-    if projectlock.find(folder) is not None:
-        with reporter(ctx) as rep:
+    with reporter(ctx) as rep:
+        if projectlock.find(folder) is not None:
             res = projectlock.lock_project(ws, folder, variant, upgrade=upgrade,
                                            upgrade_packages=tuple(upgrade_package or ()), ca_bundle=ca_bundle,
                                            find_links=wheelsources.check_dirs(find_links or ()), reporter=rep)
-    data = {"project": str(folder), "variant": variant, "python": res.to_dict() if res else None}
+        system, system_summary = _locked_system(ws, folder, variant, upgrade, rep)
+    data = {"project": str(folder), "variant": variant, "python": res.to_dict() if res else None, "system": system}
     if res is None:
         summary = (f"{folder}: no Python requirements declared (requirements.in, requirements.txt or pyproject.toml "
-                   "[project] dependencies); nothing to lock")
+                   "[project] dependencies)")
     else:
         summary = (f"{res.path}: {res.packages} packages ({res.extra} not in the {variant} image), "
                    f"{'updated' if res.changed else 'unchanged'} ({res.sha256[:19]}…, resolved by {res.target} in "
                    "the base image, constrained by " + f"lockfiles/{variant}.txt)")
+    summary += "\n" + system_summary
+    if res is None and system is None:
+        summary += "; nothing to lock"
     render(ctx, Result("lock", data, summary=summary))
 
 
@@ -139,9 +159,10 @@ def lock_cmd(
     header records the base digest and that interpreter. Locking again with
     nothing changed rewrites nothing. No base yet: `launcher base bootstrap`.
 
-    With PROJECT, lock that project's own requirements instead, constrained by the variant's lock
-    (the image's packages cannot move), into PROJECT/requirements.lock; `launcher run` uses them
-    as one thin layer on the variant's image.
+    With PROJECT, lock that project's own dependencies instead: its Python requirements, constrained by
+    the variant's lock (the image's packages cannot move), into PROJECT/requirements.lock; its OS packages
+    ([system] apt = [...]), resolved by apt in the variant's base image, into PROJECT/system.lock, their
+    .deb files fetched and verified. `launcher run` puts both in one thin layer on the variant's image.
     """
     ws = workspace_of(ctx)
     if project is not None:

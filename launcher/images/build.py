@@ -19,8 +19,8 @@ from launcher.errors import BuildFailed, Corrupt, ImageOutOfDate, NotFound
 from launcher.hashing import atomic_write_bytes, atomic_write_json, sha256_bytes
 from launcher.hosts import engine
 from launcher.images import builder as docker_engine
+from launcher.images import offline, recipelayer, wheels
 from launcher.images import pins as images
-from launcher.images import recipelayer, wheels
 from launcher.images import tree as imagetree
 from launcher.images.lock import parse_lock
 from launcher.progress import NullReporter, Reporter
@@ -153,15 +153,13 @@ def _run_build(context: Path, inputs: Inputs, labels: dict[str, str], nocache: b
     task = reporter.task(f"building {inputs.variant} image", total=None)
     image_id: str | None = None
     log: list[str] = []
+    step: str | None = None
     from_step = cached = False
     for event in docker_engine.build(context, dockerfile="Dockerfile", tag=None,
                                      buildargs={images.BASE_ARG: inputs.pin.ref, "SOURCE_DATE_EPOCH": str(epoch)},
                                      labels=labels, nocache=nocache):
         if "error" in event:
-            detail = event.get("error", "").strip()
-            tail = " | ".join(ln for ln in log[-3:] if ln)
-            raise BuildFailed(f"image build failed: {detail}" + (f" (last output: {tail[:300]})" if tail else ""),
-                              "fix the Dockerfile or the lock; nothing was tagged")
+            raise offline.build_failure(inputs.variant, step, str(event.get("error", "")), log)
         text = event.get("stream", "")
         if text:
             for line in text.splitlines():
@@ -171,6 +169,7 @@ def _run_build(context: Path, inputs: Inputs, labels: dict[str, str], nocache: b
                     task.update(completed=int(m.group(1)) - 1, total=int(m.group(2)),
                                 description=f"{inputs.variant}: {m.group(3)[:60]}")
                     from_step, cached = m.group(3).upper().startswith("FROM "), False
+                    step = m.group(3)
                 elif line.strip() == "---> Using cache":
                     cached = True
                 elif (step_image := STEP_IMAGE.match(line.strip())) is not None:

@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from launcher.errors import BuildFailed, EngineUnavailable, NotFound
+from launcher.errors import BuildFailed, EngineUnavailable, NotFound, plain_text
 
 try:
     import docker
@@ -106,5 +106,5 @@ def build(context: Path, *, dockerfile: str, tag: str | None, buildargs: Mapping
             network_mode="none",
         )
     except docker.errors.APIError as exc:
-        raise BuildFailed(f"the Docker engine refused the build: {exc.explanation or exc}",
+        raise BuildFailed(f"the Docker engine refused the build: {plain_text(str(exc.explanation or exc))}",
                           "check the Dockerfile and the base image") from exc

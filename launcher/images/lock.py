@@ -16,7 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.errors import EngineUnavailable, HostNotReady, LockFailed, NotFound, PinMismatch, UsageError
+from launcher.errors import (
+    EngineUnavailable,
+    HostNotReady,
+    LockFailed,
+    NotFound,
+    PinMismatch,
+    UsageError,
+    plain_text,
+)
 from launcher.hashing import atomic_write_text, sha256_file
 from launcher.hosts import engine
 from launcher.hosts.engine import Engine
@@ -292,7 +300,7 @@ def _answer(done: Completed, pin: images.BasePin) -> dict[str, Any]:
 
 
 def _failure(answer: dict[str, Any], src: str, pin: images.BasePin, ca_path: Path | None) -> LockFailed:
-    output = str(answer.get("output", ""))
+    output = plain_text(str(answer.get("output", "")))
     reason = _pip_reason(output)
     tls = "CERTIFICATE_VERIFY_FAILED" in output or "SSLError" in output or "SSL:" in output
     where = f"inside the base image (CPython {answer.get('python')})"
@@ -334,7 +342,7 @@ def lock(ws: Workspace, variant: str = "all", **kw: object) -> list[LockResult]:
 
 
 def _pip_reason(output: str) -> str:
-    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    lines = [ln.strip() for ln in plain_text(output).splitlines() if ln.strip()]
     for ln in lines:
         if ln.startswith("ERROR:") or "Could not find a version" in ln or "No matching distribution" in ln:
             return ln.removeprefix("ERROR: ")

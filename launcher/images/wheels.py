@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher import proc
-from launcher.errors import BuildFailed, Corrupt
+from launcher.errors import BuildFailed, Corrupt, plain_text
 from launcher.images import wheelsources as sources
 from launcher.images.lock import LockedRequirement, normalize_name, parse_lock, pip_env
 from launcher.progress import NullReporter, Reporter
@@ -165,7 +165,7 @@ def _pip_download(argv: list[str], env: dict[str, str], drop: tuple[str, ...], p
     out_lines: list[str] = []
     assert p.stdout is not None
     for raw in p.stdout:
-        line = raw.decode("utf-8", "replace").rstrip()
+        line = plain_text(raw.decode("utf-8", "replace")).rstrip()  # pip colours its errors on some setups
         out_lines.append(line)
         if COLLECTING.match(line):
             task.advance(1)

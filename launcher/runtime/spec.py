@@ -34,6 +34,9 @@ indices = [0, 5, 9]             #   exactly these examples (instead of count)
 gradcam = true                  # a Grad-CAM heatmap per probe image (default true; needs image inputs)
 layer = "conv2d_4"              # the Grad-CAM layer (default: the last convolutional feature map)
 fingerprint = "sha256:..."      # optional: the expected digest of the probe inputs
+
+[system]                        # optional: Debian packages the recipe needs in its image
+apt = ["tree", "libsndfile1=1.2.0-1"]   # names, optionally NAME=VERSION; `launcher lock` resolves them
 ```
 
 A param is a plain default or a table (inline as above, or a ``[params.NAME]`` section after the
@@ -53,6 +56,10 @@ model's outputs on a fixed set of held-out examples (``probes/``, see launcher.r
 ``launcher verify`` compares to say what a difference in the weights does to predictions and
 explanations. ``launcher run --probes SPEC`` overrides the table (or gives a plain script one); both
 are checked by launcher.runtime.probespec.
+
+``[system]`` names OS packages (launcher.runtime.systemspec checks the names; a plain script's project
+declares them the same way in a ``launcher.toml`` beside its code). ``launcher lock PATH`` resolves them
+against the base image's Debian release into ``system.lock`` beside the recipe (launcher.images.aptlock).
 """
 
 from __future__ import annotations
@@ -65,6 +72,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.runtime.probespec import ProbeError, ProbeSpec, check_probes
+from launcher.runtime.systemspec import SystemSpecError, check_system
 
 try:
     import tomllib
@@ -75,7 +83,7 @@ RECIPE_FILE = "recipe.toml"
 FRAMEWORKS = ("tensorflow", "torch", "none")
 SOURCES = ("builtin", "files")
 TOP_KEYS = frozenset({"name", "framework", "entry", "description", "params", "datasets", "outputs", "volatile",
-                      "variant", "probes"})
+                      "variant", "probes", "system"})
 PARAM_KEYS = frozenset({"default", "choices", "min", "max", "also", "help"})
 DATASET_KEYS = frozenset({"name", "param", "source", "format", "fingerprint", "files", "description"})
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -240,6 +248,7 @@ class RecipeSpec:
     param_specs: dict[str, ParamSpec] = field(default_factory=dict)  # each param's type and allowed values
     variant: str | None = None  # the image variant the recipe needs by default (e.g. "torch-cpu")
     probes: ProbeSpec | None = None  # the held-out examples whose outputs the runtime records
+    apt: tuple[str, ...] = ()  # [system] apt: Debian packages, NAME or NAME=VERSION, sorted
 
     @property
     def entry_path(self) -> Path:
@@ -250,7 +259,7 @@ class RecipeSpec:
                 "description": self.description, "params": dict(self.params),
                 "datasets": [d.as_dict() for d in self.datasets], "outputs": list(self.outputs),
                 "adhoc": self.adhoc, "volatile": list(self.volatile), "variant": self.variant,
-                "probes": self.probes.as_dict() if self.probes else None,
+                "probes": self.probes.as_dict() if self.probes else None, "apt": list(self.apt),
                 "param_specs": {k: p.as_dict() for k, p in self.param_specs.items()}}
 
 
@@ -401,9 +410,13 @@ def parse_spec(path: Path, data: dict[str, Any], folder: Path) -> RecipeSpec:
     _need(isinstance(volatile, list) and all(isinstance(g, str) and g for g in volatile), path,
           "must be a list of globs (relative to the outputs)", "volatile")
     probes = _check_probes(path, data["probes"]) if "probes" in data else None
+    try:
+        apt = check_system(data["system"]) if "system" in data else ()
+    except SystemSpecError as exc:
+        raise SpecError(path, exc.detail, exc.key) from None
     return RecipeSpec(path=folder, name=name, framework=framework, entry=entry, description=description,
                       params=params, datasets=datasets, outputs=tuple(outputs), volatile=tuple(volatile),
-                      param_specs=param_specs, variant=variant, probes=probes)
+                      param_specs=param_specs, variant=variant, probes=probes, apt=apt)
 
 
 def load_spec(folder: Path) -> RecipeSpec:
