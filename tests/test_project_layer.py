@@ -8,7 +8,6 @@ import hashlib
 import io
 import json
 import os
-import sys
 import tarfile
 import types
 from pathlib import Path
@@ -16,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from launcher.errors import UsageError
 from launcher.images import projectlayer, wheels
 from launcher.images.lock import LockedRequirement
 from launcher.images.pins import BasePin
@@ -152,7 +150,7 @@ def test_a_layer_is_built_once_per_lock_and_image_and_is_the_same_from_any_cache
 
 
 class FakeApt(types.ModuleType):
-    """Stands in for the APT workstream's launcher.images.aptlock and launcher.images.debs."""
+    """Stands in for launcher.images.aptlock and launcher.images.debs (real ones: tests/test_project_system.py)."""
 
     def __init__(self, name: str, folder: Path) -> None:
         super().__init__(name)
@@ -176,8 +174,8 @@ def test_os_packages_reach_the_layer_through_the_apt_seam(tmp_path: Path, monkey
     root.mkdir()
     (root / "system.lock").write_text("# launcher system lock\n")
     ws = types.SimpleNamespace(cache_dir=tmp_path / "cache")
-    monkeypatch.setitem(sys.modules, "launcher.images.aptlock", FakeApt("launcher.images.aptlock", root))
-    monkeypatch.setitem(sys.modules, "launcher.images.debs", FakeApt("launcher.images.debs", root))
+    monkeypatch.setattr(project, "aptlock", FakeApt("launcher.images.aptlock", root))
+    monkeypatch.setattr(project, "debs", FakeApt("launcher.images.debs", root))
     with project.system_part(ws, root, "cpu", NullReporter()) as part:  # type: ignore[arg-type]
         assert part is not None and part.packages == ("tree=2.1.0-1",) and part.modes["usr/bin/tree"][0] == 0o755
         built = projectlayer.build_layer(lock_path=None, variant_lock=tmp_path / "none", image_id="sha256:img",
@@ -186,12 +184,3 @@ def test_os_packages_reach_the_layer_through_the_apt_seam(tmp_path: Path, monkey
     assert not unpacked.exists()  # the unpacked .debs are temporary
     assert built.system_lock_sha256 == part.lock_sha256 and built.requirements_lock_sha256 is None
     assert "usr/bin/tree" in tarfile.open(built.path).getnames()
-
-
-def test_a_system_lock_without_the_apt_side_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "system.lock").write_text("x")
-    monkeypatch.setattr(project, "_apt", lambda: None)
-    with pytest.raises(UsageError, match="cannot install OS packages"), \
-            project.system_part(types.SimpleNamespace(cache_dir=tmp_path), tmp_path, "cpu",  # type: ignore[arg-type]
-                                NullReporter()):
-        pass

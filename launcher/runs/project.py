@@ -7,27 +7,25 @@ Its ``requirements.lock`` is made (or made again) by :func:`ensure_lock` before 
 since the lock is part of the project's code; :func:`with_image` puts the image with the layer in the
 run's spec, and the launch record and manifest keep it as ``image.project``.
 
-OS packages are the APT side of the seam (``launcher.images.aptlock`` and ``launcher.images.debs``,
-where this launcher has them): ``[system] apt`` kept current in ``system.lock`` beside the project
+OS packages come from ``launcher.images.aptlock`` and ``launcher.images.debs``: ``[system] apt`` kept
+current in ``system.lock`` beside the project
 (:func:`ensure_system_lock`), its ``.deb`` files fetched, verified and unpacked, and the unpacked tree
 joined to the same layer with the modes and owners the packages give (:func:`system_part`).
 """
 
 from __future__ import annotations
 
-import importlib
 import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
-from launcher.errors import ImageOutOfDate, LockFailed, NotFound, UsageError
+from launcher.errors import ImageOutOfDate, LockFailed, NotFound
+from launcher.images import aptlock, debs, projectlayer, projectlock
 from launcher.images import builder as docker_engine
 from launcher.images import pins as images
-from launcher.images import projectlayer, projectlock
 from launcher.images.projectlock import Requirements
 from launcher.images.tree import DEFAULT_EPOCH
 from launcher.progress import NullReporter, Reporter
@@ -112,9 +110,8 @@ def with_image(ws: Workspace, spec: RunSpec, recipe: Recipe, reporter: Reporter 
 def declares(spec: RunSpec, recipe: Recipe) -> bool:
     """Whether the run's project declares anything beyond the image (Python requirements, OS packages)."""
     root = folder(spec, recipe)
-    apt = _apt()
     return projectlock.find(root) is not None or (root / SYSTEM_LOCK).is_file() or \
-        bool(apt is not None and apt[0].declared(root).packages)
+        bool(aptlock.declared(root).packages)
 
 
 def prepare(ws: Workspace, spec: RunSpec, recipe: Recipe, reporter: Reporter | None = None) -> RunSpec:
@@ -129,27 +126,17 @@ def prepare(ws: Workspace, spec: RunSpec, recipe: Recipe, reporter: Reporter | N
     return with_image(ws, spec, recipe, reporter)
 
 
-def _apt() -> tuple[Any, Any] | None:
-    """The APT workstream's modules (launcher.images.aptlock, launcher.images.debs), where this launcher
-    has them."""
-    try:
-        return importlib.import_module("launcher.images.aptlock"), importlib.import_module("launcher.images.debs")
-    except ImportError:
-        return None
-
-
 def ensure_system_lock(ws: Workspace, root: Path, variant: str, build: bool, reporter: Reporter) -> None:
     """The project's system.lock current for the variant (locked here when stale, as ensure_lock does)."""
-    apt = _apt()
-    if apt is None or not apt[0].declared(root).packages:
+    if not aptlock.declared(root).packages:
         return
     try:
-        apt[0].current(ws, root, variant)
+        aptlock.current(ws, root, variant)
     except (LockFailed, NotFound) as exc:
         if not build:
             raise ImageOutOfDate(exc.message, exc.hint) from None
         reporter.note(f"{root.name}/{SYSTEM_LOCK}: {exc.message.split(': ', 1)[-1]}; locking its OS packages")
-        apt[0].lock_project(ws, root, variant, reporter)
+        aptlock.lock_project(ws, root, variant, reporter)
 
 
 @contextmanager
@@ -162,11 +149,6 @@ def system_part(ws: Workspace, root: Path, variant: str,
     if not path.is_file():
         yield None
         return
-    apt = _apt()
-    if apt is None:
-        raise UsageError(f"{path}: this launcher cannot install OS packages", "remove system.lock, or use a "
-                         "launcher with OS packages ([system] apt in launcher.toml)")
-    aptlock, debs = apt
     tree = Path(tempfile.mkdtemp(prefix="launcher-debs-"))
     try:
         lock = aptlock.current(ws, root, variant) or aptlock.read(path)
