@@ -232,7 +232,10 @@ def test_one_bit_changed_weights_are_explained_by_their_impact_and_the_report_pi
     pa, _, _ = _probes(ws, runs["a"])
     pd, _, _ = _probes(ws, d)
     code, res = _cli(ws, "verify", "checksums", runs["a"], d)
+    assert code == 16, res  # an edited copy is other code: compared only when asked
+    code, res = _cli(ws, "verify", "checksums", runs["a"], d, "--across-code")
     assert code == 3, res["data"]["summary"]
+    assert "the code differs" in res["summary"]
     impact = res["data"]["explanations"][d]["impact"]
     dh = np.abs(pa["heatmaps"].astype(np.float64) - pd["heatmaps"].astype(np.float64))
     dp = np.abs(pa["probabilities"].astype(np.float64) - pd["probabilities"].astype(np.float64))

@@ -101,7 +101,8 @@ def stop(ws: Workspace, run_id: str, reporter: Reporter | None = None) -> dict[s
             out["runs"] = []
             for rid in together:
                 if (run_dir(ws, rid) / LAUNCH_FILE).is_file():
-                    m = pull_run(ws, rid, placement, reporter)
+                    # the scheduler may still report a cancelled task as running for a moment: wait for it
+                    m = pull_run(ws, rid, placement, reporter, watch=1.0)
                     out["runs"].append({"run_id": rid, "status": m.get("status"), "exit_code": m.get("exit_code")})
         return out
 

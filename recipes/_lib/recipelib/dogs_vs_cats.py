@@ -107,7 +107,9 @@ def load(dataset: str, pdim: int) -> dict[str, np.ndarray]:
     """The arrays the dataset param selects: "files" reads --data, anything else is the synthetic
     set (recorded as the dataset at the PDIM its fingerprint in recipe.toml is pinned for, 180)."""
     if dataset == "files":
-        return load_folder(api.data_dir(), pdim)
+        decoded = load_folder(api.data_dir(), pdim)
+        api.record_dataset(decoded)  # beside the files' fingerprint: the arrays decoded from them
+        return decoded
     arrays = synthetic(pdim)
     if pdim == 180:
         api.record_dataset(arrays)
