@@ -1,0 +1,108 @@
+"""`launcher attest RUN...`, `launcher attest verify FILE`, `launcher bundle`, `launcher reproduce`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from launcher.cli.common import command, render, reporter, stdout, workspace_of
+from launcher.cli.params import LauncherGroup, RunsArg
+from launcher.result import Result
+
+app = typer.Typer()
+
+KeyOpt = Annotated[str | None, typer.Option(
+    "--key", metavar="FILE", help="The private key to sign with: an SSH key (signed as git signs commits, "
+    "ssh-keygen -Y sign, namespace launcher; a .pub whose key ssh-agent holds works too) or an Ed25519/ECDSA PEM "
+    "key. Default: signing_key in launcher.toml (LAUNCHER_SIGNING_KEY).")]
+AllowedSignersOpt = Annotated[Path | None, typer.Option(
+    "--allowed-signers", metavar="FILE", help="An OpenSSH allowed-signers file (as git's gpg.ssh.allowedSignersFile: "
+    "'PRINCIPAL namespaces=\"launcher\" ssh-ed25519 AAAA...'): whose SSH signatures count. Default: allowed_signers "
+    "in launcher.toml (LAUNCHER_ALLOWED_SIGNERS).")]
+
+
+class DefaultCommandGroup(LauncherGroup):
+    """`launcher attest RUN...` and `launcher attest verify FILE`: arguments that name no subcommand go to
+    the default one (hidden), so RUN needs no subcommand of its own."""
+
+    default = "runs"
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
+            args = [self.default, *args]
+        return super().parse_args(ctx, args)
+
+
+attest_app = typer.Typer(
+    name="attest", cls=DefaultCommandGroup, no_args_is_help=True, subcommand_metavar="RUN... | verify FILE",
+    help="Signed provenance of runs.\n\n`launcher attest RUN... [--key FILE]` writes each run's in-toto statement "
+    "(SLSA Provenance v1; subjects: its outputs) to runs/RUN/attestation/provenance.json and, with a key, signed "
+    "to provenance.dsse.json. `launcher attest RUN --help` lists its options.\n\n`launcher attest verify FILE` "
+    "checks a signed statement.")
+app.add_typer(attest_app)
+
+
+def _trust(allowed_signers: Path | None, keys: list[Path] | None) -> Any:
+    from launcher.attest.signers import Trust
+
+    return Trust.of(allowed_signers, list(keys or []))
+
+
+def signer_of(key: str | None) -> Any:
+    from launcher.attest.signers import load_signer
+
+    return load_signer(key) if key else None
+
+
+def _print_attested(result: Result) -> None:
+    for r in result.data["runs"]:
+        stdout.print(f"{r['run_id']}: {r['subjects']} subjects, {r['envelope'] or r['statement']}", markup=False)
+    stdout.print(result.summary, markup=False)
+
+
+@command(attest_app, "runs", hidden=True)
+def attest_cmd(
+    ctx: typer.Context,
+    runs: RunsArg = None,
+    key: KeyOpt = None,
+) -> None:
+    """Write each run's provenance: runs/RUN/attestation/provenance.json (an in-toto Statement v1 whose subjects
+    are the run's outputs, with an SLSA Provenance v1 predicate from its manifest) and, with a key,
+    provenance.dsse.json (the statement in a signed DSSE envelope).
+
+    Example: launcher attest 20261125T101500-tiny-a1b2c3 --key ~/.ssh/id_ed25519
+    """
+    from launcher.attest.provenance import attest_runs
+
+    ws = workspace_of(ctx)
+    signer = signer_of(key)
+    with reporter(ctx) as rep:
+        res = attest_runs(ws, list(runs or []), signer, rep)
+    render(ctx, Result("attest", res.to_dict(), summary=res.summary_line()), _print_attested)
+
+
+@command(attest_app, "verify")
+def attest_verify_cmd(
+    ctx: typer.Context,
+    file: Annotated[Path, typer.Argument(metavar="FILE", help="A signed statement (.dsse.json): a run's "
+                                         "provenance, or a reproduction's verification summary.")],
+    allowed_signers: AllowedSignersOpt = None,
+    public_key: Annotated[list[Path] | None, typer.Option(
+        "--key", metavar="PUB", help="A public key whose signatures count: PEM (Ed25519, ECDSA) or an OpenSSH "
+        ".pub line; repeatable.")] = None,
+    run: Annotated[Path | None, typer.Option(
+        "--run", metavar="DIR", help="The run's folder (runs/RUN, or one unpacked from a bundle): check every "
+        "file the statement names against its sha256.")] = None,
+) -> None:
+    """Check a signed statement: its signature (by a key you trust), its schema and, with --run, every file.
+
+    Exit codes: 0 valid; 43 no signature by a key you trust (UNKNOWN_SIGNER); 41 a trusted key's signature
+    does not verify: the statement was changed (BAD_SIGNATURE); 42 a file differs from its signed sha256
+    (DIGEST_MISMATCH); 13 not an envelope or statement launcher reads (CORRUPT).
+    """
+    from launcher.attest.check import verify_file
+
+    res = verify_file(file, _trust(allowed_signers, public_key), run)
+    render(ctx, Result("attest verify", res.to_dict(), summary=res.summary_line()))
