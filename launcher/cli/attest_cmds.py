@@ -87,7 +87,8 @@ def attest_cmd(
 def attest_verify_cmd(
     ctx: typer.Context,
     file: Annotated[Path, typer.Argument(metavar="FILE", help="A signed statement (.dsse.json): a run's "
-                                         "provenance, or a reproduction's verification summary.")],
+                                         "provenance, or a reproduction's verification summary; or a bundle "
+                                         "(every file and each run's provenance checked).")],
     allowed_signers: AllowedSignersOpt = None,
     public_key: Annotated[list[Path] | None, typer.Option(
         "--key", metavar="PUB", help="A public key whose signatures count: PEM (Ed25519, ECDSA) or an OpenSSH "
@@ -102,7 +103,53 @@ def attest_verify_cmd(
     does not verify: the statement was changed (BAD_SIGNATURE); 42 a file differs from its signed sha256
     (DIGEST_MISMATCH); 13 not an envelope or statement launcher reads (CORRUPT).
     """
+    import tarfile
+
     from launcher.attest.check import verify_file
 
-    res = verify_file(file, _trust(allowed_signers, public_key), run)
+    trust = _trust(allowed_signers, public_key)
+    if file.is_file() and tarfile.is_tarfile(file):  # a bundle: its signature, every file, each run's provenance
+        from launcher.attest.unpack import verify_bundle
+
+        with reporter(ctx) as rep:
+            opened = verify_bundle(file, trust, rep)
+        render(ctx, Result("attest verify", {"valid": True, **opened.to_dict()}, summary=opened.summary_line()))
+        return
+    res = verify_file(file, trust, run)
     render(ctx, Result("attest verify", res.to_dict(), summary=res.summary_line()))
+
+
+def _print_bundle(result: Result) -> None:
+    stdout.print(result.summary, markup=False)
+
+
+@command(app, "bundle")
+def bundle_cmd(
+    ctx: typer.Context,
+    runs: RunsArg = None,
+    out: Annotated[Path, typer.Option("--out", "-o", metavar="FILE", help="The bundle to write (a tar).")] = Path(
+        "run.bundle"),
+    key: KeyOpt = None,
+    with_data: Annotated[bool, typer.Option(
+        "--with-data", help="Also carry each run's dataset (one it was sent with --data-from).")] = False,
+    without_base: Annotated[bool, typer.Option(
+        "--without-base", help="Leave out the pinned base image (its registry must then serve it to the "
+        "reviewer). A bootstrapped base cannot be made again: debootstrap from the live archive gives another.")
+    ] = False,
+) -> None:
+    """Write what someone else needs to rebuild the image and rerun the runs, signed: a deterministic tar of
+    each run's signed provenance, manifest and outputs, the code that ran, the variant lock, images.lock, the
+    Dockerfile, the recipes as the image holds them and the image's config, and the pinned base (its registry
+    manifest and layers, checked against its digest). Not the image (it is rebuilt), not the data unless
+    --with-data.
+
+    Example: launcher bundle 20261125T101500-tiny-a1b2c3 -o tiny.bundle --key ~/.ssh/id_ed25519
+    """
+    from launcher.attest.bundle import make_bundle
+
+    ws = workspace_of(ctx)
+    signer = signer_of(key)
+    with reporter(ctx) as rep:
+        res = make_bundle(ws, list(runs or []), out, signer, with_data=with_data, without_base=without_base,
+                          reporter=rep)
+    render(ctx, Result("bundle", res.to_dict(), summary=res.summary_line()), _print_bundle)
