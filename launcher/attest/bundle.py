@@ -83,7 +83,8 @@ def _image_facts(ws: Workspace, m: Manifest, built: imagerecord.BuiltImage) -> d
             "baseRef": built.base_ref, "baseDigest": built.label("base-digest"), "git": {"commit": commit,
             "dirty": dirty}, "epoch": built.epoch, "runtimeDigest": built.label("runtime-digest"),
             "lockSha256": built.label("lock-sha256"), "recipesDigest": built.label("recipes-digest"),
-            "envContent": built.label("env-content"), "project": m.image.get("project")}
+            "envContent": built.label("env-content"), "launcherVersion": built.label("version"),
+            "project": m.image.get("project")}
 
 
 def _pin_text(ws: Workspace, variant: str, ref: str) -> bytes:

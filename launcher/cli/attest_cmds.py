@@ -7,11 +7,14 @@ from typing import Annotated, Any
 
 import typer
 
-from launcher.cli.common import command, render, reporter, stdout, workspace_of
-from launcher.cli.params import LauncherGroup, RunsArg
+from launcher.cli.common import command, options, render, reporter, stdout, workspace_of
+from launcher.cli.hostopts import with_host
+from launcher.cli.params import LauncherGroup, RunsArg, SecretEnvOpt
+from launcher.hosts.spec import HostSpec
 from launcher.result import Result
 
 app = typer.Typer()
+LOCAL = HostSpec()  # what a command gets without --host (@with_host passes the real value)
 
 KeyOpt = Annotated[str | None, typer.Option(
     "--key", metavar="FILE", help="The private key to sign with: an SSH key (signed as git signs commits, "
@@ -153,3 +156,66 @@ def bundle_cmd(
         res = make_bundle(ws, list(runs or []), out, signer, with_data=with_data, without_base=without_base,
                           reporter=rep)
     render(ctx, Result("bundle", res.to_dict(), summary=res.summary_line()), _print_bundle)
+
+
+def _print_reproduced(result: Result) -> None:
+    d = result.data
+    stdout.print(f"bundle {d['bundle']}: signed by {', '.join(d['signed_by'])}; base {d['base']}", markup=False)
+    image = d["image"]
+    same = "the recorded one" if image["same"] else f"NOT the recorded one ({image.get('differs_in')})"
+    stdout.print(f"image {image['rebuilt'][7:19]} rebuilt: {same}", markup=False)
+    for r in d["runs"]:
+        stdout.print(f"{r['original']} -> {r['reproduced']}: {r['verdict']}; signed summary {r['verification']}",
+                     markup=False)
+    stdout.print(result.summary, markup=False)
+
+
+@command(app, "reproduce")
+@with_host()
+def reproduce_cmd(
+    ctx: typer.Context,
+    bundle: Annotated[Path, typer.Argument(metavar="BUNDLE", help="A bundle `launcher bundle` wrote.")],
+    host: HostSpec = LOCAL,
+    into: Annotated[Path | None, typer.Option(
+        "--into", metavar="DIR", help="The fresh workspace the reproduction is made in (default: BUNDLE's name "
+        "with .reproduced).")] = None,
+    allowed_signers: AllowedSignersOpt = None,
+    trusted_key: Annotated[list[Path] | None, typer.Option(
+        "--trusted-key", metavar="PUB", help="A public key whose signatures count (PEM, or an OpenSSH .pub line); "
+        "repeatable.")] = None,
+    key: KeyOpt = None,
+    allow_other_image: Annotated[bool, typer.Option(
+        "--allow-other-image", help="Run even when the rebuilt image's ID differs from the recorded one (another "
+        "launcher version, another base); the verdict says so.")] = False,
+    data_from: Annotated[Path | None, typer.Option(
+        "--data-from", metavar="DIR", help="The run's dataset, when the bundle does not carry it.")] = None,
+    secret_env: SecretEnvOpt = None,
+    run: Annotated[str | None, typer.Option(
+        "--run", metavar="RUN", help="Reproduce this run of the bundle only (default: all).")] = None,
+) -> None:
+    """Repeat a bundled run in a fresh workspace and sign the verdict.
+
+    The bundle's signatures and files are checked first (a bundle changed after signing is refused before
+    anything is built); the base is made pullable from the bundle; the image is rebuilt and must have the
+    recorded ID (--allow-other-image to run anyway); the run is repeated on --host with the same code, params,
+    seed, profile and arguments; `verify checksums` compares it with the bundled outputs; the reproduction's
+    provenance and an SLSA verification summary (verification.dsse.json) are signed with --key.
+
+    Exit codes: 0 identical; 37 inconclusive; 3 differs; 44 another image (OTHER_IMAGE); 41, 42, 43 the
+    bundle's signatures or files (BAD_SIGNATURE, DIGEST_MISMATCH, UNKNOWN_SIGNER).
+    """
+    from launcher.attest.reproduce import reproduce
+    from launcher.runs import userenv
+
+    secrets = userenv.parse([], secret_env or []).secret
+    trust = _trust(allowed_signers, trusted_key)
+    signer = signer_of(key)
+    opts = options(ctx)
+    sink = None if opts.json else (lambda line: stdout.print(line, markup=False, highlight=False))
+    where = into or bundle.with_name(bundle.stem + ".reproduced")
+    with host.open(where if host.local else None) as h, reporter(ctx) as rep:
+        res = reproduce(bundle, where, h, trust=trust, signer=signer, host_spec=host,
+                        allow_other_image=allow_other_image, data_from=data_from, secret_env=secrets, only=run,
+                        reporter=rep, on_log=sink)
+    render(ctx, Result("reproduce", res.to_dict(), exit_code=res.exit_code, summary=res.summary_line()),
+           _print_reproduced)
