@@ -198,9 +198,14 @@ def test_an_ssh_signed_statement_verifies_and_each_fault_has_its_own_exit_code(r
     with pytest.raises(BadSignature, match="changed after signing"):
         verify_file(tampered, Trust.of(trusted))
 
-    # signed by a key nobody trusts: unknown signer, even when the statement is intact
+    # a second key signing the same statement is added beside the first (an author and a co-signer)
+    both = attest_run(run_dir, SSHSigner(mallory), tmp_path / "cache")
+    assert both.keyids == [done.keyids[0], both.keyids[-1]] and both.keyids[0] != both.keyids[1]
+    assert verify_file(done.envelope, Trust.of(trusted)).signers == ["alice@example.com"]
+    # signed by a key nobody trusts alone: unknown signer, even when the statement is intact
+    done.envelope.unlink()
     done_m = attest_run(run_dir, SSHSigner(mallory), tmp_path / "cache")
-    assert done_m.envelope is not None
+    assert done_m.envelope is not None and len(done_m.keyids) == 1
     with pytest.raises(UnknownSigner, match="does not name"):
         verify_file(done_m.envelope, Trust.of(trusted))
 
@@ -253,6 +258,7 @@ def test_the_commands_attest_with_the_configured_key_and_verify_with_exit_codes(
     (run_dir / "outputs" / "metrics.jsonl").write_text("{}\n")
     code, out, err = _cli(ws, "attest", "verify", envelope, "--run", str(run_dir))
     assert code == ExitCode.DIGEST_MISMATCH == 42 and "metrics.jsonl" in err
+    Path(envelope).unlink()
     code, _, err = _cli(ws, "attest", run_id, "--key", str(mallory))
     assert code == 0, err
     code, _, err = _cli(ws, "attest", "verify", envelope)

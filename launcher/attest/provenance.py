@@ -28,7 +28,7 @@ from launcher import __version__
 from launcher.attest import dsse, schema
 from launcher.attest import statement as st
 from launcher.attest.signers import Signer
-from launcher.errors import UsageError
+from launcher.errors import Corrupt, UsageError
 from launcher.hashing import atomic_write_bytes, sha256_file
 from launcher.images import imagerecord
 from launcher.images.imagerecord import BuiltImage
@@ -196,8 +196,24 @@ class Attested:
                 "statement_sha256": self.digest, "keyids": self.keyids}
 
 
+def _signed(path: Path, payload: bytes, signer: Signer) -> dsse.Envelope:
+    """The envelope of payload with signer's signature: added to the signatures already there when the
+    statement is unchanged (an author and a co-signer), a new envelope when it changed."""
+    fresh = dsse.sign(payload, st.PAYLOAD_TYPE, [signer])
+    try:
+        old = dsse.read(path) if path.is_file() else None
+    except Corrupt:
+        old = None
+    if old is None or old.payload != payload or old.payload_type != st.PAYLOAD_TYPE:
+        return fresh
+    keyid, sig = fresh.signatures[0]
+    kept = tuple(s for s in old.signatures if s[0] != keyid)
+    return dsse.Envelope(old.payload_type, payload, (*kept, (keyid, sig)))
+
+
 def attest_run(run_dir: Path, signer: Signer | None, cache_dir: Path) -> Attested:
-    """Write runs/<id>/attestation/provenance.json and, with a signer, provenance.dsse.json (atomically)."""
+    """Write runs/<id>/attestation/provenance.json and, with a signer, provenance.dsse.json (atomically; a
+    signature by another key on the same statement is kept beside the new one)."""
     m = load_manifest(run_dir)
     image_id = str((m.image.get("project") or {}).get("variant_image_id") or m.image.get("id") or "")
     statement = provenance(m, imagerecord.find(cache_dir, image_id) if image_id else None)
@@ -207,8 +223,8 @@ def attest_run(run_dir: Path, signer: Signer | None, cache_dir: Path) -> Atteste
     envelope_path = None
     keyids: list[str] = []
     if signer is not None:
-        envelope = dsse.sign(payload, st.PAYLOAD_TYPE, [signer])
         envelope_path = folder / ENVELOPE_FILE
+        envelope = _signed(envelope_path, payload, signer)
         dsse.write(envelope_path, envelope)
         keyids = [k for k, _ in envelope.signatures]
     return Attested(m.run_id, folder / STATEMENT_FILE, envelope_path, len(statement["subject"]),

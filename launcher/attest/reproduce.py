@@ -272,7 +272,7 @@ def reproduce(bundle: Path, into: Path, target: Host | Placement, *, trust: Trus
     if signer is None:
         raise UsageError("a reproduction signs its verdict, and no key was given",
                          "pass --key FILE (an SSH or PEM private key), or set signing_key in launcher.toml")
-    rep, secrets = reporter or NullReporter(), dict(secret_env or {})
+    rep, secrets, into = reporter or NullReporter(), dict(secret_env or {}), into.resolve()
     if not bundle.is_file():
         raise NotFound(f"no bundle {bundle}", "give the file `launcher bundle` wrote")
     _fresh(into)

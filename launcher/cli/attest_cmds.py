@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from launcher.cli.common import command, options, render, reporter, stdout, workspace_of
-from launcher.cli.hostopts import with_host
+from launcher.cli.hostopts import MaxParallelOpt, PartitionOpt, SchedulerOpt, SlurmOpt, target, with_host
 from launcher.cli.params import LauncherGroup, RunsArg, SecretEnvOpt
 from launcher.hosts.spec import HostSpec
 from launcher.result import Result
@@ -33,7 +33,8 @@ class DefaultCommandGroup(LauncherGroup):
     default = "runs"
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
+        first = next((a for a in args if not a.startswith("-")), None)  # global options may come first
+        if args and first not in self.commands and not (len(args) == 1 and args[0] in ("-h", "--help")):
             args = [self.default, *args]
         return super().parse_args(ctx, args)
 
@@ -65,7 +66,7 @@ def _print_attested(result: Result) -> None:
     stdout.print(result.summary, markup=False)
 
 
-@command(attest_app, "runs", hidden=True)
+@command(attest_app, "runs", hidden=True, title="attest")
 def attest_cmd(
     ctx: typer.Context,
     runs: RunsArg = None,
@@ -192,14 +193,19 @@ def reproduce_cmd(
     secret_env: SecretEnvOpt = None,
     run: Annotated[str | None, typer.Option(
         "--run", metavar="RUN", help="Reproduce this run of the bundle only (default: all).")] = None,
+    scheduler: SchedulerOpt = None,
+    partition: PartitionOpt = None,
+    slurm_opt: SlurmOpt = None,
+    max_parallel: MaxParallelOpt = None,
 ) -> None:
     """Repeat a bundled run in a fresh workspace and sign the verdict.
 
     The bundle's signatures and files are checked first (a bundle changed after signing is refused before
     anything is built); the base is made pullable from the bundle; the image is rebuilt and must have the
-    recorded ID (--allow-other-image to run anyway); the run is repeated on --host with the same code, params,
-    seed, profile and arguments; `verify checksums` compares it with the bundled outputs; the reproduction's
-    provenance and an SLSA verification summary (verification.dsse.json) are signed with --key.
+    recorded ID (or pass --allow-other-image); the run is repeated on the host (or on its Slurm cluster, with
+    the option --scheduler slurm) with the same code, params, seed, profile and arguments; `verify checksums`
+    compares it with the bundled outputs; the reproduction's provenance and an SLSA verification summary
+    (verification.dsse.json) are signed with --key.
 
     Exit codes: 0 identical; 37 inconclusive; 3 differs; 44 another image (OTHER_IMAGE); 41, 42, 43 the
     bundle's signatures or files (BAD_SIGNATURE, DIGEST_MISMATCH, UNKNOWN_SIGNER).
@@ -212,9 +218,11 @@ def reproduce_cmd(
     signer = signer_of(key)
     opts = options(ctx)
     sink = None if opts.json else (lambda line: stdout.print(line, markup=False, highlight=False))
-    where = into or bundle.with_name(bundle.stem + ".reproduced")
+    # absolute: the local engine mounts run folders under it, and docker takes no relative mount
+    where = (into or bundle.with_name(bundle.stem + ".reproduced")).resolve()
     with host.open(where if host.local else None) as h, reporter(ctx) as rep:
-        res = reproduce(bundle, where, h, trust=trust, signer=signer, host_spec=host,
+        res = reproduce(bundle, where, target(h, host, scheduler, partition, slurm_opt, max_parallel), trust=trust,
+                        signer=signer, host_spec=host,
                         allow_other_image=allow_other_image, data_from=data_from, secret_env=secrets, only=run,
                         reporter=rep, on_log=sink)
     render(ctx, Result("reproduce", res.to_dict(), exit_code=res.exit_code, summary=res.summary_line()),
