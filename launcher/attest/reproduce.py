@@ -201,12 +201,17 @@ def _image(ws: Workspace, run: OpenedRun, config: Path, allow_other_image: bool,
 
 def _code(run: OpenedRun, ws: Workspace) -> Path | None:
     """The mounted code, as a folder named like the author's project (a plain script's identity is
-    project/path), made its own git work tree so no ignore rule of an enclosing repository drops a file."""
+    project/path), made its own git work tree so no ignore rule (an enclosing repository's, or its own
+    .gitignore) drops a file of the snapshot; checked against the recorded digest before anything runs."""
     if run.code is None:
         return None
     target = ws.root / "code" / run.code.name
     shutil.copytree(run.code, target)
-    proc.run(["git", "init", "-q", target], check=False)
+    try:  # every file staged: the snapshot is already the author's selection, ignored-but-tracked files too
+        proc.run(["git", "init", "-q", target], check=False)
+        proc.run(["git", "-C", target, "add", "--all", "--force", "."], check=False)
+    except NotFound:  # without git, launcher lists a code folder by walking it: no ignore rule applies
+        pass
     from launcher.runs import code
 
     entry = str(run.manifest.recipe.get("entry") or "")
@@ -214,7 +219,7 @@ def _code(run: OpenedRun, ws: Workspace) -> Path | None:
     if selected.digest != run.manifest.recipe.get("tree_digest"):
         raise UsageError(f"the code of run {run.run_id} unpacked to {target} takes other files here "
                          f"({selected.digest[7:19]}, recorded {str(run.manifest.recipe.get('tree_digest'))[7:19]})",
-                         "unpack it outside other git work trees (--into DIR)")
+                         "this should not happen: report it to launcher's maintainers with both digests")
     return target
 
 
