@@ -7,6 +7,8 @@ root and `LAUNCHER_*` environment variables.
     variant = "gpu"           # --variant
     determinism = "deterministic"  # --determinism
     threads = 4               # --threads (the deterministic profile's thread count; strict runs on 1)
+    signing_key = "~/.ssh/id_ed25519"        # --key of attest, bundle, reproduce (SSH or PEM private key)
+    allowed_signers = "allowed_signers"      # --allowed-signers of attest verify, reproduce
 
 Precedence: the command line, then the environment (LAUNCHER_HOST, LAUNCHER_VARIANT,
 LAUNCHER_DETERMINISM, LAUNCHER_THREADS), then the file, then launcher's built-in default. Each
@@ -66,6 +68,16 @@ def _threads(value: Any, ws: Workspace | None) -> int:
     return value
 
 
+def _path(value: Any, ws: Workspace | None) -> str:
+    """A file's path: ~ expanded, a relative one taken from the workspace's root (where launcher.toml is)."""
+    if not isinstance(value, str) or not value.strip():
+        raise _Bad("the path of a file, e.g. ~/.ssh/id_ed25519")
+    path = Path(value).expanduser()
+    if not path.is_absolute() and ws is not None:
+        path = ws.root / path
+    return str(path)
+
+
 @dataclass(frozen=True)
 class Setting:
     key: str  # in [defaults]
@@ -84,6 +96,10 @@ SETTINGS: tuple[Setting, ...] = (
             "the determinism profile (--determinism)"),
     Setting("threads", "LAUNCHER_THREADS", "threads", default_threads(), _threads,
             "the deterministic profile's thread count (--threads)"),
+    Setting("signing_key", "LAUNCHER_SIGNING_KEY", "key", None, _path,
+            "the key attest, bundle and reproduce sign with (--key): an SSH or PEM private key"),
+    Setting("allowed_signers", "LAUNCHER_ALLOWED_SIGNERS", "allowed_signers", None, _path,
+            "whose signatures attest verify and reproduce accept (--allowed-signers): an allowed-signers file"),
 )
 
 

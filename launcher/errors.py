@@ -62,6 +62,10 @@ class ExitCode(IntEnum):
     CLOUD_FAILED = 36  # another refusal or failure of the cloud's API; the error names its code
     INCONCLUSIVE = 37  # verify found no difference, but proved nothing: no training output compared, or no determinism
     BAD_CONFIG = 40  # launcher.toml or a LAUNCHER_* variable holds a value launcher refuses; the error names it
+    BAD_SIGNATURE = 41  # a signature by a trusted key does not verify: the signed statement or bundle was altered
+    DIGEST_MISMATCH = 42  # a file differs from the digest a signed statement or bundle names for it (or is missing)
+    UNKNOWN_SIGNER = 43  # no signature is by a key the verifier trusts (allowed signers, --key), or none at all
+    OTHER_IMAGE = 44  # `reproduce`: the rebuilt image differs from the one the run recorded (--allow-other-image)
     INTERRUPTED = 130
 
 
@@ -231,3 +235,27 @@ class BadConfig(LauncherError):
     """launcher.toml or a LAUNCHER_* environment variable holds a value launcher refuses."""
 
     exit_code = ExitCode.BAD_CONFIG
+
+
+class BadSignature(LauncherError):
+    """A signature by a trusted key does not verify: what it signed was changed after signing."""
+
+    exit_code = ExitCode.BAD_SIGNATURE
+
+
+class DigestMismatch(LauncherError):
+    """A file differs from (or lacks) the digest a signed statement or bundle names for it."""
+
+    exit_code = ExitCode.DIGEST_MISMATCH
+
+
+class UnknownSigner(LauncherError):
+    """No signature is by a key the verifier trusts (or nothing is signed)."""
+
+    exit_code = ExitCode.UNKNOWN_SIGNER
+
+
+class OtherImage(LauncherError):
+    """`reproduce` rebuilt an image other than the one the run recorded."""
+
+    exit_code = ExitCode.OTHER_IMAGE

@@ -104,14 +104,17 @@ def test_config_shows_each_value_and_where_it_comes_from(ws: Path) -> None:
     assert data["file"] == str(ws / "launcher.toml") and data["file_exists"] is False
     assert {s["key"]: (s["value"], s["source"]) for s in data["settings"]} == {
         "host": ("local", "built-in"), "variant": ("cpu", "built-in"),
-        "determinism": ("deterministic", "built-in"), "threads": (2, "built-in")}
-    (ws / "launcher.toml").write_text('[defaults]\nvariant = "gpu"\nthreads = 4\n')
+        "determinism": ("deterministic", "built-in"), "threads": (2, "built-in"),
+        "signing_key": (None, "built-in"), "allowed_signers": (None, "built-in")}
+    (ws / "launcher.toml").write_text('[defaults]\nvariant = "gpu"\nthreads = 4\nsigning_key = "keys/me"\n')
     res = runner.invoke(app, ["config", "--json"], env={"LAUNCHER_THREADS": "6"})
     settings = {s["key"]: s for s in json.loads(res.stdout)["data"]["settings"]}
     assert (settings["variant"]["value"], settings["variant"]["source"]) == ("gpu", "file")
     assert settings["variant"]["origin"] == str(ws / "launcher.toml")
     assert (settings["threads"]["value"], settings["threads"]["origin"]) == (6, "LAUNCHER_THREADS")
     assert settings["host"]["option"] == "--host" and settings["host"]["env"] == "LAUNCHER_HOST"
+    # a key's path is the workspace's when relative (launcher.toml sits at its root)
+    assert (settings["signing_key"]["value"], settings["signing_key"]["option"]) == (str(ws / "keys/me"), "--key")
     text = runner.invoke(app, ["config"], env={"LAUNCHER_THREADS": "6", "COLUMNS": "200"}).output
     assert "launcher.toml" in text and "LAUNCHER_THREADS" in text and "command line > environment" in text
     # outside a workspace: the environment and the built-in values
@@ -126,6 +129,7 @@ def test_config_shows_each_value_and_where_it_comes_from(ws: Path) -> None:
     ('[defaults]\nthreads = "four"\n', ["defaults.threads", "whole number"]),
     ('[defaults]\ndeterminism = "exact"\n', ["defaults.determinism", "strict, deterministic, seeded, off"]),
     ('[defaults]\nhost = "two words"\n', ["defaults.host", "SSH destination"]),
+    ('[defaults]\nsigning_key = 3\n', ["defaults.signing_key", "the path of a file"]),
     ('[defaults]\nthreds = 4\n', ["defaults.threds", "host, variant, determinism, threads"]),
     ('variant = "gpu"\n', ["'variant'", "[defaults]"]),
     ("[defaults\n", ["not valid TOML", "[defaults]"]),
@@ -153,4 +157,4 @@ def test_resolve_is_the_library_view(ws: Path) -> None:
     (ws / "launcher.toml").write_text('[defaults]\nhost = "a"\n')
     cfg = config.resolve(workspace, {"LAUNCHER_VARIANT": "gpu"})
     assert cfg.defaults() == {"host": "a", "variant": "gpu"}
-    assert [v.source for v in cfg.values] == ["file", "environment", "built-in", "built-in"]
+    assert [v.source for v in cfg.values] == ["file", "environment", "built-in", "built-in", "built-in", "built-in"]

@@ -13,6 +13,7 @@ import typer
 
 from launcher import __version__
 from launcher.cli import (
+    attest_cmds,
     cache_cmds,
     config_cmds,
     env_cmds,
@@ -82,7 +83,7 @@ def _options_typed(ctx: typer.Context) -> list[str]:
 # Each module declares its commands on its own Typer: a named one is a group (`launcher recipes ...`),
 # a nameless one adds its commands here at the top level. In the order of the chain, as --help lists them.
 for _commands in (images_cmds, recipe_cmds, vm_cmds, run_cmds, verify_cmds, explain_cmds, env_cmds, export_cmds,
-                  cache_cmds, config_cmds):
+                  attest_cmds, cache_cmds, config_cmds):
     app.add_typer(_commands.app, cls=LauncherGroup)
 
 

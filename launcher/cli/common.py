@@ -188,23 +188,26 @@ def reflow(doc: str | None) -> str | None:
     return "\n\n".join(out)
 
 
-def command(group: typer.Typer, name: str, *, aliases: tuple[str, ...] = ()) -> Callable[
+def command(group: typer.Typer, name: str, *, aliases: tuple[str, ...] = (), hidden: bool = False,
+            title: str | None = None) -> Callable[
         [Callable[..., Any]], Callable[..., Any]]:
     """Declare a command of `group`, guarded under its full name (`launcher recipes new` reports errors
     as "recipes new"). The one way commands are registered: each *_cmds module declares its own Typer
     and launcher/cli/__init__.py adds it, as a named group or, when it has no name, at the top level.
-    aliases: older spellings that keep working, hidden from help (`recipes list` for `recipes ls`)."""
+    aliases: older spellings that keep working, hidden from help (`recipes list` for `recipes ls`);
+    hidden: a group's default command, which help describes in the group's own text; title: the name its
+    errors go by, when not its full name (a default command's is its group's)."""
     from launcher.cli.params import LauncherCommand
 
     prefix = group.info.name if isinstance(group.info.name, str) else ""
-    full = f"{prefix} {name}".strip()
+    full = title or f"{prefix} {name}".strip()
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         wrapped = global_options(guarded(full)(fn))
         text = reflow(fn.__doc__)
         for alias in aliases:
             group.command(alias, cls=LauncherCommand, hidden=True, help=text)(wrapped)
-        return group.command(name, cls=LauncherCommand, help=text)(wrapped)
+        return group.command(name, cls=LauncherCommand, help=text, hidden=hidden)(wrapped)
 
     return deco
 

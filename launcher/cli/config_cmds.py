@@ -49,18 +49,21 @@ def _text(result: Result) -> None:
     table = Table("setting", "value", "from", "option", "variable", box=None)
     for s in d["settings"]:
         origin = {"environment": s["env"], "file": config_mod.FILE, "built-in": "built-in"}[s["source"]]
-        table.add_row(*(Text(str(x)) for x in (s["key"], s["value"], origin, s["option"], s["env"])))
+        value = "-" if s["value"] is None else s["value"]  # a setting with no built-in value (the keys)
+        table.add_row(*(Text(str(x)) for x in (s["key"], value, origin, s["option"], s["env"])))
     stdout.print(table)
     stdout.print(result.summary, markup=False)
 
 
 @command(app, "config")
 def config_cmd(ctx: typer.Context) -> None:
-    """Show the defaults in force (host, variant, determinism, threads) and where each comes from.
+    """Show the defaults in force (host, variant, determinism, threads, signing_key, allowed_signers) and where
+    each comes from.
 
     They come from the command line, else the environment (LAUNCHER_HOST, LAUNCHER_VARIANT,
-    LAUNCHER_DETERMINISM, LAUNCHER_THREADS), else the workspace's launcher.toml (\\[defaults] host,
-    variant, determinism, threads), else launcher's own. `--host local` overrides a default host.
+    LAUNCHER_DETERMINISM, LAUNCHER_THREADS, LAUNCHER_SIGNING_KEY, LAUNCHER_ALLOWED_SIGNERS), else the workspace's
+    launcher.toml (\\[defaults] host, variant, determinism, threads, signing_key, allowed_signers), else
+    launcher's own. `--host local` overrides a default host.
     """
     cfg = config_mod.resolve(workspace_for(ctx))
     summary = "precedence: command line > environment > launcher.toml > built-in"

@@ -105,12 +105,18 @@ def gather(ws: Workspace, variant: str) -> Inputs:
     parse_lock(lock_bytes.decode(), str(lockfile))
     recipes = codedigest.code_digest(ws.recipes) if ws.recipes.is_dir() else "sha256:" + "0" * 64
     runtime = codedigest.runtime_digest(PACKAGE_DIR)
-    parts = [variant, dockerfile.read_text(), sha256_bytes(lock_bytes), pin.ref, runtime]
-    env_content = hashlib.sha256("\n".join(parts).encode()).hexdigest()
-    content = hashlib.sha256(f"{env_content}\n{recipes}".encode()).hexdigest()
+    env_content = env_content_of(variant, dockerfile.read_text(), sha256_bytes(lock_bytes), pin.ref, runtime)
+    content = hashlib.sha256(f"{env_content.removeprefix('sha256:')}\n{recipes}".encode()).hexdigest()
     tag = f"launcher/{slug(ws.root.name)}-{variant}:{content[:12]}"
     return Inputs(variant, dockerfile, lockfile, pin, sha256_bytes(lock_bytes), recipes, runtime,
-                  "sha256:" + env_content, "sha256:" + content, tag)
+                  env_content, "sha256:" + content, tag)
+
+
+def env_content_of(variant: str, dockerfile_text: str, lock_sha256: str, base_ref: str, runtime_digest: str) -> str:
+    """What the Dockerfile's part of an image is built from, as one digest (the label
+    org.launcher.env-content): so a Dockerfile can be checked against an image built from it."""
+    parts = [variant, dockerfile_text, lock_sha256, base_ref, runtime_digest]
+    return "sha256:" + hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 def read_record(ws: Workspace, variant: str) -> BuildRecord | None:

@@ -68,7 +68,10 @@ def check_variant(variant: str) -> str:
 
 
 def load(ws: Workspace) -> ImagesLock:
-    path = ws.images_lock
+    return load_file(ws.images_lock)
+
+
+def load_file(path: Path) -> ImagesLock:
     if not path.is_file():
         raise NotFound(f"{path} is missing", "pin a base with `launcher base resolve REF` or `launcher base bootstrap`")
     try:

@@ -3,6 +3,7 @@ local registry on loopback for teams without access to a public one."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -11,12 +12,15 @@ import ssl
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any
 
 from launcher import proc
-from launcher.errors import NotFound, RegistryUnavailable, UsageError
+from launcher.errors import Corrupt, NotFound, RegistryUnavailable, UsageError
+from launcher.hashing import atomic_path
 
 MANIFEST_TYPES = ", ".join([
     "application/vnd.oci.image.index.v1+json",
@@ -173,3 +177,91 @@ def start_local_registry(storage: Path, address: str = DEFAULT_LOCAL, wait: floa
         os.kill(p.pid, signal.SIGTERM)
     raise RegistryUnavailable(f"the local registry did not start on {address}",
                               f"see {storage / 'registry.log'}; is the port in use?")
+
+
+# ---------------------------------------------------------------- blobs and manifests, for a base carried by hand
+
+
+def _call(ref: ImageRef, method: str, path: str, *, headers: dict[str, str] | None = None,
+          body: bytes | IO[bytes] | None = None, timeout: float = 120) -> Any:
+    """One request to ref's registry (a bearer token fetched once on a 401), the response open."""
+    url = path if path.startswith("http") else f"{ref.api_base}/v2/{ref.repository}/{path}"
+    sent = dict(headers or {})
+    for _attempt in range(2):
+        req = urllib.request.Request(url, method=method, headers=sent, data=body)  # noqa: S310
+        try:
+            return urllib.request.urlopen(req, timeout=timeout,  # noqa: S310
+                                          context=_ssl_context(None) if url.startswith("https") else None)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 401 and "Authorization" not in sent:
+                token = _bearer_token(exc.headers.get("WWW-Authenticate", ""), None, timeout)
+                if token:
+                    sent["Authorization"] = f"Bearer {token}"
+                    continue
+            if exc.code == 404 and method in ("GET", "HEAD"):
+                raise NotFound(f"{ref.registry}/{ref.repository}: {path.rsplit('/', 1)[-1]} is not there (HTTP 404)",
+                               "check the image was pushed to that registry") from exc
+            raise RegistryUnavailable(f"registry {ref.registry} answered HTTP {exc.code} to {method} {path}",
+                                      "check the registry is a Docker Registry v2 that accepts pushes") from exc
+        except (urllib.error.URLError, OSError) as exc:
+            raise RegistryUnavailable(f"cannot reach registry {ref.registry}: {getattr(exc, 'reason', exc)}",
+                                      "check the address, or start a local one with `launcher base registry`") \
+                from exc
+    raise RegistryUnavailable(f"registry {ref.registry} refused the credentials", "run `docker login`")
+
+
+def get_manifest(ref: ImageRef, digest: str) -> tuple[str, bytes]:
+    """(media type, bytes) of the manifest by digest, checked against it."""
+    with _call(ref, "GET", f"manifests/{digest}", headers={"Accept": MANIFEST_TYPES}) as resp:
+        body = resp.read()
+        media = str(resp.headers.get("Content-Type") or "").split(";")[0].strip()
+    if "sha256:" + hashlib.sha256(body).hexdigest() != digest:
+        raise Corrupt(f"the registry {ref.registry} served a manifest that is not {digest}",
+                      "check the registry; a manifest must match its digest")
+    return media or json.loads(body).get("mediaType", ""), body
+
+
+def get_blob(ref: ImageRef, digest: str, out: Path) -> int:
+    """Download a blob into out (atomically), checked against its digest; its size."""
+    h = hashlib.sha256()
+    size = 0
+    with _call(ref, "GET", f"blobs/{digest}") as resp, atomic_path(out) as tmp, open(tmp, "wb") as f:
+        for block in iter(lambda: resp.read(1 << 20), b""):
+            h.update(block)
+            f.write(block)
+            size += len(block)
+        if "sha256:" + h.hexdigest() != digest:
+            raise Corrupt(f"the registry {ref.registry} served a blob that is not {digest}",
+                          "check the registry's storage")
+    return size
+
+
+def has_blob(ref: ImageRef, digest: str) -> bool:
+    try:
+        with _call(ref, "HEAD", f"blobs/{digest}"):
+            return True
+    except NotFound:
+        return False
+
+
+def push_blob(ref: ImageRef, digest: str, path: Path) -> None:
+    """A monolithic upload (POST, then PUT with the bytes), skipped when the registry has the blob."""
+    if has_blob(ref, digest):
+        return
+    with _call(ref, "POST", "blobs/uploads/", body=b"") as resp:
+        location = str(resp.headers.get("Location") or "")
+    if not location:
+        raise RegistryUnavailable(f"registry {ref.registry} gave no upload location", "check the registry")
+    if location.startswith("/"):
+        location = ref.api_base + location
+    target = location + ("&" if "?" in location else "?") + urllib.parse.urlencode({"digest": digest})
+    with open(path, "rb") as f, _call(ref, "PUT", target, body=f, headers={
+            "Content-Type": "application/octet-stream", "Content-Length": str(path.stat().st_size)}):
+        pass
+
+
+def put_manifest(ref: ImageRef, media_type: str, body: bytes) -> str:
+    """Push a manifest by its digest; the digest the registry answers with."""
+    digest = "sha256:" + hashlib.sha256(body).hexdigest()
+    with _call(ref, "PUT", f"manifests/{digest}", body=body, headers={"Content-Type": media_type}) as resp:
+        return str(resp.headers.get("Docker-Content-Digest") or digest)

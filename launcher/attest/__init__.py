@@ -1,0 +1,12 @@
+"""Proof that travels: signed in-toto statements of runs, bundles, and independent re-execution.
+
+- :mod:`statement`: the in-toto Statement v1 envelope's content, its subjects and schema checks;
+- :mod:`provenance`: a run's SLSA Provenance v1 statement, from what launcher recorded (`launcher attest`);
+- :mod:`dsse`: the DSSE envelope (PAE, sign, verify against trusted keys);
+- :mod:`signers`: keys people already have (an SSH key through ssh-keygen -Y, a PEM key through
+  cryptography) and what a verifier trusts (an allowed-signers file, a public key);
+- :mod:`check`: `launcher attest verify`: signature, schema and, given a run folder, every digest;
+- :mod:`bundle`: `launcher bundle`: a deterministic tar of what it takes to rebuild and rerun;
+- :mod:`reproduce`: `launcher reproduce`: the bundle checked, the image rebuilt, the run repeated,
+  compared, and a signed verification summary (SLSA VSA v1, :mod:`summary`).
+"""

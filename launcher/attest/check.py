@@ -1,0 +1,119 @@
+"""`launcher attest verify FILE`: a signed statement checked as a reviewer would.
+
+In order, each failure its own exit code: the envelope's form (13, CORRUPT), its signatures against
+what the reviewer trusts (43 UNKNOWN_SIGNER: no trusted key signed it; 41 BAD_SIGNATURE: a trusted
+key's signature does not verify, so the statement was changed), the statement's schema (13), and,
+given the run's folder, every subject's (and byproduct's) sha256 (42 DIGEST_MISMATCH).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from launcher.attest import dsse, schema
+from launcher.attest import statement as st
+from launcher.attest.signers import Checked, Trust
+from launcher.errors import Corrupt, DigestMismatch, NotFound, UnknownSigner
+from launcher.hashing import sha256_bytes, sha256_file
+
+
+@dataclass
+class Verified:
+    path: Path
+    statement: dict[str, Any]
+    signatures: list[Checked]
+    envelope_sha256: str
+    statement_sha256: str
+    files_checked: int = 0
+    run_dir: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def predicate_type(self) -> str:
+        return str(self.statement.get("predicateType"))
+
+    @property
+    def signers(self) -> list[str]:
+        return [c.signer or c.keyid for c in self.signatures if c.outcome == "good"]
+
+    def to_dict(self) -> dict[str, Any]:
+        pred = self.statement.get("predicate") or {}
+        out: dict[str, Any] = {
+            "file": str(self.path), "valid": True, "predicate_type": self.predicate_type,
+            "subjects": len(self.statement.get("subject") or []), "envelope_sha256": self.envelope_sha256,
+            "statement_sha256": self.statement_sha256, "signatures": [c.to_dict() for c in self.signatures],
+            "run_dir": str(self.run_dir) if self.run_dir else None, "files_checked": self.files_checked,
+        }
+        if self.predicate_type == st.PROVENANCE_TYPE:
+            out["run_id"] = ((pred.get("runDetails") or {}).get("metadata") or {}).get("invocationId")
+            out["builder"] = ((pred.get("runDetails") or {}).get("builder") or {}).get("id")
+        elif self.predicate_type == st.VSA_TYPE:
+            out["verification_result"] = pred.get("verificationResult")
+            out["verified_levels"] = pred.get("verifiedLevels")
+            out["verifier"] = (pred.get("verifier") or {}).get("id")
+            out["resource"] = pred.get("resourceUri")
+        return out
+
+    def summary_line(self) -> str:
+        kind = {st.PROVENANCE_TYPE: "provenance", st.VSA_TYPE: "verification summary"}.get(self.predicate_type,
+                                                                                          self.predicate_type)
+        line = f"valid: {self.path.name} is a {kind} statement signed by {', '.join(self.signers)}"
+        if self.predicate_type == st.VSA_TYPE:
+            pred = self.statement["predicate"]
+            line += f" ({pred['verificationResult']}: {', '.join(pred.get('verifiedLevels') or []) or 'no level'})"
+        if self.run_dir is not None:
+            line += f"; all {self.files_checked} files it names match {self.run_dir}"
+        return line
+
+
+def check_files(statement: dict[str, Any], run_dir: Path, source: str) -> int:
+    """Every subject (and a provenance's byproducts) against the file of that name under run_dir."""
+    wanted = st.subject_digests(statement)
+    wrong: list[str] = []
+    for name, digest in sorted(wanted.items()):
+        path = run_dir / name
+        if ".." in Path(name).parts or Path(name).is_absolute():
+            raise Corrupt(f"{source}: the subject {name!r} is not a path inside a run folder",
+                          "ask its author for the statement again")
+        got = sha256_file(path) if path.is_file() else None
+        if got is None:
+            wrong.append(f"{name} (missing)")
+        elif got != digest:
+            wrong.append(f"{name} (sha256 {got[7:19]}…, signed {digest[7:19]}…)")
+    if wrong:
+        more = f" and {len(wrong) - 3} more" if len(wrong) > 3 else ""
+        raise DigestMismatch(f"{len(wrong)} of {len(wanted)} files differ from what {source} names: "
+                             + "; ".join(wrong[:3]) + more,
+                             f"these are not the files that were signed: get them again from their author, or "
+                             f"check {run_dir} is the run the statement is about")
+    return len(wanted)
+
+
+def open_signed(path: Path, trust: Trust) -> Verified:
+    """The statement inside the envelope at path, its signatures checked and its schema too."""
+    raw = path.read_bytes() if path.is_file() else b""
+    if not raw:
+        raise NotFound(f"no file {path}", "give the path of a .dsse.json envelope")
+    if b'"_type"' in raw[:4096] and b'"payload"' not in raw[:4096]:
+        raise UnknownSigner(f"{path} is an unsigned statement, not a signed envelope",
+                            "sign it: `launcher attest RUN --key FILE` writes attestation/provenance.dsse.json")
+    envelope = dsse.parse(raw, str(path))
+    if envelope.payload_type != st.PAYLOAD_TYPE:
+        raise Corrupt(f"{path} carries a {envelope.payload_type!r} payload, not an in-toto statement",
+                      "give an envelope `launcher attest` or `launcher reproduce` wrote")
+    checked = dsse.verify(envelope, trust, str(path))
+    statement = st.decode(envelope.payload, str(path))
+    schema.check(statement, str(path))
+    return Verified(path, statement, checked, sha256_bytes(raw), sha256_bytes(envelope.payload))
+
+
+def verify_file(path: Path, trust: Trust, run_dir: Path | None = None) -> Verified:
+    verified = open_signed(path, trust)
+    if run_dir is not None:
+        if not run_dir.is_dir():
+            raise NotFound(f"no run folder {run_dir}", "give the folder of the run (runs/<id>) the statement is about")
+        verified.files_checked = check_files(verified.statement, run_dir, str(path))
+        verified.run_dir = run_dir
+    return verified

@@ -1,0 +1,263 @@
+"""A run's provenance: an in-toto Statement v1 whose subjects are the run's outputs (the manifest's
+paths and sha256s) and whose predicate is SLSA Provenance v1, mapped from what launcher recorded.
+
+- buildDefinition.buildType: ``urn:launcher:run:v1``;
+- externalParameters: code (Manifest.code_name), recipe, entry, variant, params, seed, determinism profile
+  and threads, script args, the names of the user's env variables;
+- internalParameters: the environment launcher injected (the profile's), launcher's version, the probe set;
+- resolvedDependencies: code tree, recipes/_lib, the variant lock, the project's locks (image.project), the
+  base image, the image, launcher's runtime, the installed packages, the dataset sent and the dataset as
+  the code read it (by these names: CODE, LIB, ... below);
+- runDetails.builder: ``urn:launcher:<placement>:<host kind>:<host>``, launcher's version, the host's facts;
+- runDetails.metadata: invocationId = run id, startedOn, finishedOn;
+- runDetails.byproducts: the logs (outputs/logs/...) and manifest.json.
+
+`launcher attest RUN...` writes it to ``runs/<id>/attestation/provenance.json`` and, signed,
+``provenance.dsse.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from launcher import __version__
+from launcher.attest import dsse, schema
+from launcher.attest import statement as st
+from launcher.attest.signers import Signer
+from launcher.errors import Corrupt, UsageError
+from launcher.hashing import atomic_write_bytes, sha256_file
+from launcher.images import imagerecord
+from launcher.images.imagerecord import BuiltImage
+from launcher.progress import NullReporter, Reporter
+from launcher.runs.manifest import Manifest, load_manifest
+from launcher.runs.store import resolve_run
+from launcher.workspace import Workspace
+
+BUILD_TYPE = f"{st.URI}:run:v1"
+ATTESTATION_DIR = "attestation"
+STATEMENT_FILE = "provenance.json"
+ENVELOPE_FILE = "provenance.dsse.json"
+BYPRODUCT_PREFIX = "outputs/logs/"
+
+# The names of resolved dependencies, which the bundle and reproduce look up.
+CODE = "code"
+LIB = "recipes/_lib"
+LOCK = "variant lock"
+PROJECT_LOCK = "requirements.lock"
+SYSTEM_LOCK = "system.lock"
+BASE = "base image"
+IMAGE = "image"
+RUNTIME = "launcher runtime"
+PACKAGES = "installed packages"
+DATASET = "dataset"
+DATASET_READ = "dataset as read"
+
+
+def attestation_dir(run_dir: Path) -> Path:
+    return run_dir / ATTESTATION_DIR
+
+
+def _digest(value: Any) -> str | None:
+    text = str(value or "")
+    return text if text.startswith("sha256:") and len(text) == 71 else None
+
+
+def _dep(name: str, digest: Any, **annotations: Any) -> dict[str, Any] | None:
+    d = _digest(digest)
+    notes = {k: v for k, v in annotations.items() if v not in (None, "", [], {})}
+    return st.descriptor(name, d, annotations=notes) if d else None
+
+
+def _dataset_read(m: Manifest) -> str | None:
+    """The dataset's fingerprint as the code loaded it (fingerprints/dataset.json), where recorded."""
+    if m.artifact("outputs/fingerprints/dataset.json") is None:
+        return None
+    try:
+        return _digest(json.loads(m.file("outputs/fingerprints/dataset.json").read_text()).get("digest"))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def resolved_dependencies(m: Manifest, image: BuiltImage | None) -> list[dict[str, Any]]:
+    rec, img = m.recipe, m.image
+    project: dict[str, Any] = img["project"] if isinstance(img.get("project"), dict) else {}
+    source: dict[str, Any] = m.data["data_source"] if isinstance(m.data.get("data_source"), dict) else {}
+    folder = project.get("folder")
+    found = [
+        _dep(CODE, rec.get("tree_digest"), code=m.code_name, source=rec.get("code_source"), entry=rec.get("entry"),
+             files=rec.get("files"), git=rec.get("git")),
+        _dep(LIB, rec.get("lib_digest")),
+        _dep(LOCK, img.get("lock_sha256"), path=f"lockfiles/{img.get('variant')}.txt"),
+        _dep(PROJECT_LOCK, project.get("requirements_lock_sha256"),
+             path=f"{folder}/requirements.lock" if folder else None, packages=project.get("packages")),
+        _dep(SYSTEM_LOCK, project.get("system_lock_sha256"), path=f"{folder}/system.lock" if folder else None,
+             packages=project.get("system_packages")),
+        _dep(BASE, img.get("base_digest"), ref=image.base_ref if image else None),
+        _dep(IMAGE, img.get("id"), tag=img.get("tag"), variant=img.get("variant"), git_commit=img.get("git_commit"),
+             git_dirty=img.get("git_dirty"), project_layer=project.get("layer"),
+             variant_image=project.get("variant_image_id")),
+        _dep(RUNTIME, img.get("runtime_digest")),
+        _dep(PACKAGES, img.get("packages_digest")),
+        _dep(DATASET, source.get("digest"), files=source.get("files"), bytes=source.get("bytes")),
+        _dep(DATASET_READ, _dataset_read(m)),
+    ]
+    return [d for d in found if d is not None]
+
+
+def builder_id(m: Manifest) -> str:
+    placement = (m.data.get("placement") or {}).get("kind") or "direct"
+    return f"{st.URI}:{placement}:{m.host.get('kind') or 'local'}:{m.host.get('name') or 'local'}"
+
+
+def _host_facts(m: Manifest) -> dict[str, Any]:
+    facts = m.host.get("facts") or {}
+    keep = ("os", "kernel", "arch", "cpu_model", "cpu_cores", "ram_bytes")
+    out: dict[str, Any] = {k: facts[k] for k in keep if facts.get(k) is not None}
+    docker = facts.get("docker") or {}
+    if docker.get("server_version"):
+        out["docker"] = docker["server_version"]
+    nvidia = facts.get("nvidia") or {}
+    if nvidia.get("driver"):
+        out["nvidia_driver"] = nvidia["driver"]
+        out["gpus"] = [g.get("name") if isinstance(g, dict) else g for g in nvidia.get("gpus") or []]
+    return out
+
+
+def _env_names(m: Manifest) -> list[str]:
+    env = m.data.get("env")
+    return sorted(env) if isinstance(env, dict) else []
+
+
+def predicate(m: Manifest, image: BuiltImage | None) -> dict[str, Any]:
+    rec, det = m.recipe, m.determinism
+    facts = _host_facts(m)
+    byproducts = [st.descriptor(a.path, a.sha256) for a in m.artifacts if a.path.startswith(BYPRODUCT_PREFIX)]
+    byproducts.append(st.descriptor("manifest.json", sha256_file(m.path)))
+    return {
+        "buildDefinition": {
+            "buildType": BUILD_TYPE,
+            "externalParameters": {
+                "code": m.code_name, "recipe": m.recipe_name, "entry": rec.get("entry"),
+                "codeSource": rec.get("code_source"), "variant": m.image.get("variant"),
+                "params": dict(m.params), "seed": m.seed,
+                "determinism": {"profile": det.get("profile"), "threads": det.get("threads")},
+                "args": list(rec.get("args") or []), "env": _env_names(m),
+            },
+            "internalParameters": {
+                "injectedEnv": dict(det.get("env") or {}),
+                "launcherVersion": str(m.image.get("launcher_version") or __version__),
+                "probes": m.data.get("probes"),
+            },
+            "resolvedDependencies": resolved_dependencies(m, image),
+        },
+        "runDetails": {
+            "builder": {
+                "id": builder_id(m),
+                "version": {"launcher": str(m.image.get("launcher_version") or __version__)},
+                **({"builderDependencies": [st.descriptor("host", annotations=facts)]} if facts else {}),
+            },
+            "metadata": {"invocationId": m.run_id, "startedOn": m.started_at,
+                         **({"finishedOn": str(m.data["ended_at"])} if m.data.get("ended_at") else {})},
+            "byproducts": byproducts,
+        },
+    }
+
+
+def provenance(m: Manifest, image: BuiltImage | None = None) -> dict[str, Any]:
+    """The statement of one finished run. Its subjects are every output but the logs (byproducts)."""
+    if m.status != "succeeded":
+        raise UsageError(f"run {m.run_id} {m.status} (exit {m.data.get('exit_code')}): a provenance statement "
+                         "names the outputs of a run that succeeded", "attest a run that succeeded")
+    subjects = [st.descriptor(a.path, a.sha256) for a in m.artifacts if not a.path.startswith(BYPRODUCT_PREFIX)]
+    if not subjects:
+        raise UsageError(f"run {m.run_id} wrote nothing besides its logs: there is no output to attest",
+                         "save what the run produces (its model, metrics) into its working directory")
+    statement = st.make(subjects, st.PROVENANCE_TYPE, predicate(m, image))
+    schema.check(statement, f"the provenance of {m.run_id}")
+    return statement
+
+
+@dataclass
+class Attested:
+    run_id: str
+    statement: Path
+    envelope: Path | None
+    subjects: int
+    digest: str  # of the statement's bytes (the signed payload)
+    keyids: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "statement": str(self.statement),
+                "envelope": str(self.envelope) if self.envelope else None, "subjects": self.subjects,
+                "statement_sha256": self.digest, "keyids": self.keyids}
+
+
+def _signed(path: Path, payload: bytes, signer: Signer) -> dsse.Envelope:
+    """The envelope of payload with signer's signature: added to the signatures already there when the
+    statement is unchanged (an author and a co-signer), a new envelope when it changed."""
+    fresh = dsse.sign(payload, st.PAYLOAD_TYPE, [signer])
+    try:
+        old = dsse.read(path) if path.is_file() else None
+    except Corrupt:
+        old = None
+    if old is None or old.payload != payload or old.payload_type != st.PAYLOAD_TYPE:
+        return fresh
+    keyid, sig = fresh.signatures[0]
+    kept = tuple(s for s in old.signatures if s[0] != keyid)
+    return dsse.Envelope(old.payload_type, payload, (*kept, (keyid, sig)))
+
+
+def attest_run(run_dir: Path, signer: Signer | None, cache_dir: Path) -> Attested:
+    """Write runs/<id>/attestation/provenance.json and, with a signer, provenance.dsse.json (atomically; a
+    signature by another key on the same statement is kept beside the new one)."""
+    m = load_manifest(run_dir)
+    image_id = str((m.image.get("project") or {}).get("variant_image_id") or m.image.get("id") or "")
+    statement = provenance(m, imagerecord.find(cache_dir, image_id) if image_id else None)
+    payload = st.encode(statement)
+    folder = attestation_dir(run_dir)
+    atomic_write_bytes(folder / STATEMENT_FILE, payload)
+    envelope_path = None
+    keyids: list[str] = []
+    if signer is not None:
+        envelope_path = folder / ENVELOPE_FILE
+        envelope = _signed(envelope_path, payload, signer)
+        dsse.write(envelope_path, envelope)
+        keyids = [k for k, _ in envelope.signatures]
+    return Attested(m.run_id, folder / STATEMENT_FILE, envelope_path, len(statement["subject"]),
+                    st.statement_digest(statement), keyids)
+
+
+@dataclass
+class AttestOutcome:
+    runs: list[Attested]
+    signer: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"runs": [a.to_dict() for a in self.runs], "signer": self.signer}
+
+    def summary_line(self) -> str:
+        n = len(self.runs)
+        what = f"{n} run{'s' if n != 1 else ''} attested"
+        if self.signer is None:
+            return what + " (unsigned: give --key FILE, or signing_key in launcher.toml, to sign)"
+        return what + f", signed with {self.signer}"
+
+
+def attest_runs(ws: Workspace, refs: Sequence[str], signer: Signer | None,
+                reporter: Reporter | None = None) -> AttestOutcome:
+    if not refs:
+        raise UsageError("no run given", "name the runs to attest: `launcher attest RUN...` (see `launcher ps`)")
+    rep = reporter or NullReporter()
+    done = []
+    for ref in refs:
+        run_dir = resolve_run(ws, ref)
+        task = rep.task(f"attesting {run_dir.name}")
+        try:
+            done.append(attest_run(run_dir, signer, ws.cache_dir))
+        finally:
+            task.close()
+    return AttestOutcome(done, signer.describe() if signer else None)

@@ -1,0 +1,76 @@
+"""A reproduction's verdict as an SLSA Verification Summary (VSA v1, https://slsa.dev/verification_summary/v1).
+
+- subject: the original run's outputs (name and the sha256 its author signed), each annotated with
+  ``result`` (verify's status for it: identical, identical-content, differs, missing, ignored, unreadable)
+  and ``reproducedSha256`` (what the reproduction wrote there);
+- verifier.id: ``urn:launcher:verifier:<user>@<machine>`` (who ran launcher reproduce, where);
+- resourceUri: ``urn:launcher:run:<original run id>``; policy.uri: ``urn:launcher:policy:reproduce:v1``
+  (the bundle's signatures, the image rebuilt to the recorded ID, the run repeated with the same code,
+  parameters, seed and profile, its outputs compared by `launcher verify checksums`);
+- inputAttestations: the original's signed provenance (the envelope's sha256, and the statement's) and
+  the reproduction's own signed provenance (whose builder id names the host it ran on);
+- verificationResult: PASSED for *identical*, FAILED otherwise; verifiedLevels: ``LAUNCHER_REPRODUCED_<VERDICT>``
+  (IDENTICAL, INCONCLUSIVE, DIFFERS), and ``LAUNCHER_OTHER_IMAGE`` when --allow-other-image ran it in an image
+  other than the recorded one.
+"""
+
+from __future__ import annotations
+
+import getpass
+import socket
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+from launcher.attest import schema
+from launcher.attest import statement as st
+from launcher.attest.check import Verified
+
+POLICY = f"{st.URI}:policy:reproduce:v1"
+OTHER_IMAGE = "LAUNCHER_OTHER_IMAGE"
+STATEMENT_FILE = "verification.json"
+ENVELOPE_FILE = "verification.dsse.json"
+
+
+def verifier_id() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{st.URI}:verifier:{user}@{socket.gethostname()}"
+
+
+def level(verdict: str) -> str:
+    return "LAUNCHER_REPRODUCED_" + verdict.upper().replace("-", "_")
+
+
+def summary(original: Verified, original_run: str, reproduction: Mapping[str, str], verdict: str,
+            results: Mapping[str, Mapping[str, Any]], *, other_image: bool) -> dict[str, Any]:
+    """The VSA statement. original: the run's provenance as verified from the bundle; reproduction:
+    {"uri", "envelope_sha256"} of the reproduction's own signed provenance; results: output name ->
+    {"status", "sha256"} (the reproduction's digest, where it wrote that file)."""
+    subjects = []
+    for name, digest in sorted(st.subject_digests(original.statement, byproducts=False).items()):
+        got = results.get(name) or {}
+        notes: dict[str, Any] = {"result": str(got.get("status") or "missing")}
+        if got.get("sha256"):
+            notes["reproducedSha256"] = str(got["sha256"]).removeprefix("sha256:")
+        subjects.append(st.descriptor(name, digest, annotations=notes))
+    base = f"runs/{original_run}/attestation"
+    predicate = {
+        "verifier": {"id": verifier_id()},
+        "timeVerified": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "resourceUri": f"{st.URI}:run:{original_run}",
+        "policy": {"uri": POLICY},
+        "inputAttestations": [
+            {"uri": f"{base}/provenance.dsse.json", "digest": st.digest_set(original.envelope_sha256)},
+            {"uri": f"{base}/provenance.json", "digest": st.digest_set(original.statement_sha256)},
+            {"uri": reproduction["uri"], "digest": st.digest_set(reproduction["envelope_sha256"])},
+        ],
+        "verificationResult": "PASSED" if verdict == "identical" else "FAILED",
+        "verifiedLevels": [level(verdict), *([OTHER_IMAGE] if other_image else [])],
+        "slsaVersion": "1.0",
+    }
+    statement = st.make(subjects, st.VSA_TYPE, predicate)
+    schema.check(statement, f"the verification summary of {original_run}")
+    return statement
