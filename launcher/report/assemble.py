@@ -251,7 +251,9 @@ def weight_divergence(group: GroupStats) -> dict[str, Any]:
 
 def compare_group(ws: Workspace, group: GroupStats, reporter: Reporter) -> dict[str, Any]:
     """The group's runs checked bit for bit against its first: models, data, batches all the same?"""
-    report = verify_checksums(ws, group=group.name, reporter=reporter)
+    # a group is what the user put in it: an edited copy run into it is compared, and the verdict says
+    # the code differs (different scripts or recipes in one group were refused when the group was read)
+    report = verify_checksums(ws, group=group.name, reporter=reporter, across_code=True)
     data = report.to_dict()
     return {
         "verdict": data["verdict"],

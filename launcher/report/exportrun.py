@@ -121,7 +121,7 @@ def group_verdicts(ws: Workspace, manifests: Sequence[Manifest], reporter: Repor
                                         f"not verified: {m.run_id} is the only completed run of group {group}")
             continue
         try:
-            report = verify.verify_checksums(ws, group=group, reporter=reporter).to_dict()
+            report = verify.verify_checksums(ws, group=group, reporter=reporter, across_code=True).to_dict()
         except LauncherError as exc:
             for m in members:
                 out[m.run_id] = Verdict(VERDICT_NONE, VERDICT_NONE, f"not verified: {exc.one_line()}")
