@@ -98,8 +98,11 @@ def with_image(ws: Workspace, spec: RunSpec, recipe: Recipe, reporter: Reporter 
         names = ", ".join(p.replace("==", " ") for p in layer.packages[:6]) + (", ..." if len(layer.packages) > 6
                                                                                else "")
         how = f"built in {layer.seconds:.1f} s" if layer.built else "from the layer cache"
-        rep.note(f"project layer of {root.name}: {count} beside the {spec.variant} image"
-                 f"{f' ({names})' if names else ''}, {how}; the {spec.variant} image itself is unchanged")
+        debs = [p.replace("=", " ", 1) for p in layer.system_packages]
+        os_part = (f" and {len(debs)} OS package{'' if len(debs) == 1 else 's'} ({', '.join(debs[:6])}"
+                   f"{', ...' if len(debs) > 6 else ''})") if debs else ""
+        rep.note(f"project layer of {root.name}: {count}{f' ({names})' if names else ''}{os_part} beside the "
+                 f"{spec.variant} image, {how}; the {spec.variant} image itself is unchanged")
     project = {"folder": root.name, "requirements_lock_sha256": layer.requirements_lock_sha256,
                "system_lock_sha256": layer.system_lock_sha256, "layer": layer.diff_id,
                "packages": list(layer.packages), "system_packages": list(layer.system_packages),
@@ -128,14 +131,17 @@ def prepare(ws: Workspace, spec: RunSpec, recipe: Recipe, reporter: Reporter | N
 
 def ensure_system_lock(ws: Workspace, root: Path, variant: str, build: bool, reporter: Reporter) -> None:
     """The project's system.lock current for the variant (locked here when stale, as ensure_lock does)."""
-    if not aptlock.declared(root).packages:
+    wanted = aptlock.declared(root).packages
+    if not wanted:
         return
     try:
         aptlock.current(ws, root, variant)
     except (LockFailed, NotFound) as exc:
         if not build:
             raise ImageOutOfDate(exc.message, exc.hint) from None
-        reporter.note(f"{root.name}/{SYSTEM_LOCK}: {exc.message.split(': ', 1)[-1]}; locking its OS packages")
+        why = "is missing" if not (root / SYSTEM_LOCK).is_file() else "is out of date"
+        reporter.note(f"project {root.name}: {SYSTEM_LOCK} {why}; locking its OS packages ({', '.join(wanted)}) "
+                      f"for the {variant} image")
         aptlock.lock_project(ws, root, variant, reporter)
 
 
