@@ -216,13 +216,7 @@ def lock_variant(ws: Workspace, variant: str, *, upgrade: bool = False, upgrade_
     for name, text in files.items():
         files[name], gone = wheelsources.split_indexes(text)
         dropped += [u for u in gone if u not in dropped]
-    argv = ["--quiet", "--no-header", "--generate-hashes", "--allow-unsafe", "--strip-extras", "--no-emit-index-url",
-            "--no-emit-find-links", "--no-emit-trusted-host", "--resolver=backtracking", "--output-file", rel_out]
-    if upgrade:
-        argv.append("--upgrade")
-    for name in upgrade_packages:
-        argv += ["--upgrade-package", name]
-    argv.append(rel_in)
+    argv = compile_argv(rel_in, rel_out, upgrade, upgrade_packages)
     answer = compile_in_base(eng, pin, files, argv, rel_out, find_links=find_links, ca_text=ca_text,
                              task=rep.task(f"resolving {src.name} inside the base image with pip-tools {PIP_TOOLS}"))
     if not answer.get("ok"):
@@ -245,6 +239,17 @@ def lock_variant(ws: Workspace, variant: str, *, upgrade: bool = False, upgrade_
     if changed:
         atomic_write_text(out, text)
     return LockResult(variant, out, changed, len(reqs), sha256_file(out), f"CPython {python} {plat}", pin.ref)
+
+
+def compile_argv(rel_in: str, rel_out: str, upgrade: bool, upgrade_packages: Sequence[str] = ()) -> list[str]:
+    """pip-compile's arguments for a hashed lock that names no index, folder or host of this machine."""
+    argv = ["--quiet", "--no-header", "--generate-hashes", "--allow-unsafe", "--strip-extras", "--no-emit-index-url",
+            "--no-emit-find-links", "--no-emit-trusted-host", "--resolver=backtracking", "--output-file", rel_out]
+    if upgrade:
+        argv.append("--upgrade")
+    for name in upgrade_packages:
+        argv += ["--upgrade-package", name]
+    return [*argv, rel_in]
 
 
 def compile_in_base(eng: Engine, pin: images.BasePin, files: dict[str, str], argv: list[str], output: str, *,

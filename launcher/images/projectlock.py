@@ -173,13 +173,7 @@ def lock_project(ws: Workspace, folder: Path, variant: str, *, upgrade: bool = F
     held = parse_lock(constraints_text, str(variant_lock))
     files, dropped = _inputs(req, constraints_text, held, upgrade)
     out = f"lockfiles/{LOCK_NAME}"
-    argv = ["--quiet", "--no-header", "--generate-hashes", "--allow-unsafe", "--strip-extras", "--no-emit-index-url",
-            "--no-emit-find-links", "--no-emit-trusted-host", "--resolver=backtracking", "--output-file", out]
-    if upgrade:
-        argv.append("--upgrade")
-    for name in upgrade_packages:
-        argv += ["--upgrade-package", name]
-    argv.append(f"lockfiles/{req.input_name}")
+    argv = lock.compile_argv(f"lockfiles/{req.input_name}", out, upgrade, upgrade_packages)
     diagnose = ["install", "--dry-run", "--ignore-installed", "--no-input", "-r", f"lockfiles/{req.input_name}"]
     answer = lock.compile_in_base(eng, pin, files, argv, out, find_links=find_links, ca_text=ca_text,
                                   diagnose=diagnose, task=rep.task(f"locking {req.source.name} of {folder.name} "
