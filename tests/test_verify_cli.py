@@ -88,7 +88,7 @@ def test_json_schema(root: Path) -> None:
                         "classification", "line", "first_difference", "identical_in_content", "code"}
     assert run["classification"] == "input-change" and "seed" in run["line"]
     exp = data["explanations"][b.name]
-    assert set(exp) == {"classification", "model", "initial_weights", "data", "batches", "metrics",
+    assert set(exp) == {"classification", "model", "initial_weights", "data", "batches", "steps", "metrics",
                         "environment", "files", "impact"}
     assert exp["impact"] is None  # these runs recorded no probes
     for row in data["artifacts"]:

@@ -228,6 +228,7 @@ def _spec(run: OpenedRun, code_dir: Path | None, data_from: Path | None, secret_
     det = m.determinism
     env: dict[str, Any] = m.data["env"] if isinstance(m.data.get("env"), dict) else {}
     probes: dict[str, Any] = m.data["probes"] if isinstance(m.data.get("probes"), dict) else {}
+    trace: dict[str, Any] = m.data["trace"] if isinstance(m.data.get("trace"), dict) else {}
     if code_dir is None:
         recipe, code = m.recipe_name, None
     elif m.recipe.get("identity"):
@@ -241,6 +242,7 @@ def _spec(run: OpenedRun, code_dir: Path | None, data_from: Path | None, secret_
                    params=dict(m.params), args=[str(a) for a in m.recipe.get("args") or []], code=code,
                    data_from=str(data) if data else None, group=f"{m.run_id}-reproduced",
                    probes=probes.get("option") if probes.get("source") == "option" else None,
+                   trace_every=str(trace["every"]) if trace.get("every") else None,
                    env={k: v["value"] for k, v in env.items() if "value" in v},
                    secret_env={k: secret_env[k] for k, v in env.items() if "sha256" in v})
 

@@ -361,6 +361,11 @@ ProbesOpt = Annotated[str | None, typer.Option(
     help="The probe set whose outputs and Grad-CAM the run records at the end of Keras fit(): off (none, even "
     "if recipe.toml declares \\[probes]), N (the first N validation examples), or KEY=VALUE pairs with \\[probes]' "
     "keys, e.g. count=8,gradcam=false or indices=0;3;7,layer=conv2d. Overrides a recipe's \\[probes].")]
+TraceOpt = Annotated[str | None, typer.Option(
+    "--trace-every", metavar="N",
+    help="Step fingerprints: a digest of the weights at each epoch's end (epoch, the default), also every N "
+    "optimizer steps (N), or none (off). verify uses them to say at which step two runs part; a smaller N "
+    "narrows it and costs a digest of the weights every N steps.")]
 DataOpt = Annotated[str | None, typer.Option(
     "--data", metavar="PATH", help="Dataset folder on the host, mounted read-only.")]
 EnvOpt = Annotated[list[str] | None, typer.Option(

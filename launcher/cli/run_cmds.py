@@ -32,6 +32,7 @@ from launcher.cli.params import (
     SecretEnvOpt,
     SeedOpt,
     ThreadsOpt,
+    TraceOpt,
     VariantOpt,
     WheelsOpt,
     complete_recipe,
@@ -173,6 +174,7 @@ def run_cmd(
     ] = None,
     param: ParamOpt = None,
     probes: ProbesOpt = None,
+    trace_every: TraceOpt = None,
     env: EnvOpt = None,
     secret_env: SecretEnvOpt = None,
     runs_n: Annotated[int, typer.Option("--runs", "-n", metavar="N",
@@ -241,6 +243,7 @@ def run_cmd(
     from launcher.runs import userenv
 
     runs.probe_option(probes)  # a bad SPEC stops here, before the workspace is read
+    runs.trace_option(trace_every)
     user_env = userenv.parse(env or [], secret_env or [])
     ws = workspace_of(ctx)
     variant = variant_for(ctx, ws, variant, recipe, entry)
@@ -263,6 +266,7 @@ def run_cmd(
         mount=mount,
         build=not no_build,
         probes=probes,
+        trace_every=trace_every,
         env=dict(user_env.plain),
         secret_env=dict(user_env.secret),
         find_links=[str(d) for d in wheelsources.check_dirs(find_links or ())],

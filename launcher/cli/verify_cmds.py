@@ -30,6 +30,7 @@ from launcher.cli.params import (
     ScriptArgs,
     SecretEnvOpt,
     ThreadsOpt,
+    TraceOpt,
     VariantOpt,
     WheelsOpt,
     complete_group,
@@ -44,6 +45,7 @@ from launcher.hosts.spec import HostSpec
 from launcher.images.wheelsources import check_dirs
 from launcher.result import Result
 from launcher.runs.determinism import DEFAULT_SEED
+from launcher.verify.differences import steps_phrase
 
 app = typer.Typer()
 verify_app = group("verify", "Compare runs bit for bit and explain the differences.")
@@ -65,6 +67,22 @@ def _num(x: Any) -> str:
 
 def _full(x: Any) -> str:
     return f"{x:.10g}" if isinstance(x, float) else str(x)
+
+
+def _steps_detail(steps: dict[str, Any]) -> str:
+    """After where two runs part: how many layers differ there, the epoch, the loss, and the finer trace."""
+    if steps.get("same") is not False:
+        return ""
+    parts = [f"{len(steps['layers_differing'])} of {steps['layers_total']} layers differ there"]
+    if steps.get("epoch") is not None:
+        parts.append(f"end of epoch {steps['epoch']}")
+    loss = steps.get("loss") or {}
+    if loss.get("reference") is not None and loss.get("run") is not None:
+        parts.append(f"loss {_full(loss['reference'])} -> {_full(loss['run'])}")
+    gap = steps["parts_by"] - (steps["agree_until"] or 0)
+    if gap > 1:
+        parts.append("run both again with --trace-every N (N < " + str(gap) + ") to narrow it")
+    return "; " + "; ".join(parts)
 
 
 def _yes(flag: bool | None) -> str:
@@ -126,6 +144,9 @@ def explanation_lines(exp: dict[str, Any]) -> list[str]:
             fd = batches["first_divergence"]
             lines.append(f"batches: differ in epochs {batches['epochs_differing']}; first at epoch "
                          f"{fd['epoch']} batch {fd['batch']}")
+    steps = exp.get("steps")
+    if steps is not None:
+        lines.append("training steps: " + steps_phrase(steps) + _steps_detail(steps))
     metrics = exp.get("metrics")
     if metrics is not None:
         fd = metrics.get("first_divergence")
@@ -356,6 +377,7 @@ def experiment_cmd(
         "(once per host), then mounted read-only like --data.")] = None,
     param: ParamOpt = None,
     probes: ProbesOpt = None,
+    trace_every: TraceOpt = None,
     env: EnvOpt = None,
     secret_env: SecretEnvOpt = None,
     find_links: WheelsOpt = None,
@@ -367,6 +389,7 @@ def experiment_cmd(
     from launcher.runs.experiment import experiment
 
     runs_mod.probe_option(probes)  # a bad SPEC stops here, before any host is opened
+    runs_mod.trace_option(trace_every)
     user_env = userenv.parse(env or [], secret_env or [])
     ws = workspace_of(ctx)
     variant = variant_for(ctx, ws, variant, recipe)
@@ -381,7 +404,8 @@ def experiment_cmd(
         res = experiment(ws, recipe, runs, seeds, host, base_seed=seed or [DEFAULT_SEED], variant=variant,
                          profile=determinism, threads=threads, data=data,
                          data_from=str(data_from) if data_from else None,
-                         params=runs_mod.parse_params(param or []), probes=probes, reporter=rep,
+                         params=runs_mod.parse_params(param or []), probes=probes, trace_every=trace_every,
+                         reporter=rep,
                          placement=cluster, args=script_args or [], user_env=user_env,
                          find_links=[str(d) for d in check_dirs(find_links or ())],
                          ca_bundle=str(ca_bundle) if ca_bundle else None)

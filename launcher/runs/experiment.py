@@ -199,6 +199,7 @@ def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
                threads: int | None = None, data: str | None = None, data_from: str | None = None,
                params: dict[str, Any] | None = None,
                probes: str | None = None,
+               trace_every: str | None = None,
                args: Sequence[str] = (),
                user_env: UserEnv | None = None,
                find_links: Sequence[str] = (), ca_bundle: str | None = None,
@@ -216,7 +217,8 @@ def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
     rep = reporter or NullReporter()
     env = user_env or UserEnv()
     base = runs_mod.RunSpec(recipe=recipe, variant=variant, profile=profile, threads=threads, data=data,
-                            data_from=data_from, params=dict(params or {}), probes=probes, args=list(args),
+                            data_from=data_from, params=dict(params or {}), probes=probes, trace_every=trace_every,
+                            args=list(args),
                             env=dict(env.plain), secret_env=dict(env.secret), find_links=list(find_links),
                             ca_bundle=ca_bundle)
     name, code_name = recipe, None

@@ -41,10 +41,13 @@ from launcher.runs.spec import (
     plan_code,
     probe_option,
     probes_record,
+    trace_option,
 )
 from launcher.runs.store import resolve_run_id
 from launcher.runs.targets import open_placement
 from launcher.runs.userenv import UserEnv
+from launcher.runtime.steps import ENV as TRACE_ENV
+from launcher.runtime.steps import EPOCH
 from launcher.workspace import Workspace
 
 LAUNCH_FILE = "launch.json"
@@ -72,6 +75,7 @@ __all__ = [
     "run_dir",
     "run_recipe",
     "start_run",
+    "trace_option",
     "utc_now",
     "wait_run",
 ]
@@ -177,6 +181,9 @@ def _launch(
     params = check_params(recipe, spec.params)
     probes = probes_record(spec, recipe)
     env = determinism.profile_env(spec.profile, spec.seed, spec.threads)
+    trace = trace_option(spec.trace_every)
+    if trace != EPOCH:
+        env[TRACE_ENV] = trace
     image = dict(spec.image) if spec.image else image_record(ws, spec.variant)  # a project layer's, or the variant's
     baked_digests = image.pop("recipes", {})
     placement.prepare(ws.needs_gpu(spec.variant))
@@ -233,6 +240,7 @@ def _launch(
         "code": {k: v for k, v in plan.items() if k not in ("git",)},
         "params": params,
         "probes": probes,
+        "trace": {"every": trace},
         "seed": int(env["LAUNCHER_SEED"]) if "LAUNCHER_SEED" in env else spec.seed,
         "determinism": {
             "profile": spec.profile,
@@ -377,6 +385,7 @@ def run_recipe(
     recipe = load_recipe(ws, spec.recipe, entry=spec.entry)
     check_params(recipe, spec.params)
     probe_option(spec.probes)
+    trace_option(spec.trace_every)
     check_framework(ws, recipe, spec.variant)
     from launcher.images import build
     from launcher.runs import determinism, identity, project

@@ -282,6 +282,7 @@ def assemble(launch: Mapping[str, Any], outputs: Path, files: Mapping[str, Mappi
         "params": launch.get("params", {}),
         "env": dict(launch.get("env") or {}),  # the user's --env/--secret-env: {NAME: {value} | {sha256}}
         "probes": launch.get("probes"),
+        "trace": launch.get("trace"),
         "seed": launch.get("seed"),
         "determinism": launch["determinism"],
         "image": image,

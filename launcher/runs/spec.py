@@ -14,6 +14,7 @@ from launcher.images.lock import parse_lock
 from launcher.runs import recipes
 from launcher.runs.recipes import Recipe
 from launcher.runtime.probespec import ProbeError, ProbeSpec, parse_option
+from launcher.runtime.steps import EPOCH, parse_every
 from launcher.workspace import Workspace, check_variant_name
 
 
@@ -39,6 +40,7 @@ class RunSpec:
     build: bool = True  # rebuild a stale image first; False: refuse to run stale code
     code_plan: dict[str, Any] | None = None  # what code runs and where the host has it (set by Placement.send_code)
     probes: str | None = None  # --probes SPEC as given: off, N or KEY=VALUE,...; None: the recipe's [probes]
+    trace_every: str | None = None  # --trace-every: epoch (None), off or a step count (launcher.runtime.steps)
     env: dict[str, str] = field(default_factory=dict)  # --env: the user's variables, recorded with their values
     secret_env: dict[str, str] = field(default_factory=dict, repr=False)  # --secret-env: recorded by sha256 only
     find_links: list[str] = field(default_factory=list)  # --find-links DIR: wheels no reachable index serves
@@ -62,6 +64,17 @@ def probe_option(text: str | None) -> ProbeSpec | None:
         raise UsageError(f"--probes {text}: {exc}",
                          "give off, a count (--probes 8) or KEY=VALUE pairs with recipe.toml's [probes] keys "
                          "(--probes count=8,gradcam=false, --probes indices=0;3;7,layer=conv2d)") from None
+
+
+def trace_option(text: str | None) -> str:
+    """--trace-every as the runtime reads it: ``epoch`` (the default), ``off`` or a step count;
+    anything else is a UsageError."""
+    try:
+        every = parse_every(text)
+    except ValueError:
+        raise UsageError(f"--trace-every {text}: not a number of steps, 'epoch' or 'off'",
+                         "give a step count of at least 1 (--trace-every 10), epoch (the default) or off") from None
+    return EPOCH if every is None else str(every)
 
 
 def probes_record(spec: RunSpec, recipe: Recipe) -> dict[str, Any]:

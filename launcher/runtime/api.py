@@ -82,10 +82,13 @@ def record_epoch(epoch: int, batches: Sequence[Any], metrics: dict[str, Any]) ->
     rec = recorder()
     rec.record_batches(epoch, [fp.batch_digest(ids) for ids in batches])
     rec.record_metrics(epoch, metrics)
+    rec.steps_boundary(epoch)
 
 
 def save_final(layers: fp.Layers) -> None:
-    recorder().record_final(layers)
+    rec = recorder()
+    rec.steps_boundary()
+    rec.record_final(layers)
 
 
 def torch_generator() -> Any:

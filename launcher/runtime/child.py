@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from launcher.runtime import hooks
-from launcher.runtime.record import EXIT_BAD_DATA, EXIT_BAD_RECIPE, BadData, BadRecipe
+from launcher.runtime.record import EXIT_BAD_DATA, EXIT_BAD_RECIPE, BadData, BadRecipe, recorder
 
 
 def main(argv: list[str]) -> int:
@@ -20,7 +20,10 @@ def main(argv: list[str]) -> int:
     sys.argv = [str(entry), *argv[1:]]
     sys.path.insert(0, str(entry.parent))
     try:
-        runpy.run_path(str(entry), run_name="__main__")
+        try:
+            runpy.run_path(str(entry), run_name="__main__")
+        finally:
+            _last_step()
     except BadData as exc:
         print(f"launcher: bad data: {exc}", file=sys.stderr, flush=True)
         return EXIT_BAD_DATA
@@ -33,6 +36,15 @@ def main(argv: list[str]) -> int:
         print(exc.code, file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def _last_step() -> None:
+    """The weights where the script stopped, if it trained with torch since the last fingerprint."""
+    try:
+        recorder().steps_boundary()
+    except Exception as exc:  # a record must not turn a finished run into a failed one
+        print(f"launcher: the last step fingerprint was not written: {type(exc).__name__}: {exc}",
+              file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

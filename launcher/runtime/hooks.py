@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from launcher.runtime import fingerprints as fp
-from launcher.runtime import importwatch, seedcalls
+from launcher.runtime import importwatch, seedcalls, steps
 from launcher.runtime.record import Recorder, recorder
 
 DETERMINISTIC = ("strict", "deterministic")
@@ -235,6 +235,14 @@ class Runtime:
                   file=sys.stderr, flush=True)
         self.write()
 
+    def torch_imported(self, torch: types.ModuleType) -> None:
+        """Step fingerprints of whatever the code trains (launcher.runtime.steps)."""
+        try:
+            self.rec.torch_steps = steps.install_torch(torch, self.rec.trace)
+        except Exception as exc:  # recording is a convenience; training goes on as written
+            print(f"launcher: training steps will not be fingerprinted: {type(exc).__name__}: {exc}",
+                  file=sys.stderr, flush=True)
+
     def keras_imported(self, keras: types.ModuleType) -> None:
         try:
             info = apply_keras(keras, self.rec)
@@ -259,6 +267,7 @@ def install() -> Runtime:
         "tensorflow", lambda: apply_tensorflow(m, profile, seed, threads)))
     watch.on_import("keras", rt.keras_imported)
     watch.on_import("torch", lambda m: rt.framework_imported("torch", lambda: apply_torch(m, profile, seed, threads)))
+    watch.on_import("torch", rt.torch_imported)
     watch.on_import("jax", lambda m: rt.framework_imported("jax", lambda: apply_jax(m, profile, seed, threads)))
     for name in seedcalls.SEEDERS:  # after launcher's own seeding (above, and at each import): not listed
         watch.on_import(name, rt.seed_calls.wrap_module)

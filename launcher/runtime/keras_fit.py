@@ -164,10 +164,24 @@ class _Attach:
         klass.__init__ = __init__
 
 
+def _iterations(model: Any) -> int | None:
+    """The optimizer's step count (Keras counts it across fit() calls), or None."""
+    try:
+        return int(model.optimizer.iterations.numpy())
+    except Exception:  # no optimizer yet, or another backend's variable
+        return None
+
+
 def _recorder_callback(keras: Any, rec: Recorder, tap: BatchTap) -> Any:
+    trace = rec.trace
+
     class LauncherRecorder(keras.callbacks.Callback):
+        def layers(self) -> fp.Layers:
+            return keras_layers(self.model)
+
         def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
             rec.record_initial_weights(keras_layers(self.model))
+            trace.start(self.layers)
 
         def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
             tap.epoch_begins(epoch)
@@ -176,8 +190,19 @@ def _recorder_callback(keras: Any, rec: Recorder, tap: BatchTap) -> Any:
             batches, why = tap.epoch_batches(epoch)
             rec.record_batches(epoch, batches, why)
             rec.record_metrics(epoch, dict(logs or {}))
+            step = _iterations(self.model)
+            trace.step = step if step is not None else trace.step
+            trace.boundary(self.layers, epoch=epoch, loss=(logs or {}).get("loss"))
 
-    return LauncherRecorder()
+    class LauncherStepRecorder(LauncherRecorder):
+        """With --trace-every N: also a row every N optimizer steps (the batch hook costs a little)."""
+
+        def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+            step = _iterations(self.model)
+            if step is not None:
+                trace.stepped(step, self.layers, loss=(logs or {}).get("loss"))
+
+    return LauncherStepRecorder() if trace.every else LauncherRecorder()
 
 
 def _save_final(rec: Recorder, model: Any) -> None:

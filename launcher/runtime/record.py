@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.runtime import fingerprints as fp
+from launcher.runtime import steps
 
 # Exit codes the runtime uses for its own failures; they mirror launcher.errors.ExitCode,
 # which is not copied into images.
@@ -38,6 +39,8 @@ class Recorder:
         self.fits = 0
         self.initial_recorded = False
         self.metric_epochs = 0
+        self._trace: steps.StepTrace | None = None
+        self.torch_steps: steps.TorchSteps | None = None  # set when the code imports torch
 
     @classmethod
     def from_env(cls) -> Recorder:
@@ -50,6 +53,18 @@ class Recorder:
 
     def path(self, rel: str) -> Path:
         return self.out / rel
+
+    @property
+    def trace(self) -> steps.StepTrace:
+        """The run's step fingerprints (launcher.runtime.steps), set by LAUNCHER_TRACE_EVERY."""
+        if self._trace is None:
+            self._trace = steps.from_env(self.path(steps.STEPS))
+        return self._trace
+
+    def steps_boundary(self, epoch: int | None = None) -> None:
+        """An epoch of a PyTorch loop ended (or the script did): a step fingerprint if it moved."""
+        if self.torch_steps is not None:
+            self.torch_steps.boundary(epoch)
 
     # dataset -----------------------------------------------------------------------------------
     def record_dataset_arrays(self, arrays: dict[str, Any], *, check: bool = True) -> dict[str, Any]:

@@ -36,6 +36,7 @@ NATIVE_MODELS = ("outputs/model/model.weights.h5", "outputs/model/model.pt", "ou
 DATASET = "outputs/fingerprints/dataset.json"
 INITIAL_WEIGHTS = "outputs/fingerprints/initial_weights.json"
 BATCHES = "outputs/fingerprints/batches.jsonl"
+STEPS = "outputs/fingerprints/steps.jsonl"
 METRICS = "outputs/metrics.jsonl"
 
 
@@ -178,6 +179,47 @@ def explain_batches(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
     return out
 
 
+def explain_steps(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
+    """Where training parted, from the step fingerprints (launcher.runtime.steps): the last step
+    recorded in both runs at which the weights agree, the first at which they differ, and the
+    layers that differ there (in model order). None when either run has no step fingerprints."""
+    a, b = _read_jsonl(ref.file(STEPS)), _read_jsonl(run.file(STEPS))
+    if not a or not b:
+        return None
+    by_a = {r["step"]: r for r in a if isinstance(r.get("step"), int)}
+    by_b = {r["step"]: r for r in b if isinstance(r.get("step"), int)}
+    common = sorted(set(by_a) & set(by_b))
+    agree: int | None = None
+    for step in common:
+        ra, rb = by_a[step], by_b[step]
+        if ra.get("digest") == rb.get("digest"):
+            agree = step
+            continue
+        la, lb = ra.get("layers") or {}, rb.get("layers") or {}
+        names = list(la) + [k for k in lb if k not in la]
+        layers = [k for k in names if la.get(k) != lb.get(k)]
+        return {"same": False, "steps_compared": len(common), "agree_until": agree, "parts_by": step,
+                "epoch": ra.get("epoch", rb.get("epoch")), "layers_differing": layers,
+                "layers_total": len(names), "first_layer": layers[0] if layers else None,
+                "loss": {"reference": ra.get("loss"), "run": rb.get("loss")}
+                if "loss" in ra or "loss" in rb else None}
+    return {"same": True if common else None, "steps_compared": len(common),
+            "agree_until": agree, "parts_by": None, "last_step": {"reference": max(by_a, default=None),
+                                                                  "run": max(by_b, default=None)}}
+
+
+def steps_phrase(steps: Mapping[str, Any]) -> str:
+    """One clause: where two runs' step fingerprints part (or that they agree)."""
+    if steps.get("same") is None:
+        return "step fingerprints: no step recorded in both runs"
+    if steps["same"]:
+        return f"weights agree at all {steps['steps_compared']} recorded steps"
+    first = f" (first layer {steps['first_layer']})" if steps.get("first_layer") else ""
+    if steps["agree_until"] is None:
+        return f"weights already differ at step {steps['parts_by']}, the first recorded in both{first}"
+    return f"weights agree up to step {steps['agree_until']} and part by step {steps['parts_by']}{first}"
+
+
 def _metric_names(rows: list[dict[str, Any]]) -> list[str]:
     names: list[str] = []
     for row in rows:
@@ -240,6 +282,7 @@ _EXACT_CATEGORY = {
     "image.variant": "hardware", "image.launcher_version": "software", "image.tag": "info",
     "determinism.profile": "software", "determinism.threads": "software",
     "host.name": "info", "host.kind": "info",
+    "determinism.env.LAUNCHER_TRACE_EVERY": "info",  # what is recorded, not what is computed
 }
 _SEED_ENV = ("LAUNCHER_SEED", "PYTHONHASHSEED")
 _HARDWARE_WORDS = ("cpu", "gpu", "driver", "cuda", "cudnn", "device", "arch", "machine", "cores", "nproc",
@@ -310,25 +353,26 @@ INPUT_CATEGORIES = ("code", "data", "seed", "params")
 
 def training_identical(model: Mapping[str, Any] | None, initial: Mapping[str, Any] | None,
                        data: Mapping[str, Any] | None, batches: Mapping[str, Any] | None,
-                       metrics: Mapping[str, Any] | None) -> bool:
+                       metrics: Mapping[str, Any] | None, steps: Mapping[str, Any] | None = None) -> bool:
     """Every model array, fingerprint and metric recorded in both runs is identical (and some were)."""
     if model is None and metrics is None:
         return False
     if model is not None and model.get("identical") is not True:
         return False
-    return all(part is None or part.get("same") is not False for part in (initial, data, batches, metrics))
+    return all(part is None or part.get("same") is not False for part in (initial, data, batches, metrics, steps))
 
 
 def classify(identical: bool, env: list[dict[str, Any]], data: Mapping[str, Any] | None,
              model: Mapping[str, Any] | None, initial: Mapping[str, Any] | None,
              batches: Mapping[str, Any] | None, seeded: bool = True,
              metrics: Mapping[str, Any] | None = None,
-             files: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+             files: Sequence[Mapping[str, Any]] | None = None,
+             steps: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One line: identical; only other outputs differ; nondeterminism in training;
     environment-dependent; or an input change. Never nondeterminism when training was identical."""
     if identical:
         return {"kind": CLASS_IDENTICAL, "causes": [], "line": "identical"}
-    if files is not None and training_identical(model, initial, data, batches, metrics):
+    if files is not None and training_identical(model, initial, data, batches, metrics, steps):
         named = [_file_phrase(f) for f in files[:3]] + ([f"and {len(files) - 3} more"] if len(files) > 3 else [])
         return {"kind": CLASS_OUTPUTS, "causes": ["outputs"],
                 "line": "training identical (every model array, fingerprint and metric); differs only in "
@@ -369,6 +413,8 @@ def classify(identical: bool, env: list[dict[str, Any]], data: Mapping[str, Any]
         where.append("initial weights " + ("identical" if initial.get("same") else "already differ"))
     if batches is not None and batches.get("same") is not None:
         where.append("batches " + ("identical" if batches["same"] else "differ"))
+    if steps is not None and steps.get("same") is False:
+        where.append(steps_phrase(steps))
     first = (model or {}).get("first_difference")
     if first:
         where.append(f"first differing layer {first['layer']} array {first['array']}")
@@ -398,14 +444,15 @@ def explain(ref: Manifest, run: Manifest, files: list[dict[str, Any]] | None = N
     initial = explain_initial_weights(ref, run)
     data = explain_data(ref, run)
     batches = explain_batches(ref, run)
+    steps = explain_steps(ref, run)
     metrics = explain_metrics(ref, run)
     env = environment_diff(ref, run)
     impact = explain_impact(ref, run, tolerances)
     cls = classify(False, env, data, model, initial, batches, seeded=ref.seed is not None, metrics=metrics,
-                   files=files)
+                   files=files, steps=steps)
     return {
         "classification": with_impact(cls, impact),
-        "model": model, "initial_weights": initial, "data": data, "batches": batches,
+        "model": model, "initial_weights": initial, "data": data, "batches": batches, "steps": steps,
         "metrics": metrics, "environment": env, "files": files or [], "impact": impact,
     }
 

@@ -1,0 +1,211 @@
+"""Step fingerprints: a digest of the weights at points of training, so two runs can be said to agree
+up to one step and part before the next.
+
+``fingerprints/steps.jsonl`` holds one row per recorded point::
+
+    {"step": 120, "epoch": 0, "digest": "sha256:…", "layers": {"dense": "sha256:…", …}, "loss": 0.31}
+
+``step`` counts optimizer steps from the start of the run (Keras: the optimizer's iterations;
+PyTorch: calls of any optimizer's ``step()``). Step 0 is the weights before the first update. The
+points are each epoch's end (Keras' epochs; for PyTorch, each time a new pass over a DataLoader
+begins after some steps, each :func:`launcher.runtime.api.record_epoch`, and the end of the
+script) and, with ``LAUNCHER_TRACE_EVERY=N`` (``launcher run --trace-every N``), every N steps.
+``LAUNCHER_TRACE_EVERY=off`` records nothing. Reading the weights changes nothing in training.
+
+Each layer's digest is the digest of its arrays' digests (launcher.runtime.fingerprints), so the
+first layer that differs at the parting point can be named without storing weights.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from launcher.runtime import fingerprints as fp
+
+STEPS = "fingerprints/steps.jsonl"
+ENV = "LAUNCHER_TRACE_EVERY"
+EPOCH = "epoch"
+OFF = "off"
+
+LayersFn = Callable[[], fp.Layers]
+
+
+def parse_every(text: str | None) -> int | str | None:
+    """``epoch`` (or nothing) -> None: epoch ends only; ``off`` -> "off"; N -> N (at least 1).
+    Raises ValueError for anything else."""
+    value = (text or EPOCH).strip().lower()
+    if value == EPOCH:
+        return None
+    if value == OFF:
+        return OFF
+    n = int(value)
+    if n < 1:
+        raise ValueError(f"{text!r} is not a step count of at least 1")
+    return n
+
+
+def layer_digests(layers: fp.Layers) -> dict[str, str]:
+    """Per layer, the digest of its arrays' digests, in model order (a repeated name gets #n)."""
+    out: dict[str, str] = {}
+    for name, values in layers:
+        key, n = name, 1
+        while key in out:
+            n += 1
+            key = f"{name}#{n}"
+        out[key] = fp.digest_of([fp.array_digest(v) for v in values])
+    return out
+
+
+class StepTrace:
+    """The points recorded in one run, appended to ``steps.jsonl`` as they are taken."""
+
+    def __init__(self, path: Any, every: int | str | None) -> None:
+        self.path = path
+        self.off = every == OFF
+        self.every = every if isinstance(every, int) else None
+        self.step = 0
+        self.last: int | None = None  # the step of the last row written
+        self.epoch = 0  # the number of the next epoch boundary (PyTorch, where nothing numbers them)
+
+    def record(self, layers: LayersFn, *, epoch: int | None = None, loss: Any = None) -> None:
+        """A row at the current step, unless one was written at it already."""
+        if self.off or self.last == self.step:
+            return
+        digests = layer_digests(layers())
+        row: dict[str, Any] = {"step": self.step, "digest": fp.digest_of(digests), "layers": digests}
+        if epoch is not None:
+            row["epoch"] = epoch
+        number = _number(loss)
+        if number is not None:
+            row["loss"] = number
+        fp.append_jsonl(self.path, row)
+        self.last = self.step
+
+    def start(self, layers: LayersFn) -> None:
+        """Step 0: the weights before the first update (once per run)."""
+        if self.step == 0 and self.last is None:
+            self.record(layers)
+
+    def stepped(self, step: int, layers: LayersFn, loss: Any = None) -> None:
+        """Training reached ``step``; a row if ``--trace-every N`` asks for one here."""
+        self.step = step
+        if self.every and step % self.every == 0:
+            self.record(layers, loss=loss)
+
+    def boundary(self, layers: LayersFn, epoch: int | None = None, loss: Any = None) -> None:
+        """An epoch ended (or the script did): a row if training moved since the last one."""
+        if self.step == 0 or self.last == self.step:
+            return
+        if epoch is None:
+            epoch = self.epoch
+        self.epoch = epoch + 1
+        self.record(layers, epoch=epoch, loss=loss)
+
+
+def _number(value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        if hasattr(value, "item"):
+            value = value.item()
+        return float(value)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+def from_env(path: Any) -> StepTrace:
+    try:
+        every = parse_every(os.environ.get(ENV))
+    except ValueError:
+        every = None  # checked on the host; a hand-made bad value falls back to epoch ends
+    return StepTrace(path, every)
+
+
+# ---------------------------------------------------------------- PyTorch
+
+
+class TorchSteps:
+    """Counts the steps of every torch optimizer and records the model they update.
+
+    The model is found once, at the first point recorded: the smallest ``nn.Module`` alive that holds
+    every parameter the stepping optimizer updates. Its layers are named as in the final record
+    (:func:`launcher.runtime.api.torch_layers`); without one, the optimizer's parameters are
+    recorded by position.
+    """
+
+    def __init__(self, torch: Any, trace: StepTrace) -> None:
+        self.torch, self.trace = torch, trace
+        self.optimizer: Any = None
+        self.model: weakref.ref[Any] | None = None
+        self.searched = False
+        self.loaders_open = 0
+
+    def layers(self) -> fp.Layers:
+        model = self.model() if self.model is not None else None
+        if model is None and not self.searched and self.optimizer is not None:
+            self.searched = True
+            model = self._find_model()
+        if model is not None:
+            from launcher.runtime.api import torch_layers
+
+            return torch_layers(model)
+        params = [p for group in getattr(self.optimizer, "param_groups", []) for p in group["params"]]
+        return [(f"param.{i}", [p]) for i, p in enumerate(params)]
+
+    def _find_model(self) -> Any:
+        nn = self.torch.nn
+        wanted = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
+        best, best_size = None, 0
+        for obj in gc.get_objects():
+            if not isinstance(obj, nn.Module):
+                continue
+            held = {id(p) for p in obj.parameters()}
+            if wanted <= held and (best is None or len(held) < best_size):
+                best, best_size = obj, len(held)
+        if best is not None:
+            self.model = weakref.ref(best)
+        return best
+
+    def before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.optimizer is None:
+            self.optimizer = optimizer
+        if optimizer is self.optimizer:
+            self.trace.start(self.layers)
+
+    def after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.optimizer is None:
+            self.optimizer = optimizer
+        self.trace.stepped(self.trace.step + 1, self.layers)
+
+    def boundary(self, epoch: int | None = None) -> None:
+        """An epoch ended (a new pass over a DataLoader begins, the recipe said so, or the script
+        ended): a row if steps were taken since the last one."""
+        if self.optimizer is not None:
+            self.trace.boundary(self.layers, epoch=epoch)
+
+
+def install_torch(torch: Any, trace: StepTrace) -> TorchSteps | None:
+    """Global optimizer hooks and a DataLoader wrapper (torch >= 2.0); None where they are missing."""
+    if trace.off:
+        return None
+    try:
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+        from torch.utils.data import DataLoader
+    except ImportError:
+        return None
+    steps = TorchSteps(torch, trace)
+    register_optimizer_step_pre_hook(steps.before_step)
+    register_optimizer_step_post_hook(steps.after_step)
+    original = DataLoader.__iter__
+    if not getattr(original, "__launcher_wrapped__", False):
+        def __iter__(self: Any) -> Any:
+            steps.boundary()
+            return original(self)
+
+        __iter__.__launcher_wrapped__ = True  # type: ignore[attr-defined]
+        DataLoader.__iter__ = __iter__  # type: ignore[method-assign]
+    return steps

@@ -1,0 +1,212 @@
+"""Step fingerprints (launcher.runtime.steps): digests of the weights while training, and verify saying
+at which step two runs part.
+
+The PyTorch tests run a plain script shaped like the PyTorch examples' MNIST (its own model class,
+a shuffled DataLoader, an optimizer loop, a test pass after each epoch; nothing of launcher in it)
+through the real runtime on this machine, as tests/test_runtime_torch.py does; the Keras test runs
+in the TensorFlow image (tests/test_runs_tf.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from runfactory import adopt_outputs, make_workspace, pair
+from test_runtime_torch import REPO, torch_python
+from typer.testing import CliRunner
+
+from launcher.cli import app
+from launcher.errors import ExitCode, UsageError
+from launcher.runs.determinism import profile_env
+from launcher.runs.manifest import load_manifest
+from launcher.runs.spec import trace_option
+from launcher.runtime import steps
+from launcher.verify.differences import explain_steps
+from launcher.verify.verdicts import verify_checksums
+from launcher.workspace import Workspace
+
+runner = CliRunner()
+
+# 96 samples in batches of 16: 6 optimizer steps an epoch.
+TORCH_SCRIPT = """\
+import argparse, os
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.fc2 = nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.fc2(F.relu(self.fc1(x)))
+
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--epochs", type=int, default=2)
+parser.add_argument("--part-at", type=int, default=0, help="after this step, nudge a weight by OS noise")
+parser.add_argument("--save-model", action="store_true")
+args = parser.parse_args()
+g = torch.Generator().manual_seed(0)
+x = torch.randn(96, 8, generator=g)
+y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+train = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
+test = DataLoader(TensorDataset(x[:32], y[:32]), batch_size=32)
+model = Net()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+step = 0
+for epoch in range(1, args.epochs + 1):
+    model.train()
+    for xb, yb in train:
+        opt.zero_grad()
+        F.cross_entropy(model(xb), yb).backward()
+        opt.step()
+        step += 1
+        if step == args.part_at:
+            with torch.no_grad():
+                model.fc2.weight[0, 0] += (1 + os.urandom(1)[0]) * 1e-6
+    model.eval()
+    with torch.no_grad():
+        correct = sum(int((model(xb).argmax(1) == yb).sum()) for xb, yb in test)
+    print(f"epoch {epoch}: test accuracy {correct / 32:.3f}")
+if args.save_model:
+    torch.save(model.state_dict(), "mnist_cnn.pt")
+"""
+
+
+def _rows(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / steps.STEPS).read_text().splitlines()]
+
+
+# ---------------------------------------------------------------- the record itself
+
+
+def test_a_trace_records_step_zero_every_n_steps_and_each_epoch_end(tmp_path: Path) -> None:
+    w = [np.zeros(3, np.float32)]
+    layers = lambda: [("dense", w), ("dense", [np.ones(2)]), ("out", [])]  # noqa: E731
+    trace = steps.StepTrace(tmp_path / "steps.jsonl", 4)
+    trace.start(layers)
+    for s in range(1, 11):
+        w[0] = w[0] + 1
+        trace.stepped(s, layers, loss=np.float32(0.5))
+        if s in (5, 10):
+            trace.boundary(layers, epoch=s // 5 - 1)
+    rows = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 4, 5, 8, 10]
+    assert [r.get("epoch") for r in rows] == [None, None, 0, None, 1]
+    assert list(rows[0]["layers"]) == ["dense", "dense#2", "out"]
+    assert rows[1]["loss"] == 0.5 and rows[0]["digest"] != rows[1]["digest"]
+    assert rows[1]["layers"]["dense#2"] == rows[0]["layers"]["dense#2"]  # a layer that did not move
+
+
+def test_off_records_nothing_and_the_option_is_checked(tmp_path: Path) -> None:
+    trace = steps.StepTrace(tmp_path / "steps.jsonl", steps.parse_every("off"))
+    trace.start(lambda: [("a", [np.zeros(1)])])
+    trace.stepped(1, lambda: [("a", [np.zeros(1)])])
+    trace.boundary(lambda: [("a", [np.zeros(1)])])
+    assert not (tmp_path / "steps.jsonl").exists()
+    assert [trace_option(t) for t in (None, "epoch", "OFF", "25")] == ["epoch", "epoch", "off", "25"]
+    for bad in ("0", "-3", "often"):
+        with pytest.raises(UsageError, match=rf"--trace-every {bad}: not a number of steps"):
+            trace_option(bad)
+
+
+def test_a_bad_trace_option_stops_run_before_anything_starts(tmp_path: Path) -> None:
+    r = runner.invoke(app, ["--workspace", str(make_workspace(tmp_path / "ws")), "run", "mnist_convnet",
+                            "--trace-every", "0"])
+    assert r.exit_code == ExitCode.USAGE
+    assert "--trace-every 0: not a number of steps" in r.stderr and "Traceback" not in r.stderr
+    assert not any((tmp_path / "ws" / "runs").iterdir())
+
+
+# ---------------------------------------------------------------- verify on made-up records
+
+
+def _write_steps(run_dir: Path, rows: list[tuple[int, dict[str, str]]]) -> None:
+    out = run_dir / "outputs" / steps.STEPS
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps({"step": s, "digest": "d" + "".join(layers.values()), "layers": layers}) + "\n"
+                           for s, layers in rows))
+
+
+def test_verify_says_where_two_runs_part(tmp_path: Path) -> None:
+    ws = Workspace.at(make_workspace(tmp_path / "ws"), tmp_path / "cache")
+    a, b = pair(ws.runs, unseeded_dropout=True, dropout_entropy=5)
+    same = {"conv": "1", "dense": "2"}
+    _write_steps(a, [(0, same), (10, same), (20, same), (30, same)])
+    _write_steps(b, [(0, same), (10, same), (15, same), (20, {"conv": "1", "dense": "x"}),
+                     (30, {"conv": "y", "dense": "z"})])
+    got = explain_steps(load_manifest(a), load_manifest(b))
+    assert got is not None
+    assert (got["same"], got["steps_compared"], got["agree_until"], got["parts_by"]) == (False, 4, 10, 20)
+    assert got["layers_differing"] == ["dense"] and got["first_layer"] == "dense" and got["layers_total"] == 2
+    report = verify_checksums(ws, [a.name, b.name])
+    assert report.exit_code == ExitCode.NOT_REPRODUCIBLE
+    r = runner.invoke(app, ["--workspace", str(ws.root), "verify", "checksums", a.name, b.name])
+    assert "training steps: weights agree up to step 10 and part by step 20 (first layer dense); 1 of 2 layers " \
+           "differ there; run both again with --trace-every N (N < 10) to narrow it" in r.stdout
+    r = runner.invoke(app, ["--workspace", str(ws.root), "--json", "verify", "checksums", a.name, b.name])
+    doc = json.loads(r.stdout)
+    assert doc["data"]["explanations"][b.name]["steps"]["parts_by"] == 20
+
+
+# ---------------------------------------------------------------- a PyTorch script launcher did not write
+
+
+def _run_torch(out: Path, script: Path, *args: str, trace: str | None = None) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LAUNCHER_", "TF_"))}
+    env.update(profile_env("deterministic", 1))
+    env["PYTHONPATH"] = str(REPO)
+    if trace:
+        env[steps.ENV] = trace
+    argv = [torch_python(), "-m", "launcher.runtime", "run", "--script", str(script), "--out", str(out), "--", *args]
+    res = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+
+
+def test_a_torch_script_is_fingerprinted_at_each_epoch_without_a_line_of_launcher(tmp_path: Path) -> None:
+    script = tmp_path / "code" / "main.py"
+    script.parent.mkdir()
+    script.write_text(TORCH_SCRIPT)
+    _run_torch(tmp_path / "a", script, "--epochs", "3")
+    _run_torch(tmp_path / "b", script, "--epochs", "3")
+    rows = _rows(tmp_path / "a")
+    # step 0, then each epoch's end (found when the test pass opens its DataLoader), named by the model's layers
+    assert [(r["step"], r.get("epoch")) for r in rows] == [(0, None), (6, 0), (12, 1), (18, 2)]
+    assert list(rows[0]["layers"]) == ["fc1", "fc2"]
+    assert (tmp_path / "a" / steps.STEPS).read_bytes() == (tmp_path / "b" / steps.STEPS).read_bytes()
+    assert len({r["digest"] for r in rows}) == 4
+
+
+def test_two_torch_runs_nudged_at_step_9_part_between_8_and_10(tmp_path: Path) -> None:
+    script = tmp_path / "code" / "main.py"
+    script.parent.mkdir()
+    script.write_text(TORCH_SCRIPT)
+    ws = Workspace.at(make_workspace(tmp_path / "ws"), tmp_path / "cache")
+    ids = []
+    for n in (1, 2):
+        out = tmp_path / f"o{n}"
+        _run_torch(out, script, "--part-at", "9", "--save-model", trace="2")
+        run_id = f"20261125T10000{n}-main.py-00000{n}"
+        adopt_outputs(ws.runs, run_id, out, recipe="main.py", seed=1, replicate=n - 1)
+        ids.append(run_id)
+    rows = _rows(ws.runs / ids[0] / "outputs")
+    assert [r["step"] for r in rows] == [0, 2, 4, 6, 8, 10, 12]  # every 2 steps; the epoch ends fall on them
+    r = runner.invoke(app, ["--workspace", str(ws.root), "--json", "verify", "checksums", *ids])
+    doc = json.loads(r.stdout)
+    assert r.exit_code == ExitCode.NOT_REPRODUCIBLE, r.stdout
+    exp = doc["data"]["explanations"][ids[1]]
+    got = exp["steps"]
+    assert (got["agree_until"], got["parts_by"], got["epoch"]) == (8, 10, None)
+    assert got["layers_differing"] == ["fc1", "fc2"]
+    assert "weights agree up to step 8 and part by step 10" in exp["classification"]["line"]
