@@ -210,3 +210,80 @@ def test_two_torch_runs_nudged_at_step_9_part_between_8_and_10(tmp_path: Path) -
     assert (got["agree_until"], got["parts_by"], got["epoch"]) == (8, 10, None)
     assert got["layers_differing"] == ["fc1", "fc2"]
     assert "weights agree up to step 8 and part by step 10" in exp["classification"]["line"]
+
+
+# ---------------------------------------------------------------- operation traces (launcher diverge's runtime part)
+
+# One thread until step 4, then the thread count launcher gave the run. The norm layer divides by a sum
+# over the whole batch (16 x 4096 values), which torch splits across threads: its last bits depend on them.
+THREADS_SCRIPT = """\
+import os
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Norm(nn.Module):
+    def forward(self, h):
+        return h / h.abs().sum() * h.numel()
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 4096)
+        self.norm = Norm()
+        self.fc2 = nn.Linear(4096, 3)
+
+    def forward(self, x):
+        return self.fc2(F.relu(self.norm(self.fc1(x))))
+
+
+torch.set_num_threads(1)
+g = torch.Generator().manual_seed(0)
+x = torch.randn(96, 8, generator=g)
+y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+model = Net()
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+step = 0
+for epoch in range(2):
+    for xb, yb in DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True):
+        opt.zero_grad()
+        F.cross_entropy(model(xb), yb).backward()
+        opt.step()
+        step += 1
+        if step == 4:
+            torch.set_num_threads(int(os.environ.get("LAUNCHER_THREADS", "1")))
+torch.save(model.state_dict(), "model.pt")
+"""
+
+
+def test_a_thread_count_taking_effect_after_step_4_is_traced_to_the_norm_layer_on_step_5(tmp_path: Path) -> None:
+    from launcher.runtime.optrace import ENV as OPTRACE
+    from launcher.verify.opdiff import first_difference, op_phrase
+
+    script = tmp_path / "code" / "main.py"
+    script.parent.mkdir()
+    script.write_text(THREADS_SCRIPT)
+    outs = []
+    for threads in (1, 2):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("LAUNCHER_", "TF_"))}
+        env.update(profile_env("deterministic", 1, threads))
+        env.update({"PYTHONPATH": str(REPO), OPTRACE: "3:6"})
+        out = tmp_path / f"t{threads}"
+        res = subprocess.run([torch_python(), "-m", "launcher.runtime", "run", "--script", str(script), "--out",
+                              str(out)], env=env, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        outs.append(out)
+    rows = [json.loads(line) for line in (outs[0] / "optrace/ops.jsonl").read_text().splitlines()]
+    assert sorted({r["step"] for r in rows}) == [3, 4, 5, 6]
+    step3 = [(r["kind"], r["name"]) for r in rows if r["step"] == 3]
+    assert step3[:6] == [("input", "fc1"), ("output", "fc1"), ("input", "norm"), ("output", "norm"),
+                         ("input", "fc2"), ("output", "fc2")]
+    assert step3[6:] == [("input", "Net"), ("output", "Net"), ("grad", "fc2.bias"), ("grad", "fc2.weight"),
+                         ("grad", "fc1.bias"), ("grad", "fc1.weight")]  # the whole model last; backward's order
+    d = first_difference(outs[0], outs[1])
+    assert d["found"] and (d["step"], d["kind"], d["name"], d["input_agrees"]) == (5, "output", "norm", True), d
+    assert d["size"]["differing"] > 0 and 0 < d["size"]["max_abs_diff"] < 1e-3
+    assert "step 5: the output of norm differs first while its input agrees" in op_phrase(d)

@@ -16,6 +16,7 @@ from launcher.cli import (
     attest_cmds,
     cache_cmds,
     config_cmds,
+    diverge_cmds,
     env_cmds,
     explain_cmds,
     export_cmds,
@@ -82,8 +83,8 @@ def _options_typed(ctx: typer.Context) -> list[str]:
 
 # Each module declares its commands on its own Typer: a named one is a group (`launcher recipes ...`),
 # a nameless one adds its commands here at the top level. In the order of the chain, as --help lists them.
-for _commands in (images_cmds, recipe_cmds, vm_cmds, run_cmds, verify_cmds, explain_cmds, env_cmds, export_cmds,
-                  attest_cmds, cache_cmds, config_cmds):
+for _commands in (images_cmds, recipe_cmds, vm_cmds, run_cmds, verify_cmds, diverge_cmds, explain_cmds, env_cmds,
+                  export_cmds, attest_cmds, cache_cmds, config_cmds):
     app.add_typer(_commands.app, cls=LauncherGroup)
 
 

@@ -46,6 +46,7 @@ from launcher.runs.spec import (
 from launcher.runs.store import resolve_run_id
 from launcher.runs.targets import open_placement
 from launcher.runs.userenv import UserEnv
+from launcher.runtime.optrace import ENV as OPTRACE_ENV
 from launcher.runtime.steps import ENV as TRACE_ENV
 from launcher.runtime.steps import EPOCH
 from launcher.workspace import Workspace
@@ -184,6 +185,8 @@ def _launch(
     trace = trace_option(spec.trace_every)
     if trace != EPOCH:
         env[TRACE_ENV] = trace
+    if spec.optrace:
+        env[OPTRACE_ENV] = spec.optrace
     image = dict(spec.image) if spec.image else image_record(ws, spec.variant)  # a project layer's, or the variant's
     baked_digests = image.pop("recipes", {})
     placement.prepare(ws.needs_gpu(spec.variant))

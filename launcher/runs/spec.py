@@ -41,6 +41,7 @@ class RunSpec:
     code_plan: dict[str, Any] | None = None  # what code runs and where the host has it (set by Placement.send_code)
     probes: str | None = None  # --probes SPEC as given: off, N or KEY=VALUE,...; None: the recipe's [probes]
     trace_every: str | None = None  # --trace-every: epoch (None), off or a step count (launcher.runtime.steps)
+    optrace: str | None = None  # LO:HI: trace these steps op by op (a `launcher diverge` re-execution)
     env: dict[str, str] = field(default_factory=dict)  # --env: the user's variables, recorded with their values
     secret_env: dict[str, str] = field(default_factory=dict, repr=False)  # --secret-env: recorded by sha256 only
     find_links: list[str] = field(default_factory=list)  # --find-links DIR: wheels no reachable index serves

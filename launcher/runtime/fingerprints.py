@@ -61,10 +61,10 @@ def append_jsonl(path: Path, record: dict[str, Any]) -> None:
 def as_array(value: Any) -> Any:
     import numpy as np
 
-    if hasattr(value, "numpy") and not isinstance(value, np.ndarray):
-        value = value.numpy()
-    elif hasattr(value, "detach"):  # a torch tensor
+    if hasattr(value, "detach") and not isinstance(value, np.ndarray):  # a torch tensor
         value = value.detach().cpu().numpy()
+    elif hasattr(value, "numpy") and not isinstance(value, np.ndarray):
+        value = value.numpy()
     return np.asarray(value)
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from launcher.runtime import fingerprints as fp
-from launcher.runtime import importwatch, seedcalls, steps
+from launcher.runtime import importwatch, optrace, seedcalls, steps
 from launcher.runtime.record import Recorder, recorder
 
 DETERMINISTIC = ("strict", "deterministic")
@@ -238,7 +238,9 @@ class Runtime:
     def torch_imported(self, torch: types.ModuleType) -> None:
         """Step fingerprints of whatever the code trains (launcher.runtime.steps)."""
         try:
-            self.rec.torch_steps = steps.install_torch(torch, self.rec.trace)
+            trace = self.rec.optrace
+            ops = optrace.install_torch(torch, trace) if trace is not None else None
+            self.rec.torch_steps = steps.install_torch(torch, self.rec.trace, ops)
         except Exception as exc:  # recording is a convenience; training goes on as written
             print(f"launcher: training steps will not be fingerprinted: {type(exc).__name__}: {exc}",
                   file=sys.stderr, flush=True)

@@ -20,10 +20,12 @@ import functools
 import hashlib
 import inspect
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from launcher.runtime import fingerprints as fp
+from launcher.runtime import optrace
 from launcher.runtime import probes as probemod
 from launcher.runtime.record import Recorder
 
@@ -205,6 +207,38 @@ def _recorder_callback(keras: Any, rec: Recorder, tap: BatchTap) -> Any:
     return LauncherStepRecorder() if trace.every else LauncherRecorder()
 
 
+def _optrace_callback(keras: Any, ops: optrace.KerasOps) -> Any:
+    """On a diverge re-execution: which step the training function computes (its taps read it)."""
+
+    class LauncherOpTrace(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+            done = _iterations(self.model)
+            if done is not None:
+                ops.trace.begin(done + 1)
+
+        def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+            ops.trace.end()
+
+    return LauncherOpTrace()
+
+
+def _trace_ops(keras: Any, tf: Any, rec: Recorder, model: Any) -> Any:
+    """Taps on the model's layers and gradients for a diverge re-execution; its callback, or None."""
+    trace = rec.optrace
+    if trace is None:
+        return None
+    ops = optrace.KerasOps(tf, trace)
+    ops.layers = {id(layer) for layer in model.layers}
+    ops.wrap_layer_call(keras.layers.Layer)
+    if getattr(model, "optimizer", None) is not None:
+        ops.wrap_apply(model.optimizer)
+    if getattr(model, "jit_compile", False):
+        model.jit_compile = False  # a tap is a Python call, which XLA cannot compile
+        print("launcher: operation trace: fit() runs without XLA (jit_compile=False) to observe each layer",
+              file=sys.stderr, flush=True)
+    return _optrace_callback(keras, ops)
+
+
 def _save_final(rec: Recorder, model: Any) -> None:
     rec.record_final(keras_layers(model))
     model_dir = rec.path("model")
@@ -257,13 +291,17 @@ def install(keras: Any, tf: Any, rec: Recorder) -> Callable[..., Any]:
             rec.record_train_data(named)
         probe_set = probemod.capture(rec, validation, self)
         tap = BatchTap(tf)
-        callback = _recorder_callback(keras, rec, tap)
+        ours = [_recorder_callback(keras, rec, tap)]
+        traced = _trace_ops(keras, tf, rec, self)
+        if traced is not None:
+            ours.append(traced)
         callbacks = given.arguments.get("callbacks")
         if isinstance(callbacks, keras.callbacks.CallbackList):
-            callback.set_model(self)
-            callbacks.callbacks.insert(0, callback)
+            for n, callback in enumerate(ours):
+                callback.set_model(self)
+                callbacks.callbacks.insert(n, callback)
         else:
-            given.arguments["callbacks"] = [callback, *(callbacks or [])]
+            given.arguments["callbacks"] = [*ours, *(callbacks or [])]
         try:
             import importlib
 

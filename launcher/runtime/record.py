@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.runtime import fingerprints as fp
-from launcher.runtime import steps
+from launcher.runtime import optrace, steps
 
 # Exit codes the runtime uses for its own failures; they mirror launcher.errors.ExitCode,
 # which is not copied into images.
@@ -41,6 +41,8 @@ class Recorder:
         self.metric_epochs = 0
         self._trace: steps.StepTrace | None = None
         self.torch_steps: steps.TorchSteps | None = None  # set when the code imports torch
+        self._optrace_read = False
+        self._optrace: optrace.OpTrace | None = None
 
     @classmethod
     def from_env(cls) -> Recorder:
@@ -60,6 +62,13 @@ class Recorder:
         if self._trace is None:
             self._trace = steps.from_env(self.path(steps.STEPS))
         return self._trace
+
+    @property
+    def optrace(self) -> optrace.OpTrace | None:
+        """The operation trace of a `launcher diverge` re-execution (LAUNCHER_OPTRACE), else None."""
+        if not self._optrace_read:
+            self._optrace, self._optrace_read = optrace.from_env(self.out), True
+        return self._optrace
 
     def steps_boundary(self, epoch: int | None = None) -> None:
         """An epoch of a PyTorch loop ended (or the script did): a step fingerprint if it moved."""

@@ -137,8 +137,9 @@ class TorchSteps:
     recorded by position.
     """
 
-    def __init__(self, torch: Any, trace: StepTrace) -> None:
+    def __init__(self, torch: Any, trace: StepTrace, ops: Any = None) -> None:
         self.torch, self.trace = torch, trace
+        self.ops = ops  # launcher.runtime.optrace.TorchOps, on a `launcher diverge` re-execution
         self.optimizer: Any = None
         self.model: weakref.ref[Any] | None = None
         self.searched = False
@@ -168,18 +169,32 @@ class TorchSteps:
                 best, best_size = obj, len(held)
         if best is not None:
             self.model = weakref.ref(best)
+            if self.ops is not None:
+                self.ops.model_found(best)
         return best
+
+    def created(self, optimizer: Any) -> None:
+        """An optimizer was made: on a diverge re-execution, find its model now and begin step 1."""
+        if self.optimizer is None and self.ops is not None:
+            self.optimizer = optimizer
+            self.layers()
+            self.ops.trace.begin(1)
 
     def before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.optimizer is None:
             self.optimizer = optimizer
         if optimizer is self.optimizer:
             self.trace.start(self.layers)
+            if self.ops is not None:
+                self.ops.grads()
+                self.ops.trace.end()
 
     def after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.optimizer is None:
             self.optimizer = optimizer
         self.trace.stepped(self.trace.step + 1, self.layers)
+        if self.ops is not None and optimizer is self.optimizer:
+            self.ops.trace.begin(self.trace.step + 1)
 
     def boundary(self, epoch: int | None = None) -> None:
         """An epoch ended (a new pass over a DataLoader begins, the recipe said so, or the script
@@ -188,18 +203,28 @@ class TorchSteps:
             self.trace.boundary(self.layers, epoch=epoch)
 
 
-def install_torch(torch: Any, trace: StepTrace) -> TorchSteps | None:
-    """Global optimizer hooks and a DataLoader wrapper (torch >= 2.0); None where they are missing."""
-    if trace.off:
+def install_torch(torch: Any, trace: StepTrace, ops: Any = None) -> TorchSteps | None:
+    """Global optimizer hooks and a DataLoader wrapper (torch >= 2.0); None where they are missing.
+    ops: a launcher.runtime.optrace.TorchOps on a diverge re-execution (optimizers' construction is
+    then watched too, where step 1 begins)."""
+    if trace.off and ops is None:
         return None
     try:
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
         from torch.utils.data import DataLoader
     except ImportError:
         return None
-    steps = TorchSteps(torch, trace)
+    steps = TorchSteps(torch, trace, ops)
     register_optimizer_step_pre_hook(steps.before_step)
     register_optimizer_step_post_hook(steps.after_step)
+    if ops is not None:
+        init = torch.optim.Optimizer.__init__
+
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            init(self, *args, **kwargs)
+            steps.created(self)
+
+        torch.optim.Optimizer.__init__ = __init__
     original = DataLoader.__iter__
     if not getattr(original, "__launcher_wrapped__", False):
         def __iter__(self: Any) -> Any:

@@ -283,6 +283,7 @@ _EXACT_CATEGORY = {
     "determinism.profile": "software", "determinism.threads": "software",
     "host.name": "info", "host.kind": "info",
     "determinism.env.LAUNCHER_TRACE_EVERY": "info",  # what is recorded, not what is computed
+    "determinism.env.LAUNCHER_OPTRACE": "info",
 }
 _SEED_ENV = ("LAUNCHER_SEED", "PYTHONHASHSEED")
 _HARDWARE_WORDS = ("cpu", "gpu", "driver", "cuda", "cudnn", "device", "arch", "machine", "cores", "nproc",

@@ -1,0 +1,54 @@
+"""`launcher diverge RUN_A RUN_B`: the step and the operation at which two runs part, and the setting
+that makes them agree."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from launcher.cli.common import command, render, reporter, stdout, workspace_of
+from launcher.cli.params import complete_run
+from launcher.result import Result
+
+app = typer.Typer()
+
+
+def _print(result: Result) -> None:
+    for line in result.data["lines"]:
+        stdout.print(line, markup=False, highlight=False)
+
+
+@command(app, "diverge")
+def diverge_cmd(
+    ctx: typer.Context,
+    reference: Annotated[str, typer.Argument(metavar="RUN_A", help="The reference run (any unique part of its id).",
+                                             autocompletion=complete_run)],
+    other: Annotated[str, typer.Argument(metavar="RUN_B", help="The run that differs from it.",
+                                         autocompletion=complete_run)],
+    no_causes: Annotated[bool, typer.Option(
+        "--no-causes", help="Stop at the operation; do not try settings that might make it agree.")] = False,
+) -> None:
+    """Find where two runs part: the step, the layer or gradient, and a setting that makes them agree.
+
+    The runs' step fingerprints (recorded by default at each epoch's end; `launcher run --trace-every N`
+    for finer) give the last step at which their weights agree and the first at which they differ.
+    Each run is then executed again from the start in its own environment (its image, host, profile,
+    seed, threads, code, data and arguments, as recorded), with the steps between traced operation by
+    operation: each layer's input and output and each weight's gradient, digested and kept. The first
+    operation whose value differs is named, with whether its input agreed and the size of the
+    difference. Then, unless --no-causes, the second run is executed once more with one setting changed
+    (the reference's thread count where the two differ there, else one thread), and the setting under
+    which the operation agrees is named as the cause. The re-executions are ordinary runs of the
+    workspace (group diverge-...), left for inspection.
+
+    Example: launcher diverge 1a2b3c 4d5e6f
+    """
+    from launcher.runs.diverge import diverge
+
+    ws = workspace_of(ctx)
+    with reporter(ctx) as rep:
+        res = diverge(ws, reference, other, causes=not no_causes, reporter=rep)
+    lines = res.lines()
+    data = {**res.to_dict(), "lines": lines}
+    render(ctx, Result("diverge", data, summary=lines[-1]), _print)

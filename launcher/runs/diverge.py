@@ -1,0 +1,182 @@
+"""`launcher diverge RUN_A RUN_B`: where two runs part, down to the operation, and what makes them agree.
+
+1. The step fingerprints of both runs (launcher.verify.differences.explain_steps) give the window:
+   the runs agree at step S and differ at step S' (the next step recorded in both).
+2. Each run is executed again from the start **in its own environment** — its image, its placement
+   (host or cluster), its determinism profile, seed, thread count, code, data and arguments, as its
+   launch record holds them — with the steps S+1..S' traced operation by operation
+   (launcher.runtime.optrace). Nothing of the original runs is changed.
+3. The two traces are compared (launcher.verify.opdiff): the first step and operation whose value
+   differs, whether its input agreed, and by how much.
+4. Cause: one candidate at a time, the second run is executed again with one setting changed, and
+   its trace compared with the first run's at that step. Where the runs' environments differ in the
+   thread count, the candidate is the first run's thread count; where they do not, one thread for
+   both. The first candidate under which the operation agrees is named as the cause.
+
+Each re-execution is an ordinary run of the workspace (its own run folder, group
+``diverge-<first run's tail>``), so its logs and outputs stay inspectable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import RunFailed, UsageError
+from launcher.progress import NullReporter, Reporter
+from launcher.runs.lifecycle import read_launch, run_recipe
+from launcher.runs.manifest import Manifest, load_manifest
+from launcher.runs.spec import RunSpec
+from launcher.runs.store import resolve_run_id
+from launcher.runs.targets import open_placement
+from launcher.verify import opdiff
+from launcher.verify.differences import environment_diff, explain_steps, steps_phrase
+from launcher.workspace import Workspace
+
+
+@dataclass
+class Candidate:
+    name: str  # what was changed, e.g. "threads 1 (the reference's)"
+    setting: dict[str, Any]  # the RunSpec fields changed
+    run_id: str | None = None
+    agrees: bool | None = None  # the operation agrees with the reference under it
+
+
+@dataclass
+class Divergence:
+    reference: str
+    run: str
+    steps: dict[str, Any] | None
+    window: tuple[int, int] | None = None
+    reruns: dict[str, str] = field(default_factory=dict)  # original run id -> its traced re-execution
+    first: dict[str, Any] | None = None
+    candidates: list[Candidate] = field(default_factory=list)
+
+    @property
+    def cause(self) -> Candidate | None:
+        return next((c for c in self.candidates if c.agrees), None)
+
+    def lines(self) -> list[str]:
+        out = [f"{self.run} against {self.reference}: " + (steps_phrase(self.steps) if self.steps else
+                                                            "no step fingerprints")]
+        if self.window is None:
+            return out
+        lo, hi = self.window
+        out.append(f"re-executed both in their own environments, tracing steps {lo}..{hi} operation by operation: "
+                   + ", ".join(f"{k} -> {v}" for k, v in self.reruns.items()))
+        if self.first is not None:
+            out.append(opdiff.op_phrase(self.first))
+        for c in self.candidates:
+            verdict = {True: "agrees", False: "still differs", None: "not traced"}[c.agrees]
+            out.append(f"with {c.name}: the operation {verdict} ({c.run_id})")
+        cause = self.cause
+        if cause is not None:
+            out.append(f"cause: {cause.name} makes step {self.first['step'] if self.first else '?'} agree")
+        elif self.candidates:
+            out.append("cause: not found among the settings tried (" + ", ".join(c.name for c in self.candidates)
+                       + ")")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"reference": self.reference, "run": self.run, "steps": self.steps,
+                "window": list(self.window) if self.window else None, "reruns": self.reruns,
+                "first_difference": self.first,
+                "candidates": [{"name": c.name, "setting": c.setting, "run_id": c.run_id, "agrees": c.agrees}
+                               for c in self.candidates],
+                "cause": self.cause.name if self.cause else None}
+
+
+def respec(ws: Workspace, m: Manifest, launch: dict[str, Any], window: tuple[int, int]) -> RunSpec:
+    """A run's spec again, as its launch record holds it, with the window traced op by op."""
+    recipe = m.data.get("recipe") or {}
+    code = dict(launch.get("code") or {})
+    det = m.determinism
+    if recipe.get("script"):
+        local = code.get("local") or code.get("root")
+        if not local or not Path(str(local)).is_dir():
+            raise UsageError(f"run {m.run_id}: its code is no longer on this machine ({local})",
+                             "run the script again with `launcher run`, then diverge the new runs")
+        name: str = str(Path(str(local)) / str(recipe.get("entry")))
+    else:
+        name = m.recipe_name
+    env: dict[str, Any] = launch["env"] if isinstance(launch.get("env"), dict) else {}
+    plain = {k: str(v["value"]) for k, v in env.items() if isinstance(v, dict) and "value" in v}
+    if any(isinstance(v, dict) and "sha256" in v for v in env.values()):
+        raise UsageError(f"run {m.run_id} was given --secret-env variables, which launcher does not keep",
+                         "run both again with the same --secret-env, then diverge the new runs")
+    return RunSpec(recipe=name, variant=str((launch.get("image") or {}).get("variant") or launch.get("variant")),
+                   seed=m.seed, profile=str(det.get("profile") or "deterministic"),
+                   threads=det.get("threads") if det.get("profile") == "deterministic" else None,
+                   data=launch.get("data"), params=dict(m.params),
+                   args=[str(a) for a in recipe.get("args") or []],
+                   group=f"diverge-{m.run_id.rsplit('-', 1)[-1]}", code_plan=code or None,
+                   image=dict(launch.get("image") or {}), env=plain, trace_every="1",
+                   optrace=f"{window[0]}:{window[1]}")
+
+
+def _execute(ws: Workspace, launch: dict[str, Any], spec: RunSpec, rep: Reporter,
+             on_log: Callable[[str], None] | None) -> str:
+    with open_placement(ws, launch) as placement:
+        done = run_recipe(ws, spec, placement, rep, on_log=on_log)
+    if done.failure is not None or done.failed:
+        failed = done.failed[0]["run_id"] if done.failed else spec.group
+        raise RunFailed(f"the traced re-execution of {launch['run_id']} failed ({failed})",
+                        f"see its log with `launcher logs {failed}`")
+    return str(done.runs[0]["run_id"])
+
+
+def _candidates(ref: Manifest, run: Manifest) -> list[Candidate]:
+    threads = [row for row in environment_diff(ref, run) if row["key"] == "determinism.threads"]
+    if threads:
+        t = threads[0]["reference"]
+        return [Candidate(f"threads {t} (the reference's)", {"threads": t})]
+    if ref.determinism.get("threads") != 1:
+        return [Candidate("threads 1 for both", {"threads": 1})]
+    return []
+
+
+def diverge(ws: Workspace, reference: str, other: str, *, causes: bool = True,
+            reporter: Reporter | None = None, on_log: Callable[[str], None] | None = None) -> Divergence:
+    """See the module's text. Raises UsageError for runs that cannot be localised."""
+    rep = reporter or NullReporter()
+    ids = [resolve_run_id(ws, reference), resolve_run_id(ws, other)]
+    if ids[0] == ids[1]:
+        raise UsageError("diverge needs two different runs", "give the two run ids `launcher verify` compared")
+    ms = [load_manifest(ws.runs / i) for i in ids]
+    steps = explain_steps(ms[0], ms[1])
+    result = Divergence(ids[0], ids[1], steps)
+    if steps is None:
+        raise UsageError("the runs have no step fingerprints in common (fingerprints/steps.jsonl)",
+                         "run them again with this launcher (it records them by default, --trace-every N)")
+    if steps["same"] is not False:
+        return result
+    window = ((steps["agree_until"] or 0) + 1, int(steps["parts_by"]))
+    result.window = window
+    launches = [read_launch(ws, i) for i in ids]
+    specs = [respec(ws, m, launch, window) for m, launch in zip(ms, launches, strict=True)]
+    for m, launch, spec in zip(ms, launches, specs, strict=True):
+        rep.note(f"re-executing {m.run_id} with steps {window[0]}..{window[1]} traced")
+        result.reruns[m.run_id] = _execute(ws, launch, spec, rep, on_log)
+    outs = [ws.runs / result.reruns[i] / "outputs" for i in ids]
+    result.first = opdiff.first_difference(outs[0], outs[1])
+    if not causes or not result.first.get("found"):
+        return result
+    step = int(result.first["step"])
+    for cand in _candidates(ms[0], ms[1]):
+        spec = replace(specs[1], optrace=f"{step}:{step}", **cand.setting)
+        rep.note(f"re-executing {ids[1]} with {cand.name}")
+        cand.run_id = _execute(ws, launches[1], spec, rep, on_log)
+        if cand.setting.get("threads") == 1 and ms[0].determinism.get("threads") != 1:
+            ref_spec = replace(specs[0], optrace=f"{step}:{step}", threads=1)
+            ref_out = ws.runs / _execute(ws, launches[0], ref_spec, rep, on_log) / "outputs"
+        else:
+            ref_out = outs[0]
+        d = opdiff.first_difference(ref_out, ws.runs / cand.run_id / "outputs")
+        traced = step in (d.get("steps_traced") or [])
+        cand.agrees = (not d.get("found")) if traced else None
+        result.candidates.append(cand)
+        if cand.agrees:
+            break
+    return result
