@@ -158,6 +158,18 @@ def test_verify_says_where_two_runs_part(tmp_path: Path) -> None:
     r = runner.invoke(app, ["--workspace", str(ws.root), "--json", "verify", "checksums", a.name, b.name])
     doc = json.loads(r.stdout)
     assert doc["data"]["explanations"][b.name]["steps"]["parts_by"] == 20
+    # the report draws it: a strip of the steps recorded in both runs, and the layers where they part
+    from launcher.report.assemble import write_report
+
+    report = write_report(ws, ["g1"])
+    steps_doc = json.loads((report.directory / "report.json").read_text())["comparisons"]["g1"]["runs"][0]["steps"]
+    assert steps_doc["strip"] == [{"step": 0, "agree": True}, {"step": 10, "agree": True},
+                                  {"step": 20, "agree": False}, {"step": 30, "agree": False}]
+    assert steps_doc["parts_by"] == 20
+    assert steps_doc["layers"] == [{"layer": "conv", "agree": True}, {"layer": "dense", "agree": False}]
+    page = (report.directory / "index.html").read_text()
+    assert page.count('class="st"') == 4 and 'title="step 20: differ"' in page
+    assert "layers at step 20, where they first differ:" in page
 
 
 # ---------------------------------------------------------------- a PyTorch script launcher did not write

@@ -75,3 +75,17 @@ def test_two_keras_runs_nudged_after_step_7_part_between_6_and_9(cpu_image: dict
     assert "weights agree up to step 6 and part by step 9" in exp["classification"]["line"]
     text = CliRunner().invoke(app, ["-w", str(ws.root), "verify", "checksums", *(r["run_id"] for r in runs)])
     assert "training steps: weights agree up to step 6 and part by step 9 (first layer hidden)" in text.stdout
+
+    # launcher diverge: both runs executed again with steps 7..9 traced op by op. The nudge after step 7
+    # changed the out layer's kernel, so on step 8 the hidden layer agrees and the out layer's output
+    # differs while its input agrees. One thread for both does not make it agree (the noise is the cause).
+    ids = [r["run_id"] for r in runs]
+    d = cli(ws, "diverge", *ids)["data"]
+    first = d["first_difference"]
+    assert d["window"] == [7, 9] and (first["step"], first["kind"], first["name"]) == (8, "output", "out"), first
+    assert first["input_agrees"] is True and first["size"]["differing"] > 0
+    assert [(c["name"], c["agrees"]) for c in d["candidates"]] == [("threads 1 for both", False)]
+    assert d["cause"] is None
+    assert "step 8: the output of out differs first while its input agrees" in "\n".join(d["lines"])
+    assert all((ws.runs / rerun / "outputs/optrace/ops.jsonl").is_file() for rerun in d["reruns"].values())
+

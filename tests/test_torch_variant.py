@@ -159,3 +159,22 @@ def test_a_script_that_saves_nothing_is_inconclusive_and_saving_the_model_makes_
                 "--epochs", "1", "--save-model")["data"]["runs"]
     verdict = cli(ws, "verify", "checksums", *(r["run_id"] for r in saved))["data"]
     assert verdict["verdict"] == "identical", verdict["summary"]
+
+
+def test_diverge_names_the_step_the_layer_and_the_thread_count_in_the_torch_image(
+        torch_ws: tuple[Workspace, dict[str, Any]], tmp_path: Path) -> None:
+    from test_step_trace import THREADS_SCRIPT  # one thread until step 4, then the run's thread count
+
+    ws, _ = torch_ws
+    script = tmp_path / "threads_late" / "main.py"
+    script.parent.mkdir()
+    script.write_text(THREADS_SCRIPT)
+    ids = [cli(ws, "run", str(script), "--threads", t, "--trace-every", "2")["data"]["runs"][0]["run_id"]
+           for t in ("1", "2")]
+    d = cli(ws, "diverge", *ids)["data"]
+    assert (d["steps"]["agree_until"], d["steps"]["parts_by"]) == (4, 6), d["steps"]
+    first = d["first_difference"]
+    assert d["window"] == [5, 6] and (first["step"], first["kind"], first["name"]) == (5, "output", "norm"), first
+    assert first["input_agrees"] is True and 0 < first["size"]["max_abs_diff"] < 1e-3
+    assert d["cause"] == "threads 1 (the reference's)" and [c["agrees"] for c in d["candidates"]] == [True]
+    assert "cause: threads 1 (the reference's) makes step 5 agree" in d["lines"]

@@ -45,6 +45,7 @@ from launcher.report.stats import (
     seed_fixed_spread,
 )
 from launcher.runs.manifest import Manifest
+from launcher.verify.differences import steps_strip
 from launcher.verify.verdicts import group_runs, read_metrics, verify_checksums
 from launcher.workspace import Workspace
 
@@ -255,11 +256,14 @@ def compare_group(ws: Workspace, group: GroupStats, reporter: Reporter) -> dict[
     # the code differs (different scripts or recipes in one group were refused when the group was read)
     report = verify_checksums(ws, group=group.name, reporter=reporter, across_code=True)
     data = report.to_dict()
+    by_id = {r.manifest.run_id: r.manifest for r in report.runs}
+    ref = by_id.get(data["reference"])
     return {
         "verdict": data["verdict"],
         "reference": data["reference"],
         "checks": data["checks"],
-        "runs": [{k: r[k] for k in ("run_id", "status", "classification", "line", "first_difference")}
+        "runs": [{**{k: r[k] for k in ("run_id", "status", "classification", "line", "first_difference")},
+                  "steps": steps_strip(ref, by_id[r["run_id"]]) if ref is not None and r["run_id"] in by_id else None}
                  for r in data["runs"][1:]],
     }
 
@@ -294,7 +298,8 @@ def render_html(report: Report) -> str:
         "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .6em;"
         "text-align:right}td:first-child,th:first-child{text-align:left}"
         ".sw{display:inline-block;width:.8em;height:.8em;margin-right:.4em}img{max-width:100%}"
-        "td.txt{text-align:left;max-width:30em}</style>",
+        "td.txt{text-align:left;max-width:30em}"
+        ".st{display:inline-block;width:.5em;height:1em;margin-right:1px;vertical-align:middle}</style>",
         "</head><body>", f"<h1>Report: {e(report.name)}</h1>",
         "<h2>Final metrics</h2>",
         f"<table><tr><th>group</th><th>kind</th><th>runs</th><th>seeds</th>{head}</tr>{''.join(rows)}</table>",
@@ -372,7 +377,7 @@ def render_html(report: Report) -> str:
             for r in comp["runs"]:
                 first = r["first_difference"]
                 where = f"; first differing layer {e(first['layer'])} array {e(first['array'])}" if first else ""
-                parts.append(f"<li>{e(r['run_id'])}: {e(r['line'])}{where}</li>")
+                parts.append(f"<li>{e(r['run_id'])}: {e(r['line'])}{where}{_steps_html(r.get('steps'))}</li>")
             parts.append("</ul>")
     parts += probe_section.render(report.probes)
     parts.append("<h2>Runs</h2>")
@@ -386,6 +391,23 @@ def render_html(report: Report) -> str:
         parts.append(f"<p><i>{e(note)}</i></p>")
     parts.append('<p>The same data: <a href="report.json">report.json</a>.</p></body></html>')
     return "\n".join(parts) + "\n"
+
+
+def _steps_html(steps: dict[str, Any] | None) -> str:
+    """The step fingerprints against the reference as a strip (green: the weights agree, red: they
+    differ; a cell per step recorded in both runs), and the layers at the first red cell."""
+    if not steps or not steps["strip"]:
+        return ""
+    e = html.escape
+    cells = "".join(f'<span class="st" title="step {c["step"]}: {"agree" if c["agree"] else "differ"}" '
+                    f'style="background:{"#3a3" if c["agree"] else "#c33"}"></span>' for c in steps["strip"])
+    first, last = steps["strip"][0]["step"], steps["strip"][-1]["step"]
+    out = f'<div>steps {first}..{last}: {cells}</div>'
+    if steps["parts_by"] is not None:
+        layers = ", ".join(f'<span style="color:{"#3a3" if x["agree"] else "#c33"}">{e(x["layer"])}</span>'
+                           for x in steps["layers"])
+        out += f"<div>layers at step {steps['parts_by']}, where they first differ: {layers}</div>"
+    return out
 
 
 def _interval(bounds: list[float] | None) -> str:

@@ -90,7 +90,7 @@ class Divergence:
 
 def respec(ws: Workspace, m: Manifest, launch: dict[str, Any], window: tuple[int, int]) -> RunSpec:
     """A run's spec again, as its launch record holds it, with the window traced op by op."""
-    recipe = m.data.get("recipe") or {}
+    recipe = launch.get("recipe") or {}
     code = dict(launch.get("code") or {})
     det = m.determinism
     if recipe.get("script"):

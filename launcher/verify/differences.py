@@ -208,6 +208,24 @@ def explain_steps(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
                                                                   "run": max(by_b, default=None)}}
 
 
+def steps_strip(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
+    """For a picture: every step recorded in both runs, whether the weights agree there, and the
+    layers that differ at the first step where they do not. None without step fingerprints."""
+    a, b = _read_jsonl(ref.file(STEPS)), _read_jsonl(run.file(STEPS))
+    if not a or not b:
+        return None
+    by_a = {r["step"]: r for r in a if isinstance(r.get("step"), int)}
+    by_b = {r["step"]: r for r in b if isinstance(r.get("step"), int)}
+    strip = [{"step": s, "agree": by_a[s].get("digest") == by_b[s].get("digest")}
+             for s in sorted(set(by_a) & set(by_b))]
+    parting = next((cell["step"] for cell in strip if not cell["agree"]), None)
+    layers: list[dict[str, Any]] = []
+    if parting is not None:
+        la, lb = by_a[parting].get("layers") or {}, by_b[parting].get("layers") or {}
+        layers = [{"layer": k, "agree": la.get(k) == lb.get(k)} for k in list(la) + [k for k in lb if k not in la]]
+    return {"strip": strip, "parts_by": parting, "layers": layers}
+
+
 def steps_phrase(steps: Mapping[str, Any]) -> str:
     """One clause: where two runs' step fingerprints part (or that they agree)."""
     if steps.get("same") is None:
