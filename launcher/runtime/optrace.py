@@ -185,7 +185,7 @@ class KerasOps:
         def __call__(layer: Any, *args: Any, **kwargs: Any) -> Any:
             if id(layer) not in ops.layers or not args or ops.tf.executing_eagerly():
                 return original(layer, *args, **kwargs)
-            name = getattr(layer, "path", None) or layer.name
+            name = layer.name  # as the step fingerprints name it
             first = ops.tap("input", name, args[0])
             out = original(layer, first, *args[1:], **kwargs)
             return ops.tap("output", name, out)
