@@ -299,3 +299,20 @@ def test_a_thread_count_taking_effect_after_step_4_is_traced_to_the_norm_layer_o
     assert d["found"] and (d["step"], d["kind"], d["name"], d["input_agrees"]) == (5, "output", "norm", True), d
     assert d["size"]["differing"] > 0 and 0 < d["size"]["max_abs_diff"] < 1e-3
     assert "step 5: the output of norm differs first while its input agrees" in op_phrase(d)
+
+
+def test_diverge_refuses_what_it_cannot_localise_and_says_when_runs_agree(tmp_path: Path) -> None:
+    ws = Workspace.at(make_workspace(tmp_path / "ws"), tmp_path / "cache")
+    a, b = pair(ws.runs, unseeded_dropout=True, dropout_entropy=5)
+    base = ["--workspace", str(ws.root), "diverge"]
+    r = runner.invoke(app, [*base, a.name, a.name])
+    assert r.exit_code == ExitCode.USAGE and "diverge needs two different runs" in r.stderr
+    r = runner.invoke(app, [*base, a.name, b.name])  # made before step fingerprints existed
+    assert r.exit_code == ExitCode.USAGE and "no step fingerprints in common" in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    same = {"conv": "1", "dense": "2"}
+    _write_steps(a, [(0, same), (10, same)])
+    _write_steps(b, [(0, same), (10, same)])
+    r = runner.invoke(app, [*base, a.name, b.name])  # nothing to re-execute
+    assert r.exit_code == 0 and "weights agree at all 2 recorded steps" in r.stdout
+    assert not [d for d in ws.runs.iterdir() if d.name not in (a.name, b.name)]
