@@ -26,8 +26,9 @@ from typing import Any
 
 from launcher.errors import RunFailed, UsageError
 from launcher.progress import NullReporter, Reporter
-from launcher.runs.lifecycle import read_launch, run_recipe
+from launcher.runs.lifecycle import pull_run, read_launch, start_run, wait_run
 from launcher.runs.manifest import Manifest, load_manifest
+from launcher.runs.replicates import is_failed
 from launcher.runs.spec import RunSpec
 from launcher.runs.store import resolve_run_id
 from launcher.runs.targets import open_placement
@@ -118,13 +119,17 @@ def respec(ws: Workspace, m: Manifest, launch: dict[str, Any], window: tuple[int
 
 def _execute(ws: Workspace, launch: dict[str, Any], spec: RunSpec, rep: Reporter,
              on_log: Callable[[str], None] | None) -> str:
+    """One re-execution, started as the original was: its recorded image and code plan as they are
+    (nothing is planned, locked or built again), on its own placement."""
     with open_placement(ws, launch) as placement:
-        done = run_recipe(ws, spec, placement, rep, on_log=on_log)
-    if done.failure is not None or done.failed:
-        failed = done.failed[0]["run_id"] if done.failed else spec.group
-        raise RunFailed(f"the traced re-execution of {launch['run_id']} failed ({failed})",
-                        f"see its log with `launcher logs {failed}`")
-    return str(done.runs[0]["run_id"])
+        started = start_run(ws, spec, placement, rep)
+        run_id = str(started["run_id"])
+        wait_run(ws, run_id, placement, on_log=on_log)
+        manifest = pull_run(ws, run_id, placement, rep)
+    if is_failed(manifest):
+        raise RunFailed(f"the traced re-execution of {launch['run_id']} failed ({run_id})",
+                        f"see its log with `launcher logs {run_id}`")
+    return run_id
 
 
 def _candidates(ref: Manifest, run: Manifest) -> list[Candidate]:
