@@ -316,3 +316,22 @@ def test_diverge_refuses_what_it_cannot_localise_and_says_when_runs_agree(tmp_pa
     r = runner.invoke(app, [*base, a.name, b.name])  # nothing to re-execute
     assert r.exit_code == 0 and "weights agree at all 2 recorded steps" in r.stdout
     assert not [d for d in ws.runs.iterdir() if d.name not in (a.name, b.name)]
+
+
+def test_the_causes_tried_follow_what_differs_between_the_runs(tmp_path: Path) -> None:
+    from launcher.runs.diverge import candidates
+
+    local = {"host_options": {"spec": None}, "placement": {"kind": "direct"}}
+    remote = {"host_options": {"spec": "ssh://gpu1"}, "placement": {"kind": "direct"}}
+
+    def names(where: str, second_launch: dict[str, Any] = local, **second: Any) -> list[str]:
+        a, b = pair(tmp_path / where, **second)
+        return [c.name for c in candidates(load_manifest(a), load_manifest(b), local, second_launch)]
+
+    assert names("same") == ["threads 1 for both"]  # nothing differs: one thread for both
+    assert names("threads", threads=4) == ["threads 2 (the reference's)"]
+    assert names("more", remote, threads=4, profile="seeded") == [
+        "threads 2 (the reference's)", "profile deterministic (the reference's)", "the reference's host"]
+    _, seeded = pair(tmp_path / "seeded", profile="seeded")
+    both = candidates(load_manifest(seeded), load_manifest(seeded), local, local)  # both seeded, nothing differs
+    assert [(c.name, c.both) for c in both] == [("deterministic ops for both (profile deterministic)", True)]

@@ -8,10 +8,12 @@
    (launcher.runtime.optrace). Nothing of the original runs is changed.
 3. The two traces are compared (launcher.verify.opdiff): the first step and operation whose value
    differs, whether its input agreed, and by how much.
-4. Cause: one candidate at a time, the second run is executed again with one setting changed, and
-   its trace compared with the first run's at that step. Where the runs' environments differ in the
-   thread count, the candidate is the first run's thread count; where they do not, one thread for
-   both. The first candidate under which the operation agrees is named as the cause.
+4. Cause: one candidate at a time (:func:`candidates`), the second run is executed again with one
+   setting changed, and its trace compared with the first run's at that step. Where the runs'
+   environments differ: the first run's thread count, its determinism profile, its host. Where they
+   do not: deterministic ops for both when the profile was not `deterministic`, else one thread for
+   both (both runs executed again). The first candidate under which the operation agrees is named as
+   the cause.
 
 Each re-execution is an ordinary run of the workspace (its own run folder, group
 ``diverge-<first run's tail>``), so its logs and outputs stay inspectable.
@@ -41,6 +43,8 @@ from launcher.workspace import Workspace
 class Candidate:
     name: str  # what was changed, e.g. "threads 1 (the reference's)"
     setting: dict[str, Any]  # the RunSpec fields changed
+    both: bool = False  # the reference is executed again under the same change (else its first trace serves)
+    on_reference_host: bool = False  # the second run is executed where the reference ran
     run_id: str | None = None
     agrees: bool | None = None  # the operation agrees with the reference under it
 
@@ -132,14 +136,33 @@ def _execute(ws: Workspace, launch: dict[str, Any], spec: RunSpec, rep: Reporter
     return run_id
 
 
-def _candidates(ref: Manifest, run: Manifest) -> list[Candidate]:
-    threads = [row for row in environment_diff(ref, run) if row["key"] == "determinism.threads"]
-    if threads:
-        t = threads[0]["reference"]
-        return [Candidate(f"threads {t} (the reference's)", {"threads": t})]
-    if ref.determinism.get("threads") != 1:
-        return [Candidate("threads 1 for both", {"threads": 1})]
-    return []
+def _host_of(launch: dict[str, Any]) -> Any:
+    return (launch.get("host_options"), (launch.get("placement") or {}).get("kind"))
+
+
+def candidates(ref: Manifest, run: Manifest, ref_launch: dict[str, Any], run_launch: dict[str, Any]) -> list[Candidate]:
+    """The settings to try, one at a time, in this order. Where the two runs' environments differ:
+    the reference's thread count, its determinism profile, its host. Where they do not: deterministic
+    ops for both when the profile was not `deterministic`, else one thread for both."""
+    diff = {row["key"]: row for row in environment_diff(ref, run)}
+    out: list[Candidate] = []
+    det = ref.determinism
+    if "determinism.threads" in diff and det.get("threads") is not None:
+        t = det["threads"]
+        out.append(Candidate(f"threads {t} (the reference's)", {"threads": t}))
+    if "determinism.profile" in diff:
+        p = str(det.get("profile"))
+        out.append(Candidate(f"profile {p} (the reference's)", {"profile": p, "threads": det.get("threads")}))
+    if _host_of(ref_launch) != _host_of(run_launch):
+        out.append(Candidate("the reference's host", {}, on_reference_host=True))
+    if out:
+        return out
+    if det.get("profile") != "deterministic":  # the thread count is fixed by that profile alone
+        out.append(Candidate("deterministic ops for both (profile deterministic)", {"profile": "deterministic"},
+                             both=True))
+    elif det.get("threads") != 1:
+        out.append(Candidate("threads 1 for both", {"threads": 1}, both=True))
+    return out
 
 
 def diverge(ws: Workspace, reference: str, other: str, *, causes: bool = True,
@@ -169,12 +192,12 @@ def diverge(ws: Workspace, reference: str, other: str, *, causes: bool = True,
     if not causes or not result.first.get("found"):
         return result
     step = int(result.first["step"])
-    for cand in _candidates(ms[0], ms[1]):
+    for cand in candidates(ms[0], ms[1], launches[0], launches[1]):
         spec = replace(specs[1], optrace=f"{step}:{step}", **cand.setting)
         rep.note(f"re-executing {ids[1]} with {cand.name}")
-        cand.run_id = _execute(ws, launches[1], spec, rep, on_log)
-        if cand.setting.get("threads") == 1 and ms[0].determinism.get("threads") != 1:
-            ref_spec = replace(specs[0], optrace=f"{step}:{step}", threads=1)
+        cand.run_id = _execute(ws, launches[0] if cand.on_reference_host else launches[1], spec, rep, on_log)
+        if cand.both:
+            ref_spec = replace(specs[0], optrace=f"{step}:{step}", **cand.setting)
             ref_out = ws.runs / _execute(ws, launches[0], ref_spec, rep, on_log) / "outputs"
         else:
             ref_out = outs[0]
