@@ -37,9 +37,10 @@ def diverge_cmd(
     seed, threads, code, data and arguments, as recorded), with the steps between traced operation by
     operation: each layer's input and output and each weight's gradient, digested and kept. The first
     operation whose value differs is named, with whether its input agreed and the size of the
-    difference. Then, unless --no-causes, the second run is executed once more with one setting changed
-    (the reference's thread count where the two differ there, else one thread), and the setting under
-    which the operation agrees is named as the cause. The re-executions are ordinary runs of the
+    difference. Then, unless --no-causes, the second run is executed again with one setting changed at a
+    time (where the runs' environments differ: the reference's thread count, profile, host; else
+    deterministic ops, or one thread, for both), and the setting under which the operation agrees is
+    named as the cause. The re-executions are ordinary runs of the
     workspace (group diverge-...), left for inspection.
 
     Example: launcher diverge 1a2b3c 4d5e6f
