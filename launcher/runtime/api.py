@@ -66,11 +66,7 @@ def record_dataset(arrays: dict[str, Any]) -> str:
 
 def torch_layers(model: Any) -> fp.Layers:
     """(module name, [parameters and buffers]) in registration order, from a torch module."""
-    layers: dict[str, list[Any]] = {}
-    for key, value in model.state_dict().items():
-        name, _, _ = key.rpartition(".")
-        layers.setdefault(name or "_", []).append(value)
-    return list(layers.items())
+    return fp.torch_layers(model)
 
 
 def record_initial_weights(layers: fp.Layers) -> None:

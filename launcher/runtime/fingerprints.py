@@ -150,6 +150,15 @@ def _stored_npz(arrays: dict[str, Any]) -> bytes:
     return out.getvalue()
 
 
+def torch_layers(model: Any) -> Layers:
+    """(module name, [parameters and buffers]) in registration order, from a torch module."""
+    layers: dict[str, list[Any]] = {}
+    for key, value in model.state_dict().items():
+        name, _, _ = key.rpartition(".")
+        layers.setdefault(name or "_", []).append(value)
+    return list(layers.items())
+
+
 def batch_digest(sample_ids: Any) -> str:
     """The digest of one batch: its sample IDs (positions in the training set), in order, as int64."""
     import numpy as np

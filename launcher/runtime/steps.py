@@ -151,9 +151,7 @@ class TorchSteps:
             self.searched = True
             model = self._find_model()
         if model is not None:
-            from launcher.runtime.api import torch_layers
-
-            return torch_layers(model)
+            return fp.torch_layers(model)
         params = [p for group in getattr(self.optimizer, "param_groups", []) for p in group["params"]]
         return [(f"param.{i}", [p]) for i, p in enumerate(params)]
 
