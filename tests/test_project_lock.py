@@ -133,6 +133,31 @@ def test_a_project_lock_is_constrained_by_the_variant_and_byte_stable(ws: Worksp
     assert projectlock.stale_reason(ws, projectlock.find(proj), "cpu") is None  # type: ignore[arg-type]
 
 
+def test_requirements_the_image_already_meets_are_locked_without_resolving_and_need_no_layer(
+        ws: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # PyTorch's examples list their framework (word_language_model: torch>=2.6), which the image pins
+    proj = make_project(tmp_path / "example", "torch>=2.6  # the framework\nNumPy\n", name="requirements.txt")
+    compile_ = fake(monkeypatch, FakeCompile(ok=False))
+    res = projectlock.lock_project(ws, proj, "torch-cpu")
+    assert compile_.calls == [] and res.extra == 0 and res.packages == 2
+    text = (proj / "requirements.lock").read_text()
+    assert "# nothing to resolve: every requirement is a package the image pins" in text
+    held = {r.name: r for r in parse_lock(ws.lock_txt("torch-cpu").read_text())}
+    locked = parse_lock(text)
+    assert [(r.name, r.version, r.hashes) for r in locked] == [
+        (n, held[n].version, held[n].hashes) for n in ("numpy", "torch")]
+    assert locked[1].version == "2.13.0+cpu"
+    assert projectlock.stale_reason(ws, projectlock.find(proj), "torch-cpu") is None  # type: ignore[arg-type]
+    spec = RunSpec(recipe=str(proj / "train.py"), variant="torch-cpu")
+    assert project.with_image(ws, spec, load_recipe(ws, str(proj / "train.py"))) is spec  # no project layer
+    # one requirement the image does not meet (another version, extras, an option): resolved as before
+    for text in ("torch<2\n", "numpy\ntabulate\n", "torch[opt-einsum]>=2\n", "--pre\ntorch\n"):
+        (proj / "requirements.txt").write_text(text)
+        with pytest.raises(LockFailed):
+            projectlock.lock_project(ws, proj, "torch-cpu")
+    assert len(compile_.calls) == 4
+
+
 def test_only_the_files_the_input_includes_go_to_the_resolver(ws: Workspace, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     proj = make_project(tmp_path / "p", "-r base.in\ntabulate\n")

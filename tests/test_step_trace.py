@@ -335,3 +335,27 @@ def test_the_causes_tried_follow_what_differs_between_the_runs(tmp_path: Path) -
     _, seeded = pair(tmp_path / "seeded", profile="seeded")
     both = candidates(load_manifest(seeded), load_manifest(seeded), local, local)  # both seeded, nothing differs
     assert [(c.name, c.both) for c in both] == [("deterministic ops for both (profile deterministic)", True)]
+
+
+def test_a_loop_that_updates_its_parameters_by_hand_is_fingerprinted_by_its_backward_calls(tmp_path: Path) -> None:
+    script = tmp_path / "code" / "main.py"
+    script.parent.mkdir()
+    # PyTorch's word-language-model example's default: no optimizer, p.data.add_(p.grad, alpha=-lr)
+    script.write_text(TORCH_SCRIPT.replace("opt.zero_grad()", "model.zero_grad()").replace(
+        "opt.step()", "[p.data.add_(p.grad, alpha=-0.1) for p in model.parameters()]").replace(
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n", ""))
+    assert "optim" not in script.read_text()
+    _run_torch(tmp_path / "a", script, "--save-model", trace="4")
+    _run_torch(tmp_path / "b", script, "--save-model", trace="4")
+    rows = _rows(tmp_path / "a")
+    # step 0, every 4 backward calls, each epoch's end (the test pass opens its DataLoader), the last update
+    assert [(r["step"], r.get("epoch")) for r in rows] == [(0, None), (4, None), (6, 0), (8, None), (12, 1)]
+    assert list(rows[0]["layers"]) == ["fc1", "fc2"]
+    assert (tmp_path / "a" / steps.STEPS).read_bytes() == (tmp_path / "b" / steps.STEPS).read_bytes()
+    # the last row is the trained model
+    import torch
+
+    saved = torch.load(tmp_path / "a" / "mnist_cnn.pt")
+    final = steps.layer_digests([("fc1", [saved["fc1.weight"], saved["fc1.bias"]]),
+                                 ("fc2", [saved["fc2.weight"], saved["fc2.bias"]])])
+    assert rows[-1]["layers"] == final

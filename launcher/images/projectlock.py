@@ -102,15 +102,18 @@ def find(folder: Path) -> Requirements | None:
     return Requirements(folder, path, text, sha256_bytes(text.encode()))
 
 
-def header(req: Requirements, variant: str, constraints_sha: str, pin: images.BasePin, python: str,
-           platform: str) -> str:
+def header(req: Requirements, variant: str, constraints_sha: str, pin: images.BasePin, python: str | None,
+           platform: str | None) -> str:
     what = " (its [project] dependencies)" if req.source.name == "pyproject.toml" else ""
+    how = (f"# resolved inside the base image by CPython {python} on {platform} (pip-tools {lock.PIP_TOOLS})\n"
+           if python else "# nothing to resolve: every requirement is a package the image pins, at a version it "
+           "allows\n")
     return (
         f"# launcher project lock: what this project needs beside the {variant} image, every package pinned by "
         "version and sha256.\n"
         f"# input: {req.source.name} {req.sha256}{what}\n"
         f"# constraints: lockfiles/{variant}.txt {constraints_sha} (the image's packages cannot move)\n"
-        f"# resolved inside the base image by CPython {python} on {platform} (pip-tools {lock.PIP_TOOLS})\n"
+        + how +
         f"# base: {pin.ref}\n"
         f"# regenerate: launcher lock PROJECT_FOLDER --variant {variant}\n"
     )
@@ -168,9 +171,13 @@ def lock_project(ws: Workspace, folder: Path, variant: str, *, upgrade: bool = F
         raise NotFound(exc.message, lock._FIX_BASE) from exc
     ca_path = ca_bundle if ca_bundle is not None else lock.default_ca_bundle()
     ca_text = lock.read_ca_bundle(ca_path) if ca_path is not None else None
-    eng = lock.base_engine(pin, rep)
     constraints_text = variant_lock.read_text()
     held = parse_lock(constraints_text, str(variant_lock))
+    satisfied = held_by_image(req, held)
+    if satisfied is not None:  # nothing to resolve: every requirement is a package the image pins
+        return _write(req, variant, header(req, variant, sha256_file(variant_lock), pin, None, None)
+                      + _pinned_lines(req, satisfied), held, folder, pin)
+    eng = lock.base_engine(pin, rep)
     files, dropped = _inputs(req, constraints_text, held, upgrade)
     out = f"lockfiles/{LOCK_NAME}"
     argv = lock.compile_argv(f"lockfiles/{req.input_name}", out, upgrade, upgrade_packages)
@@ -186,6 +193,11 @@ def lock_project(ws: Workspace, folder: Path, variant: str, *, upgrade: bool = F
     indexes = "".join(f"{o} {u}\n" for o, u in dict.fromkeys(
         [*wheelsources.index_options(constraints_text), *wheelsources.index_options(req.text)]))
     text = header(req, variant, sha256_file(variant_lock), pin, python, plat) + indexes + body
+    return _write(req, variant, text, held, folder, pin, f"CPython {python} {plat}")
+
+
+def _write(req: Requirements, variant: str, text: str, held: Sequence[LockedRequirement], folder: Path,
+           pin: images.BasePin, target: str = "") -> ProjectLockResult:
     reqs = parse_lock(text, str(req.lock_path))
     _check_against(reqs, held, req, variant, folder)
     path = req.lock_path
@@ -193,7 +205,46 @@ def lock_project(ws: Workspace, folder: Path, variant: str, *, upgrade: bool = F
     if changed:
         atomic_write_text(path, text)
     return ProjectLockResult(folder, path, variant, changed, len(reqs), len(extra_requirements(reqs, held)),
-                             sha256_file(path), f"CPython {python} {plat}", pin.ref)
+                             sha256_file(path), target or "none: every requirement is pinned by the image", pin.ref)
+
+
+def held_by_image(req: Requirements, held: Sequence[LockedRequirement]) -> list[LockedRequirement] | None:
+    """The variant's pins that satisfy every requirement the project declares, when each of its lines is a
+    plain requirement (a name, a version specifier, no extras, markers, URLs or options) of a package the
+    image pins at a version it allows (``torch>=2.6`` beside the image's ``torch==2.13.0+cpu``); else None,
+    and the requirements are resolved by pip-compile."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    pins = {canonicalize_name(r.name): r for r in held}
+    found: list[LockedRequirement] = []
+    for raw in req.text.splitlines():
+        line = raw.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("-"):
+            return None
+        try:
+            parsed = Requirement(line)
+        except InvalidRequirement:
+            return None
+        pinned = pins.get(canonicalize_name(parsed.name))
+        if parsed.extras or parsed.marker or parsed.url or pinned is None:
+            return None
+        if not parsed.specifier.contains(pinned.version, prereleases=True):
+            return None
+        if pinned not in found:
+            found.append(pinned)
+    return found
+
+
+def _pinned_lines(req: Requirements, pinned: Sequence[LockedRequirement]) -> str:
+    """The pins a project takes from its image, in the lock's usual form (each with its hashes)."""
+    out = []
+    for r in sorted(pinned, key=lambda r: r.name):
+        hashes = "".join(f" \\\n    --hash=sha256:{h}" for h in r.hashes)
+        out.append(f"{r.name}=={r.version}{hashes}\n    # via -r {req.source.name} (pinned by the image)\n")
+    return "".join(out)
 
 
 def _inputs(req: Requirements, constraints_text: str, held: Sequence[LockedRequirement],

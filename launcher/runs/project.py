@@ -80,6 +80,8 @@ def with_image(ws: Workspace, spec: RunSpec, recipe: Recipe, reporter: Reporter 
     with system_part(ws, root, spec.variant, rep) as system:
         if req is None and system is None:
             return spec
+        if system is None and req is not None and not _beyond_image(ws, req, spec.variant):
+            return spec  # every requirement is one the image pins: its own image, no layer
         base = image_record(ws, spec.variant)
         record = build.read_record(ws, spec.variant)
         extra = record.extra if record is not None else {}
@@ -108,6 +110,15 @@ def with_image(ws: Workspace, spec: RunSpec, recipe: Recipe, reporter: Reporter 
                "packages": list(layer.packages), "system_packages": list(layer.system_packages),
                "variant_image_id": base["id"]}
     return replace(spec, image={**base, "id": image_id, "tag": tag, "project": project})
+
+
+def _beyond_image(ws: Workspace, req: projectlock.Requirements, variant: str) -> bool:
+    """Whether the project's lock holds a package the variant's image does not (at that version)."""
+    from launcher.images.lock import parse_lock
+
+    held = parse_lock(ws.lock_txt(variant).read_text(), str(ws.lock_txt(variant)))
+    locked = parse_lock(req.lock_path.read_text(), str(req.lock_path))
+    return bool(projectlock.extra_requirements(locked, held))
 
 
 def declares(spec: RunSpec, recipe: Recipe) -> bool:

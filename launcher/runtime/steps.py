@@ -135,6 +135,11 @@ class TorchSteps:
     every parameter the stepping optimizer updates. Its layers are named as in the final record
     (:func:`launcher.runtime.api.torch_layers`); without one, the optimizer's parameters are
     recorded by position.
+
+    A script that updates its parameters by hand (``p.data.add_(p.grad, alpha=-lr)``, as PyTorch's
+    word-language-model example does by default) steps no optimizer: until one steps, each call of
+    ``Tensor.backward()`` counts as a step (the weights before backward number k+1 are those after k
+    updates), and the model is the largest ``nn.Module`` alive that no other holds.
     """
 
     def __init__(self, torch: Any, trace: StepTrace, ops: Any = None) -> None:
@@ -143,13 +148,17 @@ class TorchSteps:
         self.optimizer: Any = None
         self.model: weakref.ref[Any] | None = None
         self.searched = False
-        self.loaders_open = 0
+        self.backwards = 0  # Tensor.backward() calls before any optimizer stepped (updates made by hand)
+
+    @property
+    def by_hand(self) -> bool:
+        return self.optimizer is None and self.backwards > 0
 
     def layers(self) -> fp.Layers:
         model = self.model() if self.model is not None else None
-        if model is None and not self.searched and self.optimizer is not None:
+        if model is None and not self.searched and (self.optimizer is not None or self.backwards):
             self.searched = True
-            model = self._find_model()
+            model = self._find_model() if self.optimizer is not None else self._largest_model()
         if model is not None:
             return fp.torch_layers(model)
         params = [p for group in getattr(self.optimizer, "param_groups", []) for p in group["params"]]
@@ -170,6 +179,28 @@ class TorchSteps:
             if self.ops is not None:
                 self.ops.model_found(best)
         return best
+
+    def _largest_model(self) -> Any:
+        """The nn.Module alive that holds the most parameters and is no other module's child."""
+        nn = self.torch.nn
+        modules = [obj for obj in gc.get_objects() if isinstance(obj, nn.Module)]
+        children = {id(c) for m in modules for c in m.children()}
+        roots = [m for m in modules if id(m) not in children]
+        best = max(roots, key=lambda m: sum(p.numel() for p in m.parameters()), default=None)
+        if best is not None:
+            self.model = weakref.ref(best)
+        return best
+
+    def backward(self) -> None:
+        """``Tensor.backward()`` is about to run: a step of a loop that updates its parameters by hand."""
+        if self.optimizer is not None:
+            return
+        self.backwards += 1
+        if self.backwards == 1:
+            self.trace.start(self.layers)
+            self.model, self.searched = None, False  # an optimizer stepping next finds its own model
+        else:
+            self.trace.stepped(self.backwards - 1, self.layers)
 
     def created(self, optimizer: Any) -> None:
         """An optimizer was made: on a diverge re-execution, find its model now and begin step 1."""
@@ -197,7 +228,9 @@ class TorchSteps:
     def boundary(self, epoch: int | None = None) -> None:
         """An epoch ended (a new pass over a DataLoader begins, the recipe said so, or the script
         ended): a row if steps were taken since the last one."""
-        if self.optimizer is not None:
+        if self.by_hand:
+            self.trace.step = self.backwards  # the update after the last backward has been made by now
+        if self.optimizer is not None or self.by_hand:
             self.trace.boundary(self.layers, epoch=epoch)
 
 
@@ -215,6 +248,13 @@ def install_torch(torch: Any, trace: StepTrace, ops: Any = None) -> TorchSteps |
     steps = TorchSteps(torch, trace, ops)
     register_optimizer_step_pre_hook(steps.before_step)
     register_optimizer_step_post_hook(steps.after_step)
+    original_backward = torch.Tensor.backward
+
+    def backward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        steps.backward()
+        return original_backward(self, *args, **kwargs)
+
+    torch.Tensor.backward = backward
     if ops is not None:
         init = torch.optim.Optimizer.__init__
 
