@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gc
 import os
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -168,9 +169,10 @@ class TorchSteps:
         nn = self.torch.nn
         wanted = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
         best, best_size = None, 0
-        for obj in gc.get_objects():
-            if not isinstance(obj, nn.Module):
-                continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            objects = [obj for obj in gc.get_objects() if isinstance(obj, nn.Module)]
+        for obj in objects:
             held = {id(p) for p in obj.parameters()}
             if wanted <= held and (best is None or len(held) < best_size):
                 best, best_size = obj, len(held)
@@ -183,7 +185,9 @@ class TorchSteps:
     def _largest_model(self) -> Any:
         """The nn.Module alive that holds the most parameters and is no other module's child."""
         nn = self.torch.nn
-        modules = [obj for obj in gc.get_objects() if isinstance(obj, nn.Module)]
+        with warnings.catch_warnings():  # isinstance() on some of torch's objects warns of deprecations
+            warnings.simplefilter("ignore")
+            modules = [obj for obj in gc.get_objects() if isinstance(obj, nn.Module)]
         children = {id(c) for m in modules for c in m.children()}
         roots = [m for m in modules if id(m) not in children]
         best = max(roots, key=lambda m: sum(p.numel() for p in m.parameters()), default=None)
