@@ -5,6 +5,7 @@ same machine, never relied on)."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import sys
@@ -35,6 +36,18 @@ def need(ok: bool, reason: str) -> None:
     if IN_CI:
         pytest.fail(f"required test component missing in CI: {reason}")
     pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def azure_sdk() -> None:
+    """The Azure SDK for Python (launcher[azure], in the dev extra), which `vm up | ls | down` call Azure
+    through. Without it a test that reaches Azure is skipped; a broken install still fails."""
+    for module in ("azure.identity", "azure.mgmt.compute", "azure.mgmt.network", "azure.mgmt.resource"):
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            need(False, f"the Azure SDK is not installed (no module {exc.name}: pip install -e '.[azure]' or "
+                        "'.[dev]')")
 
 
 @pytest.fixture(scope="session")

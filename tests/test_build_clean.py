@@ -15,7 +15,9 @@ import pytest
 from typer.testing import CliRunner
 
 from launcher.cli import app
+from launcher.errors import NotFound
 from launcher.images import builder as docker_engine
+from launcher.images.build import LABEL
 from launcher.workspace import Workspace
 
 runner = CliRunner()
@@ -29,11 +31,17 @@ def _images(*filters: str) -> set[str]:
     return set(subprocess.run(argv, check=True, capture_output=True, text=True).stdout.split())
 
 
-def _labels(image_id: str) -> dict[str, str]:
+def _labels(image_id: str) -> dict[str, str] | None:
+    """The image's labels; None for an image gone since it was listed (the engine is shared, and another
+    build may remove a dangling image in between). Any other error is the test's."""
     try:
         return docker_engine.inspect(image_id)["Config"].get("Labels") or {}
-    except Exception:
-        return {}
+    except NotFound:
+        return None
+
+
+def _launchers(labels: dict[str, str] | None) -> bool:
+    return any(k.startswith(LABEL) for k in labels or {})
 
 
 def test_build_and_rebuild_verify_leave_nothing_unreferenced(make_workspace: Callable[..., Workspace],
@@ -68,12 +76,15 @@ def test_build_and_rebuild_verify_leave_nothing_unreferenced(make_workspace: Cal
         # no step image of this Dockerfile stays, dangling or intermediate
         assert not _images(f"label=test.launcher.marker={marker}")
         new = _images("dangling=true") - dangling_before
-        ours = [i for i in new if any(k.startswith("org.launcher.") for k in _labels(i))]
+        ours = [i for i in new if _launchers(_labels(i))]
         assert not ours, ours
         # what stays is the image and its environment, both tagged; the other user's image is untouched
         assert docker_engine.inspect(built["tag"])["Id"] == built["image_id"]
         env_id = built["extra"]["env_image_id"]
         assert docker_engine.inspect(env_id)["RepoTags"]
+        # the labels the check above looks for are on what launcher built: an image of its own left
+        # dangling would have been found
+        assert _launchers(_labels(built["image_id"])) and _launchers(_labels(env_id))
         assert other in _images("dangling=true")
 
         listed = runner.invoke(app, ["--json", "cache", "ls"])

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import io
-import time
 import zipfile
 from pathlib import Path
 
@@ -169,17 +168,15 @@ def test_torch_state_dict(tmp_path: Path) -> None:
     assert (d.first_difference.layer, d.first_difference.array) == ("1", "bias")
 
 
-def test_25m_parameters_diff_within_budget(tmp_path: Path) -> None:
+def test_25m_parameters_many_differing(tmp_path: Path) -> None:
+    """Many differing elements over many slices (the slow path; its time: benchmarks/verify.py)."""
     rng = np.random.default_rng(0)
     big = [("dense", [rng.standard_normal((5000, 5000)).astype(np.float32)]),
            ("out", [rng.standard_normal(1000).astype(np.float32)])]
     pa, pb = tmp_path / "a.npz", tmp_path / "b.npz"
     pa.write_bytes(canonical_npz_bytes(big))
-    big[0][1][0][::7] += np.float32(1e-3)  # many differing elements: the slow path
+    big[0][1][0][::7] += np.float32(1e-3)  # rows 0, 7, 14...: 715 of the 5000 rows differ, all of each
     pb.write_bytes(canonical_npz_bytes(big))
-    t = time.perf_counter()
     d = diff_models(pa, pb)
-    elapsed = time.perf_counter() - t
     assert d.first_difference is not None and d.first_difference.layer == "dense"
-    assert d.arrays[0].differing > 3_000_000
-    assert elapsed < 3.0, f"diff of 25M parameters took {elapsed:.2f} s"
+    assert d.arrays[0].differing == 715 * 5000 and d.arrays[1].status == "identical"

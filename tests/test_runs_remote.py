@@ -192,9 +192,10 @@ def test_cut_connection_leaves_the_run_going_and_pull_gets_everything(
 
     worker = threading.Thread(target=attached)
     worker.start()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 60  # only so that a run that never starts fails instead of hanging
     while "launcher-" not in testhost.exec("docker", "ps", "--format", "{{.Names}} {{.Status}}"):
-        assert time.monotonic() < deadline and worker.is_alive(), failure
+        assert worker.is_alive(), f"the run ended before its container was seen: {failure}"
+        assert time.monotonic() < deadline, "hung: no launcher container on the test host after 60 s"
         time.sleep(0.2)
     run_id = next((tiny_workspace / "runs").iterdir()).name
     transport = host._client.get_transport()
@@ -239,10 +240,10 @@ def test_stop_a_detached_run(testhost: TestHost, tiny_workspace: Path) -> None:
     assert code == 0, err
     run_id = env["data"]["runs"][0]["run_id"]
     time.sleep(1)
-    started = time.monotonic()
     code, env, err = cli(tiny_workspace, "stop", run_id)
     assert code == 0, err
-    assert env["data"]["stopped"] is True and time.monotonic() - started < 30
+    assert env["data"]["stopped"] is True
+    # stopped, not waited for: the 60 s sleep did not finish
     code, env, _ = cli(tiny_workspace, "pull", run_id)
     assert code == ExitCode.RUN_FAILED
     assert env["data"]["run"]["status"] == "failed" and env["data"]["run"]["exit_code"] != 0
@@ -386,11 +387,9 @@ def test_a_network_black_hole_ends_the_wait_and_a_later_pull_gets_everything(
     rule = ["INPUT", "-p", "tcp", "--dport", "22", "-j", "DROP"]
     testhost.exec("iptables", "-I", *rule)  # packets now vanish: no reset, no FIN
     try:
-        started = time.monotonic()
-        worker.join(40)
-        assert not worker.is_alive(), "the client still waits on a dead connection"
+        worker.join(40)  # dead_peer_s=3: a bound against hanging, not a speed requirement
+        assert not worker.is_alive(), "hung: the client still waits on a dead connection after 40 s"
         assert failure and isinstance(failure[0], HostUnreachable | LauncherError), failure
-        assert time.monotonic() - started < 40
         assert f"launcher-{run_id}" in testhost.exec("docker", "ps", "--format", "{{.Names}}")
     finally:
         testhost.exec("iptables", "-D", *rule)

@@ -43,7 +43,9 @@ def ssh_key(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def azure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[AzureDouble]:
+def double(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[AzureDouble]:
+    """The double, its credentials and subscription in the environment: for what launcher does before it
+    calls Azure (a dry run, a missing subscription or SDK), which needs no SDK."""
     double = AzureDouble(tmp_path / "double").start()
     for k, v in double.env().items():
         monkeypatch.setenv(k, v)
@@ -53,6 +55,12 @@ def azure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[AzureDoub
         yield double
     finally:
         double.stop()
+
+
+@pytest.fixture
+def azure(azure_sdk: None, double: AzureDouble) -> AzureDouble:
+    """The double, called through the Azure SDK: skipped where launcher[azure] is not installed."""
+    return double
 
 
 def _up(name: str, ssh_key: Path, *extra: str) -> object:
@@ -186,14 +194,14 @@ def test_spot_ssh_from_and_no_schedule(azure: AzureDouble, ssh_key: Path) -> Non
     assert azure.puts("schedule") == [] and not any(r.path == "/myip" for r in azure.requests)
 
 
-def test_dry_run_creates_nothing(azure: AzureDouble, ssh_key: Path) -> None:
+def test_dry_run_creates_nothing(double: AzureDouble, ssh_key: Path) -> None:
     res = runner.invoke(app, ["vm", "up", "gpu1", "--size", "Standard_NC4as_T4_v3", "--region", "westeurope",
                               "--ssh-key", str(ssh_key), "--dry-run"])
     assert res.exit_code == 0, res.output
     out = res.stdout
     assert "would create" in out and "launcher-vm-gpu1" in out and "shutdown-computevm-gpu1" in out
     assert "nothing created" in out
-    assert azure.requests == [] and aliases.lookup("gpu1") is None
+    assert double.requests == [] and aliases.lookup("gpu1") is None
 
 
 QUOTA = ("Operation could not be completed as it results in exceeding approved standardNCASv3_T4Family Cores "
@@ -231,6 +239,7 @@ def test_a_failure_half_way_leaves_nothing(azure: AzureDouble, ssh_key: Path, ki
     assert azure.violations == []
 
 
+@pytest.mark.usefixtures("azure_sdk")
 def test_no_credentials_is_its_own_exit_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ssh_key: Path) -> None:
     for var in ("AZURE_CLIENT_ID", "AZURE_TENANT_ID", "AZURE_CLIENT_SECRET", "AZURE_CLIENT_CERTIFICATE_PATH",
                 "AZURE_USERNAME", "AZURE_FEDERATED_TOKEN_FILE", "IDENTITY_ENDPOINT", "MSI_ENDPOINT",
@@ -256,14 +265,15 @@ def test_a_wrong_secret_is_refused_before_anything_is_made(azure: AzureDouble, s
     assert "Invalid client secret" in res.output and azure.arm_requests() == []
 
 
-def test_no_subscription_says_how_to_give_one(azure: AzureDouble, ssh_key: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.usefixtures("double")
+def test_no_subscription_says_how_to_give_one(ssh_key: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AZURE_SUBSCRIPTION_ID")
     res = runner.invoke(app, ["vm", "ls"])
     assert res.exit_code == ExitCode.USAGE and "AZURE_SUBSCRIPTION_ID" in res.output
 
 
-def test_without_the_extra_the_error_names_it(azure: AzureDouble, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.usefixtures("double")
+def test_without_the_extra_the_error_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
     monkeypatch.setitem(sys.modules, "azure.mgmt.compute", None)  # as if launcher[azure] were not installed

@@ -37,7 +37,8 @@ def vm_host(tmp_path: Path) -> Iterator[TestHost]:
 
 
 @pytest.fixture
-def azure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, vm_host: TestHost) -> Iterator[AzureDouble]:
+def azure(azure_sdk: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+          vm_host: TestHost) -> Iterator[AzureDouble]:
     double = AzureDouble(tmp_path / "double").start()
     double.on_vm_created = lambda vm: boot_on_testhost(vm_host, vm)
     for k, v in double.env().items():
@@ -125,6 +126,7 @@ def test_first_boot_setup_installs_what_an_image_lacks() -> None:
     assert out[0] == "/usr/bin/docker" and "docker" in out[1:-1] and out[-1].endswith("Z")
 
 
+@pytest.mark.usefixtures("azure_sdk")  # before vm_host: no test host started for a skip
 def test_a_vm_that_answers_with_another_host_key_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                            vm_host: TestHost) -> None:
     """The "VM" gets the user and key but ignores the custom data (keeps its own host keys): launcher

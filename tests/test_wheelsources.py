@@ -6,6 +6,7 @@ import hashlib
 import json
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -107,8 +108,9 @@ def test_find_links_must_be_a_folder(tmp_path: Path) -> None:
 def test_a_torch_recipe_in_an_image_without_torch_is_refused_before_anything_is_built(tmp_path: Path) -> None:
     repo = Path(__file__).resolve().parents[1]
     init_workspace(tmp_path / "ws", from_workspace=Workspace.at(repo))
-    res = subprocess.run([str(repo / ".venv" / "bin" / "launcher"), "-w", str(tmp_path / "ws"), "run",
-                          "mnist_torch", "--variant", "cpu"], capture_output=True, text=True, timeout=60)
+    exe = Path(sys.executable).with_name("launcher")  # the entry point installed beside the running Python
+    res = subprocess.run([str(exe), "-w", str(tmp_path / "ws"), "run", "mnist_torch", "--variant", "cpu"],
+                         capture_output=True, text=True, timeout=60)
     assert res.returncode == ExitCode.USAGE, res.stderr
     assert "mnist_torch uses torch, which the cpu image does not have" in res.stderr
     assert "--variant torch-cpu" in res.stderr and "Traceback" not in res.stderr

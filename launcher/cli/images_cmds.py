@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from launcher.cli.common import command, render, reporter, stdout, workspace_of
-from launcher.cli.params import VariantOpt, check_variant, complete_variants, group
+from launcher.cli.params import VariantOpt, check_variant, complete_variants, group, typed
 from launcher.errors import ExitCode, UsageError
 from launcher.images import aptlock, registry, wheelsources
 from launcher.images import bootstrap as bootstrap_mod
@@ -47,10 +47,8 @@ app.add_typer(base_app)
 
 def _variant(ctx: typer.Context, ws: Workspace, variant: str, positional: str | None) -> str:
     """--variant, or the older positional spelling (`build gpu`); a usage error when they disagree."""
-    from typer._click.core import ParameterSource
-
     if positional is not None and positional != variant:
-        if ctx.get_parameter_source("variant") == ParameterSource.COMMANDLINE:
+        if typed(ctx, "variant"):
             raise UsageError(f"two variants given: {positional!r} and --variant {variant!r}",
                              "give one, as --variant NAME")
         variant = positional
@@ -77,12 +75,10 @@ def init_cmd(
 def _project_variant(ctx: typer.Context, ws: Workspace, folder: Path, variants: str) -> str:
     """--variant typed for a project, else its recipe's `variant`, else the default variant (launcher.toml,
     LAUNCHER_VARIANT, cpu): a project is locked for the one image it runs in."""
-    from typer._click.core import ParameterSource
-
     from launcher import config
     from launcher.runtime import spec as rspec
 
-    if ctx.get_parameter_source("variants") == ParameterSource.COMMANDLINE and variants != "all":
+    if typed(ctx, "variants") and variants != "all":
         return check_variant(ws, variants)
     if (folder / rspec.RECIPE_FILE).is_file():
         try:

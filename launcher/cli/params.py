@@ -22,6 +22,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import typer
+
+# Typer (0.26 on) parses with its own copy of Click, typer._click, and raises that copy's exceptions, not
+# those of a `click` installed beside it (MLflow brings one): what a parse is compared against comes from
+# there, in this one place. pyproject.toml holds Typer to the releases this module is tested with.
+from typer._click.core import ParameterSource
+from typer._click.exceptions import NoArgsIsHelpError
+from typer._click.exceptions import UsageError as ClickUsageError
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from launcher.errors import LauncherError, UsageError
@@ -247,9 +254,6 @@ def _without_hidden_aliases(param: Any) -> Any:
 def _usage_error_as_json(info_name: str | None, args: list[str], parent: Any, exc: Exception) -> None:
     """With --json typed, a usage error found while parsing (an unknown option, a value outside a choice)
     is also the versioned envelope on stdout, as every other error is; the message stays on stderr."""
-    from typer._click.exceptions import NoArgsIsHelpError
-    from typer._click.exceptions import UsageError as ClickUsageError
-
     if not isinstance(exc, ClickUsageError) or isinstance(exc, NoArgsIsHelpError):
         return
     typed = list((parent.meta.get(ARGV) if parent is not None else None) or args)
@@ -297,14 +301,17 @@ class LauncherGroup(_Conventions, TyperGroup):
         return super().parse_args(ctx, args)
 
 
+def typed(ctx: typer.Context, name: str) -> bool:
+    """Whether the parameter NAME was typed on the command line, not left to its default."""
+    return ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE
+
+
 def variant_for(ctx: typer.Context, ws: Workspace, variant: str, recipe: str, entry: str | None = None) -> str:
     """The image variant of a run: --variant typed on the command line, else the one the recipe's
     recipe.toml names (`variant = "torch-cpu"`: a PyTorch recipe needs a PyTorch image), else, for a
     plain script whose code imports a framework the default lacks, the one variant that has it (said on
     stderr), else the default (LAUNCHER_VARIANT, launcher.toml, cpu)."""
-    from typer._click.core import ParameterSource
-
-    if ctx.get_parameter_source("variant") != ParameterSource.COMMANDLINE:
+    if not typed(ctx, "variant"):
         from launcher.runs.recipes import load_recipe
         from launcher.runs.spec import framework_variant
 
@@ -326,10 +333,7 @@ def variant_for(ctx: typer.Context, ws: Workspace, variant: str, recipe: str, en
 def threads_for(ctx: typer.Context, profile: str, threads: int | None) -> int | None:
     """--threads for the profile: a thread count typed on the command line always counts (a wrong one is an
     error), a default one (launcher.toml, LAUNCHER_THREADS) only for the profile that takes one."""
-    from typer._click.core import ParameterSource
-
-    if threads is not None and profile != "deterministic" and \
-            ctx.get_parameter_source("threads") != ParameterSource.COMMANDLINE:
+    if threads is not None and profile != "deterministic" and not typed(ctx, "threads"):
         return None
     return threads
 
