@@ -39,23 +39,39 @@ def canonical(ws: Path, run: dict[str, Any]) -> bytes:
     return (ws / "runs" / run["run_id"] / "outputs/model/canonical.npz").read_bytes()
 
 
-def test_a_keras_run_killed_after_a_checkpoint_resumes_to_the_bits_of_an_uninterrupted_one(
-        cpu_image: dict[str, Any]) -> None:
-    ws = cpu_image["workspace"].root
-    code, whole, err = cli(ws, *RUN)
+@pytest.fixture(scope="module")
+def uninterrupted(cpu_image: dict[str, Any]) -> dict[str, Any]:
+    """The manifest of mnist_convnet run to its end with checkpoints, on the local engine."""
+    code, whole, err = cli(cpu_image["workspace"].root, *RUN)
     assert code == 0, err
-    whole_run = whole["data"]["runs"][0]
-    assert whole_run["checkpoint"] == {"every": 1} and len(whole_run["segments"]) == 1
+    run: dict[str, Any] = whole["data"]["runs"][0]
+    assert run["checkpoint"] == {"every": 1} and len(run["segments"]) == 1
+    return run
 
-    code, started, err = cli(ws, *RUN, "--detach")
+
+def start_and_kill(ws: Path, where: list[str], latest: Any, kill: Any) -> tuple[dict[str, Any], str]:
+    """A run started detached and killed once its first checkpoint is there: its launch record and that checkpoint."""
+    code, started, err = cli(ws, *RUN, "--detach", *where)
     assert code == 0, err
-    launch = started["data"]["runs"][0]
-    out = Path(launch["remote_dir"]) / "out"
-    name = kill_after_checkpoint(lambda: (out / "checkpoints/latest.json").is_file()
-                                 and (out / "checkpoints/latest.json").read_text(),
-                                 lambda: subprocess.run(["docker", "kill", launch["container"]], check=True,
-                                                        capture_output=True))
-    assert not (out / "model/canonical.npz").exists()
+    launch: dict[str, Any] = started["data"]["runs"][0]
+    return launch, kill_after_checkpoint(lambda: latest(launch), lambda: kill(launch))
+
+
+def local_latest(launch: dict[str, Any]) -> str | None:
+    path = Path(launch["remote_dir"]) / "out/checkpoints/latest.json"
+    return path.read_text() if path.is_file() else None
+
+
+def docker_kill(launch: dict[str, Any]) -> None:
+    subprocess.run(["docker", "kill", launch["container"]], check=True, capture_output=True)
+
+
+def test_a_keras_run_killed_after_a_checkpoint_resumes_to_the_bits_of_an_uninterrupted_one(
+        cpu_image: dict[str, Any], uninterrupted: dict[str, Any]) -> None:
+    ws = cpu_image["workspace"].root
+    whole_run = uninterrupted
+    launch, name = start_and_kill(ws, [], local_latest, docker_kill)
+    assert not (Path(launch["remote_dir"]) / "out/model/canonical.npz").exists()
     code, pulled, err = cli(ws, "pull", launch["run_id"])  # a killed run pulls as failed (exit 137)
     assert code == ExitCode.RUN_FAILED and pulled["data"]["run"]["exit_code"] == 137, err
 
@@ -78,10 +94,8 @@ def test_a_keras_run_killed_after_a_checkpoint_resumes_to_the_bits_of_an_uninter
     assert code == 0, err
     assert verdict["data"]["verdict"] == "identical"
 
-    code, again, err = cli(ws, "resume", run["run_id"])
+    code, _, err = cli(ws, "resume", run["run_id"])
     assert code == ExitCode.NOT_RESUMABLE and "finished (succeeded)" in err
-    code, _, err = cli(ws, "resume", whole_run["run_id"])
-    assert code == ExitCode.NOT_RESUMABLE
 
 
 def test_a_run_without_checkpoints_is_not_resumable(cpu_image: dict[str, Any]) -> None:
@@ -95,26 +109,48 @@ def test_a_run_without_checkpoints_is_not_resumable(cpu_image: dict[str, Any]) -
 
 
 @pytest.mark.testhost
-def test_a_keras_run_killed_on_the_ssh_test_host_resumes_there(testhost: TestHost,
-                                                               cpu_image: dict[str, Any]) -> None:
+def test_a_keras_run_killed_on_the_ssh_test_host_resumes_there(
+        testhost: TestHost, cpu_image: dict[str, Any], uninterrupted: dict[str, Any]) -> None:
     ws = cpu_image["workspace"].root
-    code, started, err = cli(ws, *RUN, "--detach", *ssh_args(testhost))
-    assert code == 0, err
-    launch = started["data"]["runs"][0]
-    latest = f"{launch['remote_dir']}/out/checkpoints/latest.json"
-    name = kill_after_checkpoint(
-        lambda: testhost.exec("sh", "-c", f"cat {latest} 2>/dev/null || true").strip(),
-        lambda: testhost.exec("docker", "kill", launch["container"]))
+
+    def latest(launch: dict[str, Any]) -> str:
+        path = f"{launch['remote_dir']}/out/checkpoints/latest.json"
+        return testhost.exec("sh", "-c", f"cat {path} 2>/dev/null || true").strip()
+
+    launch, name = start_and_kill(ws, ssh_args(testhost), latest,
+                                  lambda launch: testhost.exec("docker", "kill", launch["container"]))
     code, resumed, err = cli(ws, "resume", launch["run_id"])
     assert code == 0, err
     run = resumed["data"]["run"]
     assert [s["resumed_from"] for s in run["segments"]] == [None, name]
     assert run["segments"][0]["exit_code"] == 137 and run["host"]["name"] == launch["host"]["name"]
-    reference = runs.read_launch(cpu_image["workspace"], run["run_id"])
-    assert reference["segments"][1]["resumed_from"] == name
-    local = [m for m in (ws / "runs").glob("*/manifest.json")
-             if json.loads(m.read_text()).get("checkpoint") and m.parent.name != run["run_id"]
-             and json.loads(m.read_text())["status"] == "succeeded"
-             and len(json.loads(m.read_text())["segments"]) == 1]
-    if local:  # the uninterrupted run of the test above, same seed and params: the same bits on another host
-        assert canonical(ws, run) == (local[0].parent / "outputs/model/canonical.npz").read_bytes()
+    assert runs.read_launch(cpu_image["workspace"], run["run_id"])["segments"][1]["host"] == launch["host"]["name"]
+    assert canonical(ws, run) == canonical(ws, uninterrupted)  # the same bits on the test host as here
+
+
+@pytest.mark.testhost
+def test_a_run_killed_here_resumes_on_the_ssh_test_host(
+        testhost: TestHost, cpu_image: dict[str, Any], uninterrupted: dict[str, Any]) -> None:
+    """--host another host: the outputs so far go there with the run (the image is there since the test above)."""
+    ws = cpu_image["workspace"].root
+    launch, name = start_and_kill(ws, [], local_latest, docker_kill)
+    code, resumed, err = cli(ws, "resume", launch["run_id"], *ssh_args(testhost))
+    assert code == 0, err
+    run = resumed["data"]["run"]
+    assert [(s["host"], s["resumed_from"]) for s in run["segments"]] == [("local", None), (testhost.spec, name)]
+    assert run["host"]["name"] == testhost.spec and run["segments"][0]["exit_code"] == 137
+    assert canonical(ws, run) == canonical(ws, uninterrupted)
+    code, verdict, err = cli(ws, "verify", "checksums", uninterrupted["run_id"], run["run_id"])
+    assert code == 0 and verdict["data"]["verdict"] == "identical", err
+
+
+def test_a_moved_run_mounts_the_new_hosts_folders() -> None:
+    from launcher.runs.resume import moved_argv
+
+    argv = ["docker", "run", "-d", "--name", "launcher-r", "-e", "LAUNCHER_SEED=3", "-e", "LAUNCHER_OWNER=0:0",
+            "-v", "/old/r/out:/launcher/out", "-v", "/data/x:/launcher/data:ro", "sha256:img", "python", "-m",
+            "launcher.runtime", "run", "-v", "/old/r/out:/x"]
+    assert moved_argv(argv, {"/old/r/out": "/new/r/out", "/data/x": "/d/x"}, "1000:1000", "sha256:img") == [
+        "docker", "run", "-d", "--name", "launcher-r", "-e", "LAUNCHER_SEED=3", "-e", "LAUNCHER_OWNER=1000:1000",
+        "-v", "/new/r/out:/launcher/out", "-v", "/d/x:/launcher/data:ro", "sha256:img", "python", "-m",
+        "launcher.runtime", "run", "-v", "/old/r/out:/x"]

@@ -307,17 +307,20 @@ def run_cmd(
 
 
 @command(app, "resume")
+@with_host()
 def resume_cmd(
     ctx: typer.Context,
     run_id: RunArg,
+    host: HostSpec = LOCAL,
     detach: Annotated[
         bool, typer.Option("--detach", "-d", help="Start and return; `launcher pull` later.")
     ] = False,
 ) -> None:
     """Go on with a run started with --checkpoint-every that stopped or was killed: from its latest
-    checkpoint (an epoch end), in a new container started as the first one was, on the host it ran on.
-    It ends with the bits an uninterrupted run of the same seed ends with; the manifest lists each
-    container as a segment."""
+    checkpoint (an epoch end), in a new container started as the first one was, on the host it ran on,
+    or with --host on another one (its outputs so far, image, sent data and code go there). It ends
+    with the bits an uninterrupted run of the same seed ends with; the manifest lists each container
+    as a segment."""
     from launcher.runs import resume as resume_mod
 
     ws = workspace_of(ctx)
@@ -325,7 +328,8 @@ def resume_cmd(
     opts = options(ctx)
     sink = None if opts.json else (lambda line: stdout.print(line, markup=False, highlight=False))
     with reporter(ctx) as rep:
-        out = resume_mod.resume_run(ws, run_id, rep, detach=detach, on_log=sink)
+        out = resume_mod.resume_run(ws, run_id, rep, host=host if host.destination is not None else None, detach=detach,
+                                    on_log=sink)
     last = (out.get("segments") or [{}])[-1]
     if detach:
         code = ExitCode.OK

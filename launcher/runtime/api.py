@@ -137,7 +137,8 @@ def resume_point(model: Any, optimizer: Any, generator: Any = None) -> int:
         generator.set_state(blob["generator"])
     ck.restore_python_numpy(json.loads((folder / ck.RNG).read_text()))
     rec.resumed_at(state)
-    print(f"launcher: resumed from checkpoint {folder.name} (epoch {state['next_epoch']}, step {state['step']})",
+    print(f"launcher: restored checkpoint {folder.name}: model, optimizer and random states after epoch "
+          f"{state['next_epoch']} (step {state['step']})",
           flush=True)
     return int(state["next_epoch"])
 

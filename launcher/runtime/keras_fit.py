@@ -280,7 +280,8 @@ def restore(keras: Any, model: Any, resume: tuple[Path, dict[str, Any]], rec: Re
     ck.restore_python_numpy(json.loads((folder / ck.RNG).read_text()))
     tap.skip_epochs(int(state["next_epoch"]))
     rec.resumed_at(state)
-    print(f"launcher: resumed from checkpoint {folder.name} (epoch {state['next_epoch']}, step {state['step']})",
+    print(f"launcher: restored checkpoint {folder.name}: model, optimizer and random states after epoch "
+          f"{state['next_epoch']} (step {state['step']})",
           flush=True)
 
 
