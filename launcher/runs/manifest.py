@@ -311,7 +311,8 @@ def assemble(launch: Mapping[str, Any], outputs: Path, files: Mapping[str, Mappi
 def run_segments(launch: Mapping[str, Any], state: RunState | None) -> list[dict[str, Any]]:
     """A resumable run's containers (``launcher resume``), first to last: each one's start, end, exit
     code and the checkpoint it resumed from; the last one completed from its state."""
-    done = [dict(s) for s in launch.get("segments") or [{"segment": 0, "resumed_from": None}]]
+    done = [dict(s) for s in launch.get("segments")
+            or [{"segment": 0, "container": launch.get("container"), "resumed_from": None}]]
     last = done[-1]
     if state is not None:
         last.update({"started_at": state.started_at or last.get("started_at"),
