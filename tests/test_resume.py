@@ -154,3 +154,23 @@ def test_a_moved_run_mounts_the_new_hosts_folders() -> None:
         "docker", "run", "-d", "--name", "launcher-r", "-e", "LAUNCHER_SEED=3", "-e", "LAUNCHER_OWNER=1000:1000",
         "-v", "/new/r/out:/launcher/out", "-v", "/d/x:/launcher/data:ro", "sha256:img", "python", "-m",
         "launcher.runtime", "run", "-v", "/old/r/out:/x"]
+
+
+def test_keras_training_that_cannot_resume_bitwise_is_refused_before_it_trains(
+        cpu_image: dict[str, Any], tmp_path: Path) -> None:
+    ws = cpu_image["workspace"].root
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "train.py").write_text(
+        "import numpy as np, tensorflow as tf\n"
+        "m = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])\n"
+        "m.compile(optimizer='sgd', loss='mse')\n"
+        "data = tf.data.Dataset.from_tensor_slices((np.ones((8, 4)), np.ones((8, 1)))).batch(4)\n"
+        "m.fit(data, epochs=2, verbose=2)\n")
+    code, out, err = cli(ws, "run", str(project / "train.py"), "--seed", "1", "--checkpoint-every", "1")
+    assert code == ExitCode.RUN_FAILED, err
+    run = out["data"]["runs"][0]
+    assert run["exit_code"] == ExitCode.NOT_RESUMABLE == 45
+    log = (ws / "runs" / run["run_id"] / "outputs/logs/train.log").read_text()
+    assert "cannot checkpoint or resume bit for bit: fit() trains on a tf.data dataset" in log
+    assert "Epoch 1/2" not in log
