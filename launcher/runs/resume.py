@@ -27,7 +27,7 @@ from launcher.hosts.spec import HostSpec
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.lifecycle import LAUNCH_FILE, MANIFEST_FILE, LogSink, pull_run, read_launch, run_dir, wait_run
 from launcher.runs.manifest import run_segments
-from launcher.runs.placement import DirectPlacement, Placement, output_owner
+from launcher.runs.placement import DirectPlacement, Placement, RunState, output_owner
 from launcher.runs.pull import STATE_FILE, pull_outputs
 from launcher.runs.store import resolve_run_id
 from launcher.runs.targets import open_placement
@@ -64,6 +64,13 @@ def _check(ws: Workspace, run_id: str, launch: Mapping[str, Any]) -> None:
                            "start it again with `launcher run`")
 
 
+def _not_finished(launch: Mapping[str, Any], state: RunState | None) -> None:
+    """Refuse a run whose container ended well: it finished, its outputs wait to be pulled."""
+    if state is not None and state.ended and state.exit_code == 0:
+        raise NotResumable(f"run {launch['run_id']} finished (exit 0): there is nothing to resume",
+                           f"pull it (`launcher pull {launch['run_id']}`)")
+
+
 def _ended(launch: Mapping[str, Any], segments: list[dict[str, Any]], local: Path) -> None:
     """The last segment completed from the manifest of a pull, when its container is gone."""
     manifest = local / MANIFEST_FILE
@@ -95,6 +102,7 @@ def resume_run(ws: Workspace, run_ref: str, reporter: Reporter | None = None, *,
                 raise NotResumable(f"run {run_id} is still running on {placement.name}",
                                    f"stop it first (`launcher stop {run_id}`), or wait for it "
                                    f"(`launcher attach {run_id}`)")
+            _not_finished(launch, state)
             segments = run_segments(launch, state)
             _ended(launch, segments, local)
         name = checkpoint_on_host(placement, launch)
@@ -133,6 +141,7 @@ def _move(ws: Workspace, launch: dict[str, Any], local: Path, spec: HostSpec,
             if state is not None and not state.ended:
                 raise NotResumable(f"run {run_id} is still running on {old.name}",
                                    f"stop it first (`launcher stop {run_id}`), or resume it there")
+            _not_finished(launch, state)
             pull_outputs(old.host, old.outputs(launch), local / "outputs", state_file=local / STATE_FILE,
                          reporter=rep)
             segments = run_segments(launch, state)
