@@ -27,7 +27,7 @@ from launcher.runs.determinism import profile_env
 from launcher.runs.manifest import load_manifest
 from launcher.runs.spec import trace_option
 from launcher.runtime import steps
-from launcher.verify.differences import explain_steps
+from launcher.verify.stepdiff import explain_steps
 from launcher.verify.verdicts import verify_checksums
 from launcher.workspace import Workspace
 

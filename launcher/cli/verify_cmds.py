@@ -45,7 +45,7 @@ from launcher.hosts.spec import HostSpec
 from launcher.images.wheelsources import check_dirs
 from launcher.result import Result
 from launcher.runs.determinism import DEFAULT_SEED
-from launcher.verify.differences import steps_phrase
+from launcher.verify.stepdiff import steps_detail, steps_phrase
 
 app = typer.Typer()
 verify_app = group("verify", "Compare runs bit for bit and explain the differences.")
@@ -67,22 +67,6 @@ def _num(x: Any) -> str:
 
 def _full(x: Any) -> str:
     return f"{x:.10g}" if isinstance(x, float) else str(x)
-
-
-def _steps_detail(steps: dict[str, Any]) -> str:
-    """After where two runs part: how many layers differ there, the epoch, the loss, and the finer trace."""
-    if steps.get("same") is not False:
-        return ""
-    parts = [f"{len(steps['layers_differing'])} of {steps['layers_total']} layers differ there"]
-    if steps.get("epoch") is not None:
-        parts.append(f"end of epoch {steps['epoch']}")
-    loss = steps.get("loss") or {}
-    if loss.get("reference") is not None and loss.get("run") is not None:
-        parts.append(f"loss {_full(loss['reference'])} -> {_full(loss['run'])}")
-    gap = steps["parts_by"] - (steps["agree_until"] or 0)
-    if gap > 1:
-        parts.append("run both again with --trace-every N (N < " + str(gap) + ") to narrow it")
-    return "; " + "; ".join(parts)
 
 
 def _yes(flag: bool | None) -> str:
@@ -146,7 +130,7 @@ def explanation_lines(exp: dict[str, Any]) -> list[str]:
                          f"{fd['epoch']} batch {fd['batch']}")
     steps = exp.get("steps")
     if steps is not None:
-        lines.append("training steps: " + steps_phrase(steps) + _steps_detail(steps))
+        lines.append("training steps: " + steps_phrase(steps) + steps_detail(steps))
     metrics = exp.get("metrics")
     if metrics is not None:
         fd = metrics.get("first_divergence")

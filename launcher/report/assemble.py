@@ -45,7 +45,7 @@ from launcher.report.stats import (
     seed_fixed_spread,
 )
 from launcher.runs.manifest import Manifest
-from launcher.verify.differences import steps_strip
+from launcher.verify.stepdiff import steps_strip
 from launcher.verify.verdicts import group_runs, read_metrics, verify_checksums
 from launcher.workspace import Workspace
 

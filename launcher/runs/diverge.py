@@ -35,7 +35,8 @@ from launcher.runs.spec import RunSpec
 from launcher.runs.store import resolve_run_id
 from launcher.runs.targets import open_placement
 from launcher.verify import opdiff
-from launcher.verify.differences import environment_diff, explain_steps, steps_phrase
+from launcher.verify.differences import environment_diff
+from launcher.verify.stepdiff import explain_steps, steps_phrase
 from launcher.workspace import Workspace
 
 

@@ -12,7 +12,9 @@ from typing import Any
 from launcher.errors import Corrupt, LauncherError
 from launcher.runs.manifest import Manifest
 from launcher.verify.impact import Tolerances, explain_impact, with_impact
+from launcher.verify.jsonlines import read_jsonl as _read_jsonl
 from launcher.verify.modeldiff import ModelDiff, Weights, diff_models, load_canonical, load_weights
+from launcher.verify.stepdiff import explain_steps, steps_phrase
 
 # How an artifact of a run compares with the reference's.
 IDENTICAL = "identical"
@@ -36,7 +38,6 @@ NATIVE_MODELS = ("outputs/model/model.weights.h5", "outputs/model/model.pt", "ou
 DATASET = "outputs/fingerprints/dataset.json"
 INITIAL_WEIGHTS = "outputs/fingerprints/initial_weights.json"
 BATCHES = "outputs/fingerprints/batches.jsonl"
-STEPS = "outputs/fingerprints/steps.jsonl"
 METRICS = "outputs/metrics.jsonl"
 
 
@@ -54,25 +55,6 @@ def _read_json(path: Path) -> Any:
         return None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise Corrupt(f"{path} is not valid JSON ({exc})", "re-pull the run (`launcher pull RUN`)") from exc
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]] | None:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    rows: list[dict[str, Any]] = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise Corrupt(f"{path}: line {n} is not valid JSON ({exc.msg})",
-                          "re-pull the run (`launcher pull RUN`)") from exc
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
 
 
 def read_metrics(m: Manifest) -> list[dict[str, Any]] | None:
@@ -177,65 +159,6 @@ def explain_batches(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
     if unrecorded:
         out["unrecorded"] = sorted(set(unrecorded))
     return out
-
-
-def explain_steps(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
-    """Where training parted, from the step fingerprints (launcher.runtime.steps): the last step
-    recorded in both runs at which the weights agree, the first at which they differ, and the
-    layers that differ there (in model order). None when either run has no step fingerprints."""
-    a, b = _read_jsonl(ref.file(STEPS)), _read_jsonl(run.file(STEPS))
-    if not a or not b:
-        return None
-    by_a = {r["step"]: r for r in a if isinstance(r.get("step"), int)}
-    by_b = {r["step"]: r for r in b if isinstance(r.get("step"), int)}
-    common = sorted(set(by_a) & set(by_b))
-    agree: int | None = None
-    for step in common:
-        ra, rb = by_a[step], by_b[step]
-        if ra.get("digest") == rb.get("digest"):
-            agree = step
-            continue
-        la, lb = ra.get("layers") or {}, rb.get("layers") or {}
-        names = list(la) + [k for k in lb if k not in la]
-        layers = [k for k in names if la.get(k) != lb.get(k)]
-        return {"same": False, "steps_compared": len(common), "agree_until": agree, "parts_by": step,
-                "epoch": ra.get("epoch", rb.get("epoch")), "layers_differing": layers,
-                "layers_total": len(names), "first_layer": layers[0] if layers else None,
-                "loss": {"reference": ra.get("loss"), "run": rb.get("loss")}
-                if "loss" in ra or "loss" in rb else None}
-    return {"same": True if common else None, "steps_compared": len(common),
-            "agree_until": agree, "parts_by": None, "last_step": {"reference": max(by_a, default=None),
-                                                                  "run": max(by_b, default=None)}}
-
-
-def steps_strip(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
-    """For a picture: every step recorded in both runs, whether the weights agree there, and the
-    layers that differ at the first step where they do not. None without step fingerprints."""
-    a, b = _read_jsonl(ref.file(STEPS)), _read_jsonl(run.file(STEPS))
-    if not a or not b:
-        return None
-    by_a = {r["step"]: r for r in a if isinstance(r.get("step"), int)}
-    by_b = {r["step"]: r for r in b if isinstance(r.get("step"), int)}
-    strip = [{"step": s, "agree": by_a[s].get("digest") == by_b[s].get("digest")}
-             for s in sorted(set(by_a) & set(by_b))]
-    parting = next((cell["step"] for cell in strip if not cell["agree"]), None)
-    layers: list[dict[str, Any]] = []
-    if parting is not None:
-        la, lb = by_a[parting].get("layers") or {}, by_b[parting].get("layers") or {}
-        layers = [{"layer": k, "agree": la.get(k) == lb.get(k)} for k in list(la) + [k for k in lb if k not in la]]
-    return {"strip": strip, "parts_by": parting, "layers": layers}
-
-
-def steps_phrase(steps: Mapping[str, Any]) -> str:
-    """One clause: where two runs' step fingerprints part (or that they agree)."""
-    if steps.get("same") is None:
-        return "step fingerprints: no step recorded in both runs"
-    if steps["same"]:
-        return f"weights agree at all {steps['steps_compared']} recorded steps"
-    first = f" (first layer {steps['first_layer']})" if steps.get("first_layer") else ""
-    if steps["agree_until"] is None:
-        return f"weights already differ at step {steps['parts_by']}, the first recorded in both{first}"
-    return f"weights agree up to step {steps['agree_until']} and part by step {steps['parts_by']}{first}"
 
 
 def _metric_names(rows: list[dict[str, Any]]) -> list[str]:

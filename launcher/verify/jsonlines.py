@@ -1,0 +1,28 @@
+"""A run's JSON-lines records (metrics.jsonl, fingerprints/*.jsonl) read for comparison."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import Corrupt
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]] | None:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    rows: list[dict[str, Any]] = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise Corrupt(f"{path}: line {n} is not valid JSON ({exc.msg})",
+                          "re-pull the run (`launcher pull RUN`)") from exc
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
