@@ -66,6 +66,7 @@ class ExitCode(IntEnum):
     DIGEST_MISMATCH = 42  # a file differs from the digest a signed statement or bundle names for it (or is missing)
     UNKNOWN_SIGNER = 43  # no signature is by a key the verifier trusts (allowed signers, --key), or none at all
     OTHER_IMAGE = 44  # `reproduce`: the rebuilt image differs from the one the run recorded (--allow-other-image)
+    NOT_RESUMABLE = 45  # `resume`: no checkpoint, finished or still running; or training that cannot resume bitwise
     INTERRUPTED = 130
 
 
@@ -95,6 +96,10 @@ class UsageError(LauncherError):
 
 class NotFound(LauncherError):
     exit_code = ExitCode.NOT_FOUND
+
+
+class NotResumable(LauncherError):
+    exit_code = ExitCode.NOT_RESUMABLE
 
 
 class LockFailed(LauncherError):

@@ -178,3 +178,34 @@ def test_diverge_names_the_step_the_layer_and_the_thread_count_in_the_torch_imag
     assert first["input_agrees"] is True and 0 < first["size"]["max_abs_diff"] < 1e-3
     assert d["cause"] == "threads 1 (the reference's)" and [c["agrees"] for c in d["candidates"]] == [True]
     assert "cause: threads 1 (the reference's) makes step 5 agree" in d["lines"]
+
+
+def test_mnist_torch_killed_in_its_container_resumes_to_the_bits_of_an_uninterrupted_run(
+        torch_ws: tuple[Workspace, dict[str, Any]]) -> None:
+    """`run --checkpoint-every 1`, `docker kill` after the first checkpoint, `resume`: the same model bytes
+    as the same run uninterrupted (mnist_torch calls api.resume_point and api.checkpoint)."""
+    import subprocess
+    import time
+
+    ws, _ = torch_ws
+    run = ["run", "mnist_torch", "--seed", "7", "--checkpoint-every", "1", "--param", "epochs=3",
+           "--param", "batch_size=32", "--param", "train_samples=512", "--param", "test_samples=64"]
+    whole = cli(ws, *run)["data"]["runs"][0]
+    launch = cli(ws, *run, "--detach")["data"]["runs"][0]
+    latest = Path(launch["remote_dir"]) / "out/checkpoints/latest.json"
+    deadline = time.monotonic() + 300
+    while not latest.is_file():
+        assert time.monotonic() < deadline, "no checkpoint was written"
+        time.sleep(0.05)
+    subprocess.run(["docker", "kill", launch["container"]], check=True, capture_output=True)
+    assert not (Path(launch["remote_dir"]) / "out/model/canonical.npz").exists()
+    name = json.loads(latest.read_text())["name"]
+    resumed = cli(ws, "resume", launch["run_id"])["data"]["run"]
+    assert resumed["status"] == "succeeded"
+    assert [s["resumed_from"] for s in resumed["segments"]] == [None, name]
+    assert resumed["segments"][0]["exit_code"] == 137
+    for rel in ("model/canonical.npz", "model/model.pt", "metrics.jsonl", "fingerprints/batches.jsonl"):
+        a, b = (ws.runs / r["run_id"] / "outputs" / rel for r in (whole, resumed))
+        assert a.read_bytes() == b.read_bytes(), rel
+    verdict = cli(ws, "verify", "checksums", whole["run_id"], resumed["run_id"])["data"]
+    assert verdict["verdict"] == "identical", verdict["summary"]

@@ -370,6 +370,13 @@ TraceOpt = Annotated[str | None, typer.Option(
     help="Step fingerprints: a digest of the weights at each epoch's end (epoch, the default), also every N "
     "optimizer steps (N), or none (off). verify uses them to say at which step two runs part; a smaller N "
     "narrows it and costs a digest of the weights every N steps.")]
+CheckpointOpt = Annotated[int | None, typer.Option(
+    "--checkpoint-every", metavar="N",
+    help="Write a checkpoint after every N-th epoch (at epoch ends only, not mid-epoch): model and optimizer "
+    "state, random states and the step, in outputs/checkpoints/ (the latest kept). A run stopped or killed then "
+    "goes on with `launcher resume RUN` and ends with the bits of an uninterrupted run. Keras: a script with one "
+    "fit() on arrays; PyTorch: a script calling launcher.runtime.api.resume_point and api.checkpoint. Other "
+    "training is refused before it starts (exit 45).")]
 DataOpt = Annotated[str | None, typer.Option(
     "--data", metavar="PATH", help="Dataset folder on the host, mounted read-only.")]
 EnvOpt = Annotated[list[str] | None, typer.Option(

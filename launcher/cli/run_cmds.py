@@ -1,4 +1,4 @@
-"""`launcher provision`, `run`, `ps`, `logs`, `attach`, `pull`, `stop`."""
+"""`launcher provision`, `run`, `resume`, `ps`, `logs`, `attach`, `pull`, `stop`."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from launcher.cli.hostopts import (
     with_host,
 )
 from launcher.cli.params import (
+    CheckpointOpt,
     DataOpt,
     DeterminismOpt,
     EnvOpt,
@@ -175,6 +176,7 @@ def run_cmd(
     param: ParamOpt = None,
     probes: ProbesOpt = None,
     trace_every: TraceOpt = None,
+    checkpoint_every: CheckpointOpt = None,
     env: EnvOpt = None,
     secret_env: SecretEnvOpt = None,
     runs_n: Annotated[int, typer.Option("--runs", "-n", metavar="N",
@@ -244,6 +246,7 @@ def run_cmd(
 
     runs.probe_option(probes)  # a bad SPEC stops here, before the workspace is read
     runs.trace_option(trace_every)
+    runs.checkpoint_option(checkpoint_every)
     user_env = userenv.parse(env or [], secret_env or [])
     ws = workspace_of(ctx)
     variant = variant_for(ctx, ws, variant, recipe, entry)
@@ -267,6 +270,7 @@ def run_cmd(
         build=not no_build,
         probes=probes,
         trace_every=trace_every,
+        checkpoint_every=checkpoint_every,
         env=dict(user_env.plain),
         secret_env=dict(user_env.secret),
         find_links=[str(d) for d in wheelsources.check_dirs(find_links or ())],
@@ -300,6 +304,42 @@ def run_cmd(
     data_out = {"group": outcome.group, "detached": outcome.detached, "runs": outcome.runs,
                 "failure": failure.to_dict() if failure else None, "notes": outcome.notes}
     render(ctx, Result("run", data_out, exit_code=code, summary=summary), _run_text)
+
+
+@command(app, "resume")
+@with_host()
+def resume_cmd(
+    ctx: typer.Context,
+    run_id: RunArg,
+    host: HostSpec = LOCAL,
+    detach: Annotated[
+        bool, typer.Option("--detach", "-d", help="Start and return; `launcher pull` later.")
+    ] = False,
+) -> None:
+    """Go on with a run started with --checkpoint-every that stopped or was killed: from its latest
+    checkpoint (an epoch end), in a new container started as the first one was, on the host it ran on,
+    or with --host on another one (its outputs so far, image, sent data and code go there). It ends
+    with the bits an uninterrupted run of the same seed ends with; the manifest lists each container
+    as a segment."""
+    from launcher.runs import resume as resume_mod
+
+    ws = workspace_of(ctx)
+    run_id = resolve_run_id(ws, run_id)
+    opts = options(ctx)
+    sink = None if opts.json else (lambda line: stdout.print(line, markup=False, highlight=False))
+    with reporter(ctx) as rep:
+        out = resume_mod.resume_run(ws, run_id, rep, host=host if host.destination is not None else None, detach=detach,
+                                    on_log=sink)
+    last = (out.get("segments") or [{}])[-1]
+    if detach:
+        code = ExitCode.OK
+        summary = f"{run_id}: resumed from {last.get('resumed_from')} (detached); `launcher pull {run_id}` when done"
+    else:
+        code = ExitCode.OK if out.get("status") == "succeeded" else ExitCode.RUN_FAILED
+        resumed = [s.get("resumed_from") for s in out.get("segments") or [] if s.get("resumed_from")]
+        summary = (f"{run_id}: {out.get('status')} (exit {out.get('exit_code')}) after {len(resumed) + 1} segments "
+                   f"(resumed from {', '.join(resumed)}), {len(out.get('artifacts') or [])} artifacts verified")
+    render(ctx, Result("resume", {"run": out}, exit_code=code, summary=summary))
 
 
 @command(app, "ps")

@@ -35,6 +35,7 @@ from launcher.runs.spec import (
     RunSpec,
     check_framework,
     check_params,
+    checkpoint_option,
     image_record,
     load_recipe,
     parse_params,
@@ -46,6 +47,7 @@ from launcher.runs.spec import (
 from launcher.runs.store import resolve_run_id
 from launcher.runs.targets import open_placement
 from launcher.runs.userenv import UserEnv
+from launcher.runtime.checkpoint import ENV_EVERY as CHECKPOINT_ENV
 from launcher.runtime.optrace import ENV as OPTRACE_ENV
 from launcher.runtime.steps import ENV as TRACE_ENV
 from launcher.runtime.steps import EPOCH
@@ -66,6 +68,7 @@ __all__ = [
     "RunSpec",
     "check_framework",
     "check_params",
+    "checkpoint_option",
     "collect_together",
     "load_recipe",
     "new_run_id",
@@ -187,6 +190,8 @@ def _launch(
         env[TRACE_ENV] = trace
     if spec.optrace:
         env[OPTRACE_ENV] = spec.optrace
+    if checkpoint_option(spec.checkpoint_every):
+        env[CHECKPOINT_ENV] = str(spec.checkpoint_every)
     image = dict(spec.image) if spec.image else image_record(ws, spec.variant)  # a project layer's, or the variant's
     baked_digests = image.pop("recipes", {})
     placement.prepare(ws.needs_gpu(spec.variant))
@@ -244,6 +249,7 @@ def _launch(
         "params": params,
         "probes": probes,
         "trace": {"every": trace},
+        **({"checkpoint": {"every": spec.checkpoint_every}} if spec.checkpoint_every else {}),
         "seed": int(env["LAUNCHER_SEED"]) if "LAUNCHER_SEED" in env else spec.seed,
         "determinism": {
             "profile": spec.profile,
@@ -389,6 +395,7 @@ def run_recipe(
     check_params(recipe, spec.params)
     probe_option(spec.probes)
     trace_option(spec.trace_every)
+    checkpoint_option(spec.checkpoint_every)
     check_framework(ws, recipe, spec.variant)
     from launcher.images import build
     from launcher.runs import determinism, identity, project

@@ -273,6 +273,12 @@ def assemble(launch: Mapping[str, Any], outputs: Path, files: Mapping[str, Mappi
         image["lock_sha256"] = code["lock_sha256"]
     packages: dict[str, Any] = code["packages"] if isinstance(code.get("packages"), dict) else {}
     image["packages_digest"] = packages.get("digest")
+    resumable: dict[str, Any] = {}
+    if launch.get("checkpoint"):
+        resumable = {"checkpoint": launch["checkpoint"], "segments": run_segments(launch, state)}
+        first = resumable["segments"][0].get("started_at")
+        if first and len(resumable["segments"]) > 1:  # the run started with its first container
+            exit_rec = {**exit_rec, "started_at": first}
     return {
         "schema_version": SCHEMA_VERSION,
         "run_id": launch["run_id"],
@@ -298,7 +304,21 @@ def assemble(launch: Mapping[str, Any], outputs: Path, files: Mapping[str, Mappi
         "data_source": launch.get("data_source"),
         "artifacts": [{"path": f"outputs/{rel}", "size": rec["size"], "sha256": rec["sha256"]}
                       for rel, rec in sorted(files.items())],
+        **resumable,
     }
+
+
+def run_segments(launch: Mapping[str, Any], state: RunState | None) -> list[dict[str, Any]]:
+    """A resumable run's containers (``launcher resume``), first to last: each one's start, end, exit
+    code and the checkpoint it resumed from; the last one completed from its state."""
+    done = [dict(s) for s in launch.get("segments")
+            or [{"segment": 0, "container": launch.get("container"), "resumed_from": None}]]
+    last = done[-1]
+    if state is not None:
+        last.update({"started_at": state.started_at or last.get("started_at"),
+                     "ended_at": state.finished_at if state.ended else None,
+                     "exit_code": state.exit_code if state.ended else None})
+    return done
 
 
 def describe_code(recipe: Mapping[str, Any]) -> str:

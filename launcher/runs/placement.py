@@ -17,7 +17,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from launcher.errors import BadData, CommandFailed, DiskFull, HostNotReady, NoGpu, NotFound
+from launcher.errors import BadData, CommandFailed, DiskFull, HostNotReady, NoGpu, NotFound, NotResumable
 from launcher.hosts.base import Host
 from launcher.hosts.engine import Engine
 from launcher.hosts.spec import HostSpec
@@ -137,6 +137,12 @@ class Placement(ABC):
         """Start several runs of one group together (a parallel target); by default one by one."""
         return [self.start(job) for job in jobs]
 
+    def restart(self, launch: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+        """Start the run's container again, as it was started, with env added (``launcher resume``;
+        its previous container removed first); return what start() returns. Only a direct placement can."""
+        raise NotResumable(f"run {launch['run_id']} ran on a {self.kind} target: launcher resumes runs on a "
+                           "Docker engine (local or over SSH) only", "start it again with `launcher run`")
+
     def write_secrets(self, job: ContainerJob) -> ContainerJob:
         """The job with its --secret-env values in an env file in its run directory on ``host``
         (created readable by the user alone, its text sent on stdin, never on a command line)."""
@@ -226,6 +232,28 @@ class DirectPlacement(Placement):
                 "check the image and Docker on the host",
             )
         ran = self.engine.container_image(job.name)
+        if ran is not None:
+            record["image_ran"] = ran
+        return record
+
+    def restart(self, launch: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+        argv = [str(a) for a in launch.get("argv") or []]
+        if "--label" not in argv:
+            raise NotResumable(f"the launch record of {launch['run_id']} lacks the container's command",
+                               "start it again with `launcher run`")
+        at = argv.index("--label")
+        for key, value in sorted(env.items()):
+            argv[at:at] = ["-e", f"{key}={value}"]
+            at += 2
+        self.engine.rm(self._container(launch))
+        started = self.engine.run_container(argv)
+        if started.returncode != 0:
+            raise CommandFailed(
+                f"the container for {launch['run_id']} did not start again on {self.name}: {started.last_error_line()}",
+                "check the image and Docker on the host",
+            )
+        record: dict[str, Any] = {"container": self._container(launch), "argv": argv}
+        ran = self.engine.container_image(self._container(launch))
         if ran is not None:
             record["image_ran"] = ran
         return record

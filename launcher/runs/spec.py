@@ -42,6 +42,7 @@ class RunSpec:
     probes: str | None = None  # --probes SPEC as given: off, N or KEY=VALUE,...; None: the recipe's [probes]
     trace_every: str | None = None  # --trace-every: epoch (None), off or a step count (launcher.runtime.steps)
     optrace: str | None = None  # LO:HI: trace these steps op by op (a `launcher diverge` re-execution)
+    checkpoint_every: int | None = None  # --checkpoint-every N: a checkpoint after every N-th epoch
     env: dict[str, str] = field(default_factory=dict)  # --env: the user's variables, recorded with their values
     secret_env: dict[str, str] = field(default_factory=dict, repr=False)  # --secret-env: recorded by sha256 only
     find_links: list[str] = field(default_factory=list)  # --find-links DIR: wheels no reachable index serves
@@ -76,6 +77,14 @@ def trace_option(text: str | None) -> str:
         raise UsageError(f"--trace-every {text}: not a number of steps, 'epoch' or 'off'",
                          "give a step count of at least 1 (--trace-every 10), epoch (the default) or off") from None
     return EPOCH if every is None else str(every)
+
+
+def checkpoint_option(every: int | None) -> int | None:
+    """--checkpoint-every N: None, or N when it is at least 1 (else a UsageError)."""
+    if every is not None and every < 1:
+        raise UsageError(f"--checkpoint-every {every}: not a number of epochs of at least 1",
+                         "give how many epochs go between checkpoints (--checkpoint-every 1), or drop it")
+    return every
 
 
 def probes_record(spec: RunSpec, recipe: Recipe) -> dict[str, Any]:

@@ -26,8 +26,8 @@ from typing import Any
 from launcher.runtime import fingerprints as fp
 from launcher.runtime.record import BadData, recorder
 
-__all__ = ["BadData", "data_dir", "out_dir", "params", "profile", "record_dataset", "record_epoch",
-           "record_initial_weights", "save_final", "seed", "threads", "torch_generator", "torch_layers"]
+__all__ = ["BadData", "checkpoint", "data_dir", "out_dir", "params", "profile", "record_dataset", "record_epoch",
+           "record_initial_weights", "resume_point", "save_final", "seed", "threads", "torch_generator", "torch_layers"]
 
 
 def params(defaults: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -98,3 +98,60 @@ def torch_generator() -> Any:
     else:
         g.manual_seed(s)
     return g
+
+
+# ---------------------------------------------------------------- checkpoints (PyTorch)
+
+def resume_point(model: Any, optimizer: Any, generator: Any = None) -> int:
+    """The epoch to start at: 0, or, when the run resumes (``launcher resume RUN``), the epoch after
+    the latest checkpoint, with the model, the optimizer, torch's random state, the DataLoader's
+    generator and Python's and NumPy's random states put back as they were there. Call it once,
+    after the model, optimizer and DataLoader are made and before the epoch loop; with
+    :func:`checkpoint` at each epoch's end it makes the run resumable bit for bit."""
+    import torch
+
+    from launcher.runtime import checkpoint as ck
+
+    rec = recorder()
+    points = rec.checkpoints
+    points.engaged = True
+    found = points.resume_from()
+    if found is None:
+        return 0
+    folder, state = found
+    if state.get("framework") != "torch":
+        raise ck.NotResumable(f"checkpoint {folder.name} was written by {state.get('framework')}, not torch")
+    blob = torch.load(folder / "torch.pt", map_location="cpu", weights_only=True)
+    model.load_state_dict(blob["model"])
+    optimizer.load_state_dict(blob["optimizer"])
+    torch.set_rng_state(blob["torch"])
+    if blob.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(blob["cuda"])
+    if generator is not None:
+        if blob.get("generator") is None:
+            raise ck.NotResumable(f"checkpoint {folder.name} holds no DataLoader generator state")
+        generator.set_state(blob["generator"])
+    ck.restore_python_numpy(json.loads((folder / ck.RNG).read_text()))
+    rec.resumed_at(state)
+    print(f"launcher: restored checkpoint {folder.name}: model, optimizer and random states after epoch "
+          f"{state['next_epoch']} (step {state['step']})",
+          flush=True)
+    return int(state["next_epoch"])
+
+
+def checkpoint(epoch: int, model: Any, optimizer: Any, generator: Any = None) -> None:
+    """The end of epoch (0-based): a checkpoint when ``--checkpoint-every N`` asks for one here (see
+    :func:`resume_point`). Call it last in the epoch, after :func:`record_epoch`."""
+    rec = recorder()
+    points = rec.checkpoints
+    if not points.due(epoch):
+        return
+    import torch
+
+    def save(folder: Path) -> None:
+        blob = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+                "generator": generator.get_state() if generator is not None else None}
+        torch.save(blob, folder / "torch.pt")
+
+    points.write(epoch, rec.trace.step, "torch", save)

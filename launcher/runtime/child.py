@@ -11,7 +11,15 @@ import sys
 from pathlib import Path
 
 from launcher.runtime import hooks
-from launcher.runtime.record import EXIT_BAD_DATA, EXIT_BAD_RECIPE, BadData, BadRecipe, recorder
+from launcher.runtime.checkpoint import NotResumable
+from launcher.runtime.record import (
+    EXIT_BAD_DATA,
+    EXIT_BAD_RECIPE,
+    EXIT_NOT_RESUMABLE,
+    BadData,
+    BadRecipe,
+    recorder,
+)
 
 
 def main(argv: list[str]) -> int:
@@ -30,6 +38,9 @@ def main(argv: list[str]) -> int:
     except BadRecipe as exc:
         print(f"launcher: bad recipe: {exc}", file=sys.stderr, flush=True)
         return EXIT_BAD_RECIPE
+    except NotResumable as exc:
+        print(f"launcher: cannot checkpoint or resume bit for bit: {exc}", file=sys.stderr, flush=True)
+        return EXIT_NOT_RESUMABLE
     except SystemExit as exc:
         if exc.code is None or isinstance(exc.code, int):
             return int(exc.code or 0)

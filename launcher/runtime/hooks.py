@@ -21,8 +21,8 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from launcher.runtime import checkpoint, importwatch, optrace, seedcalls, steps
 from launcher.runtime import fingerprints as fp
-from launcher.runtime import importwatch, optrace, seedcalls, steps
 from launcher.runtime.record import Recorder, recorder
 
 DETERMINISTIC = ("strict", "deterministic")
@@ -236,7 +236,8 @@ class Runtime:
         self.write()
 
     def torch_imported(self, torch: types.ModuleType) -> None:
-        """Step fingerprints of whatever the code trains (launcher.runtime.steps)."""
+        """Step fingerprints of whatever the code trains (launcher.runtime.steps); with checkpoints
+        asked for, a refusal at the first optimizer step of code that does not use the checkpoint api."""
         try:
             trace = self.rec.optrace
             ops = optrace.install_torch(torch, trace) if trace is not None else None
@@ -244,6 +245,8 @@ class Runtime:
         except Exception as exc:  # recording is a convenience; training goes on as written
             print(f"launcher: training steps will not be fingerprinted: {type(exc).__name__}: {exc}",
                   file=sys.stderr, flush=True)
+        if self.rec.checkpoints.active:
+            _refuse_unresumable_torch(self.rec)
 
     def keras_imported(self, keras: types.ModuleType) -> None:
         try:
@@ -258,10 +261,29 @@ class Runtime:
         self.write()
 
 
+def _refuse_unresumable_torch(rec: Recorder) -> None:
+    """Checkpoints asked for, and a torch optimizer steps before launcher.runtime.api.resume_point was
+    called: the script's own loop cannot be checkpointed or resumed by launcher, so it stops there."""
+    try:
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+    except ImportError:
+        return
+
+    def before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not rec.checkpoints.engaged:
+            raise checkpoint.NotResumable(
+                "--checkpoint-every needs a PyTorch script to call launcher.runtime.api.resume_point(model, "
+                "optimizer, generator) before its epoch loop and api.checkpoint(epoch, ...) at each epoch's end "
+                "(docs/recipes.md); this one trains without them, so it cannot be resumed bit for bit")
+
+    register_optimizer_step_pre_hook(before_step)
+
+
 def install() -> Runtime:
     """Seed Python and NumPy now; apply the profile to each framework when the code imports it."""
     profile, seed, threads = settings()
     rt = Runtime(profile, seed, threads, recorder())
+    rt.rec.checkpoints  # noqa: B018 - read now: a resumed run keeps the first segment's records
     if seed is not None:
         rt.seeded = _seed_python_numpy(seed)
     watch = importwatch.install()

@@ -19,9 +19,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
+import json
 import math
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from launcher.runtime import fingerprints as fp
@@ -30,6 +32,7 @@ from launcher.runtime import probes as probemod
 from launcher.runtime.record import Recorder
 
 TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"  # where Keras 3 keeps TFEpochIterator
+KERAS_STATE = "keras.npz"  # a checkpoint's Keras part (launcher.runtime.checkpoint)
 
 
 def keras_layers(model: Any) -> fp.Layers:
@@ -89,14 +92,16 @@ class BatchTap:
         self.digests: dict[int, list[str]] = {}
         self.epoch_iterator: dict[int, int] = {}  # epoch -> the first iterator opened after it began
         self.unrecorded: str | None = "fit() did not open a TensorFlow input pipeline (another Keras backend?)"
+        self.base: Any = None  # the training dataset Keras iterates, untapped
 
     def attach(self, epoch_iterator: Any) -> None:
         """Serve this Keras epoch iterator's datasets through the tap (see the module's doc)."""
         tf = self.tf
+        self.base = epoch_iterator._get_iterator()
         if getattr(epoch_iterator, "steps_per_epoch", None):
             self.unrecorded = "steps_per_epoch keeps one iterator across epochs"
             return
-        base = epoch_iterator._get_iterator()
+        base = self.base
         if not isinstance(base, tf.data.Dataset):
             self.unrecorded = "a distribution strategy's input pipeline"
             return
@@ -126,6 +131,15 @@ class BatchTap:
         self.opened, self.digests = 0, {}
         epoch_iterator._get_iterator = opened
         self.unrecorded = None
+
+    def skip_epochs(self, n: int) -> None:
+        """Open (and draw one batch from) n iterators on the training data, untapped, as the n epochs
+        resumed past did: an input pipeline whose shuffle advances with each iterator stands where
+        the uninterrupted run's stood."""
+        if self.base is None:
+            return
+        for _ in range(n):
+            next(iter(self.base), None)
 
     def epoch_begins(self, epoch: int) -> None:
         self.epoch_iterator[epoch] = self.opened
@@ -174,8 +188,10 @@ def _iterations(model: Any) -> int | None:
         return None
 
 
-def _recorder_callback(keras: Any, rec: Recorder, tap: BatchTap) -> Any:
+def _recorder_callback(keras: Any, rec: Recorder, tap: BatchTap,
+                       resume: tuple[Path, dict[str, Any]] | None = None) -> Any:
     trace = rec.trace
+    points = rec.checkpoints
 
     class LauncherRecorder(keras.callbacks.Callback):
         def layers(self) -> fp.Layers:
@@ -183,6 +199,8 @@ def _recorder_callback(keras: Any, rec: Recorder, tap: BatchTap) -> Any:
 
         def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
             rec.record_initial_weights(keras_layers(self.model))
+            if resume is not None:
+                restore(keras, self.model, resume, rec, tap)
             trace.start(self.layers)
 
         def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
@@ -195,6 +213,8 @@ def _recorder_callback(keras: Any, rec: Recorder, tap: BatchTap) -> Any:
             step = _iterations(self.model)
             trace.step = step if step is not None else trace.step
             trace.boundary(self.layers, epoch=epoch, loss=(logs or {}).get("loss"))
+            if points.due(epoch):
+                points.write(epoch, trace.step, "keras", lambda folder: save_state(keras, self.model, folder))
 
     class LauncherStepRecorder(LauncherRecorder):
         """With --trace-every N: also a row every N optimizer steps (the batch hook costs a little)."""
@@ -237,6 +257,78 @@ def _trace_ops(keras: Any, tf: Any, rec: Recorder, model: Any) -> Any:
         print("launcher: operation trace: fit() runs without XLA (jit_compile=False) to observe each layer",
               file=sys.stderr, flush=True)
     return _optrace_callback(keras, ops)
+
+
+# ---------------------------------------------------------------- checkpoints
+
+def _state_arrays(keras: Any, model: Any) -> dict[str, Any]:
+    """Everything training changes, by position: the model's variables (weights, and the dropout
+    layers' seed generator states), the optimizer's (its step, learning rate and slots), and Keras'
+    global seed generator where one exists."""
+    arrays = {f"model/{i:05d}": v.numpy() for i, v in enumerate(model.variables)}
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None:
+        arrays.update({f"optimizer/{i:05d}": v.numpy() for i, v in enumerate(optimizer.variables)})
+    generator = _global_seed_generator()
+    if generator is not None:
+        arrays["global_seed_generator"] = generator.state.numpy()
+    return arrays
+
+
+def _global_seed_generator() -> Any:
+    try:
+        from keras.src.backend.common import global_state
+    except ImportError:
+        return None
+    return global_state.get_global_attribute("global_seed_generator")
+
+
+def save_state(keras: Any, model: Any, folder: Path) -> None:
+    fp.write_atomic(folder / KERAS_STATE, fp.arrays_npz_bytes(_state_arrays(keras, model)))
+
+
+def restore(keras: Any, model: Any, resume: tuple[Path, dict[str, Any]], rec: Recorder, tap: BatchTap) -> None:
+    """Put the state of the checkpoint back (see _state_arrays), after fit() built the model and optimizer."""
+    import numpy as np
+
+    from launcher.runtime import checkpoint as ck
+
+    folder, state = resume
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and not getattr(optimizer, "built", True):
+        optimizer.build(model.trainable_variables)  # its slots exist from the first step on: made now, as zeros
+    with np.load(folder / KERAS_STATE) as saved:
+        arrays = {k: saved[k] for k in saved.files}
+    now = _state_arrays(keras, model)
+    if sorted(arrays) != sorted(now) or any(arrays[k].size != now[k].size for k in now):
+        raise ck.NotResumable(f"checkpoint {folder.name} holds {len(arrays)} variables, the model and optimizer "
+                              f"{len(now)} (or their shapes differ): not the same model")
+    for i, v in enumerate(model.variables):
+        v.assign(arrays[f"model/{i:05d}"].reshape(v.shape))  # a scalar is stored as one element
+    if model.optimizer is not None:
+        for i, v in enumerate(model.optimizer.variables):
+            v.assign(arrays[f"optimizer/{i:05d}"].reshape(v.shape))
+    generator = _global_seed_generator()
+    if generator is not None:
+        generator.state.assign(arrays["global_seed_generator"].reshape(generator.state.shape))
+    ck.restore_python_numpy(json.loads((folder / ck.RNG).read_text()))
+    tap.skip_epochs(int(state["next_epoch"]))
+    rec.resumed_at(state)
+    print(f"launcher: restored checkpoint {folder.name}: model, optimizer and random states after epoch "
+          f"{state['next_epoch']} (step {state['step']})",
+          flush=True)
+
+
+def _refusal(a: dict[str, Any], named: dict[str, list[Any]] | None, fits: int) -> str | None:
+    """Why this fit() cannot be checkpointed and resumed bit for bit, or None."""
+    if fits > 1:
+        return "the script calls fit() more than once; launcher checkpoints a script with one fit()"
+    if named is None:
+        return ("fit() trains on a tf.data dataset, a generator or a PyDataset, whose position launcher cannot "
+                "restore; give it NumPy arrays")
+    if a.get("steps_per_epoch"):
+        return "fit(steps_per_epoch=...) keeps one iterator across epochs, whose position launcher cannot restore"
+    return None
 
 
 def _save_final(rec: Recorder, model: Any) -> None:
@@ -289,12 +381,25 @@ def install(keras: Any, tf: Any, rec: Recorder) -> Callable[..., Any]:
         named, validation = _train_and_validation(a)
         if named is not None:
             rec.record_train_data(named)
+        resume = None
+        points = rec.checkpoints
+        if points.active:
+            points.engaged = True
+            problem = _refusal(a, named, rec.fits)
+            if problem is not None:
+                from launcher.runtime.checkpoint import NotResumable
+
+                raise NotResumable(problem)
+            resume = points.resume_from()
+            if resume is not None:  # Keras numbers epochs from 0 whatever initial_epoch is: the next one
+                given.arguments["initial_epoch"] = int(resume[1]["next_epoch"])
         probe_set = probemod.capture(rec, validation, self)
         tap = BatchTap(tf)
         ours = [_recorder_callback(keras, rec, tap)]
         traced = _trace_ops(keras, tf, rec, self)
         if traced is not None:
             ours.append(traced)
+        callback = _recorder_callback(keras, rec, tap, resume)
         callbacks = given.arguments.get("callbacks")
         if isinstance(callbacks, keras.callbacks.CallbackList):
             for n, callback in enumerate(ours):

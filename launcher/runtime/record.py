@@ -11,14 +11,15 @@ import os
 from pathlib import Path
 from typing import Any
 
+from launcher.runtime import checkpoint, optrace, steps
 from launcher.runtime import fingerprints as fp
-from launcher.runtime import optrace, steps
 
 # Exit codes the runtime uses for its own failures; they mirror launcher.errors.ExitCode,
 # which is not copied into images.
 EXIT_USAGE = 2
 EXIT_BAD_DATA = 17
 EXIT_BAD_RECIPE = 18
+EXIT_NOT_RESUMABLE = 45
 
 
 class BadData(Exception):
@@ -43,6 +44,7 @@ class Recorder:
         self.torch_steps: steps.TorchSteps | None = None  # set when the code imports torch
         self._optrace_read = False
         self._optrace: optrace.OpTrace | None = None
+        self._checkpoints: checkpoint.Checkpoints | None = None
 
     @classmethod
     def from_env(cls) -> Recorder:
@@ -69,6 +71,21 @@ class Recorder:
         if not self._optrace_read:
             self._optrace, self._optrace_read = optrace.from_env(self.out), True
         return self._optrace
+    @property
+    def checkpoints(self) -> checkpoint.Checkpoints:
+        """The run's checkpoints (launcher.runtime.checkpoint), set by LAUNCHER_CHECKPOINT_EVERY and LAUNCHER_RESUME."""
+        if self._checkpoints is None:
+            self._checkpoints = checkpoint.Checkpoints.from_env(self.out)
+            if self._checkpoints.resume and self.path("fingerprints/initial_weights.json").is_file():
+                self.initial_recorded = True  # the first segment recorded the weights before training
+        return self._checkpoints
+
+    def resumed_at(self, state: dict[str, Any]) -> None:
+        """Training goes on from a checkpoint: the step trace continues at its step and epoch."""
+        trace = self.trace
+        trace.step = trace.last = int(state["step"])
+        trace.epoch = int(state["next_epoch"])
+        self.checkpoints.restored = state
 
     def steps_boundary(self, epoch: int | None = None) -> None:
         """An epoch of a PyTorch loop ended (or the script did): a step fingerprint if it moved."""

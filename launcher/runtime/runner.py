@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import IO, Any
 
 import launcher
+from launcher.runtime import checkpoint, probespec
 from launcher.runtime import code as codemod
 from launcher.runtime import explain as explainmod
 from launcher.runtime import fingerprints as fp
-from launcher.runtime import probespec
 from launcher.runtime import spec as recipe_spec
-from launcher.runtime.record import EXIT_BAD_DATA, EXIT_BAD_RECIPE, EXIT_USAGE, expected_mismatch
+from launcher.runtime.record import EXIT_BAD_DATA, EXIT_BAD_RECIPE, EXIT_NOT_RESUMABLE, EXIT_USAGE, expected_mismatch
 
 PREVIOUS_RUN = ("_launcher", "fingerprints", "metrics.jsonl", "model", "weights")
 LAUNCHER_ROOT = Path(launcher.__file__).resolve().parent.parent
@@ -273,16 +273,29 @@ def run_child(spec: recipe_spec.RecipeSpec, env: dict[str, str], args: argparse.
 def run(args: argparse.Namespace) -> int:
     out: Path = args.out
     started = _now()
-    previous = [rel for rel in PREVIOUS_RUN if (out / rel).exists()]
-    if previous:
-        print(f"launcher: error: {out} holds a previous run's outputs ({previous[0]}); give an empty --out",
-              file=sys.stderr)
-        return EXIT_USAGE
+    resume = os.environ.get(checkpoint.ENV_RESUME) == "1"
+    resumed_from = None
+    if resume:
+        try:
+            resumed_from = checkpoint.prepare_resume(out)
+        except checkpoint.NotResumable as exc:
+            print(f"launcher: error: cannot resume: {exc}", file=sys.stderr)
+            return EXIT_NOT_RESUMABLE
+    else:
+        previous = [rel for rel in PREVIOUS_RUN if (out / rel).exists()]
+        if previous:
+            print(f"launcher: error: {out} holds a previous run's outputs ({previous[0]}); give an empty --out",
+                  file=sys.stderr)
+            return EXIT_USAGE
     for sub in ("logs", "_launcher", "fingerprints"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     rc = 1
-    with open(out / "logs/train.log", "wb") as log:
+    with open(out / "logs/train.log", "ab" if resume else "wb") as log:
         tee = Tee(log)
+        if resumed_from is not None:
+            folder, state = resumed_from
+            tee.say(f"resuming from checkpoint {folder.name}: {state['next_epoch']} epochs and "
+                    f"{state['step']} steps done")
         try:
             spec, env = prepare(args, tee)
             rc = run_child(spec, env, args, tee)

@@ -39,19 +39,22 @@ IGNORED_BY_OPTION = "--ignore"
 # The files launcher itself never compares (the one list; README "Verify", docs/verify-json.md):
 # its own records of times and of the environment, which the manifests compare instead, the
 # recipe's console log, which carries times, and the step fingerprints, which are compared step by
-# step (two runs traced at different steps share only some rows; launcher.verify.differences).
+# step (two runs traced at different steps share only some rows; launcher.verify.differences), and
+# the checkpoints of `run --checkpoint-every`, which a run without them lacks (the final model is compared).
 # Listed in the table, left out of the verdict.
 # Everything else is compared, by content where the format is known (launcher.verify.content).
 VOLATILE = (
     "outputs/_launcher/*",
     "outputs/logs/train.log",
     "outputs/fingerprints/steps.jsonl",
+    "outputs/checkpoints/*",
     "launch.json",
 )
 # Why each who leaves files out: said once per who, not once per file.
 IGNORED_WHY = {
     IGNORED_BY_LAUNCHER: "launcher's own records of times and environment, compared through the manifests, "
-                         "the console log, which carries times, and the step fingerprints, compared step by step",
+                         "the console log, which carries times, the step fingerprints, compared step by step, "
+                         "and the checkpoints to resume from",
     IGNORED_BY_RECIPE: "declared volatile by the recipe (`volatile` in recipe.toml)",
     IGNORED_BY_OPTION: "left out with --ignore",
 }

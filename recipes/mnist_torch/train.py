@@ -5,7 +5,8 @@ Dense10, Adadelta with Keras' defaults, batch 128, 12 epochs), for hosts without
 
 PyTorch has no fit() to hook, so this recipe reports its own fingerprints through launcher.runtime.api:
 initial weights, the sample IDs of every batch (a DataLoader shuffled by a seeded generator),
-per-epoch metrics and the final weights.
+per-epoch metrics and the final weights; and, with --checkpoint-every N, checkpoints it can be
+resumed from bit for bit (api.resume_point and api.checkpoint).
 """
 
 from __future__ import annotations
@@ -71,13 +72,14 @@ print(f"trainable params: {sum(t.numel() for t in model.parameters() if t.requir
 api.record_initial_weights(api.torch_layers(model))
 xt, yt = tensors(x_train, y_train)
 train = TensorDataset(xt, yt, torch.arange(len(xt)))
-loader = DataLoader(train, batch_size=int(p["batch_size"]), shuffle=True, generator=api.torch_generator(),
-                    num_workers=0)
+generator = api.torch_generator()
+loader = DataLoader(train, batch_size=int(p["batch_size"]), shuffle=True, generator=generator, num_workers=0)
 x_val, y_val = (t.to(device) for t in tensors(x_test, y_test))
 optimizer = torch.optim.Adadelta(model.parameters(), lr=float(p["learning_rate"]), rho=0.95, eps=1e-7)
+first_epoch = api.resume_point(model, optimizer, generator)  # 0, or the epoch after the checkpoint resumed from
 
 start = time.time()
-for epoch in range(int(p["epochs"])):
+for epoch in range(first_epoch, int(p["epochs"])):
     model.train()
     batches, losses, correct = [], [], 0
     for xb, yb, ids in loader:
@@ -99,6 +101,7 @@ for epoch in range(int(p["epochs"])):
                "val_loss": val_loss, "val_accuracy": val_acc}
     api.record_epoch(epoch, batches, metrics)
     print(f"epoch {epoch + 1}/{p['epochs']}: " + " - ".join(f"{k}: {v:.4f}" for k, v in metrics.items()))
+    api.checkpoint(epoch, model, optimizer, generator)  # with --checkpoint-every N, after every N-th epoch
 if device.type == "cuda":
     torch.cuda.synchronize()
 print(f"Elapsed Time: {time.time() - start:.2f}")

@@ -1,0 +1,209 @@
+"""`launcher resume RUN`: a run started with ``--checkpoint-every N`` that stopped (stopped, killed, its
+host rebooted) goes on from its latest checkpoint, in a new container started as the first was
+(the same image, environment, code, data, arguments and outputs folder) with ``LAUNCHER_RESUME=1``;
+the runtime restores the checkpoint (launcher.runtime.checkpoint) and the run ends with the bits an
+uninterrupted run of the same seed ends with.
+
+With ``--host`` naming another host than the one it ran on, the run moves: its outputs so far come
+back here (from the old host, or the copy pulled before when that one does not answer) and go to the
+new host with the image, the data sent with ``--data-from`` and mounted code; a ``--data`` path must
+exist on the new host too.
+
+Each container a run had is a segment in its launch record and manifest (``segments``): where and
+when it ran, its exit code, and the checkpoint it resumed from.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import LauncherError, NotResumable
+from launcher.hashing import atomic_write_json
+from launcher.hosts.spec import HostSpec
+from launcher.progress import NullReporter, Reporter
+from launcher.runs.lifecycle import LAUNCH_FILE, MANIFEST_FILE, LogSink, pull_run, read_launch, run_dir, wait_run
+from launcher.runs.manifest import run_segments
+from launcher.runs.placement import DirectPlacement, Placement, RunState, output_owner
+from launcher.runs.pull import STATE_FILE, pull_outputs
+from launcher.runs.store import resolve_run_id
+from launcher.runs.targets import open_placement
+from launcher.runtime.checkpoint import ENV_RESUME, LATEST
+from launcher.workspace import Workspace
+
+
+def checkpoint_on_host(placement: Placement, launch: Mapping[str, Any]) -> str:
+    """The name of the run's latest checkpoint where it ran; NotResumable when there is none."""
+    return _checkpoint_name(placement.host.read_text(f"{placement.outputs(launch)}/{LATEST}"), launch,
+                            f"on {placement.name}")
+
+
+def _checkpoint_name(text: str | None, launch: Mapping[str, Any], where: str) -> str:
+    try:
+        return str(json.loads(text or "")["name"])
+    except (ValueError, KeyError, TypeError):
+        raise NotResumable(
+            f"run {launch['run_id']} has no checkpoint {where} ({LATEST}): it stopped before its first one",
+            "start it again with `launcher run`") from None
+
+
+def _check(ws: Workspace, run_id: str, launch: Mapping[str, Any]) -> None:
+    """Refuse a run that cannot be resumed, before anything is touched."""
+    if not (launch.get("checkpoint") or {}).get("every"):
+        raise NotResumable(f"run {run_id} was started without --checkpoint-every: it has no checkpoints",
+                           "start it again with `launcher run ... --checkpoint-every N`")
+    manifest = run_dir(ws, run_id) / MANIFEST_FILE
+    if manifest.is_file() and json.loads(manifest.read_text()).get("status") == "succeeded":
+        raise NotResumable(f"run {run_id} finished (succeeded): there is nothing to resume",
+                           "resume a run that was stopped or killed, or start a new one")
+    if any(isinstance(v, dict) and "sha256" in v for v in (launch.get("env") or {}).values()):
+        raise NotResumable(f"run {run_id} was started with --secret-env, whose values launcher does not keep",
+                           "start it again with `launcher run`")
+
+
+def _not_finished(launch: Mapping[str, Any], state: RunState | None) -> None:
+    """Refuse a run whose container ended well: it finished, its outputs wait to be pulled."""
+    if state is not None and state.ended and state.exit_code == 0:
+        raise NotResumable(f"run {launch['run_id']} finished (exit 0): there is nothing to resume",
+                           f"pull it (`launcher pull {launch['run_id']}`)")
+
+
+def _ended(launch: Mapping[str, Any], segments: list[dict[str, Any]], local: Path) -> None:
+    """The last segment completed from the manifest of a pull, when its container is gone."""
+    manifest = local / MANIFEST_FILE
+    if manifest.is_file():
+        seen = json.loads(manifest.read_text())
+        segments[-1].update({k: segments[-1].get(k) or seen.get(k) for k in ("started_at", "ended_at", "exit_code")})
+    segments[-1].setdefault("host", launch["host"]["name"])
+
+
+def resume_run(ws: Workspace, run_ref: str, reporter: Reporter | None = None, *, host: HostSpec | None = None,
+               detach: bool = False, on_log: LogSink | None = None, poll_s: float = 1.0) -> dict[str, Any]:
+    """Resume the run from its latest checkpoint, where it ran or on ``host``; wait for it and pull it (the
+    manifest), or, detached, return its launch record once the container started."""
+    run_id = resolve_run_id(ws, run_ref)
+    launch = read_launch(ws, run_id)
+    _check(ws, run_id, launch)
+    local = run_dir(ws, run_id)
+    moving = host is not None and host.name != HostSpec.from_record(launch.get("host_options")).name
+    placement: Placement
+    if moving:
+        assert host is not None
+        launch, segments, placement = _move(ws, launch, local, host, reporter)
+    else:
+        placement = open_placement(ws, launch)
+    with placement:
+        if not moving:
+            state = placement.state(launch)
+            if state is not None and not state.ended:
+                raise NotResumable(f"run {run_id} is still running on {placement.name}",
+                                   f"stop it first (`launcher stop {run_id}`), or wait for it "
+                                   f"(`launcher attach {run_id}`)")
+            _not_finished(launch, state)
+            segments = run_segments(launch, state)
+            _ended(launch, segments, local)
+        name = checkpoint_on_host(placement, launch)
+        record = placement.restart(launch, {ENV_RESUME: "1"})
+        started = placement.state(launch)
+        segments.append({"segment": len(segments), "host": placement.name, "resumed_from": name,
+                         "container": record["container"], "started_at": started.started_at if started else None})
+        launch = {**launch, "segments": segments}
+        if record.get("image_ran"):
+            launch["image_ran"] = record["image_ran"]
+        atomic_write_json(local / LAUNCH_FILE, launch)
+        # what was pulled of the earlier segments describes outputs the resumed container rewrites
+        (local / MANIFEST_FILE).unlink(missing_ok=True)
+        (local / STATE_FILE).unlink(missing_ok=True)
+        shutil.rmtree(local / "outputs", ignore_errors=True)
+        if detach:
+            return launch
+        wait_run(ws, run_id, placement, on_log=on_log, poll_s=poll_s)
+        return pull_run(ws, run_id, placement, reporter)
+
+
+def _move(ws: Workspace, launch: dict[str, Any], local: Path, spec: HostSpec,
+          reporter: Reporter | None) -> tuple[dict[str, Any], list[dict[str, Any]], DirectPlacement]:
+    """The run's outputs, image, data and code put on the host of spec; the launch record as it will
+    start there, its segments so far, and the placement there."""
+    from launcher.runs import datasets
+
+    rep = reporter or NullReporter()
+    run_id = launch["run_id"]
+    if str((launch.get("placement") or {}).get("kind") or "direct") != DirectPlacement.kind:
+        raise NotResumable(f"run {run_id} ran on a {launch['placement']['kind']} target: launcher moves runs "
+                           "between Docker engines (local or over SSH) only", "start it again with `launcher run`")
+    try:
+        with open_placement(ws, launch) as old:
+            state = old.state(launch)
+            if state is not None and not state.ended:
+                raise NotResumable(f"run {run_id} is still running on {old.name}",
+                                   f"stop it first (`launcher stop {run_id}`), or resume it there")
+            _not_finished(launch, state)
+            pull_outputs(old.host, old.outputs(launch), local / "outputs", state_file=local / STATE_FILE,
+                         reporter=rep)
+            segments = run_segments(launch, state)
+            if state is not None:
+                old.release(launch)
+    except NotResumable:
+        raise
+    except LauncherError as exc:  # the old host is gone: what was pulled from it before goes on
+        rep.note(f"{launch['host']['name']} does not answer ({exc.one_line()}); resuming from the outputs "
+                 "pulled from it before")
+        segments = run_segments(launch, None)
+    _ended(launch, segments, local)
+    _checkpoint_name((local / "outputs" / LATEST).read_text() if (local / "outputs" / LATEST).is_file() else None,
+                     launch, "in the outputs pulled here")
+    new = DirectPlacement(spec.open(ws.root if spec.local else None), spec)
+    try:
+        argv = [str(a) for a in launch.get("argv") or []]
+        new.prepare("--gpus" in argv)
+        new.ship(launch["image"], via=None, reporter=rep, cache_dir=ws.cache_dir)
+        data, source = launch.get("data"), launch.get("data_source")
+        if data and (source or {}).get("kind") == "sent":
+            data, source = new.send_data(Path(source["local"]), rep)  # type: ignore[index]
+        code = dict(launch.get("code") or {})
+        if code.get("source") == "mounted":
+            code = new.send_code({k: v for k, v in code.items() if k != "host_path"}, rep)
+        remote = new.run_dir(run_id, data)
+        placed = datasets.place(new.host, local / "outputs", rep, area="resume", name=run_id)
+        new.host.run(["cp", "-a", f"{placed.path}/.", f"{remote}/out/"])
+        if new.host.kind != "local":
+            new.host.run(["rm", "-rf", placed.path], check=False)
+        paths = {f"{launch['remote_dir']}/out": f"{remote}/out"}
+        if launch.get("data") and data:
+            paths[str(launch["data"])] = str(data)
+        if (launch.get("code") or {}).get("host_path") and code.get("host_path"):
+            paths[str(launch["code"]["host_path"])] = str(code["host_path"])
+        moved = {**launch, "host": new.host.describe(), "host_options": spec.to_record(), "placement": new.record(),
+                 "remote_dir": remote, "data": data, "data_source": source, "code": code,
+                 "argv": moved_argv(argv, paths, output_owner(new.host, new.engine), str(launch["image"]["id"]))}
+    except BaseException:
+        new.close()
+        raise
+    return moved, segments, new
+
+
+def moved_argv(argv: Sequence[str], paths: Mapping[str, str], owner: str | None, image: str) -> list[str]:
+    """A `docker run` argv of one host for another: its mounts' host paths mapped, the outputs' owner
+    the new host's user; the image and what follows it (the runtime's command) unchanged."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == image:
+            return out + list(argv[i:])
+        if arg == "-v" and i + 1 < len(argv):
+            where, sep, rest = argv[i + 1].partition(":")
+            out += ["-v", paths.get(where, where) + sep + rest]
+            i += 2
+            continue
+        if arg == "-e" and i + 1 < len(argv) and argv[i + 1].startswith("LAUNCHER_OWNER="):
+            out += ["-e", f"LAUNCHER_OWNER={owner}"] if owner else []
+            i += 2
+            continue
+        out.append(arg)
+        i += 1
+    return out

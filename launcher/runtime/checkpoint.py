@@ -1,0 +1,194 @@
+"""Checkpoints at epoch ends, and resuming from the latest one bit for bit.
+
+``launcher run --checkpoint-every N`` sets ``LAUNCHER_CHECKPOINT_EVERY=N``: after every N-th epoch
+the runtime writes ``checkpoints/epoch-NNNN/`` under the outputs folder (NNNN: the epochs done),
+then points ``checkpoints/latest.json`` at it and deletes the older one. A checkpoint holds:
+
+- ``state.json``: the last epoch done, the optimizer step, the framework, and the size of each file
+  the run appends to (metrics, batch and step fingerprints) at that point;
+- ``rng.json``: Python's and NumPy's global random states;
+- the framework's part: Keras (``keras.npz``): every variable of the model (weights and the
+  dropout seed generators' states) and of the optimizer (its step and slots), and Keras' global
+  seed generator where one exists; PyTorch (``torch.pt``): the model's and optimizer's state
+  dicts, torch's CPU (and CUDA) random states and the DataLoader generator's state.
+
+It is written under a temporary name and renamed, so a run killed while writing leaves the previous
+checkpoint whole. ``LAUNCHER_RESUME=1`` (``launcher resume RUN``) starts the same command on the same
+outputs folder: the runtime cuts the appended files back to their size at the checkpoint and the
+framework part restores the state before the next epoch begins (Keras: fit() starts at the next
+epoch; PyTorch: :func:`launcher.runtime.api.resume_point`). What cannot be resumed bitwise is
+refused before training begins (:class:`NotResumable`).
+
+Nothing in a checkpoint carries a time, so an interrupted and an uninterrupted run write the same
+bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from launcher.runtime import fingerprints as fp
+
+ENV_EVERY = "LAUNCHER_CHECKPOINT_EVERY"
+ENV_RESUME = "LAUNCHER_RESUME"
+DIR = "checkpoints"
+LATEST = f"{DIR}/latest.json"
+STATE = "state.json"
+RNG = "rng.json"
+# the files a run appends to while it trains: cut back to their size at the checkpoint on resume
+APPENDED = ("metrics.jsonl", "fingerprints/batches.jsonl", "fingerprints/steps.jsonl")
+# what a run writes once training is over: removed on resume, written again at the end
+FINAL = ("model", "weights", "_launcher/exit.json")
+
+
+class NotResumable(Exception):
+    """Checkpoints were asked for, but this training cannot be resumed bit for bit; the message says why."""
+
+
+def parse_every(text: str | None) -> int | None:
+    """``N`` (at least 1) -> N; nothing -> None. Raises ValueError for anything else."""
+    if text is None or not text.strip():
+        return None
+    n = int(text)
+    if n < 1:
+        raise ValueError(f"{text!r} is not an epoch count of at least 1")
+    return n
+
+
+def checkpoint_name(epochs_done: int) -> str:
+    return f"epoch-{epochs_done:04d}"
+
+
+def read_latest(out: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The latest checkpoint's folder and state, or None when there is none."""
+    try:
+        pointer = json.loads((out / LATEST).read_text())
+        folder = out / DIR / str(pointer["name"])
+        state = json.loads((folder / STATE).read_text())
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return (folder, state) if isinstance(state, dict) else None
+
+
+def prepare_resume(out: Path) -> tuple[Path, dict[str, Any]]:
+    """Put the outputs folder back as it was at the latest checkpoint: the appended files cut back
+    to their size then, what the run writes at its end removed. Raises NotResumable."""
+    found = read_latest(out)
+    if found is None:
+        raise NotResumable(f"{out} has no checkpoint ({LATEST}): the run stopped before its first one")
+    folder, state = found
+    exit_json = out / "_launcher/exit.json"
+    if exit_json.is_file():
+        try:
+            if json.loads(exit_json.read_text()).get("exit_code") == 0:
+                raise NotResumable(f"the run in {out} finished (exit code 0): there is nothing to resume")
+        except ValueError:
+            pass
+    sizes = state.get("files") or {}
+    for rel in APPENDED:
+        path = out / rel
+        size = sizes.get(rel)
+        if size is None:
+            path.unlink(missing_ok=True)  # written only after the checkpoint
+            continue
+        if not path.is_file() or path.stat().st_size < int(size):
+            raise NotResumable(f"{rel} is shorter than at checkpoint {folder.name}: the outputs were changed")
+        with open(path, "r+b") as f:
+            f.truncate(int(size))
+    for rel in FINAL:
+        path = out / rel
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    return folder, state
+
+
+def python_numpy_state() -> dict[str, Any]:
+    version, internal, gauss = random.getstate()
+    doc: dict[str, Any] = {"python": [version, list(internal), gauss]}
+    try:
+        import numpy as np
+    except ImportError:
+        return doc
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    doc["numpy"] = [kind, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)]
+    return doc
+
+
+def restore_python_numpy(doc: dict[str, Any]) -> None:
+    version, internal, gauss = doc["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "numpy" in doc:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = doc["numpy"]
+        np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+
+
+class Checkpoints:
+    """The run's checkpoints: whether to write one after an epoch, writing it, and the one resumed from."""
+
+    def __init__(self, out: Path, every: int | None, resume: bool) -> None:
+        self.out = out
+        self.every = every
+        self.resume = resume
+        self.engaged = False  # a framework's checkpointing was set up (fit() on Keras, the api on PyTorch)
+        self.restored: dict[str, Any] | None = None  # the state resumed from, once restored
+        self._resume_from: tuple[Path, dict[str, Any]] | None = None
+
+    @classmethod
+    def from_env(cls, out: Path) -> Checkpoints:
+        try:
+            every = parse_every(os.environ.get(ENV_EVERY))
+        except ValueError:
+            every = None  # checked on the host
+        return cls(out, every, os.environ.get(ENV_RESUME) == "1")
+
+    @property
+    def active(self) -> bool:
+        return self.every is not None or self.resume
+
+    def resume_from(self) -> tuple[Path, dict[str, Any]] | None:
+        """The checkpoint to restore (the runner has put the outputs back to it), or None when not resuming."""
+        if not self.resume:
+            return None
+        if self._resume_from is None:
+            found = read_latest(self.out)
+            if found is None:
+                raise NotResumable(f"LAUNCHER_RESUME=1 but {self.out} has no checkpoint ({LATEST})")
+            self._resume_from = found
+        return self._resume_from
+
+    def due(self, epoch: int) -> bool:
+        """Whether a checkpoint follows epoch (0-based, as Keras numbers them)."""
+        return self.every is not None and (epoch + 1) % self.every == 0
+
+    def write(self, epoch: int, step: int, framework: str, save: Callable[[Path], None]) -> Path:
+        """The checkpoint after epoch (0-based): save(folder) writes the framework's part."""
+        root = self.out / DIR
+        name = checkpoint_name(epoch + 1)
+        tmp = root / f".{name}.partial"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        save(tmp)
+        fp.write_json(tmp / RNG, python_numpy_state())
+        sizes = {rel: (self.out / rel).stat().st_size for rel in APPENDED if (self.out / rel).is_file()}
+        fp.write_json(tmp / STATE, {"epoch": epoch, "next_epoch": epoch + 1, "step": step,
+                                    "framework": framework, "files": sizes})
+        final = root / name
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        fp.write_atomic(self.out / LATEST, (json.dumps({"name": name}, sort_keys=True) + "\n").encode())
+        for old in root.iterdir():
+            if old.is_dir() and old.name != name:
+                shutil.rmtree(old, ignore_errors=True)
+        return final
