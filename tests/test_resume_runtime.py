@@ -14,9 +14,10 @@ import subprocess
 import time
 from pathlib import Path
 
+from test_runtime_torch import REPO, torch_python
+
 from launcher.runs.determinism import profile_env
 from launcher.runtime import checkpoint
-from tests.test_runtime_torch import REPO, torch_python
 
 PARAMS = json.dumps({"epochs": 4, "train_samples": 256, "test_samples": 64, "device": "cpu"})
 COMPARED = ("fingerprints/initial_weights.json", "fingerprints/batches.jsonl", "fingerprints/steps.jsonl",
