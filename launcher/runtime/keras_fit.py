@@ -395,11 +395,10 @@ def install(keras: Any, tf: Any, rec: Recorder) -> Callable[..., Any]:
                 given.arguments["initial_epoch"] = int(resume[1]["next_epoch"])
         probe_set = probemod.capture(rec, validation, self)
         tap = BatchTap(tf)
-        ours = [_recorder_callback(keras, rec, tap)]
+        ours = [_recorder_callback(keras, rec, tap, resume)]
         traced = _trace_ops(keras, tf, rec, self)
         if traced is not None:
             ours.append(traced)
-        callback = _recorder_callback(keras, rec, tap, resume)
         callbacks = given.arguments.get("callbacks")
         if isinstance(callbacks, keras.callbacks.CallbackList):
             for n, callback in enumerate(ours):

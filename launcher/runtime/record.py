@@ -71,6 +71,7 @@ class Recorder:
         if not self._optrace_read:
             self._optrace, self._optrace_read = optrace.from_env(self.out), True
         return self._optrace
+
     @property
     def checkpoints(self) -> checkpoint.Checkpoints:
         """The run's checkpoints (launcher.runtime.checkpoint), set by LAUNCHER_CHECKPOINT_EVERY and LAUNCHER_RESUME."""
