@@ -79,7 +79,7 @@ def test_choices_are_listed_in_help(ws: Path) -> None:
     assert "[cpu|gpu|all]" in runner.invoke(app, ["lock", "--help"], env=WIDE).output
     assert "[same|different|both]" in runner.invoke(app, ["experiment", "--help"], env=WIDE).output
     assert "[mlflow|tensorboard]" in runner.invoke(app, ["export", "--help"], env=WIDE).output
-    assert "[tensorflow|torch]" in runner.invoke(app, ["recipes", "new", "--help"], env=WIDE).output
+    assert "[tensorflow|torch|jax]" in runner.invoke(app, ["recipes", "new", "--help"], env=WIDE).output
     # the variants are the workspace's own: a NAME.in with a NAME.Dockerfile
     (ws / "lockfiles" / "torch-cpu.in").write_text("torch\n")
     (ws / "dockerfiles" / "torch-cpu.Dockerfile").write_text("FROM scratch\n")

@@ -20,7 +20,7 @@ from launcher.workspace import Workspace
 
 REPO = Path(__file__).resolve().parents[1]
 SEED_RECIPES = {"mnist_convnet", "catsdogs_convnet", "mini_xception", "cifar_resnet", "pets_unet",
-                "mnist_torch"}
+                "mnist_torch", "mlp_jax"}
 GOOD = '''name = "tiny"
 framework = "none"
 entry = "train.py"
@@ -100,7 +100,7 @@ def test_a_good_recipe_loads_with_its_datasets(ws: Workspace) -> None:
 @pytest.mark.parametrize(("toml", "key"), [
     ('colour = "red"\n' + GOOD, "colour"),
     (GOOD.replace('entry = "train.py"\n', ""), "entry"),
-    (GOOD.replace('framework = "none"', 'framework = "jax"'), "framework"),
+    (GOOD.replace('framework = "none"', 'framework = "mxnet"'), "framework"),
     (GOOD + '\n[[datasets]]\nname = "x"\nsauce = "y"\n', "datasets[2].sauce"),
     (GOOD + '\n[[datasets]]\nname = "x"\nparam = "nope"\n', "datasets[2].param"),
     (GOOD.replace('fingerprint = "sha256:' + "ab" * 32 + '"', 'fingerprint = "md5:12"'),
@@ -330,7 +330,7 @@ def test_the_seed_recipes_declare_what_their_selecting_params_allow() -> None:
 
 
 def test_scaffold_makes_a_recipe_that_loads(ws: Workspace) -> None:
-    for framework in ("tensorflow", "torch"):
+    for framework in ("tensorflow", "torch", "jax"):
         r = recipes.scaffold_recipe(ws, f"new_{framework}", framework)
         assert r.framework == framework
         assert (r.path / "train.py").is_file()
@@ -340,7 +340,7 @@ def test_scaffold_makes_a_recipe_that_loads(ws: Workspace) -> None:
     with pytest.raises(UsageError, match="bad recipe name"):
         recipes.scaffold_recipe(ws, "../escape")
     with pytest.raises(UsageError, match="unknown framework"):
-        recipes.scaffold_recipe(ws, "other", "jax")
+        recipes.scaffold_recipe(ws, "other", "mxnet")
 
 
 runner = CliRunner()

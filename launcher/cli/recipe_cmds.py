@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Literal
+from typing import Annotated
 
 import typer
 from rich.markup import escape
@@ -73,8 +73,10 @@ def show_cmd(
 def new_cmd(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(metavar="NAME", help="The new recipe's name (a folder under recipes/).")],
-    framework: Annotated[Literal["tensorflow", "torch"], typer.Option(
-        "--framework", help="The framework train.py is written for.")] = "tensorflow",
+    framework: Annotated[str, typer.Option(
+        "--framework", metavar=f"[{'|'.join(recipes.scaffolded_frameworks())}]",
+        autocompletion=lambda: recipes.scaffolded_frameworks(),
+        help="The framework train.py is written for (its recipe.toml names that framework's image).")] = "tensorflow",
 ) -> None:
     """Scaffold recipes/NAME/ with a recipe.toml and a train.py that runs as it is."""
     recipe = recipes.scaffold_recipe(workspace_of(ctx), name, framework)

@@ -14,6 +14,7 @@ them before the recipe's code runs; the manifest records the same dict.
 from __future__ import annotations
 
 from launcher.errors import UsageError
+from launcher.runtime import frameworks
 
 PROFILES: tuple[str, ...] = ("strict", "deterministic", "seeded", "off")
 DEFAULT_PROFILE = "deterministic"
@@ -76,16 +77,10 @@ def profile_env(profile: str, seed: int | None = None, threads: int | None = Non
     n = str(_check_threads(profile, threads))
     env.update({
         "LAUNCHER_THREADS": n,
-        "TF_DETERMINISTIC_OPS": "1",
-        "TF_CUDNN_DETERMINISTIC": "1",
-        "TF_NUM_INTRAOP_THREADS": n,
-        "TF_NUM_INTEROP_THREADS": n,
         "OMP_NUM_THREADS": n,
         "MKL_NUM_THREADS": n,
         "OPENBLAS_NUM_THREADS": n,
-        # cuBLAS needs a fixed workspace for reproducible GEMMs (CUDA >= 10.2; torch checks it).
-        "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
-        "XLA_FLAGS": "--xla_gpu_deterministic_ops=true",
+        **frameworks.deterministic_env(n),  # TF_DETERMINISTIC_OPS, CUBLAS_WORKSPACE_CONFIG, XLA_FLAGS...
     })
     return dict(sorted(env.items()))
 

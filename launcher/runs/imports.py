@@ -13,13 +13,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-# top-level package -> the framework whose determinism launcher applies when it is imported
-FRAMEWORK_OF = {
-    "tensorflow": "tensorflow", "keras": "tensorflow", "tf_keras": "tensorflow",
-    "torch": "torch", "torchvision": "torch", "torchaudio": "torch", "lightning": "torch",
-    "pytorch_lightning": "torch",
-    "jax": "jax", "flax": "jax", "optax": "jax",
-}
+from launcher.runtime.frameworks import for_module
+
 MAX_FILES = 2000
 MAX_DEPTH = 200
 
@@ -75,7 +70,8 @@ def frameworks(script: Path, code_root: Path | None = None) -> list[str]:
         except (SyntaxError, ValueError, OSError):
             return
         for name in _imported_names(tree, package):
-            framework = FRAMEWORK_OF.get(name.split(".")[0])
+            known = for_module(name)
+            framework = known.name if known else None
             if framework is not None:
                 if framework not in found:
                     found.append(framework)

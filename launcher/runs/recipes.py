@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import BadRecipe, NotFound, UsageError
+from launcher.runtime import frameworks
 from launcher.runtime import spec as rspec
 from launcher.runtime.code import code_digest
 from launcher.workspace import Workspace
@@ -216,7 +217,6 @@ def resolve_params(recipe: Recipe, given: list[str] | dict[str, Any]) -> dict[st
     return out
 
 
-TORCH_VARIANT = "torch-cpu"
 _TOML = '''name = "{name}"
 framework = "{framework}"
 entry = "train.py"
@@ -240,78 +240,9 @@ source = "files"
 format = "data.npz with arrays x and y"
 '''
 
-_TRAIN_TF = '''"""{name}: a small Keras model trained with model.fit.
-
-The runtime applies the determinism profile before this file runs and records the dataset,
-initial weights, batch order, metrics and final weights of every model.fit on arrays.
-"""
-
-import numpy as np
-import tensorflow as tf
-
-from launcher.runtime import api
-
-keras = tf.keras
-p = api.params()
-if p["dataset"] == "files":
-    path = api.data_dir() / "data.npz"
-    if not path.is_file():
-        raise api.BadData(f"{{path}}: not found; expected data.npz with arrays x and y")
-    with np.load(path) as f:
-        x, y = f["x"], f["y"]
-else:
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(256, 8)).astype("float32")
-    y = (x.sum(axis=1) > 0).astype("int64")
-    api.record_dataset({{"x": x, "y": y}})
-
-model = keras.Sequential([keras.Input((x.shape[1],)), keras.layers.Dense(16, activation="relu"),
-                          keras.layers.Dropout(0.2), keras.layers.Dense(2, activation="softmax")])
-model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-model.fit(x, y, batch_size=p["batch_size"], epochs=p["epochs"], validation_split=0.2, verbose=2)
-'''
-
-_TRAIN_TORCH = '''"""{name}: a small PyTorch model.
-
-It reports its fingerprints through launcher.runtime.api (PyTorch has no fit() to hook).
-"""
-
-import numpy as np
-import torch
-from torch.utils.data import DataLoader, TensorDataset
-
-from launcher.runtime import api
-
-p = api.params()
-if p["dataset"] == "files":
-    path = api.data_dir() / "data.npz"
-    if not path.is_file():
-        raise api.BadData(f"{{path}}: not found; expected data.npz with arrays x and y")
-    with np.load(path) as f:
-        x, y = f["x"].astype("float32"), f["y"].astype("int64")
-else:
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(256, 8)).astype("float32")
-    y = (x.sum(axis=1) > 0).astype("int64")
-    api.record_dataset({{"x": x, "y": y}})
-data = TensorDataset(torch.from_numpy(x), torch.from_numpy(y), torch.arange(len(x)))
-loader = DataLoader(data, batch_size=p["batch_size"], shuffle=True, generator=api.torch_generator())
-model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
-api.record_initial_weights(api.torch_layers(model))
-opt = torch.optim.Adam(model.parameters())
-for epoch in range(p["epochs"]):
-    batches, total = [], 0.0
-    for xb, yb, ids in loader:
-        batches.append(ids.numpy())
-        opt.zero_grad()
-        # one-hot log-likelihood: NLLLoss has no deterministic CUDA implementation
-        loss = -(torch.log_softmax(model(xb), 1) * torch.nn.functional.one_hot(yb, 2)).sum(1).mean()
-        loss.backward()
-        opt.step()
-        total += float(loss.detach()) * len(yb)
-    api.record_epoch(epoch, batches, {{"loss": total / len(data)}})
-api.save_final(api.torch_layers(model))
-'''
+def scaffolded_frameworks() -> list[str]:
+    """The frameworks `launcher recipes new --framework` writes a train.py for."""
+    return [f.name for f in frameworks.all_frameworks() if f.scaffold]
 
 
 def scaffold_recipe(ws: Workspace, name: str, framework: str = "tensorflow") -> Recipe:
@@ -319,17 +250,17 @@ def scaffold_recipe(ws: Workspace, name: str, framework: str = "tensorflow") -> 
     if not _NAME.match(name):
         raise UsageError(f"bad recipe name {name!r}",
                          "start with a letter; use letters, digits, '_' or '-' (at most 64)")
-    if framework not in ("tensorflow", "torch"):
-        raise UsageError(f"unknown framework {framework!r}", "use tensorflow or torch")
+    fw = frameworks.named(framework)
+    if fw is None or fw.scaffold is None:
+        raise UsageError(f"unknown framework {framework!r}", f"use {' or '.join(scaffolded_frameworks())}")
     folder = ws.recipes / name
     if folder.exists():
         raise UsageError(f"{folder} already exists", "pick another name or edit that recipe")
     folder.mkdir(parents=True)
     toml = _TOML.format(name=name, framework=framework)
-    if framework == "torch" and TORCH_VARIANT in ws.variants():  # a PyTorch recipe needs a PyTorch image
-        toml = toml.replace('entry = "train.py"\n', f'variant = "{TORCH_VARIANT}"      # the image it runs in '
+    if fw.variant and fw.variant in ws.variants():  # a PyTorch recipe needs a PyTorch image
+        toml = toml.replace('entry = "train.py"\n', f'variant = "{fw.variant}"      # the image it runs in '
                             '(--variant overrides)\nentry = "train.py"\n', 1)
     (folder / rspec.RECIPE_FILE).write_text(toml)
-    body = _TRAIN_TF if framework == "tensorflow" else _TRAIN_TORCH
-    (folder / "train.py").write_text(body.format(name=name))
+    (folder / "train.py").write_text(fw.scaffold.format(name=name))
     return load_folder(folder)

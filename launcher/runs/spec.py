@@ -13,6 +13,7 @@ from launcher.errors import Corrupt, LauncherError, NotFound, UsageError
 from launcher.images.lock import parse_lock
 from launcher.runs import recipes
 from launcher.runs.recipes import Recipe
+from launcher.runtime import frameworks
 from launcher.runtime.probespec import ProbeError, ProbeSpec, parse_option
 from launcher.runtime.steps import EPOCH, parse_every
 from launcher.workspace import Workspace, check_variant_name
@@ -118,14 +119,16 @@ def check_params(recipe: Recipe, given: Mapping[str, Any]) -> dict[str, Any]:
     return recipes.check_values(recipe, given)
 
 
-# The distributions that make a framework importable in an image (a lock's package names).
-FRAMEWORK_PACKAGES = {"tensorflow": ("tensorflow", "tensorflow-cpu"), "torch": ("torch",)}
+def framework_packages(framework: str) -> tuple[str, ...]:
+    """The distributions that make a framework importable in an image (a lock's package names)."""
+    found = frameworks.named(framework)
+    return found.packages if found else ()
 
 
 def holds_framework(ws: Workspace, variant: str, framework: str) -> bool:
     """Whether the variant's lock holds the framework's distribution (True for a framework launcher
     has no package names for, and for a variant not locked yet: nothing to refuse on)."""
-    wanted = FRAMEWORK_PACKAGES.get(framework)
+    wanted = framework_packages(framework)
     path = ws.lock_txt(variant)
     if not wanted or not path.is_file():
         return True
@@ -156,7 +159,7 @@ def check_framework(ws: Workspace, recipe: Recipe, variant: str) -> None:
     (a PyTorch recipe in the TensorFlow image); the hint names the variants that hold it."""
     if holds_framework(ws, variant, recipe.framework):
         return
-    wanted = FRAMEWORK_PACKAGES[recipe.framework]
+    wanted = framework_packages(recipe.framework)
     others = [v for v in ws.variants() if v != variant and ws.lock_txt(v).is_file()
               and holds_framework(ws, v, recipe.framework)]
     if others:

@@ -12,7 +12,8 @@ raise api.BadData("train.csv: expected 3 columns")   # a clear data error, exit 
 A Keras recipe that calls ``model.fit`` on arrays needs nothing else: the runtime records the
 initial weights, batches, metrics and final model itself. A PyTorch recipe has no fit() to hook,
 so it reports those with :func:`record_initial_weights`, :func:`record_epoch` and
-:func:`save_final`, and seeds its DataLoader with :func:`torch_generator`.
+:func:`save_final`, and seeds its DataLoader with :func:`torch_generator`; a JAX recipe the same,
+its pytree of parameters given by :func:`jax_layers`.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from typing import Any
 from launcher.runtime import fingerprints as fp
 from launcher.runtime.record import BadData, recorder
 
-__all__ = ["BadData", "checkpoint", "data_dir", "out_dir", "params", "profile", "record_dataset", "record_epoch",
-           "record_initial_weights", "resume_point", "save_final", "seed", "threads", "torch_generator", "torch_layers"]
+__all__ = ["BadData", "checkpoint", "data_dir", "jax_layers", "out_dir", "params", "profile", "record_dataset",
+           "record_epoch", "record_initial_weights", "resume_point", "save_final", "seed", "threads", "torch_generator",
+           "torch_layers"]
 
 
 def params(defaults: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -67,6 +69,13 @@ def record_dataset(arrays: dict[str, Any]) -> str:
 def torch_layers(model: Any) -> fp.Layers:
     """(module name, [parameters and buffers]) in registration order, from a torch module."""
     return fp.torch_layers(model)
+
+
+def jax_layers(params: Any) -> fp.Layers:
+    """(parent path, [leaf arrays]) from a JAX pytree of parameters, e.g. {"dense": {"w": w, "b": b}}."""
+    from launcher.runtime.frameworks.fw_jax import layers
+
+    return layers(params)
 
 
 def record_initial_weights(layers: fp.Layers) -> None:

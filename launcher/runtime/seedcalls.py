@@ -15,17 +15,19 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-# module -> (attribute path inside it, the name a call is listed under); each module's functions are
-# wrapped when it is imported (tf.keras is a module of its own, imported on first use)
+# module -> (attribute path inside it, the name a call is listed under): Python's and NumPy's here,
+# each framework's in its module (launcher.runtime.frameworks); a module's functions are wrapped when
+# it is imported
 SEEDERS: dict[str, tuple[tuple[str, str], ...]] = {
     "random": (("seed", "random.seed"),),
     "numpy.random": (("seed", "numpy.random.seed"),),
-    "tensorflow": (("random.set_seed", "tensorflow.random.set_seed"),),
-    "keras": (("utils.set_random_seed", "keras.utils.set_random_seed"),),
-    "keras._tf_keras.keras.utils": (("set_random_seed", "keras.utils.set_random_seed"),),
-    "torch": (("manual_seed", "torch.manual_seed"), ("random.manual_seed", "torch.manual_seed"),
-              ("cuda.manual_seed", "torch.cuda.manual_seed"), ("cuda.manual_seed_all", "torch.cuda.manual_seed_all")),
 }
+
+
+def seeders() -> dict[str, tuple[tuple[str, str], ...]]:
+    from launcher.runtime import frameworks
+
+    return {**SEEDERS, **frameworks.seeders()}
 
 
 class SeedCalls:
@@ -39,8 +41,8 @@ class SeedCalls:
         self._depth = threading.local()
 
     def wrap_module(self, module: types.ModuleType) -> None:
-        """Wrap the seeding functions SEEDERS lists for this module (one already loaded)."""
-        for path, api in SEEDERS.get(module.__name__, ()):
+        """Wrap the seeding functions seeders() lists for this module (one already loaded)."""
+        for path, api in seeders().get(module.__name__, ()):
             owner: Any = module
             *parents, attr = path.split(".")
             try:

@@ -80,7 +80,13 @@ except ModuleNotFoundError:  # Python 3.10
     tomllib = None  # type: ignore[assignment]
 
 RECIPE_FILE = "recipe.toml"
-FRAMEWORKS = ("tensorflow", "torch", "none")
+
+
+def known_frameworks() -> tuple[str, ...]:
+    """What recipe.toml's `framework` may say: a framework of launcher.runtime.frameworks, or none."""
+    from launcher.runtime import frameworks
+
+    return (*frameworks.names(), "none")
 SOURCES = ("builtin", "files")
 TOP_KEYS = frozenset({"name", "framework", "entry", "description", "params", "datasets", "outputs", "volatile",
                       "variant", "probes", "system"})
@@ -388,7 +394,7 @@ def parse_spec(path: Path, data: dict[str, Any], folder: Path) -> RecipeSpec:
     _need(isinstance(name, str) and bool(_NAME.match(name)), path,
           "must be letters, digits, '_', '-' or '.'", "name")
     framework = data.get("framework", "tensorflow")
-    _need(framework in FRAMEWORKS, path, f"must be one of {', '.join(FRAMEWORKS)}", "framework")
+    _need(framework in known_frameworks(), path, f"must be one of {', '.join(known_frameworks())}", "framework")
     description = data.get("description", "")
     _need(isinstance(description, str), path, "must be a string", "description")
     variant = data.get("variant")

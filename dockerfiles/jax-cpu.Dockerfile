@@ -1,0 +1,28 @@
+# launcher jax-cpu image (JAX on the CPU), built by `launcher build --variant jax-cpu`:
+#  - LAUNCHER_BASE is filled from lockfiles/images.lock (a digest, never a tag);
+#  - wheels/ and lock.txt come from lockfiles/jax-cpu.txt, downloaded and hash-checked on the host;
+#  - pip installs offline, every wheel checked against its locked sha256;
+#  - SOURCE_DATE_EPOCH makes compiled bytecode hash-based, so it carries no build time.
+ARG LAUNCHER_BASE
+FROM ${LAUNCHER_BASE} AS venv
+ARG SOURCE_DATE_EPOCH
+COPY lock.txt /tmp/lock.txt
+COPY wheels/ /tmp/wheels/
+RUN python3 -m venv --without-pip /opt/venv \
+ && set -- /tmp/wheels/pip-*.whl \
+ && python3 "$1/pip" --python /opt/venv/bin/python install \
+      --no-index --find-links /tmp/wheels --require-hashes --no-deps --no-cache-dir \
+      --disable-pip-version-check --root-user-action=ignore -r /tmp/lock.txt
+
+FROM ${LAUNCHER_BASE}
+COPY --from=venv /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    PYTHONPATH=/opt/launcher \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+WORKDIR /launcher
+COPY lock.txt /opt/launcher/lock.txt
+COPY launcher/ /opt/launcher/launcher/
+# No recipes here: launcher adds them itself as the image's last layer, so a recipe edit
+# rebuilds and ships that small layer alone (see README, Build and rebuild).
+CMD ["python", "-m", "launcher.runtime", "--help"]
