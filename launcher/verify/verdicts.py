@@ -50,7 +50,6 @@ from launcher.verify.artifacts import (
     is_volatile,
     recipe_volatile,
 )
-from launcher.verify.content import file_format
 from launcher.verify.differences import (  # explain: where and why two runs differ, and what it does
     BATCHES,
     CANONICAL_MODEL,
@@ -68,7 +67,6 @@ from launcher.verify.differences import (  # explain: where and why two runs dif
     LAYERS,
     METRICS,
     MISSING,
-    NATIVE_MODELS,
     REFERENCE,
     UNREADABLE,
     categorize,
@@ -86,6 +84,7 @@ from launcher.verify.evidence import (
     kinds_summary,
     matches,
 )
+from launcher.verify.formats import holds_model
 from launcher.verify.impact import Tolerances
 from launcher.workspace import Workspace
 
@@ -114,7 +113,6 @@ __all__ = [
     "LAYERS",
     "METRICS",
     "MISSING",
-    "NATIVE_MODELS",
     "REFERENCE",
     "SCHEMA",
     "UNREADABLE",
@@ -363,7 +361,7 @@ class VerifyReport:
 
     def _model_compared(self, run_id: str) -> bool:
         """A model file of a format launcher reads was compared (not unreadable) with the reference's."""
-        return any(a.checked and file_format(a.path) in MODEL_FORMATS and a.kind == KIND_MODEL
+        return any(a.checked and holds_model(a.path) and a.kind == KIND_MODEL
                    and (a.cells.get(run_id) or {}).get("status") in (IDENTICAL, IDENTICAL_CONTENT)
                    for a in self.artifacts)
 
@@ -400,9 +398,6 @@ class VerifyReport:
             "not_compared": {"launcher": list(VOLATILE), "ignore": list(self.ignore)},
             "skipped": self.skipped,
         }
-
-
-MODEL_FORMATS = frozenset({"keras", "hdf5", "torch", "safetensors", "npz", "npy"})
 
 
 def _run_files(rows: list[ArtifactRow], run_id: str, statuses: tuple[str, ...]) -> list[dict[str, Any]]:
