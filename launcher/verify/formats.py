@@ -68,10 +68,6 @@ def formats() -> tuple[Format, ...]:
     return tuple(_FORMATS.values())
 
 
-def get(name: str) -> Format:
-    return _FORMATS[name]
-
-
 def format_of(name: str) -> Format | None:
     """The format a file name (a path or a base name) says, or None (then bytes are compared).
 
