@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from launcher.cli import app
 from launcher.errors import Corrupt, ExitCode
-from launcher.verify.verdicts import CLASS_OUTPUTS, IDENTICAL_CONTENT, verify_checksums
+from launcher.verify.differences import CLASS_OUTPUTS, IDENTICAL_CONTENT
+from launcher.verify.verdicts import verify_checksums
 from launcher.workspace import Workspace
 
 

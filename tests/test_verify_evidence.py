@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from launcher.cli import app
 from launcher.errors import ExitCode, UsageError
 from launcher.runs.manifest import load_manifest
+from launcher.verify.differences import IDENTICAL_CONTENT, IGNORED, UNREADABLE
 from launcher.verify.evidence import (
     KIND_CHECKPOINT,
     KIND_LOGS,
@@ -30,7 +31,7 @@ from launcher.verify.evidence import (
     determinism_of,
     kind_of,
 )
-from launcher.verify.verdicts import IDENTICAL_CONTENT, IGNORED, INCONCLUSIVE, UNREADABLE, verify_checksums
+from launcher.verify.verdicts import INCONCLUSIVE, verify_checksums
 from launcher.workspace import Workspace
 
 runner = CliRunner()

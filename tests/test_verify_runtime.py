@@ -18,7 +18,8 @@ from runfactory import adopt_outputs, make_workspace
 
 from launcher.errors import ExitCode
 from launcher.runs.determinism import profile_env
-from launcher.verify.verdicts import CLASS_INPUT, CLASS_NONDETERMINISM, verify_checksums
+from launcher.verify.differences import CLASS_INPUT, CLASS_NONDETERMINISM
+from launcher.verify.verdicts import verify_checksums
 from launcher.workspace import Workspace
 
 RECIPE_TOML = """\

@@ -43,7 +43,8 @@ from launcher.runs.placement import Placement
 from launcher.runs.spec import RunSpec
 from launcher.runs.userenv import secret_digest
 from launcher.runtime import code as codedigest
-from launcher.verify.verdicts import REFERENCE, verify_checksums
+from launcher.verify.differences import REFERENCE
+from launcher.verify.verdicts import verify_checksums
 from launcher.workspace import Workspace
 
 BUNDLE_DIR = ".launcher/bundle"  # where the bundle is unpacked inside the reproduction's workspace

@@ -45,8 +45,10 @@ from launcher.report.stats import (
     seed_fixed_spread,
 )
 from launcher.runs.manifest import Manifest
+from launcher.runs.store import group_runs
+from launcher.verify.differences import read_metrics
 from launcher.verify.stepdiff import steps_strip
-from launcher.verify.verdicts import group_runs, read_metrics, verify_checksums
+from launcher.verify.verdicts import verify_checksums
 from launcher.workspace import Workspace
 
 # The statistics' names stay importable from here, where tests and the CLI import them.

@@ -83,7 +83,7 @@ __all__ = [
 
 def select_runs(ws: Workspace, refs: Sequence[str], group: str | None = None) -> list[Manifest]:
     """Named runs (ids, id prefixes or run directories), a group's runs, or the latest group's."""
-    from launcher.verify import verdicts as verify
+    from launcher.runs.store import group_runs, latest_group, resolve_run
 
     if refs and group:
         raise UsageError("name runs or a group, not both", "drop the run ids or --group")
@@ -91,12 +91,12 @@ def select_runs(ws: Workspace, refs: Sequence[str], group: str | None = None) ->
         seen: set[Path] = set()
         out: list[Manifest] = []
         for ref in refs:
-            d = verify.resolve_run(ws, ref)
+            d = resolve_run(ws, ref)
             if d.resolve() not in seen:
                 seen.add(d.resolve())
                 out.append(load_manifest(d))
         return out
-    runs = verify.group_runs(ws, group if group is not None else verify.latest_group(ws), results_only=False)
+    runs = group_runs(ws, group if group is not None else latest_group(ws), results_only=False)
     if not runs:
         raise NotFound(f"no completed runs in group {group!r} under {ws.runs}",
                        "check the group name in a run's manifest.json")
@@ -129,10 +129,10 @@ def export_runs(ws: Workspace, refs: Sequence[str], target: str, *, group: str |
 
 def is_run(ws: Workspace, ref: str) -> bool:
     """Whether ``ref`` names a run (the CLI uses it to tell a TensorBoard DIR from a RUN)."""
-    from launcher.verify import verdicts as verify
+    from launcher.runs.store import resolve_run
 
     try:
-        d = verify.resolve_run(ws, ref)
+        d = resolve_run(ws, ref)
     except LauncherError:
         return False
     return (d / "manifest.json").is_file() or (d / "launch.json").is_file()

@@ -107,21 +107,22 @@ class Verdict:
 
 def group_verdicts(ws: Workspace, manifests: Sequence[Manifest], reporter: Reporter) -> dict[str, Verdict]:
     """Verify each group once; a run alone in its group, or one verify cannot compare, has none."""
-    from launcher.verify import verdicts as verify
+    from launcher.runs.store import group_runs
+    from launcher.verify.verdicts import verify_checksums
 
     out: dict[str, Verdict] = {}
     by_group: dict[str, list[Manifest]] = {}
     for m in manifests:
         by_group.setdefault(m.group, []).append(m)
     for group, members in by_group.items():
-        complete = verify.group_runs(ws, group, results_only=False)
+        complete = group_runs(ws, group, results_only=False)
         if len(complete) < 2:
             for m in members:
                 out[m.run_id] = Verdict(VERDICT_NONE, VERDICT_NONE,
                                         f"not verified: {m.run_id} is the only completed run of group {group}")
             continue
         try:
-            report = verify.verify_checksums(ws, group=group, reporter=reporter, across_code=True).to_dict()
+            report = verify_checksums(ws, group=group, reporter=reporter, across_code=True).to_dict()
         except LauncherError as exc:
             for m in members:
                 out[m.run_id] = Verdict(VERDICT_NONE, VERDICT_NONE, f"not verified: {exc.one_line()}")

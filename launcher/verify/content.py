@@ -6,8 +6,9 @@ time in every record (and the time, host and pid in its name), a SavedModel grap
 change on every export. :func:`compare_files` reads both files in their format and answers
 whether their content is equal, what differs in the bytes only, and where the content differs
 (for weights, the first differing layer and array, through :mod:`launcher.verify.modeldiff`). This
-module picks the comparer by file name; the comparers are in :mod:`launcher.verify.contentlogs`,
-:mod:`launcher.verify.contentmodels` and :mod:`launcher.verify.contenttf`.
+module picks the comparer by file name from the formats declared in :mod:`launcher.verify.formats`;
+the comparers are in :mod:`launcher.verify.contentlogs`, :mod:`launcher.verify.contentmodels` and
+:mod:`launcher.verify.contenttf`.
 
 Formats: ``.keras``; HDF5 ``.h5``/``.hdf5`` (Keras full-model and weights saves); SavedModel
 directories (``variables/`` read by hand from TensorFlow's tensor bundle; ``saved_model.pb``
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import struct
 import zipfile
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from launcher.errors import LauncherError, MissingExtra
 from launcher.verify.contentlogs import (
@@ -45,10 +46,10 @@ from launcher.verify.contenttf import (
     read_table,
     savedmodel_root,
 )
+from launcher.verify.formats import format_of
 
 # The comparers' names stay importable from here, where verify and the tests import them.
 __all__ = [
-    "EVENTS_MARK",
     "SAVED_MODEL_PB",
     "SAVED_MODEL_UNCOMPARED",
     "VOLATILE_FIELDS",
@@ -76,20 +77,11 @@ __all__ = [
     "volatile_field",
 ]
 
-EVENTS_MARK = "tfevents"
 
 def file_format(name: str) -> str | None:
     """The format a file name says, or None (then bytes are compared)."""
-    low = name.lower()
-    base = PurePosixPath(low).name
-    if EVENTS_MARK in base and base.startswith("events.out."):
-        return "tfevents"
-    for suffix, fmt in ((".keras", "keras"), (".h5", "hdf5"), (".hdf5", "hdf5"), (".pt", "torch"),
-                        (".pth", "torch"), (".safetensors", "safetensors"), (".npy", "npy"), (".npz", "npz"),
-                        (".csv", "csv"), (".tsv", "csv"), (".jsonl", "jsonl"), (".json", "json")):
-        if low.endswith(suffix):
-            return fmt
-    return None
+    fmt = format_of(name)
+    return fmt.name if fmt else None
 
 
 def compare_files(a: Path, b: Path, name: str | None = None) -> ContentDiff | None:
@@ -98,13 +90,13 @@ def compare_files(a: Path, b: Path, name: str | None = None) -> ContentDiff | No
     Files that cannot be read as their format are not compared: the answer says why
     (``unreadable``) and, for a missing package, the fix; it never says they differ.
     """
-    fmt = file_format(name or a.name)
+    fmt = format_of(name or a.name)
     if fmt is None:
         return None
     try:
-        return _COMPARERS[fmt](a, b)
+        return fmt.compare(a, b)
     except (LauncherError, OSError, ValueError, KeyError, zipfile.BadZipFile, struct.error) as exc:
-        return unreadable(fmt, exc)
+        return unreadable(fmt.name, exc)
 
 
 def unreadable(fmt: str, exc: BaseException) -> ContentDiff:
@@ -114,9 +106,3 @@ def unreadable(fmt: str, exc: BaseException) -> ContentDiff:
     why = exc.one_line() if isinstance(exc, LauncherError) else f"{type(exc).__name__}: {exc}"
     return ContentDiff(fmt, False, [], unreadable=f"cannot be read as {fmt}: {why}")
 
-
-_COMPARERS = {
-    "keras": compare_keras, "hdf5": compare_hdf5, "torch": compare_torch, "safetensors": compare_safetensors,
-    "npy": compare_npy, "npz": compare_npy, "csv": compare_csv, "json": compare_json, "jsonl": compare_jsonl,
-    "tfevents": compare_events,
-}

@@ -11,6 +11,7 @@ from typing import Any
 
 from launcher.errors import Corrupt, LauncherError
 from launcher.runs.manifest import Manifest
+from launcher.verify.formats import native_saves
 from launcher.verify.impact import Tolerances, explain_impact, with_impact
 from launcher.verify.jsonlines import read_jsonl as _read_jsonl
 from launcher.verify.modeldiff import ModelDiff, Weights, diff_models, load_canonical, load_weights
@@ -34,7 +35,6 @@ CLASS_OUTPUTS = "outputs"  # training identical; some other output differs
 
 CANONICAL_MODEL = "outputs/model/canonical.npz"
 LAYERS = "outputs/weights/layers.json"
-NATIVE_MODELS = ("outputs/model/model.weights.h5", "outputs/model/model.pt", "outputs/model/model.keras")
 DATASET = "outputs/fingerprints/dataset.json"
 INITIAL_WEIGHTS = "outputs/fingerprints/initial_weights.json"
 BATCHES = "outputs/fingerprints/batches.jsonl"
@@ -62,7 +62,7 @@ def read_metrics(m: Manifest) -> list[dict[str, Any]] | None:
 
 
 def explain_model(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
-    for rel in (CANONICAL_MODEL, *NATIVE_MODELS):
+    for rel in (CANONICAL_MODEL, *native_saves()):
         if ref.artifact(rel) and run.artifact(rel):
             try:
                 diff: ModelDiff = diff_models(ref.file(rel), run.file(rel))
@@ -435,7 +435,7 @@ def check_consistency(m: Manifest) -> dict[str, Any]:
             raise Corrupt(f"run {m.run_id} is inconsistent: {len(canonical)} arrays in canonical.npz, "
                           f"{len(recorded)} in weights/layers.json", hint)
         out["layers"] = {"arrays": len(canonical), "ok": True}
-    for rel in NATIVE_MODELS:
+    for rel in native_saves():
         if not m.artifact(rel):
             continue
         try:

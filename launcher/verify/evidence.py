@@ -17,6 +17,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from launcher.runs.manifest import Manifest
+from launcher.verify.formats import model_suffixes
 
 KIND_NAMED = "named evidence"  # files matching `verify checksums --evidence GLOB`
 KIND_MODEL = "model"
@@ -31,7 +32,7 @@ KINDS = (KIND_NAMED, KIND_MODEL, KIND_CHECKPOINT, KIND_PREDICTIONS, KIND_METRICS
 # What training produced: agreeing on one of these proves something about training.
 TRAINING_KINDS = frozenset({KIND_NAMED, KIND_MODEL, KIND_CHECKPOINT, KIND_PREDICTIONS, KIND_METRICS})
 
-_MODEL_SUFFIXES = (".keras", ".h5", ".hdf5", ".pt", ".pth", ".safetensors", ".npz", ".npy", ".onnx")
+_MODEL_SUFFIXES_UNCOMPARED = (".onnx",)  # models launcher compares by bytes only; the others: launcher.verify.formats
 _MODEL_FOLDERS = frozenset({"model", "models", "weights", "saved_model", "savedmodel"})
 _MODEL_FILES = frozenset({"outputs/model/canonical.npz", "outputs/weights/layers.json"})
 _CHECKPOINT_WORDS = ("checkpoint", "ckpt")
@@ -72,7 +73,7 @@ def kind_of(path: str, savedmodels: Iterable[str] = (), named: Iterable[str] = (
         return KIND_CHECKPOINT
     if any(path == d or path.startswith(d + "/") for d in savedmodels):
         return KIND_MODEL
-    if name.endswith(_MODEL_SUFFIXES) or _MODEL_FOLDERS & set(folders):
+    if name.endswith((*model_suffixes(), *_MODEL_SUFFIXES_UNCOMPARED)) or _MODEL_FOLDERS & set(folders):
         return KIND_MODEL
     if _TF_CHECKPOINT.search(name):
         return KIND_CHECKPOINT

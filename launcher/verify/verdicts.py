@@ -26,55 +26,30 @@ from launcher.errors import Corrupt, ExitCode, UsageError
 from launcher.hashing import sha256_file
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.manifest import Manifest, describe_code
-from launcher.runs.store import (
-    Selection,
-    group_runs,
-    latest_group,
-    resolve_run,
-    select_runs,
-    short_digest,
-    skipped_in_group,
-)
+from launcher.runs.store import select_runs, short_digest, skipped_in_group
 from launcher.verify.artifacts import (
-    IGNORED_BY_LAUNCHER,
-    IGNORED_BY_OPTION,
-    IGNORED_BY_RECIPE,
     VOLATILE,
     ArtifactRow,
     bytes_only_groups,
     bytes_only_phrases,
     compare_artifacts,
     ignore_glob,
-    ignored_by,
     ignored_groups,
-    is_volatile,
     recipe_volatile,
 )
-from launcher.verify.content import file_format
-from launcher.verify.differences import (  # explain: where and why two runs differ, and what it does
+from launcher.verify.differences import (
     BATCHES,
-    CANONICAL_MODEL,
-    CLASS_ENVIRONMENT,
     CLASS_IDENTICAL,
-    CLASS_INPUT,
-    CLASS_NONDETERMINISM,
-    CLASS_OUTPUTS,
     DATASET,
     DIFFERS,
     IDENTICAL,
     IDENTICAL_CONTENT,
-    IGNORED,
     INITIAL_WEIGHTS,
-    LAYERS,
     METRICS,
     MISSING,
-    NATIVE_MODELS,
     REFERENCE,
-    UNREADABLE,
-    categorize,
     check_consistency,
     explain,
-    read_metrics,
     repull_hint,
 )
 from launcher.verify.evidence import (
@@ -86,56 +61,9 @@ from launcher.verify.evidence import (
     kinds_summary,
     matches,
 )
+from launcher.verify.formats import holds_model
 from launcher.verify.impact import Tolerances
 from launcher.workspace import Workspace
-
-# The classifications, artifact paths, explanations, the artifact rows and the run store lived in
-# this module once (now launcher.verify.differences, .artifacts and launcher.runs.store); callers
-# still import them from here.
-__all__ = [
-    "BATCHES",
-    "CANONICAL_MODEL",
-    "CLASS_ENVIRONMENT",
-    "CLASS_IDENTICAL",
-    "CLASS_INPUT",
-    "CLASS_NONDETERMINISM",
-    "CLASS_OUTPUTS",
-    "CONSISTENT",
-    "DATASET",
-    "DIFFERS",
-    "IDENTICAL",
-    "IDENTICAL_CONTENT",
-    "IGNORED",
-    "IGNORED_BY_LAUNCHER",
-    "IGNORED_BY_OPTION",
-    "IGNORED_BY_RECIPE",
-    "INCONCLUSIVE",
-    "INITIAL_WEIGHTS",
-    "LAYERS",
-    "METRICS",
-    "MISSING",
-    "NATIVE_MODELS",
-    "REFERENCE",
-    "SCHEMA",
-    "UNREADABLE",
-    "VOLATILE",
-    "ArtifactRow",
-    "IntegrityStats",
-    "RunVerdict",
-    "Selection",
-    "VerifyReport",
-    "categorize",
-    "check_integrity",
-    "explain",
-    "group_runs",
-    "ignored_by",
-    "is_volatile",
-    "latest_group",
-    "read_metrics",
-    "recipe_volatile",
-    "resolve_run",
-    "verify_checksums",
-]
 
 SCHEMA = "launcher.verify.verdicts/v1"
 
@@ -363,7 +291,7 @@ class VerifyReport:
 
     def _model_compared(self, run_id: str) -> bool:
         """A model file of a format launcher reads was compared (not unreadable) with the reference's."""
-        return any(a.checked and file_format(a.path) in MODEL_FORMATS and a.kind == KIND_MODEL
+        return any(a.checked and holds_model(a.path) and a.kind == KIND_MODEL
                    and (a.cells.get(run_id) or {}).get("status") in (IDENTICAL, IDENTICAL_CONTENT)
                    for a in self.artifacts)
 
@@ -400,9 +328,6 @@ class VerifyReport:
             "not_compared": {"launcher": list(VOLATILE), "ignore": list(self.ignore)},
             "skipped": self.skipped,
         }
-
-
-MODEL_FORMATS = frozenset({"keras", "hdf5", "torch", "safetensors", "npz", "npy"})
 
 
 def _run_files(rows: list[ArtifactRow], run_id: str, statuses: tuple[str, ...]) -> list[dict[str, Any]]:
