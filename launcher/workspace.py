@@ -107,6 +107,19 @@ class Workspace:
             return "gpu" if found.group(1).lower() == "gpu" else "cpu"
         return "gpu" if variant == "gpu" else "cpu"
 
+    def known_variant(self, variant: str, *, all_ok: bool = False) -> str:
+        """The variant, if the workspace has it (and `all` where all_ok); else a usage error naming those
+        it has. A half-made variant (NAME.in or NAME.Dockerfile alone) passes: the command then names the
+        file it lacks."""
+        have = list(self.variants())
+        if variant in have or (all_ok and variant == "all"):
+            return variant
+        if "/" not in variant and (self.lock_in(variant).is_file() or self.dockerfile(variant).is_file()):
+            return variant
+        allowed = [*have, *(["all"] if all_ok else [])]
+        none = "none (add lockfiles/NAME.in and dockerfiles/NAME.Dockerfile)"
+        raise UsageError(f"unknown variant {variant!r} in {self.root}", f"use one of: {', '.join(allowed) or none}")
+
     def needs_gpu(self, variant: str) -> bool:
         return self.accelerator(variant) == "gpu"
 

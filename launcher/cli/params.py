@@ -31,7 +31,7 @@ from typer._click.exceptions import NoArgsIsHelpError
 from typer._click.exceptions import UsageError as ClickUsageError
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
-from launcher.errors import LauncherError, UsageError
+from launcher.errors import LauncherError
 from launcher.workspace import VARIANTS, Workspace
 
 ARGV = "launcher.argv"  # ctx.meta key: the root's arguments as typed (LauncherGroup.parse_args)
@@ -89,16 +89,8 @@ def variants(ctx: Any) -> list[str]:
 
 
 def check_variant(ws: Workspace, variant: str, *, all_ok: bool = False) -> str:
-    """The variant, if the workspace has it (and `all` where all_ok); else a usage error naming those it has.
-    A half-made variant (NAME.in or NAME.Dockerfile alone) passes: the command then names the file it lacks."""
-    have = list(ws.variants())
-    if variant in have or (all_ok and variant == "all"):
-        return variant
-    if "/" not in variant and (ws.lock_in(variant).is_file() or ws.dockerfile(variant).is_file()):
-        return variant
-    allowed = [*have, *(["all"] if all_ok else [])]
-    none = "none (add lockfiles/NAME.in and dockerfiles/NAME.Dockerfile)"
-    raise UsageError(f"unknown variant {variant!r} in {ws.root}", f"use one of: {', '.join(allowed) or none}")
+    """The variant, if the workspace has it (Workspace.known_variant): a usage error naming those it has."""
+    return ws.known_variant(variant, all_ok=all_ok)
 
 
 DYNAMIC_CHOICES: dict[str, Callable[[Any], list[str]]] = {
@@ -307,27 +299,13 @@ def typed(ctx: typer.Context, name: str) -> bool:
 
 
 def variant_for(ctx: typer.Context, ws: Workspace, variant: str, recipe: str, entry: str | None = None) -> str:
-    """The image variant of a run: --variant typed on the command line, else the one the recipe's
-    recipe.toml names (`variant = "torch-cpu"`: a PyTorch recipe needs a PyTorch image), else, for a
-    plain script whose code imports a framework the default lacks, the one variant that has it (said on
-    stderr), else the default (LAUNCHER_VARIANT, launcher.toml, cpu)."""
-    if not typed(ctx, "variant"):
-        from launcher.runs.recipes import load_recipe
-        from launcher.runs.spec import framework_variant
+    """The image variant of a run (launcher.runs.spec.choose_variant), its note said on stderr."""
+    from launcher.runs.spec import choose_variant
 
-        try:
-            loaded = load_recipe(ws, recipe, entry=entry)
-        except LauncherError:
-            return check_variant(ws, variant)  # the run names the recipe's problem itself, in its place
-        if loaded.variant:
-            return check_variant(ws, loaded.variant)
-        chosen = framework_variant(ws, loaded, variant)
-        if chosen:
-            if not getattr(ctx.obj, "quiet", False):
-                typer.echo(f"note: {recipe} imports {loaded.framework}, which the {variant} image lacks: running "
-                           f"in the {chosen} image (--variant to choose another)", err=True)
-            return check_variant(ws, chosen)
-    return check_variant(ws, variant)
+    chosen = choose_variant(ws, recipe, variant, given=typed(ctx, "variant"), entry=entry)
+    if chosen.note and not getattr(ctx.obj, "quiet", False):
+        typer.echo(f"note: {chosen.note}", err=True)
+    return chosen.variant
 
 
 def threads_for(ctx: typer.Context, profile: str, threads: int | None) -> int | None:

@@ -154,6 +154,33 @@ def framework_variant(ws: Workspace, recipe: Recipe, default: str) -> str | None
     return found[0] if len(found) == 1 else None
 
 
+@dataclass(frozen=True)
+class VariantChoice:
+    variant: str
+    note: str | None = None  # why another variant than the default was taken, for the user
+
+
+def choose_variant(ws: Workspace, recipe_ref: str, default: str, *, given: bool,
+                   entry: str | None = None) -> VariantChoice:
+    """The image variant of a run: the one given on the command line (given), else the one the recipe's
+    recipe.toml names (`variant = "torch-cpu"`: a PyTorch recipe needs a PyTorch image), else, for a
+    plain script whose code imports a framework the default lacks, the one variant that has it (with a
+    note saying so), else the default (LAUNCHER_VARIANT, launcher.toml, cpu). A variant the workspace
+    does not have is a usage error naming those it has."""
+    if not given:
+        try:
+            loaded = recipes.load_recipe(ws, recipe_ref, entry=entry)
+        except LauncherError:
+            return VariantChoice(ws.known_variant(default))  # the run names the recipe's problem itself
+        if loaded.variant:
+            return VariantChoice(ws.known_variant(loaded.variant))
+        chosen = framework_variant(ws, loaded, default)
+        if chosen:
+            return VariantChoice(ws.known_variant(chosen), f"{recipe_ref} imports {loaded.framework}, which the "
+                                 f"{default} image lacks: running in the {chosen} image (--variant to choose another)")
+    return VariantChoice(ws.known_variant(default))
+
+
 def check_framework(ws: Workspace, recipe: Recipe, variant: str) -> None:
     """Refuse, before any build or upload, a recipe whose framework the variant's lock does not hold
     (a PyTorch recipe in the TensorFlow image); the hint names the variants that hold it."""
