@@ -143,7 +143,7 @@ class Placement(ABC):
         if not job.secret_env:
             return job
         path = f"{job.run_dir}/{SECRET_ENV_FILE}"
-        self.host.run(["sh", "-c", 'umask 077 && cat > "$1"', "sh", path], input=env_file_text(job))
+        self.host.write_atomic(path, env_file_text(job), private=True)
         return replace(job, env_file=path)
 
     def remove_secrets(self, job: ContainerJob) -> None:
