@@ -14,8 +14,8 @@ The engine skips loading a layer it already has by chain ID, so a layer tarball 
 is replaced by an empty file. Which `<dir>/layer.tar` holds which chain ID is only told by
 `manifest.json` at the end of the archive; the directory name is itself a hash of that
 chain ID, so the mapping learned from any earlier ship stays true and is kept in the cache.
-A Slurm cluster's own transports (a registry the nodes pull from, an archive on the shared
-filesystem) are in :mod:`launcher.runs.slurm`.
+A Slurm cluster's nodes get an image from a registry (:func:`push_to_registry`) or from an archive
+on the shared filesystem (:func:`save_to_archive`); :mod:`launcher.runs.slurm` chooses between them.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from launcher.errors import (
 )
 from launcher.hashing import CHUNK, atomic_write_json
 from launcher.hosts import engine
-from launcher.hosts.base import Host
+from launcher.hosts.base import Host, write_atomic_argv
 from launcher.hosts.engine import Engine, chain_ids
 from launcher.images import blobs
 from launcher.images import tree as imagetree
@@ -407,6 +407,37 @@ def _docker_load(host: Host) -> Iterator[IO[bytes]]:
         out = load.stdout.read().decode("utf-8", "replace")
         if load.wait() != 0:
             raise shipstaged.load_failed(host, (load.stderr_text() + out).strip())
+
+
+def save_to_archive(host: Host, image_id: str, archive: str, reporter: Reporter | None, *, where: str) -> ShipResult:
+    """`docker save` here into a file on the host, under its name only once whole (the archive a Slurm
+    cluster's nodes load from its shared filesystem)."""
+    rep = reporter or NullReporter()
+    started = time.monotonic()
+    local = engine.local()
+    size = int(local.inspect_image(image_id).get("Size") or 0)
+    task = rep.task(f"image to {where}", total=size or None, unit="B")
+    save = local.save(image_id)
+    sent = 0
+    try:
+        with host.receive_stream(write_atomic_argv(archive),
+                                 cut=lambda: f"sending the image to {host.name} stopped after {sent >> 20} MiB",
+                                 hint="run again; the archive is written under a temporary name") as recv:
+            for block in iter(lambda: save.stdout.read(CHUNK), b""):
+                recv.stdin.write(block)
+                sent += len(block)
+                task.advance(len(block))
+            if save.wait() != 0:  # before the archive's end reaches the host, which then names it
+                raise CommandFailed(f"docker save {image_id[:19]} failed here: {save.stderr_text()}",
+                                    "check the local Docker engine")
+            recv.stdin.close()
+            if recv.wait() != 0:
+                raise CommandFailed(f"writing {archive} on {host.name} failed: {recv.stderr_text()}",
+                                    f"check free space under {host.area()} on the cluster")
+    finally:
+        task.close()
+        save.kill()  # only if still running
+    return ShipResult(image_id=image_id, skipped=False, bytes_sent=sent, seconds=time.monotonic() - started)
 
 
 def push_to_registry(image_id: str, registry: str) -> str:

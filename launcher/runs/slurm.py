@@ -36,21 +36,19 @@ from launcher.errors import (
     UnknownPartition,
     UsageError,
 )
-from launcher.hosts import engine
-from launcher.hosts.base import Host, write_atomic_argv
+from launcher.hosts.base import Host
 from launcher.hosts.scripts import text as host_script
 from launcher.hosts.spec import HostSpec
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.cluster import RUNTIMES, read_settings, require_slurm
 from launcher.runs.container import ContainerJob, docker_run_argv, mounts, runtime_argv
 from launcher.runs.placement import ListedRun, Placement, RunState
-from launcher.runs.ship import SHIP_REPO, ShipResult, push_to_registry
+from launcher.runs.ship import SHIP_REPO, ShipResult, push_to_registry, save_to_archive
 
 JOB_NAME = "launcher"
 TASK_FILE = "task.json"
 NODE_FACTS = "node-facts.txt"
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING")
-CHUNK = 1 << 20
 SHARED_VIA = "shared"  # --ship-via shared: the image archive on the shared filesystem, even with a registry set
 UNQUOTE = r"""tr -d '"\\'"""  # an error line quoted into task.json's JSON: no quotes, no backslashes
 # sacct states of a task that ended without writing task.json (killed before or outside its script)
@@ -166,34 +164,7 @@ class SlurmPlacement(Placement):
         archive = self.image_archive(image_id)
         if self.host.exists(archive):
             return ShipResult(image_id=image_id, skipped=True)
-        rep = reporter or NullReporter()
-        started = time.monotonic()
-        local = engine.local()
-        size = int(local.inspect_image(image_id).get("Size") or 0)
-        task = rep.task(f"image to {self.name}'s shared filesystem", total=size or None, unit="B")
-        save = local.save(image_id)
-        sent = 0
-        try:
-            with self.host.receive_stream(
-                write_atomic_argv(archive),
-                cut=lambda: f"sending the image to {self.name} stopped after {sent >> 20} MiB",
-                hint="run again; the archive is written under a temporary name",
-            ) as recv:
-                for block in iter(lambda: save.stdout.read(CHUNK), b""):
-                    recv.stdin.write(block)
-                    sent += len(block)
-                    task.advance(len(block))
-                if save.wait() != 0:  # before the archive's end reaches the host, which then names it
-                    raise CommandFailed(f"docker save {image_id[:19]} failed here: {save.stderr_text()}",
-                                        "check the local Docker engine")
-                recv.stdin.close()
-                if recv.wait() != 0:
-                    raise CommandFailed(f"writing {archive} on {self.name} failed: {recv.stderr_text()}",
-                                        f"check free space under {self.host.area()} on the cluster")
-        finally:
-            task.close()
-            save.kill()  # only if still running
-        return ShipResult(image_id=image_id, skipped=False, bytes_sent=sent, seconds=time.monotonic() - started)
+        return save_to_archive(self.host, image_id, archive, reporter, where=f"{self.name}'s shared filesystem")
 
     def _ship_to_registry(self, image_id: str, registry: str, reporter: Reporter | None) -> ShipResult:
         """Push from here; every task pulls by manifest digest (the same digest names the same image ID).
