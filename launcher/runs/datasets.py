@@ -132,7 +132,7 @@ def place(host: Host, local: Path, reporter: Reporter | None = None, *, area: st
     host.run(["rm", "-rf", final])  # an incomplete or altered copy under the final name
     host.makedirs(tmp)
     try:
-        _send(host, ds, tmp, rep, what)
+        _send(host, ds, tmp, rep, what, root)
         got = {e.path: e.sha256 for e in host.list_dir(tmp, hashes=True) if e.kind == "file"}
         want = {rel: digest for rel, (_, digest) in ds.files.items()}
         if got != want:
@@ -152,7 +152,7 @@ def _sizes(host: Host, path: str) -> dict[str, int]:
     return {e.path: e.size for e in host.list_dir(path, hashes=False) if e.kind == "file"}
 
 
-def _send(host: Host, ds: LocalDataset, tmp: str, rep: Reporter, what: str = "dataset") -> None:
+def _send(host: Host, ds: LocalDataset, tmp: str, rep: Reporter, what: str, root: str) -> None:
     task = rep.task(f"send {what} to {host.name}", total=float(ds.bytes), unit="B")
     try:
         with host.receive_stream(["tar", "-x", "-C", tmp, "-f", "-"], cut=f"sending the {what} to {host.name} was cut",
@@ -171,7 +171,7 @@ def _send(host: Host, ds: LocalDataset, tmp: str, rep: Reporter, what: str = "da
     if rc != 0:
         raise CommandFailed(
             f"unpacking the {what} on {host.name} failed (exit {rc}): {p.stderr_text().strip()}",
-            "check free space and permissions under ~/.launcher/data on the host",
+            f"check free space and permissions under {root} on the host",
         )
 
 
