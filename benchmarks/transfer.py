@@ -57,7 +57,7 @@ def child(args: argparse.Namespace) -> None:
     t1 = time.perf_counter()
     out: dict[str, Any] = {"connect_s": t1 - t0}
     if args.child == "ship" and args.registry:
-        res = ship.ship_image_via_registry(host, args.image, registry=args.registry)
+        res = ship.ship_image(host, args.image, via=args.registry)
         out.update(res.to_dict())
     elif args.child == "ship":
         res = ship.ship_image(host, args.image, cache_dir=Path(args.cache))

@@ -14,7 +14,7 @@ from testhost import TestHost, base_image
 from launcher.errors import Corrupt, TransferCut
 from launcher.hosts.ssh import SSHHost
 from launcher.images import blobs
-from launcher.runs import ship
+from launcher.runs import ship, shipstaged
 
 pytestmark = [pytest.mark.testhost, pytest.mark.docker]
 STAGE = "/root/.launcher/ship"
@@ -41,7 +41,7 @@ def big_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, i
 
 @pytest.fixture
 def remote(testhost: TestHost, big_image: tuple[str, int], monkeypatch: pytest.MonkeyPatch) -> Iterator[SSHHost]:
-    monkeypatch.setenv(ship.COMPRESS_ENV, "always")
+    monkeypatch.setenv(shipstaged.COMPRESS_ENV, "always")
     testhost.exec("sh", "-c", f"docker rmi -f {big_image[0]} >/dev/null 2>&1; rm -rf {STAGE}; true")
     with SSHHost.connect(testhost.spec, identity=testhost.key, known_hosts=testhost.known_hosts,
                          ssh_config=Path("/dev/null")) as h:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from launcher.hosts.base import Host
 from launcher.proc import Completed
 from launcher.runs.container import ContainerJob, runtime_argv
 from launcher.runs.recipes import Recipe
@@ -42,6 +43,9 @@ class FakeLogin:
 
     def runs_root(self) -> str:
         return "/home/u/.launcher/runs"
+
+    area = Host.area  # the Host operations made of run() and runs_root(), as a real host has them
+    write_atomic = Host.write_atomic
 
     def read_text(self, path: str) -> str | None:
         return None

@@ -178,14 +178,14 @@ def test_ship_through_a_registry_tunnel_sends_only_new_layers(
     first = build_on_top(tiny_image["tag"], tmp_path / "a", uuid.uuid4().bytes * 1000)
     second = build_on_top(tiny_image["tag"], tmp_path / "b", uuid.uuid4().bytes * 1000)
     try:
-        one = ship.ship_image_via_registry(remote, first, registry=address)
+        one = ship.ship_image(remote, first, via=address)
         assert not one.skipped and Engine(remote).has_image(one.image_id)
-        two = ship.ship_image_via_registry(remote, second, registry=address, tag="launcher-test/reg:two")
+        two = ship.ship_image(remote, second, via=address, tag="launcher-test/reg:two")
         n_layers = len(engine.local().inspect_image(second)["RootFS"]["Layers"])
         assert (two.layers_sent, two.layers_skipped) == (1, n_layers - 1)
         out = testhost.exec("docker", "run", "--rm", "launcher-test/reg:two", "sha256sum", "/payload.bin")
         assert out.split()[0] == hashlib.sha256((tmp_path / "b" / "payload.bin").read_bytes()).hexdigest()
-        assert ship.ship_image_via_registry(remote, second, registry=address).skipped
+        assert ship.ship_image(remote, second, via=address).skipped
     finally:
         os.kill(int(started["pid"]), signal.SIGTERM)  # type: ignore[call-overload]
         subprocess.run(["docker", "rmi", "-f", first, second], capture_output=True, check=False)

@@ -11,14 +11,22 @@ from __future__ import annotations
 import json
 import subprocess
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from launcher.errors import TransferCut
 from launcher.hosts.scripts import text as host_script
-from launcher.proc import CommandFailed, Completed
+from launcher.proc import CommandFailed, Completed, widen_pipe
+
+
+def write_atomic_argv(path: str, *, private: bool = False) -> list[str]:
+    """A command that writes its stdin to path whole or not at all: into PATH.part, then renamed
+    over path (its folder made first); private=True: readable by the user alone."""
+    umask = "umask 077 && " if private else ""
+    return ["sh", "-c", f'mkdir -p "$(dirname "$1")" && {umask}cat > "$1.part" && mv -f "$1.part" "$1"', "sh", path]
 
 
 @dataclass(frozen=True)
@@ -98,6 +106,9 @@ class Host(ABC):
     name: str
     kind: str
     python: str = "python3"
+    # what a byte stream to or from the host raises when it is cut (a broken pipe, a dropped
+    # connection, a stream ending early); hosts add their transport's own errors
+    stream_errors: tuple[type[BaseException], ...] = (OSError, EOFError)
 
     @abstractmethod
     def run(
@@ -132,6 +143,50 @@ class Host(ABC):
 
     def run_dir(self, run_id: str) -> str:
         return f"{self.runs_root()}/{run_id}"
+
+    def area(self, *names: str) -> str:
+        """A path in launcher's own folder on the host, the one holding the runs root (~/.launcher
+        on an SSH host): area("data") is where datasets go; no names, that folder itself. Nothing
+        is created: callers make what they write into (write_atomic makes a file's folder)."""
+        return "/".join([self.runs_root().rsplit("/", 1)[0], *names])
+
+    def write_atomic(self, path: str, data: bytes, *, private: bool = False) -> None:
+        """Write data to path on the host whole or not at all (into PATH.part, then renamed over
+        path), making its folder if missing; private=True: readable by the user alone."""
+        self.run(write_atomic_argv(path, private=private), input=data)
+
+    @contextmanager
+    def receive_stream(self, argv: Sequence[str], *, cut: str | Callable[[], str], hint: str) -> Iterator[HostProcess]:
+        """Start argv on the host over its bulk path; the block writes a byte stream into its stdin
+        (and may then wait for it). A cut stream kills the command and raises TransferCut
+        "CUT: WHY" (WHY: what the command said on stderr, else the error); cut may be a function,
+        asked when the cut happens (e.g. to say how much had been sent)."""
+        with self._stream(argv, cut, hint) as p:
+            widen_pipe(p.stdin)
+            yield p
+
+    @contextmanager
+    def send_stream(self, argv: Sequence[str], *, cut: str | Callable[[], str], hint: str) -> Iterator[HostProcess]:
+        """Start argv on the host over its bulk path; the block reads the byte stream it writes to
+        its stdout. A cut stream is mapped as by receive_stream."""
+        with self._stream(argv, cut, hint) as p:
+            widen_pipe(p.stdout)
+            yield p
+
+    @contextmanager
+    def _stream(self, argv: Sequence[str], cut: str | Callable[[], str], hint: str) -> Iterator[HostProcess]:
+        """The one mapping of a cut stream to TransferCut; any other failure of the block also ends
+        the command on the host (nothing is left writing or waiting there)."""
+        p = self.start(argv, bulk=True)
+        try:
+            yield p
+        except self.stream_errors as exc:
+            p.kill()
+            what = cut() if callable(cut) else cut
+            raise TransferCut(f"{what}: {p.stderr_text().strip() or exc}", hint) from None
+        except BaseException:
+            p.kill()
+            raise
 
     def close(self) -> None:  # noqa: B027 - most hosts hold nothing to release
         pass
@@ -187,7 +242,7 @@ class Host(ABC):
         """Hold a lock named `name` on this host (flock on ~/.launcher/locks/NAME) while the block runs:
         launcher processes on several machines, or several on one, take turns. A host without flock
         runs the block unlocked."""
-        path = f"{self.runs_root().rsplit('/', 1)[0]}/locks/{name}"
+        path = self.area("locks", name)
         script = 'mkdir -p "$(dirname "$1")" && exec flock -x "$1" sh -c "echo locked; exec cat >/dev/null"'
         proc = self.start(["sh", "-c", script, "sh", path])
         try:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from launcher import proc
 from launcher.errors import NotFound
+from launcher.hashing import atomic_path
 from launcher.hosts.base import Host, PopenProcess
 from launcher.proc import Completed
 
@@ -54,6 +55,12 @@ class LocalHost(Host):
 
     def get_file(self, remote: str, local: Path) -> None:
         shutil.copyfile(remote, local)
+
+    def write_atomic(self, path: str, data: bytes, *, private: bool = False) -> None:
+        with atomic_path(Path(path)) as tmp:
+            if private:
+                tmp.chmod(0o600)
+            tmp.write_bytes(data)
 
     def home(self) -> str:
         return str(Path.home())

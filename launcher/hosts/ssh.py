@@ -138,6 +138,7 @@ def cpu_has_aes() -> bool:
 
 class SSHHost(Host):
     kind = "ssh"
+    stream_errors = (OSError, EOFError, paramiko.SSHException)
 
     def __init__(
         self, target: SSHTarget, client: paramiko.SSHClient, *, use_openssh: bool | None = None

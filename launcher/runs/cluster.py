@@ -34,8 +34,7 @@ def parse_slurm_opts(items: Sequence[str]) -> dict[str, str]:
 def read_settings(login: Host) -> dict[str, Any]:
     """The cluster's settings, kept on its shared filesystem so every client of the cluster sees them:
     {"registry": ADDRESS the nodes pull from, "runtime": "docker" | "pyxis"}."""
-    area = login.runs_root().rsplit("/", 1)[0]
-    text = login.read_text(f"{area}/{SETTINGS_FILE}") or ""
+    text = login.read_text(login.area(SETTINGS_FILE)) or ""
     try:
         data = json.loads(text) if text.strip() else {}
     except ValueError:
@@ -44,12 +43,8 @@ def read_settings(login: Host) -> dict[str, Any]:
 
 
 def write_settings(login: Host, settings: Mapping[str, Any]) -> None:
-    area = login.runs_root().rsplit("/", 1)[0]
-    login.makedirs(area)
-    path = f"{area}/{SETTINGS_FILE}"
-    login.run(["sh", "-c", 'cat > "$1.part" && mv -f "$1.part" "$1"', "sh", path],
-              input=(json.dumps(dict(settings), indent=2, sort_keys=True) + "\n").encode())
-
+    text = json.dumps(dict(settings), indent=2, sort_keys=True) + "\n"
+    login.write_atomic(login.area(SETTINGS_FILE), text.encode())
 
 
 def require_slurm(login: Host) -> None:
@@ -111,7 +106,7 @@ def cluster_facts(login: Host, *, registry: str | None = None) -> dict[str, Any]
             node["probe_error"] = done.last_error_line()
     pyxis = "--container-image" in login.run(["srun", "--help"], check=False).out
     return {"slurm_version": version, "partitions": parts, "nodes": list(nodes.values()), "pyxis": pyxis,
-            "shared_area": login.runs_root().rsplit("/", 1)[0], "registry": registry, "settings": settings}
+            "shared_area": login.area(), "registry": registry, "settings": settings}
 
 
 def configure(login: Host, facts: Mapping[str, Any], *, registry: str | None, runtime: str | None) -> dict[str, Any]:

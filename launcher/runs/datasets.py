@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, cast
 
-from launcher.errors import BadData, CommandFailed, Corrupt, DiskFull, TransferCut
+from launcher.errors import BadData, CommandFailed, Corrupt, DiskFull
 from launcher.hashing import CHUNK, sha256_file
 from launcher.hosts.base import Host
 from launcher.hosts.scripts import text as host_script
@@ -101,10 +101,6 @@ class Placed:
                 "sent": self.sent}
 
 
-def data_root(host: Host, area: str = "data") -> str:
-    return f"{host.home()}/.launcher/{area}"
-
-
 def place(host: Host, local: Path, reporter: Reporter | None = None, *, area: str = "data",
           name: str | None = None) -> Placed:
     """Make the folder at local available on host under ~/.launcher/<area>/<name> (datasets by
@@ -119,7 +115,7 @@ def place(host: Host, local: Path, reporter: Reporter | None = None, *, area: st
         task.close()
     if host.kind == "local":
         return Placed(str(ds.root), ds.digest, len(ds.files), ds.bytes, sent=False)
-    root = data_root(host, area)
+    root = host.area(area)
     final = f"{root}/{name or ds.digest.removeprefix('sha256:')}"
     if host.exists(final) and _sizes(host, final) == {rel: size for rel, (size, _) in ds.files.items()}:
         return Placed(final, ds.digest, len(ds.files), ds.bytes, sent=False)
@@ -136,7 +132,7 @@ def place(host: Host, local: Path, reporter: Reporter | None = None, *, area: st
     host.run(["rm", "-rf", final])  # an incomplete or altered copy under the final name
     host.makedirs(tmp)
     try:
-        _send(host, ds, tmp, rep, what)
+        _send(host, ds, tmp, rep, what, root)
         got = {e.path: e.sha256 for e in host.list_dir(tmp, hashes=True) if e.kind == "file"}
         want = {rel: digest for rel, (_, digest) in ds.files.items()}
         if got != want:
@@ -156,31 +152,26 @@ def _sizes(host: Host, path: str) -> dict[str, int]:
     return {e.path: e.size for e in host.list_dir(path, hashes=False) if e.kind == "file"}
 
 
-def _send(host: Host, ds: LocalDataset, tmp: str, rep: Reporter, what: str = "dataset") -> None:
+def _send(host: Host, ds: LocalDataset, tmp: str, rep: Reporter, what: str, root: str) -> None:
     task = rep.task(f"send {what} to {host.name}", total=float(ds.bytes), unit="B")
-    p = host.start(["tar", "-x", "-C", tmp, "-f", "-"], bulk=True)
     try:
-        with tarfile.open(fileobj=p.stdin, mode="w|", format=tarfile.PAX_FORMAT, bufsize=CHUNK) as tar:
-            for rel in sorted(ds.files):
-                size, _ = ds.files[rel]
-                info = tarfile.TarInfo(rel)
-                info.size, info.mode, info.mtime = size, 0o644, 0
-                with open(ds.root / rel, "rb") as f:
-                    tar.addfile(info, cast(IO[bytes], CountingReader(f, task.advance)))
-        p.stdin.close()
-    except (BrokenPipeError, ConnectionError, OSError) as exc:
-        p.kill()
-        raise TransferCut(
-            f"sending the {what} to {host.name} was cut: {p.stderr_text().strip() or exc}",
-            "run again; the upload starts over",
-        ) from None
+        with host.receive_stream(["tar", "-x", "-C", tmp, "-f", "-"], cut=f"sending the {what} to {host.name} was cut",
+                                 hint="run again; the upload starts over") as p:
+            with tarfile.open(fileobj=p.stdin, mode="w|", format=tarfile.PAX_FORMAT, bufsize=CHUNK) as tar:
+                for rel in sorted(ds.files):
+                    size, _ = ds.files[rel]
+                    info = tarfile.TarInfo(rel)
+                    info.size, info.mode, info.mtime = size, 0o644, 0
+                    with open(ds.root / rel, "rb") as f:
+                        tar.addfile(info, cast(IO[bytes], CountingReader(f, task.advance)))
+            p.stdin.close()
     finally:
         task.close()
     rc = p.wait()
     if rc != 0:
         raise CommandFailed(
             f"unpacking the {what} on {host.name} failed (exit {rc}): {p.stderr_text().strip()}",
-            "check free space and permissions under ~/.launcher/data on the host",
+            f"check free space and permissions under {root} on the host",
         )
 
 
@@ -204,7 +195,7 @@ def prune_host(host: Host, *, dry_run: bool = False) -> HostPrune:
 
     engine = Engine(host)
     engine.require()  # without it, what containers mount cannot be told
-    root = data_root(host)
+    root = host.area("data")
     mounted = engine.mount_sources(engine.container_ids())
     listing = host.run([host.python, "-c", host_script("datalist.py"), root], check=False).out
     for line in listing.splitlines():

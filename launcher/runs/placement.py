@@ -30,7 +30,7 @@ from launcher.runs.container import (
     docker_run_argv,
     env_file_text,
 )
-from launcher.runs.ship import ShipResult, ship_image, ship_image_via_registry
+from launcher.runs.ship import ShipResult, ship_image
 
 MIN_FREE_BYTES = 512 << 20
 
@@ -149,7 +149,7 @@ class Placement(ABC):
         if not job.secret_env:
             return job
         path = f"{job.run_dir}/{SECRET_ENV_FILE}"
-        self.host.run(["sh", "-c", 'umask 077 && cat > "$1"', "sh", path], input=env_file_text(job))
+        self.host.write_atomic(path, env_file_text(job), private=True)
         return replace(job, env_file=path)
 
     def remove_secrets(self, job: ContainerJob) -> None:
@@ -213,10 +213,8 @@ class DirectPlacement(Placement):
 
     def ship(self, image: Mapping[str, Any], *, via: str | None, reporter: Reporter | None,
              cache_dir: Path) -> ShipResult:
-        if via:
-            return ship_image_via_registry(self.host, image["id"], registry=via, tag=image.get("tag"),
-                                           reporter=reporter, cache_dir=cache_dir)
-        return ship_image(self.host, image["id"], tag=image.get("tag"), reporter=reporter, cache_dir=cache_dir)
+        return ship_image(self.host, image["id"], via=via, tag=image.get("tag"), reporter=reporter,
+                          cache_dir=cache_dir)
 
     def start(self, job: ContainerJob) -> dict[str, Any]:
         job = self.write_secrets(replace(job, owner=output_owner(self.host, self.engine)))

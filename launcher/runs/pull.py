@@ -19,11 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from launcher.errors import CommandFailed, Corrupt, DiskFull, TransferCut, UnsafePath
+from launcher.errors import CommandFailed, Corrupt, DiskFull, UnsafePath
 from launcher.hashing import CHUNK, atomic_write_json, sha256_file
 from launcher.hosts.base import Host, RemoteEntry
 from launcher.hosts.scripts import text as host_script
-from launcher.proc import widen_pipe
 from launcher.progress import NullReporter, Reporter
 
 # Runs on the host with its own python3: a file of this package, sent as the text of `python3 -c`.
@@ -318,18 +317,13 @@ def pull_outputs(
             if on_file is not None:
                 on_file(rel, size, digest)
 
-        p = host.start([host.python, "-c", PULL_SCRIPT, remote_dir], bulk=True)
-        widen_pipe(p.stdout)
         try:
-            p.stdin.write(json.dumps([e.path for e in todo]).encode())
-            p.stdin.close()
-            errors = receive_files(p.stdout, dest, on_bytes=lambda n: task.advance(n), on_file=done)
-        except EOFError:
-            p.kill()
-            raise TransferCut(
-                f"the transfer from {host.name} was cut: {p.stderr_text().strip()}",
-                "run `launcher pull RUN` again; verified files are kept",
-            ) from None
+            with host.send_stream([host.python, "-c", PULL_SCRIPT, remote_dir],
+                                  cut=f"the transfer from {host.name} was cut",
+                                  hint="run `launcher pull RUN` again; verified files are kept") as p:
+                p.stdin.write(json.dumps([e.path for e in todo]).encode())
+                p.stdin.close()
+                errors = receive_files(p.stdout, dest, on_bytes=lambda n: task.advance(n), on_file=done)
         finally:
             task.close()
             journal.close()

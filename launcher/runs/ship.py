@@ -1,24 +1,35 @@
 """Shipping images to hosts: only the layers a host lacks travel, by `docker load` or a registry pull.
 
-Shipping streams `docker save` through a tar rewriter into `docker load` on the host. The
-engine skips loading a layer it already has by chain ID, so a layer tarball the host holds
+How an image travels is a transport, and :data:`TRANSPORTS` lists them in the order they are
+tried; :func:`choose_transport` takes the first that fits, in this one place:
+
+- ``registry`` (``--ship-via REGISTRY``): pushed to a registry here, pulled by the host's engine
+  through a reverse SSH tunnel, so neither side reads the layers the other already has;
+- ``compressed`` (a slow link, measured, or LAUNCHER_SHIP_COMPRESS): gzip blobs staged on the host
+  and resumed after a cut (:mod:`launcher.runs.shipstaged`);
+- ``cache``: a `docker load` archive made from the build's layer cache, without `docker save`;
+- ``stream``: `docker save` streamed through a tar rewriter into `docker load` on the host.
+
+The engine skips loading a layer it already has by chain ID, so a layer tarball the host holds
 is replaced by an empty file. Which `<dir>/layer.tar` holds which chain ID is only told by
 `manifest.json` at the end of the archive; the directory name is itself a hash of that
 chain ID, so the mapping learned from any earlier ship stays true and is kept in the cache.
-An image normalised with the build's layer cache is sent from that cache, without `docker save`.
+A Slurm cluster's nodes get an image from a registry (:func:`push_to_registry`) or from an archive
+on the shared filesystem (:func:`save_to_archive`); :mod:`launcher.runs.slurm` chooses between them.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import tarfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any, Protocol, cast
 
 from launcher.errors import (
     CommandFailed,
@@ -26,26 +37,19 @@ from launcher.errors import (
     DiskFull,
     LauncherError,
     RegistryUnavailable,
-    TransferCut,
     UsageError,
 )
 from launcher.hashing import CHUNK, atomic_write_json
 from launcher.hosts import engine
-from launcher.hosts.base import Host
+from launcher.hosts.base import Host, write_atomic_argv
 from launcher.hosts.engine import Engine, chain_ids
 from launcher.images import blobs
 from launcher.images import tree as imagetree
-from launcher.proc import widen_pipe
 from launcher.progress import CountingReader, NullReporter, Reporter, Task
+from launcher.runs import shipstaged
 
 LAYER_MAP_FILE = "layer-dirs.json"
-COMPRESS_ENV = "LAUNCHER_SHIP_COMPRESS"  # auto (the default) | always | never
-# Below this link rate gzip'd layers arrive sooner, counting docker load's gunzip on the host;
-# below the second, even when the blobs must first be made here (gzip -1 runs at 50-60 MB/s).
-SLOW_LINK = 100e6
-SLOW_LINK_NO_BLOBS = 35e6
-SMALL_SHIP = 64 << 20  # below this, compression saves too little to be worth a link measurement
-STAGE_DIR = "ship"  # under ~/.launcher on the host: what a compressed ship has sent so far
+SHIP_REPO = "launcher/ship"
 
 
 @dataclass
@@ -132,20 +136,241 @@ class _BytesReader:
         return chunk
 
 
+@dataclass
+class Shipment:
+    """One image on its way to one host: what the host has of it and what the cache here holds."""
+
+    host: Host
+    eng: Engine
+    info: dict[str, Any]
+    rep: Reporter
+    cache_dir: Path | None
+    via: str | None = None  # a registry to ship through (--ship-via)
+    only_missing_layers: bool = True
+
+    @property
+    def image_id(self) -> str:
+        return str(self.info["Id"])
+
+    @cached_property
+    def diff_ids(self) -> list[str]:
+        return [str(d) for d in self.info.get("RootFS", {}).get("Layers") or []]
+
+    @cached_property
+    def chains(self) -> list[str]:
+        return chain_ids(self.diff_ids)
+
+    @cached_property
+    def present(self) -> set[str]:
+        """The chain IDs of the layers the host's engine has."""
+        return self.eng.chain_ids() if self.only_missing_layers else set()
+
+    @property
+    def missing(self) -> list[int]:
+        return [i for i, c in enumerate(self.chains) if c not in self.present]
+
+    @cached_property
+    def need(self) -> int:
+        """About how many bytes of the image the host lacks."""
+        size, missing = int(self.info.get("Size", 0)), len(self.missing)
+        return size if missing == len(self.chains) else size * missing // max(len(self.chains), 1)
+
+    @cached_property
+    def cached(self) -> tuple[bytes, list[Path | None]] | None:
+        """The image's config and layer files in the build's layer cache, when it was built with it."""
+        return imagetree.cached_image(self.cache_dir / "images", self.image_id) if self.cache_dir else None
+
+    def check_room(self) -> None:
+        free = self.host.free_bytes(self.eng.root_dir())
+        if free < self.need * 2 + (256 << 20):
+            raise DiskFull(
+                f"{self.host.name} has {free >> 20} MiB free for Docker; the image needs about {self.need >> 20} "
+                "MiB plus room to unpack",
+                "free space on the host (`docker system prune`) and retry",
+            )
+
+    def check_arrived(self) -> None:
+        if not self.eng.has_image(self.image_id):
+            raise Corrupt(f"after loading, {self.host.name} does not have image {self.image_id}",
+                          "retry; if it persists, remove the image's layers on the host (`docker image prune`)")
+
+
+class Transport(Protocol):
+    """One way an image travels to a host."""
+
+    name: str
+
+    def fits(self, s: Shipment) -> bool:
+        """Whether this transport is the one for s (asked in the order of TRANSPORTS)."""
+
+    def send(self, s: Shipment) -> ShipResult:
+        """Give the host the image; what travelled."""
+
+
+class ViaRegistry:
+    """Push to a registry here; the host's engine pulls through a reverse SSH tunnel (only what it lacks).
+    The host's engine skips a layer only if it got it by a pull before (layers it got from `docker load`
+    are pulled once more)."""
+
+    name = "registry"
+
+    def fits(self, s: Shipment) -> bool:
+        return bool(s.via)
+
+    def send(self, s: Shipment) -> ShipResult:
+        import random
+
+        from launcher.images import registry as registry_mod
+
+        host, registry, image_id = s.host, str(s.via), s.image_id
+        if not host.can_reverse_tunnel():
+            raise UsageError("shipping through a registry needs an SSH host and the OpenSSH client",
+                             "ship with docker save/load instead (the default)")
+        if not registry_mod.ping(registry):
+            if s.cache_dir is None or not registry_mod.is_loopback(registry):
+                raise RegistryUnavailable(f"no registry answers on {registry}",
+                                          "start one, or ship without --ship-via")
+            registry_mod.start_local_registry(s.cache_dir / "registry", registry)
+        task = s.rep.task(f"ship image {image_id[7:19]} to {host.name} via {registry}")
+        try:
+            digest = push_to_registry(image_id, registry)
+            for _ in range(5):
+                port = random.randint(20000, 60000)
+                done = s.eng.pull_through_tunnel(f"127.0.0.1:{port}/{SHIP_REPO}@{digest}", port, registry)
+                if done.returncode == 255 and "forwarding" in done.err:
+                    continue
+                break
+        finally:
+            task.close()
+        if done.returncode != 0:
+            raise CommandFailed(f"docker pull on {host.name} through the tunnel failed: {done.last_error_line()}",
+                                "check dockerd on the host")
+        lines = done.out.splitlines()
+        if not s.eng.has_image(image_id):
+            raise Corrupt(f"after the pull, {host.name} does not have image {image_id}",
+                          "the registry may hold a different image under that tag; retry")
+        return ShipResult(image_id, skipped=False, layers_sent=sum("Pull complete" in ln for ln in lines),
+                          layers_skipped=sum("Already exists" in ln for ln in lines))
+
+
+class Compressed:
+    """gzip'd layers staged on the host, resumed after a cut: for a remote host on a slow link."""
+
+    name = "compressed"
+
+    def fits(self, s: Shipment) -> bool:
+        if s.cache_dir is None or s.host.kind == "local" or s.need < shipstaged.SMALL_SHIP:
+            return False
+        warm = all(blobs.cached(s.cache_dir, s.diff_ids[i]) is not None for i in s.missing)
+        return shipstaged.wanted(s.host, warm)
+
+    def send(self, s: Shipment) -> ShipResult:
+        assert s.cache_dir is not None
+        sent = shipstaged.send_compressed(s.host, s.eng, s.image_id, s.diff_ids, s.missing, s.cached, s.cache_dir,
+                                          s.rep)
+        return ShipResult(s.image_id, skipped=False, bytes_sent=sent.bytes, layers_sent=sent.layers,
+                          layers_skipped=len(s.diff_ids) - sent.layers)
+
+
+class FromCache:
+    """A `docker load` archive made from the build's layer cache: no `docker save`, so a rebuild whose
+    recipe layer alone changed sends (and reads) that layer and little else."""
+
+    name = "cache"
+
+    def fits(self, s: Shipment) -> bool:
+        return s.cached is not None and all(
+            f is not None or c in s.present for f, c in zip(s.cached[1], s.chains, strict=False))
+
+    def send(self, s: Shipment) -> ShipResult:
+        assert s.cached is not None
+        cfg, files = s.cached
+        result = ShipResult(s.image_id, skipped=False)
+        send: list[Path | None] = []
+        for path, chain in zip(files, s.chains, strict=True):
+            if chain in s.present or path is None:
+                send.append(None)
+                result.layers_skipped += 1
+            else:
+                send.append(path)
+                result.layers_sent += 1
+                result.bytes_sent += path.stat().st_size
+        task = _ship_task(s)
+        try:
+            with _docker_load(s.host) as load:
+                imagetree.write_load_archive(load, s.image_id, cfg, send,
+                                             reader=lambda f: cast(IO[bytes], CountingReader(f, task.advance)))
+        finally:
+            task.close()
+        s.check_arrived()
+        return result
+
+
+class SaveStream:
+    """`docker save` here, streamed through a tar rewriter that empties the layers the host has, into
+    `docker load` there."""
+
+    name = "stream"
+
+    def fits(self, s: Shipment) -> bool:
+        return True
+
+    def send(self, s: Shipment) -> ShipResult:
+        layer_map = _load_layer_map(s.cache_dir)
+        result = ShipResult(s.image_id, skipped=False)
+
+        def skip(dirname: str) -> bool:
+            return layer_map.get(dirname) in s.present
+
+        def on_member(member: tarfile.TarInfo, emptied: bool) -> None:
+            if member.name.endswith("/layer.tar"):
+                if emptied:
+                    result.layers_skipped += 1
+                else:
+                    result.layers_sent += 1
+                    result.bytes_sent += member.size
+
+        task = _ship_task(s)
+        save = engine.local().save(s.image_id)
+        try:
+            with _docker_load(s.host) as load:
+                manifest = rewrite_save_stream(cast(IO[bytes], CountingReader(save.stdout, task.advance)), load,
+                                               skip, on_member)
+                if save.wait() != 0:
+                    raise CommandFailed(f"docker save {s.image_id[:19]} failed: {save.stderr_text().strip()}",
+                                        "check the local Docker engine")
+        finally:
+            task.close()
+            save.kill()  # only if still running
+            save.wait()
+        for dirname_layer, chain in zip(manifest.get("Layers", []), s.chains, strict=False):
+            layer_map[dirname_layer.split("/")[0]] = chain
+        _save_layer_map(s.cache_dir, layer_map)
+        s.check_arrived()
+        return result
+
+
+TRANSPORTS: tuple[Transport, ...] = (ViaRegistry(), Compressed(), FromCache(), SaveStream())
+
+
+def choose_transport(s: Shipment) -> Transport:
+    """The first transport of TRANSPORTS that fits the shipment (the last one always does)."""
+    return next(t for t in TRANSPORTS if t.fits(s))
+
+
 def ship_image(
     host: Host,
     image: str,
     *,
+    via: str | None = None,
     tag: str | None = None,
     reporter: Reporter | None = None,
     cache_dir: Path | None = None,
     only_missing_layers: bool = True,
 ) -> ShipResult:
-    """Make sure the host has the image (same ID), sending only what it lacks."""
-    import time
-
+    """Make sure the host has the image (same ID), sending only what it lacks; via: a registry to
+    ship through (else the transport is chosen by the host, the link and the cache)."""
     started = time.monotonic()
-    rep = reporter or NullReporter()
     info = engine.local().inspect_image(image)
     image_id = str(info["Id"])
     eng = Engine(host)
@@ -153,7 +378,10 @@ def ship_image(
         # one ship of an image to a host at a time: runs started together send it once, the others wait
         with host.exclusive(f"ship-{image_id.removeprefix('sha256:')[:16]}"):
             if not eng.has_image(image_id):
-                result = _send(host, eng, info, image_id, rep, cache_dir, only_missing_layers)
+                s = Shipment(host, eng, info, reporter or NullReporter(), cache_dir, via, only_missing_layers)
+                if not via:
+                    s.check_room()
+                result = choose_transport(s).send(s)
                 if tag:
                     eng.tag(image_id, tag)
                 result.seconds = time.monotonic() - started
@@ -163,144 +391,53 @@ def ship_image(
     return ShipResult(image_id, skipped=True, seconds=time.monotonic() - started)
 
 
-def _send(host: Host, eng: Engine, info: dict[str, Any], image_id: str, rep: Reporter, cache_dir: Path | None,
-          only_missing_layers: bool) -> ShipResult:
-    """Send what the host lacks of the image (by docker load from the layer cache or a rewritten save)."""
-    diffs = list(info.get("RootFS", {}).get("Layers") or [])
-    chains = chain_ids(diffs)
-    present = eng.chain_ids() if only_missing_layers else set()
-    layer_map = _load_layer_map(cache_dir)
-    missing = [c for c in chains if c not in present]
-    need = int(info.get("Size", 0)) if len(missing) == len(chains) else 0
-    if need == 0 and missing:
-        need = int(info.get("Size", 0)) * len(missing) // max(len(chains), 1)
-    free = host.free_bytes(eng.root_dir())
-    if free < need * 2 + (256 << 20):
-        raise DiskFull(
-            f"{host.name} has {free >> 20} MiB free for Docker; the image needs about {need >> 20} MiB "
-            "plus room to unpack",
-            "free space on the host (`docker system prune`) and retry",
-        )
+def _ship_task(s: Shipment) -> Task:
+    return s.rep.task(f"ship image {s.image_id[7:19]} to {s.host.name}", total=float(s.info.get("Size", 0)) or None,
+                      unit="B")
 
-    result = ShipResult(image_id, skipped=False)
 
-    def skip(dirname: str) -> bool:
-        return layer_map.get(dirname) in present
+@contextmanager
+def _docker_load(host: Host) -> Iterator[IO[bytes]]:
+    """`docker load -q` on the host, fed an archive by the block; a cut stream or a failed load raised
+    as launcher's errors."""
+    with host.receive_stream(engine.command("load", "-q"), cut=f"docker load on {host.name} stopped",
+                             hint="check free disk space and dockerd on the host") as load:
+        yield load.stdin
+        load.stdin.close()
+        out = load.stdout.read().decode("utf-8", "replace")
+        if load.wait() != 0:
+            raise shipstaged.load_failed(host, (load.stderr_text() + out).strip())
 
-    task = rep.task(
-        f"ship image {image_id[7:19]} to {host.name}", total=float(info.get("Size", 0)) or None, unit="B"
-    )
 
-    def on_bytes(n: int) -> None:
-        task.advance(n)
-
-    def on_member(member: tarfile.TarInfo, emptied: bool) -> None:
-        if member.name.endswith("/layer.tar"):
-            if emptied:
-                result.layers_skipped += 1
-            else:
-                result.layers_sent += 1
-                result.bytes_sent += member.size
-
-    cached = imagetree.cached_image(cache_dir / "images", image_id) if cache_dir is not None else None
-    if cache_dir is not None and host.kind != "local" and need >= SMALL_SHIP:
-        diff_ids = [str(d) for d in diffs]
-        wanted = [i for i, c in enumerate(chains) if c not in present]
-        warm = all(blobs.cached(cache_dir, diff_ids[i]) is not None for i in wanted)
-        if _compress(host, warm):
-            task.close()
-            _send_compressed(host, eng, image_id, diff_ids, wanted, cached, cache_dir, rep, result)
-            return result
-    if cached is not None and all(f is not None or c in present for f, c in zip(cached[1], chains, strict=False)):
-        _ship_from_cache(eng, image_id, cached, chains, present, task, result)
-        task.close()
-        if not eng.has_image(image_id):
-            raise Corrupt(f"after loading, {host.name} does not have image {image_id}",
-                          "retry; if it persists, remove the image's layers on the host (`docker image prune`)")
-        return result
-
-    save = engine.local().save(image_id)
-    load = eng.load()
-    widen_pipe(load.stdin)
+def save_to_archive(host: Host, image_id: str, archive: str, reporter: Reporter | None, *, where: str) -> ShipResult:
+    """`docker save` here into a file on the host, under its name only once whole (the archive a Slurm
+    cluster's nodes load from its shared filesystem)."""
+    rep = reporter or NullReporter()
+    started = time.monotonic()
+    local = engine.local()
+    size = int(local.inspect_image(image_id).get("Size") or 0)
+    task = rep.task(f"image to {where}", total=size or None, unit="B")
+    save = local.save(image_id)
+    sent = 0
     try:
-        try:
-            reader = cast(IO[bytes], CountingReader(save.stdout, on_bytes))
-            manifest = rewrite_save_stream(reader, load.stdin, skip, on_member)
-            load.stdin.close()
-        except (BrokenPipeError, ConnectionError, OSError) as exc:
-            load.kill()
-            raise TransferCut(
-                f"docker load on {host.name} stopped: {load.stderr_text().strip() or exc}",
-                "check free disk space and dockerd on the host",
-            ) from None
-        save_rc = save.wait()
-        load_out = load.stdout.read().decode("utf-8", "replace")
-        load_rc = load.wait()
+        with host.receive_stream(write_atomic_argv(archive),
+                                 cut=lambda: f"sending the image to {host.name} stopped after {sent >> 20} MiB",
+                                 hint="run again; the archive is written under a temporary name") as recv:
+            for block in iter(lambda: save.stdout.read(CHUNK), b""):
+                recv.stdin.write(block)
+                sent += len(block)
+                task.advance(len(block))
+            if save.wait() != 0:  # before the archive's end reaches the host, which then names it
+                raise CommandFailed(f"docker save {image_id[:19]} failed here: {save.stderr_text()}",
+                                    "check the local Docker engine")
+            recv.stdin.close()
+            if recv.wait() != 0:
+                raise CommandFailed(f"writing {archive} on {host.name} failed: {recv.stderr_text()}",
+                                    f"check free space under {host.area()} on the cluster")
     finally:
         task.close()
         save.kill()  # only if still running
-        save.wait()
-    if save_rc != 0:
-        err = save.stderr_text().strip()
-        raise CommandFailed(f"docker save {image_id[:19]} failed: {err}", "check the local Docker engine")
-    if load_rc != 0:
-        text = (load.stderr_text() + load_out).strip()
-        if "no space" in text.lower():
-            raise DiskFull(
-                f"{host.name} ran out of disk while loading the image: {text}",
-                "free space on the host (`docker system prune`) and retry",
-            )
-        raise CommandFailed(
-            f"docker load on {host.name} failed: {text.splitlines()[-1] if text else load_rc}",
-            "check dockerd on the host (`launcher provision --host ...`)",
-        )
-    for dirname_layer, chain in zip(manifest.get("Layers", []), chains, strict=False):
-        layer_map[dirname_layer.split("/")[0]] = chain
-    _save_layer_map(cache_dir, layer_map)
-    if not eng.has_image(image_id):
-        raise Corrupt(
-            f"after loading, {host.name} does not have image {image_id}",
-            "retry; if it persists, remove the image's layers on the host (`docker image prune`)",
-        )
-    return result
-
-
-def _ship_from_cache(eng: Engine, image_id: str, cached: tuple[bytes, list[Path | None]], chains: list[str],
-                     present: set[str], task: Task, result: ShipResult) -> None:
-    """Stream a `docker load` archive made from the build's layer cache: no `docker save`, so a
-    rebuild whose recipe layer alone changed sends (and reads) that layer and little else."""
-    cfg, files = cached
-    send: list[Path | None] = []
-    for path, chain in zip(files, chains, strict=True):
-        if chain in present or path is None:
-            send.append(None)
-            result.layers_skipped += 1
-        else:
-            send.append(path)
-            result.layers_sent += 1
-            result.bytes_sent += path.stat().st_size
-    host = eng.host
-    load = eng.load()
-    widen_pipe(load.stdin)
-    try:
-        imagetree.write_load_archive(load.stdin, image_id, cfg, send,
-                                     reader=lambda f: cast(IO[bytes], CountingReader(f, task.advance)))
-        load.stdin.close()
-    except (BrokenPipeError, ConnectionError, OSError) as exc:
-        load.kill()
-        raise TransferCut(f"docker load on {host.name} stopped: {load.stderr_text().strip() or exc}",
-                            "check free disk space and dockerd on the host") from None
-    out = load.stdout.read().decode("utf-8", "replace")
-    if load.wait() != 0:
-        text = (load.stderr_text() + out).strip()
-        if "no space" in text.lower():
-            raise DiskFull(f"{host.name} ran out of disk while loading the image: {text}",
-                           "free space on the host (`docker system prune`) and retry")
-        raise CommandFailed(f"docker load on {host.name} failed: {text.splitlines()[-1] if text else 'error'}",
-                            "check dockerd on the host (`launcher provision --host ...`)")
-
-
-SHIP_REPO = "launcher/ship"
+    return ShipResult(image_id=image_id, skipped=False, bytes_sent=sent, seconds=time.monotonic() - started)
 
 
 def push_to_registry(image_id: str, registry: str) -> str:
@@ -317,179 +454,3 @@ def push_to_registry(image_id: str, registry: str) -> str:
     if not match:
         raise RegistryUnavailable(f"docker push to {registry} printed no digest", "check the local registry")
     return match.group(1)
-
-
-def ship_image_via_registry(host: Host, image: str, *, registry: str, tag: str | None = None,
-                            reporter: Reporter | None = None, cache_dir: Path | None = None) -> ShipResult:
-    """Ship through a local registry and a reverse SSH tunnel: the host's engine pulls only what it lacks.
-
-    Unlike `docker save`, neither side reads the layers the other already has, so a rebuild whose
-    recipe layer alone changed costs about that layer. The host's engine skips a layer only if it
-    got it by a pull before (layers it got from `docker load` are pulled once more).
-    """
-    import random
-    import time
-
-    started = time.monotonic()
-    rep = reporter or NullReporter()
-    image_id = str(engine.local().inspect_image(image)["Id"])
-    eng = Engine(host)
-    if eng.has_image(image_id):
-        if tag:
-            eng.tag(image_id, tag)
-        return ShipResult(image_id, skipped=True, seconds=time.monotonic() - started)
-    if not host.can_reverse_tunnel():
-        raise UsageError("shipping through a registry needs an SSH host and the OpenSSH client",
-                         "ship with docker save/load instead (the default)")
-    from launcher.images import registry as registry_mod
-
-    if not registry_mod.ping(registry):
-        if cache_dir is None or not registry_mod.is_loopback(registry):
-            raise RegistryUnavailable(f"no registry answers on {registry}",
-                                      "start one, or ship without --ship-via")
-        registry_mod.start_local_registry(cache_dir / "registry", registry)
-    task = rep.task(f"ship image {image_id[7:19]} to {host.name} via {registry}")
-    try:
-        digest = push_to_registry(image_id, registry)
-        for _ in range(5):
-            port = random.randint(20000, 60000)
-            done = eng.pull_through_tunnel(f"127.0.0.1:{port}/{SHIP_REPO}@{digest}", port, registry)
-            if done.returncode == 255 and "forwarding" in done.err:
-                continue
-            break
-    finally:
-        task.close()
-    if done.returncode != 0:
-        raise CommandFailed(f"docker pull on {host.name} through the tunnel failed: {done.last_error_line()}",
-                            "check dockerd on the host")
-    lines = done.out.splitlines()
-    result = ShipResult(image_id, skipped=False,
-                        layers_sent=sum("Pull complete" in ln for ln in lines),
-                        layers_skipped=sum("Already exists" in ln for ln in lines))
-    if not eng.has_image(image_id):
-        raise Corrupt(f"after the pull, {host.name} does not have image {image_id}",
-                      "the registry may hold a different image under that tag; retry")
-    if tag:
-        eng.tag(image_id, tag)
-    result.seconds = time.monotonic() - started
-    return result
-
-
-def link_rate(host: Host, size: int = 24 << 20) -> float:
-    """Bytes per second into the host over its bulk path: 1 MiB to open the stream, then size more, timed."""
-    p = host.start(["sh", "-c", "head -c 1048576 >/dev/null && echo ready && cat >/dev/null && echo done"],
-                   bulk=True)
-    try:
-        p.stdin.write(os.urandom(1 << 20))
-        p.stdin.flush()
-        p.stdout.readline()
-        started = time.monotonic()
-        block = os.urandom(1 << 20)
-        for _ in range(size >> 20):
-            p.stdin.write(block)
-        p.stdin.close()
-        p.stdout.readline()
-        took = time.monotonic() - started
-    except (BrokenPipeError, OSError):
-        return float("inf")  # no measure: ship as on a fast link
-    finally:
-        p.kill()
-    return size / max(took, 1e-6)
-
-
-def _compress(host: Host, warm: bool) -> bool:
-    """Whether to send gzip'd layers to this host: LAUNCHER_SHIP_COMPRESS, else by the measured link
-    (the better of two measurements: a busy machine only ever makes a link look slower than it is)."""
-    mode = os.environ.get(COMPRESS_ENV, "auto").strip().lower()
-    if mode in ("always", "never"):
-        return mode == "always"
-    threshold = SLOW_LINK if warm else SLOW_LINK_NO_BLOBS
-    return all(link_rate(host, 12 << 20) < threshold for _ in range(2))
-
-
-def _send_compressed(host: Host, eng: Engine, image_id: str, diff_ids: list[str], wanted: list[int],
-                     cached: tuple[bytes, list[Path | None]] | None, cache_dir: Path, rep: Reporter,
-                     result: ShipResult) -> None:
-    """Send the layers the host lacks as gzip blobs into a staging folder on the host, each resumed from
-    the bytes already there and checked by its SHA-256, then `docker load` there. A ship cut half-way
-    leaves the staging folder; the next ship of the image to that host sends only the rest."""
-    files = cached[1] if cached is not None else []
-    making = rep.task(f"compress {len(wanted)} layers of {image_id[7:19]} (once, kept in the cache)", unit="B")
-    try:
-        made, cfg = blobs.ensure(image_id, diff_ids, files, wanted, cache_dir,
-                                 config=cached[0] if cached is not None else None, on_bytes=making.advance)
-    finally:
-        making.close()
-    stage = f"{host.runs_root().rsplit('/', 1)[0]}/{STAGE_DIR}/{image_id.removeprefix('sha256:')[:32]}"
-    host.makedirs(stage)
-    listing = host.run(["sh", "-c", 'cd "$1" && for f in *; do [ -f "$f" ] && echo "$f $(wc -c < "$f")"; done; true',
-                        "sh", stage], check=False).out
-    there = {name: int(size) for name, _, size in (ln.rpartition(" ") for ln in listing.splitlines()) if size.isdigit()}
-    total = blobs.total_size(made)
-    task = rep.task(f"ship image {image_id[7:19]} to {host.name} (compressed)", total=float(total) or None, unit="B")
-    names = []
-    try:
-        for i in range(len(diff_ids)):
-            if i not in made:
-                names.append(f"{i:03d}.empty")  # the host has it: docker load skips it by its chain ID
-                continue
-            blob, name = made[i], f"{i:03d}.tar.gz"
-            names.append(name)
-            result.layers_sent += 1
-            if there.get(name) == blob.size:
-                task.advance(blob.size)
-                continue
-            offset = there.get(name + ".part", 0)
-            offset = offset if offset <= blob.size else 0
-            _send_from(host, blob, f"{stage}/{name}.part", offset, task, result)
-            check = host.run(["sh", "-c", 'sha256sum "$1" | cut -d" " -f1', "sh", f"{stage}/{name}.part"],
-                             check=False).out.strip()
-            if check != blob.sha256:
-                host.run(["rm", "-f", f"{stage}/{name}.part"], check=False)
-                raise Corrupt(f"layer {i} arrived on {host.name} with SHA-256 {check[:12] or 'none'}, "
-                              f"not {blob.sha256[:12]}", "run again: the damaged part was removed")
-            host.run(["mv", "-f", f"{stage}/{name}.part", f"{stage}/{name}"])
-    finally:
-        task.close()
-    result.layers_skipped = len(diff_ids) - result.layers_sent
-    manifest = json.dumps([{"Config": "config.json", "RepoTags": [], "Layers": names}]).encode()
-    script = ('cd "$1" && for f in $2; do : > "$f"; done && cat > config.json && printf %s "$3" > manifest.json '
-              "&& tar -cf - config.json manifest.json $4 | docker load -q")
-    done = host.run(["sh", "-c", script, "sh", stage, " ".join(n for n in names if n.endswith(".empty")),
-                     manifest.decode(), " ".join(names)], input=cfg, check=False, timeout=3600)
-    if done.returncode != 0:
-        text = done.last_error_line()
-        if "no space" in text.lower():
-            raise DiskFull(f"{host.name} ran out of disk while loading the image: {text}",
-                           "free space on the host (`docker system prune`) and retry")
-        raise CommandFailed(f"docker load on {host.name} failed: {text}",
-                            "check dockerd on the host (`launcher provision --host ...`)")
-    if not eng.has_image(image_id):
-        raise Corrupt(f"after loading, {host.name} does not have image {image_id}",
-                      "retry; if it persists, remove the image's layers on the host (`docker image prune`)")
-    host.run(["rm", "-rf", stage], check=False)
-
-
-def _send_from(host: Host, blob: blobs.Blob, dest: str, offset: int, task: Task, result: ShipResult) -> None:
-    """Append the blob's bytes from offset to dest on the host (a fresh file when offset is 0)."""
-    recv = host.start(["sh", "-c", 'cat >> "$1"' if offset else 'cat > "$1"', "sh", dest], bulk=True)
-    widen_pipe(recv.stdin)
-    task.advance(offset)
-    sent = offset
-    try:
-        with open(blob.path, "rb") as f:
-            f.seek(offset)
-            for chunk in iter(lambda: f.read(CHUNK), b""):
-                recv.stdin.write(chunk)
-                sent += len(chunk)
-                result.bytes_sent += len(chunk)
-                task.advance(len(chunk))
-        recv.stdin.close()
-    except (BrokenPipeError, ConnectionError, OSError) as exc:
-        recv.kill()
-        raise TransferCut(f"sending the image to {host.name} stopped after {sent >> 20} MiB: "
-                          f"{recv.stderr_text().strip() or exc}",
-                          "run again: the ship resumes from what arrived") from None
-    if recv.wait() != 0:
-        raise TransferCut(f"writing {dest} on {host.name} failed: {recv.stderr_text().strip()}",
-                          "check free space on the host, then run again: the ship resumes from what arrived")

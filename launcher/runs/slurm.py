@@ -33,11 +33,9 @@ from typing import Any
 from launcher.errors import (
     CommandFailed,
     SlurmRefused,
-    TransferCut,
     UnknownPartition,
     UsageError,
 )
-from launcher.hosts import engine
 from launcher.hosts.base import Host
 from launcher.hosts.scripts import text as host_script
 from launcher.hosts.spec import HostSpec
@@ -45,13 +43,12 @@ from launcher.progress import NullReporter, Reporter
 from launcher.runs.cluster import RUNTIMES, read_settings, require_slurm
 from launcher.runs.container import ContainerJob, docker_run_argv, mounts, runtime_argv
 from launcher.runs.placement import ListedRun, Placement, RunState
-from launcher.runs.ship import SHIP_REPO, ShipResult, push_to_registry
+from launcher.runs.ship import SHIP_REPO, ShipResult, push_to_registry, save_to_archive
 
 JOB_NAME = "launcher"
 TASK_FILE = "task.json"
 NODE_FACTS = "node-facts.txt"
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING")
-CHUNK = 1 << 20
 SHARED_VIA = "shared"  # --ship-via shared: the image archive on the shared filesystem, even with a registry set
 UNQUOTE = r"""tr -d '"\\'"""  # an error line quoted into task.json's JSON: no quotes, no backslashes
 # sacct states of a task that ended without writing task.json (killed before or outside its script)
@@ -110,10 +107,6 @@ class SlurmPlacement(Placement):
         return {"kind": self.kind, "partition": self.partition, "options": self.options,
                 "max_parallel": self.max_parallel, "image_source": self.image_source, "runtime": self.runtime}
 
-    @property
-    def area(self) -> str:
-        return self.host.runs_root().rsplit("/", 1)[0]  # ~/.launcher, shared with the nodes
-
     # -- checks before anything is sent
     def prepare(self, gpu: bool) -> None:
         require_slurm(self.host)
@@ -156,7 +149,7 @@ class SlurmPlacement(Placement):
 
     # -- the image, once, on the shared filesystem
     def image_archive(self, image_id: str) -> str:
-        return f"{self.area}/images/{image_id.removeprefix('sha256:')}.tar"
+        return self.host.area("images", f"{image_id.removeprefix('sha256:')}.tar")  # shared with the nodes
 
     def ship(self, image: Mapping[str, Any], *, via: str | None, reporter: Reporter | None,
              cache_dir: Path) -> ShipResult:
@@ -171,35 +164,7 @@ class SlurmPlacement(Placement):
         archive = self.image_archive(image_id)
         if self.host.exists(archive):
             return ShipResult(image_id=image_id, skipped=True)
-        self.host.makedirs(archive.rsplit("/", 1)[0])
-        rep = reporter or NullReporter()
-        started = time.monotonic()
-        local = engine.local()
-        size = int(local.inspect_image(image_id).get("Size") or 0)
-        task = rep.task(f"image to {self.name}'s shared filesystem", total=size or None, unit="B")
-        save = local.save(image_id)
-        part = f"{archive}.part"
-        recv = self.host.start(["sh", "-c", 'cat > "$1" && mv -f "$1" "$2"', "sh", part, archive], bulk=True)
-        sent = 0
-        try:
-            for block in iter(lambda: save.stdout.read(CHUNK), b""):
-                try:
-                    recv.stdin.write(block)
-                except (BrokenPipeError, OSError) as exc:
-                    raise TransferCut(f"sending the image to {self.name} stopped after {sent >> 20} MiB: {exc}",
-                                      "run again; the archive is written under a temporary name") from None
-                sent += len(block)
-                task.advance(len(block))
-            recv.stdin.close()
-            if save.wait() != 0:
-                raise CommandFailed(f"docker save {image_id[:19]} failed here: {save.stderr_text()}",
-                                    "check the local Docker engine")
-            if recv.wait() != 0:
-                raise CommandFailed(f"writing {archive} on {self.name} failed: {recv.stderr_text()}",
-                                    f"check free space under {self.area} on the cluster")
-        finally:
-            task.close()
-        return ShipResult(image_id=image_id, skipped=False, bytes_sent=sent, seconds=time.monotonic() - started)
+        return save_to_archive(self.host, image_id, archive, reporter, where=f"{self.name}'s shared filesystem")
 
     def _ship_to_registry(self, image_id: str, registry: str, reporter: Reporter | None) -> ShipResult:
         """Push from here; every task pulls by manifest digest (the same digest names the same image ID).
@@ -298,7 +263,7 @@ class SlurmPlacement(Placement):
         """Submit the jobs as one array: task i runs jobs[i]. Returns each job's launch fields."""
         owner = self.host.owner()  # the same user runs the tasks on every node; it gets the outputs
         key = jobs[0].run_id
-        array_dir = f"{self.area}/slurm/{key}"
+        array_dir = self.host.area("slurm", key)
         self.host.makedirs(array_dir)
         jobs = [self.write_secrets(job) for job in jobs]  # read on the node when the task runs, then removed
         run_dirs = [job.run_dir for job in jobs]
@@ -316,15 +281,14 @@ class SlurmPlacement(Placement):
         if done.returncode != 0 or not job_id.isdigit():
             raise SlurmRefused(f"sbatch refused the job array on {self.name}: {done.last_error_line()}",
                                "check the partition and --slurm-opt values against the cluster's limits")
-        self._write(f"{self.area}/slurm/jobs/{job_id}", key + "\n")
+        self._write(self.host.area("slurm", "jobs", job_id), key + "\n")
         return [{"container": job.name,
                  "slurm": {"job_id": job_id, "array_index": i, "array_size": len(jobs),
                            "log": f"{array_dir}/task-{i}.log", "run_dir": run_dirs[i]}}
                 for i, job in enumerate(jobs)]
 
     def _write(self, path: str, text: str) -> None:
-        self.host.makedirs(path.rsplit("/", 1)[0])
-        self.host.run(["sh", "-c", 'cat > "$1.part" && mv -f "$1.part" "$1"', "sh", path], input=text.encode())
+        self.host.write_atomic(path, text.encode())
 
     # -- watching and collecting
     @staticmethod
@@ -445,8 +409,8 @@ class SlurmPlacement(Placement):
 
     def _array_runs(self, job_id: str) -> dict[str, str]:
         """Array index -> run id of a job array this launcher submitted (from its runs.txt)."""
-        key = (self.host.read_text(f"{self.area}/slurm/jobs/{job_id}") or "").strip()
-        table = (self.host.read_text(f"{self.area}/slurm/{key}/runs.txt") or "") if key else ""
+        key = (self.host.read_text(self.host.area("slurm", "jobs", job_id)) or "").strip()
+        table = (self.host.read_text(self.host.area("slurm", key, "runs.txt")) or "") if key else ""
         return dict(row.split(" ", 1) for row in table.splitlines() if " " in row)
 
     def stopped_with(self, launch: Mapping[str, Any]) -> list[str]:
