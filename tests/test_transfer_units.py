@@ -15,6 +15,7 @@ from launcher.errors import Corrupt, ExitCode, UnsafePath
 from launcher.hosts.base import RemoteEntry
 from launcher.hosts.engine import chain_ids
 from launcher.runs.pull import classify, receive_files, safe_relpath
+from launcher.runs.rundir import PULLED
 from launcher.runs.ship import rewrite_save_stream
 
 
@@ -132,7 +133,8 @@ def test_rewriter_empties_only_the_layers_the_host_has() -> None:
 
 
 def test_pull_state_is_the_state_file_plus_its_journal_and_a_torn_line_is_ignored(tmp_path: Path) -> None:
-    from launcher.runs.pull import JOURNAL_SUFFIX, STATE_FILE, read_state
+    from launcher.runs.pull import JOURNAL_SUFFIX, read_state
+    STATE_FILE = PULLED
 
     state = tmp_path / STATE_FILE
     state.write_text(json.dumps({"a": {"size": 1, "sha256": "sha256:aa", "mtime_ns": 1}}))
@@ -166,12 +168,12 @@ def test_a_pull_of_many_files_writes_its_state_once_and_a_cut_one_resumes_from_i
     host = LocalHost(workspace_root=tmp_path)
     dest = tmp_path / "run" / "outputs"
     res = pull.pull_outputs(host, str(src), dest)
-    assert len(res.transferred) == 300 and writes == [tmp_path / "run" / pull.STATE_FILE]
-    assert not (tmp_path / "run" / (pull.STATE_FILE + pull.JOURNAL_SUFFIX)).exists()
+    assert len(res.transferred) == 300 and writes == [tmp_path / "run" / PULLED]
+    assert not (tmp_path / "run" / (PULLED + pull.JOURNAL_SUFFIX)).exists()
     # a pull cut after some files: its journal holds them, and the next pull skips them
-    (tmp_path / "run" / pull.STATE_FILE).unlink()
-    journal = tmp_path / "run" / (pull.STATE_FILE + pull.JOURNAL_SUFFIX)
-    state = pull.read_state(tmp_path / "run" / pull.STATE_FILE)
+    (tmp_path / "run" / PULLED).unlink()
+    journal = tmp_path / "run" / (PULLED + pull.JOURNAL_SUFFIX)
+    state = pull.read_state(tmp_path / "run" / PULLED)
     assert state == {}
     entries = {e.path: e for e in host.list_dir(str(src), hashes=False)}
     with open(journal, "w") as f:

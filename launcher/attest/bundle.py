@@ -38,6 +38,7 @@ from launcher.images import pins as images
 from launcher.images.build import env_content_of
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.manifest import Manifest, load_manifest, read_json_object
+from launcher.runs.rundir import RunDir
 from launcher.runs.store import resolve_run
 from launcher.runtime import code as codedigest
 from launcher.verify.verdicts import check_integrity
@@ -143,7 +144,7 @@ def stage_code(ws: Workspace, m: Manifest, staged: Staged, image_prefix: str) ->
             raise Corrupt(f"run {m.run_id}: the recipe {m.recipe_name} in its image is not the code it ran ({digest})",
                           "prune the cache (`launcher cache prune`) and build again")
         return None
-    launch = read_json_object(m.run_dir / "launch.json")
+    launch = read_json_object(RunDir(m.run_dir).launch_file)
     code: dict[str, Any] = launch["code"] if isinstance(launch.get("code"), dict) else {}
     snapshot = Path(str(code.get("local") or ws.cache_dir / "code" / digest.removeprefix("sha256:")))
     if not snapshot.is_dir() or codedigest.code_digest(snapshot) != digest:

@@ -136,7 +136,7 @@ def predicate(m: Manifest, image: BuiltImage | None) -> dict[str, Any]:
     rec, det = m.recipe, m.determinism
     facts = _host_facts(m)
     byproducts = [st.descriptor(a.path, a.sha256) for a in m.artifacts if a.path.startswith(BYPRODUCT_PREFIX)]
-    byproducts.append(st.descriptor("manifest.json", sha256_file(m.path)))
+    byproducts.append(st.descriptor(m.path.name, sha256_file(m.path)))
     return {
         "buildDefinition": {
             "buildType": BUILD_TYPE,

@@ -32,6 +32,7 @@ from typer._click.exceptions import UsageError as ClickUsageError
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from launcher.errors import LauncherError
+from launcher.runs.rundir import RunDir
 from launcher.workspace import VARIANTS, Workspace
 
 ARGV = "launcher.argv"  # ctx.meta key: the root's arguments as typed (LauncherGroup.parse_args)
@@ -121,7 +122,7 @@ def run_ids(ws: Workspace) -> list[str]:
     """The run directories of the workspace (those with a launch record), oldest first."""
     if not ws.runs.is_dir():
         return []
-    return sorted(d.name for d in ws.runs.iterdir() if (d / "launch.json").is_file())
+    return sorted(d.name for d in ws.runs.iterdir() if RunDir(d).launch_file.is_file())
 
 
 def complete_run(ctx: typer.Context, incomplete: str) -> list[str]:
@@ -139,7 +140,7 @@ def complete_group(ctx: typer.Context, incomplete: str) -> list[str]:
     groups: list[str] = []
     for run_id in reversed(run_ids(ws)):
         with suppress(OSError, ValueError):
-            group = json.loads((ws.runs / run_id / "launch.json").read_text()).get("group")
+            group = json.loads(RunDir(ws.runs / run_id).launch_file.read_text()).get("group")
             if isinstance(group, str) and group.startswith(incomplete) and group not in groups:
                 groups.append(group)
     return groups

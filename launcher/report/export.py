@@ -45,6 +45,7 @@ from launcher.report.exportrun import (
 )
 from launcher.report.exporttensorboard import export_tensorboard, tensorboard_run_dir
 from launcher.runs.manifest import Manifest, load_manifest
+from launcher.runs.rundir import RunDir
 from launcher.workspace import Workspace
 
 # The exporters' names stay importable from here, where the CLI and the tests import them.
@@ -135,4 +136,4 @@ def is_run(ws: Workspace, ref: str) -> bool:
         d = resolve_run(ws, ref)
     except LauncherError:
         return False
-    return (d / "manifest.json").is_file() or (d / "launch.json").is_file()
+    return RunDir(d).is_run()

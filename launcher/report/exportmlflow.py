@@ -30,6 +30,7 @@ from launcher.report.exportrun import (
     run_tags,
 )
 from launcher.runs.manifest import Manifest
+from launcher.runs.rundir import RunDir
 from launcher.workspace import Workspace
 
 # ---------------------------------------------------------------- MLflow
@@ -142,7 +143,7 @@ def _export_one_mlflow(client: Any, entities: Any, experiment_id: str, m: Manife
             client.log_batch(rid, params=chunk)
         for chunk in chunks(metrics, MAX_METRICS):
             client.log_batch(rid, metrics=chunk)
-        outputs = m.run_dir / "outputs"
+        outputs = RunDir(m.run_dir).outputs
         if outputs.is_dir():
             client.log_artifacts(rid, str(outputs), "outputs")
         client.log_artifact(rid, str(m.path))

@@ -7,9 +7,10 @@ from typing import Any
 from launcher.errors import CommandFailed, HostUnreachable, LauncherError, NotFound, UsageError
 from launcher.hosts.base import Host
 from launcher.progress import Reporter
-from launcher.runs.lifecycle import LAUNCH_FILE, MANIFEST_FILE, LogSink, pull_run, read_launch, run_dir, wait_run
+from launcher.runs.lifecycle import LogSink, pull_run, read_launch, run_dir, wait_run
 from launcher.runs.manifest import describe_code, read_json_object
 from launcher.runs.placement import Placement, placement_for
+from launcher.runs.rundir import RunDir
 from launcher.runs.store import resolve_run_id, run_ids, short_ids
 from launcher.runs.targets import open_placement
 from launcher.workspace import Workspace
@@ -21,10 +22,10 @@ def list_runs(ws: Workspace, target: Host | Placement | None = None) -> list[dic
     rows: dict[str, dict[str, Any]] = {}
     if ws.runs.is_dir():
         for d in sorted(ws.runs.iterdir()):
-            launch = read_json_object(d / LAUNCH_FILE)
+            launch = read_json_object(RunDir(d).launch_file)
             if not launch:
                 continue
-            manifest = read_json_object(d / MANIFEST_FILE)
+            manifest = read_json_object(RunDir(d).manifest_file)
             recipe = launch.get("recipe") or {}
             rows[d.name] = {
                 "run_id": d.name,
@@ -53,7 +54,7 @@ def logs(ws: Workspace, run_id: str, sink: LogSink, *, follow: bool = False) -> 
     """The recipe's output: from the container while it exists, else from the pulled train.log."""
     run_id = resolve_run_id(ws, run_id)
     launch = read_launch(ws, run_id)
-    pulled = run_dir(ws, run_id) / "outputs" / "logs" / "train.log"
+    pulled = RunDir.of(ws, run_id).train_log
     placement: Placement | None
     try:
         placement = open_placement(ws, launch)
@@ -100,7 +101,7 @@ def stop(ws: Workspace, run_id: str, reporter: Reporter | None = None) -> dict[s
         if len(together) > 1 or placement.parallel:  # a job array: every replicate gets its manifest now
             out["runs"] = []
             for rid in together:
-                if (run_dir(ws, rid) / LAUNCH_FILE).is_file():
+                if RunDir.of(ws, rid).launch_file.is_file():
                     # the scheduler may still report a cancelled task as running for a moment: wait for it
                     m = pull_run(ws, rid, placement, reporter, watch=1.0)
                     out["runs"].append({"run_id": rid, "status": m.get("status"), "exit_code": m.get("exit_code")})

@@ -31,6 +31,7 @@ from launcher.progress import NullReporter, Reporter
 from launcher.runs.lifecycle import pull_run, read_launch, start_run, wait_run
 from launcher.runs.manifest import Manifest, load_manifest
 from launcher.runs.replicates import is_failed
+from launcher.runs.rundir import RunDir
 from launcher.runs.spec import RunSpec
 from launcher.runs.store import resolve_run_id
 from launcher.runs.targets import open_placement
@@ -188,7 +189,7 @@ def diverge(ws: Workspace, reference: str, other: str, *, causes: bool = True,
     for m, launch, spec in zip(ms, launches, specs, strict=True):
         rep.note(f"re-executing {m.run_id} with steps {window[0]}..{window[1]} traced")
         result.reruns[m.run_id] = _execute(ws, launch, spec, rep, on_log)
-    outs = [ws.runs / result.reruns[i] / "outputs" for i in ids]
+    outs = [RunDir(ws.runs / result.reruns[i]).outputs for i in ids]
     result.first = opdiff.first_difference(outs[0], outs[1])
     if not causes or not result.first.get("found"):
         return result
@@ -199,10 +200,10 @@ def diverge(ws: Workspace, reference: str, other: str, *, causes: bool = True,
         cand.run_id = _execute(ws, launches[0] if cand.on_reference_host else launches[1], spec, rep, on_log)
         if cand.both:
             ref_spec = replace(specs[0], optrace=f"{step}:{step}", **cand.setting)
-            ref_out = ws.runs / _execute(ws, launches[0], ref_spec, rep, on_log) / "outputs"
+            ref_out = RunDir(ws.runs / _execute(ws, launches[0], ref_spec, rep, on_log)).outputs
         else:
             ref_out = outs[0]
-        d = opdiff.first_difference(ref_out, ws.runs / cand.run_id / "outputs")
+        d = opdiff.first_difference(ref_out, RunDir(ws.runs / cand.run_id).outputs)
         traced = step in (d.get("steps_traced") or [])
         cand.agrees = (not d.get("found")) if traced else None
         result.candidates.append(cand)

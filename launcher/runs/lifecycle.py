@@ -28,9 +28,10 @@ from launcher.hosts.spec import HostSpec
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.container import ContainerJob
 from launcher.runs.placement import Placement, RunState, placement_for
-from launcher.runs.pull import STATE_FILE, PullResult, pull_outputs
+from launcher.runs.pull import PullResult, pull_outputs
 from launcher.runs.recipes import Recipe
 from launcher.runs.replicates import Failure, failure_of, is_failed, seed_override_note
+from launcher.runs.rundir import RunDir
 from launcher.runs.spec import (
     RunSpec,
     check_framework,
@@ -53,16 +54,10 @@ from launcher.runtime.steps import ENV as TRACE_ENV
 from launcher.runtime.steps import EPOCH
 from launcher.workspace import Workspace
 
-LAUNCH_FILE = "launch.json"
-MANIFEST_FILE = "manifest.json"
-_RUN_ID = re.compile(r"^[0-9]{8}T[0-9]{6}-[A-Za-z0-9_.-]+-[0-9a-f]{6}$")
-
 LogSink = Callable[[str], None]
 
 # what callers of a run's life also need from its spec (one import for the CLI and the experiment)
 __all__ = [
-    "LAUNCH_FILE",
-    "MANIFEST_FILE",
     "LogSink",
     "RunOutcome",
     "RunSpec",
@@ -108,9 +103,8 @@ def new_run_id(recipe: str) -> str:
 
 
 def run_dir(ws: Workspace, run_id: str) -> Path:
-    if not _RUN_ID.match(run_id):
-        raise UsageError(f"{run_id!r} is not a run id", "see `launcher ps` for run ids")
-    return ws.runs / run_id
+    """The run's folder here (launcher.runs.rundir.RunDir owns its layout)."""
+    return RunDir.of(ws, run_id).path
 
 
 def _with_data(spec: RunSpec, placement: Placement, reporter: Reporter | None) -> RunSpec:
@@ -157,11 +151,11 @@ def _start(ws: Workspace, placement: Placement, launches: Sequence[tuple[dict[st
     except CommandFailed as exc:
         for launch, _ in launches:
             launch["start_error"] = exc.message
-            atomic_write_json(ws.runs / launch["run_id"] / LAUNCH_FILE, launch)
+            atomic_write_json(RunDir(ws.runs / launch["run_id"]).launch_file, launch)
         raise
     for (launch, _), record in zip(launches, started, strict=True):
         launch.update(record)
-        atomic_write_json(ws.runs / launch["run_id"] / LAUNCH_FILE, launch)
+        atomic_write_json(RunDir(ws.runs / launch["run_id"]).launch_file, launch)
         rep.note(f"started {launch['run_id']} on {placement.name}")
     return [launch for launch, _ in launches]
 
@@ -265,12 +259,12 @@ def _launch(
         "ship": shipped.to_dict(),
         "launched_at": utc_now(),
     }
-    atomic_write_json(ws.runs / run_id / LAUNCH_FILE, launch)
+    atomic_write_json(RunDir(ws.runs / run_id).launch_file, launch)
     return launch, job
 
 
 def read_launch(ws: Workspace, run_id: str) -> dict[str, Any]:
-    path = run_dir(ws, run_id) / LAUNCH_FILE
+    path = RunDir.of(ws, run_id).launch_file
     try:
         launch: dict[str, Any] = json.loads(path.read_text())
         return launch
@@ -318,7 +312,7 @@ def pull_run(
     launch = read_launch(ws, run_id)
     own = target is None
     placement = open_placement(ws, launch) if target is None else placement_for(target)
-    local = run_dir(ws, run_id)
+    local = RunDir.of(ws, run_id)
     try:
         while True:
             state = placement.state(launch)
@@ -326,8 +320,8 @@ def pull_run(
             result = pull_outputs(
                 placement.host,
                 placement.outputs(launch),
-                local / "outputs",
-                state_file=local / STATE_FILE,
+                local.outputs,
+                state_file=local.pulled_file,
                 reporter=reporter,
             )
             if on_pass is not None:
@@ -360,11 +354,11 @@ def pull_run(
 def _finish(ws: Workspace, launch: Mapping[str, Any], result: PullResult, state: RunState | None) -> dict[str, Any]:
     from launcher.runs.manifest import assemble, write_manifest
 
-    local = run_dir(ws, launch["run_id"])
+    local = RunDir.of(ws, launch["run_id"])
     if state is not None and state.image_ran:  # a target that learns the image only when the run starts
         launch = {**launch, "image_ran": state.image_ran}
-    data = assemble(launch, local / "outputs", result.files, state, utc_now())
-    write_manifest(local, data)
+    data = assemble(launch, local.outputs, result.files, state, utc_now())
+    write_manifest(local.path, data)
     return data
 
 

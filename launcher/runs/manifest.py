@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.errors import Corrupt, NotFound, SchemaTooNew
 from launcher.hashing import atomic_write_json
+from launcher.runs.rundir import RunDir
 
 if TYPE_CHECKING:
     from launcher.runs.placement import RunState
 
 SCHEMA_VERSION = 1
-MANIFEST_NAME = "manifest.json"
 STATUSES = ("succeeded", "failed", "cancelled")
 
 # field -> accepted types; only what readers rely on is required, the rest is passed through.
@@ -126,7 +126,7 @@ class Manifest:
 
     @property
     def path(self) -> Path:
-        return self.run_dir / MANIFEST_NAME
+        return RunDir(self.run_dir).manifest_file
 
     def artifact(self, rel: str) -> Artifact | None:
         return next((a for a in self.artifacts if a.path == rel), None)
@@ -136,7 +136,7 @@ class Manifest:
 
 
 def manifest_path(run_dir: Path) -> Path:
-    return run_dir / MANIFEST_NAME
+    return RunDir(run_dir).manifest_file
 
 
 def _safe_rel(rel: str) -> bool:

@@ -20,6 +20,7 @@ from launcher.errors import LauncherError, NotFound
 from launcher.hosts import engine
 from launcher.runs.container import CONTAINER_CODE, CONTAINER_DATA, CONTAINER_OUT, IMAGE_RECIPES
 from launcher.runs.manifest import read_json_object
+from launcher.runs.rundir import RunDir
 from launcher.runs.store import resolve_run
 from launcher.workspace import Workspace
 
@@ -88,10 +89,10 @@ def plain_run(ws: Workspace, ref: str, out: Path | None = None) -> PlainRun:
     """The `docker run` that repeats run ref without launcher; its outputs go to out (default:
     ./<run id>-plain in the current directory)."""
     run_dir = resolve_run(ws, ref)
-    launch = read_json_object(run_dir / "launch.json")
+    launch = read_json_object(RunDir(run_dir).launch_file)
     if not launch:
         raise NotFound(f"run {run_dir.name} has no launch.json", "name a run launcher started (`launcher ps`)")
-    manifest = read_json_object(run_dir / "manifest.json")
+    manifest = read_json_object(RunDir(run_dir).manifest_file)
     recipe = manifest.get("recipe") or launch.get("recipe") or {}
     code = launch.get("code") or {}
     notes: list[str] = []

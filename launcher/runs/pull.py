@@ -24,10 +24,10 @@ from launcher.hashing import CHUNK, atomic_write_json, sha256_file
 from launcher.hosts.base import Host, RemoteEntry
 from launcher.hosts.scripts import text as host_script
 from launcher.progress import NullReporter, Reporter
+from launcher.runs.rundir import RunDir
 
 # Runs on the host with its own python3: a file of this package, sent as the text of `python3 -c`.
 PULL_SCRIPT = host_script("pull_files.py")
-STATE_FILE = ".pulled.json"
 JOURNAL_SUFFIX = ".log"  # .pulled.json.log: the files verified since the state file was last written
 
 
@@ -275,7 +275,7 @@ def pull_outputs(
 ) -> PullResult:
     """Copy every regular file under remote_dir into dest, verified; skip files verified before."""
     rep = reporter or NullReporter()
-    state_path = state_file or dest.parent / STATE_FILE
+    state_path = state_file or RunDir(dest.parent).pulled_file
     journal_path = state_path.with_name(state_path.name + JOURNAL_SUFFIX)
     state = read_state(state_path)
     result = PullResult()

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from launcher.errors import LauncherError
+from launcher.runs.rundir import RunDir
 from launcher.workspace import Workspace
 
 TAIL_LINES = 10
@@ -53,14 +54,14 @@ def is_failed(manifest: Mapping[str, Any]) -> bool:
 def log_tail(ws: Workspace, run_id: str, placement: Any = None, n: int = TAIL_LINES) -> list[str]:
     """The last n lines of a run's log: its pulled train.log, else what its placement still has
     (a Slurm task that never started its container logs only there)."""
-    pulled = ws.runs / run_id / "outputs" / "logs" / "train.log"
+    pulled = RunDir(ws.runs / run_id).train_log
     try:
         lines = pulled.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
         lines = []
     if not lines and placement is not None:
         try:
-            launch = json.loads((ws.runs / run_id / "launch.json").read_text())
+            launch = json.loads(RunDir(ws.runs / run_id).launch_file.read_text())
             lines = "".join(placement.logs(launch, follow=False)).splitlines()
         except (OSError, ValueError, LauncherError):
             lines = []

@@ -16,7 +16,6 @@ when it ran, its exit code, and the checkpoint it resumed from.
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,10 +24,11 @@ from launcher.errors import LauncherError, NotResumable
 from launcher.hashing import atomic_write_json
 from launcher.hosts.spec import HostSpec
 from launcher.progress import NullReporter, Reporter
-from launcher.runs.lifecycle import LAUNCH_FILE, MANIFEST_FILE, LogSink, pull_run, read_launch, run_dir, wait_run
+from launcher.runs.lifecycle import LogSink, pull_run, read_launch, wait_run
 from launcher.runs.manifest import run_segments
 from launcher.runs.placement import DirectPlacement, Placement, RunState, output_owner
-from launcher.runs.pull import STATE_FILE, pull_outputs
+from launcher.runs.pull import pull_outputs
+from launcher.runs.rundir import RunDir
 from launcher.runs.store import resolve_run_id
 from launcher.runs.targets import open_placement
 from launcher.runtime.checkpoint import ENV_RESUME, LATEST
@@ -55,7 +55,7 @@ def _check(ws: Workspace, run_id: str, launch: Mapping[str, Any]) -> None:
     if not (launch.get("checkpoint") or {}).get("every"):
         raise NotResumable(f"run {run_id} was started without --checkpoint-every: it has no checkpoints",
                            "start it again with `launcher run ... --checkpoint-every N`")
-    manifest = run_dir(ws, run_id) / MANIFEST_FILE
+    manifest = RunDir.of(ws, run_id).manifest_file
     if manifest.is_file() and json.loads(manifest.read_text()).get("status") == "succeeded":
         raise NotResumable(f"run {run_id} finished (succeeded): there is nothing to resume",
                            "resume a run that was stopped or killed, or start a new one")
@@ -71,9 +71,9 @@ def _not_finished(launch: Mapping[str, Any], state: RunState | None) -> None:
                            f"pull it (`launcher pull {launch['run_id']}`)")
 
 
-def _ended(launch: Mapping[str, Any], segments: list[dict[str, Any]], local: Path) -> None:
+def _ended(launch: Mapping[str, Any], segments: list[dict[str, Any]], local: RunDir) -> None:
     """The last segment completed from the manifest of a pull, when its container is gone."""
-    manifest = local / MANIFEST_FILE
+    manifest = local.manifest_file
     if manifest.is_file():
         seen = json.loads(manifest.read_text())
         segments[-1].update({k: segments[-1].get(k) or seen.get(k) for k in ("started_at", "ended_at", "exit_code")})
@@ -87,7 +87,7 @@ def resume_run(ws: Workspace, run_ref: str, reporter: Reporter | None = None, *,
     run_id = resolve_run_id(ws, run_ref)
     launch = read_launch(ws, run_id)
     _check(ws, run_id, launch)
-    local = run_dir(ws, run_id)
+    local = RunDir.of(ws, run_id)
     moving = host is not None and host.name != HostSpec.from_record(launch.get("host_options")).name
     placement: Placement
     if moving:
@@ -113,18 +113,15 @@ def resume_run(ws: Workspace, run_ref: str, reporter: Reporter | None = None, *,
         launch = {**launch, "segments": segments}
         if record.get("image_ran"):
             launch["image_ran"] = record["image_ran"]
-        atomic_write_json(local / LAUNCH_FILE, launch)
-        # what was pulled of the earlier segments describes outputs the resumed container rewrites
-        (local / MANIFEST_FILE).unlink(missing_ok=True)
-        (local / STATE_FILE).unlink(missing_ok=True)
-        shutil.rmtree(local / "outputs", ignore_errors=True)
+        atomic_write_json(local.launch_file, launch)
+        local.forget_pulled()  # what was pulled of the earlier segments describes outputs the container rewrites
         if detach:
             return launch
         wait_run(ws, run_id, placement, on_log=on_log, poll_s=poll_s)
         return pull_run(ws, run_id, placement, reporter)
 
 
-def _move(ws: Workspace, launch: dict[str, Any], local: Path, spec: HostSpec,
+def _move(ws: Workspace, launch: dict[str, Any], local: RunDir, spec: HostSpec,
           reporter: Reporter | None) -> tuple[dict[str, Any], list[dict[str, Any]], DirectPlacement]:
     """The run's outputs, image, data and code put on the host of spec; the launch record as it will
     start there, its segments so far, and the placement there."""
@@ -142,7 +139,7 @@ def _move(ws: Workspace, launch: dict[str, Any], local: Path, spec: HostSpec,
                 raise NotResumable(f"run {run_id} is still running on {old.name}",
                                    f"stop it first (`launcher stop {run_id}`), or resume it there")
             _not_finished(launch, state)
-            pull_outputs(old.host, old.outputs(launch), local / "outputs", state_file=local / STATE_FILE,
+            pull_outputs(old.host, old.outputs(launch), local.outputs, state_file=local.pulled_file,
                          reporter=rep)
             segments = run_segments(launch, state)
             if state is not None:
@@ -154,7 +151,7 @@ def _move(ws: Workspace, launch: dict[str, Any], local: Path, spec: HostSpec,
                  "pulled from it before")
         segments = run_segments(launch, None)
     _ended(launch, segments, local)
-    _checkpoint_name((local / "outputs" / LATEST).read_text() if (local / "outputs" / LATEST).is_file() else None,
+    _checkpoint_name((local.outputs / LATEST).read_text() if (local.outputs / LATEST).is_file() else None,
                      launch, "in the outputs pulled here")
     new = DirectPlacement(spec.open(ws.root if spec.local else None), spec)
     try:
@@ -168,7 +165,7 @@ def _move(ws: Workspace, launch: dict[str, Any], local: Path, spec: HostSpec,
         if code.get("source") == "mounted":
             code = new.send_code({k: v for k, v in code.items() if k != "host_path"}, rep)
         remote = new.run_dir(run_id, data)
-        placed = datasets.place(new.host, local / "outputs", rep, area="resume", name=run_id)
+        placed = datasets.place(new.host, local.outputs, rep, area="resume", name=run_id)
         new.host.run(["cp", "-a", f"{placed.path}/.", f"{remote}/out/"])
         if new.host.kind != "local":
             new.host.run(["rm", "-rf", placed.path], check=False)

@@ -3,14 +3,13 @@ choosing which runs a verification compares (reference first)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from launcher.errors import Incompatible, LauncherError, NotFound, RunFailed, UsageError
 from launcher.runs.manifest import Manifest, load_manifest
+from launcher.runs.rundir import RunDir
 from launcher.workspace import Workspace
 
 
@@ -19,7 +18,7 @@ def _completed_manifests(ws: Workspace) -> list[Manifest]:
     if not ws.runs.is_dir():
         return out
     for d in sorted(ws.runs.iterdir()):
-        if d.is_dir() and (d / "manifest.json").is_file():
+        if RunDir(d).is_complete():
             try:
                 out.append(load_manifest(d))
             except LauncherError:
@@ -32,8 +31,7 @@ def run_ids(ws: Workspace) -> list[str]:
     manifest), oldest first."""
     if not ws.runs.is_dir():
         return []
-    return sorted(d.name for d in ws.runs.iterdir()
-                  if d.is_dir() and ((d / "launch.json").is_file() or (d / "manifest.json").is_file()))
+    return sorted(d.name for d in ws.runs.iterdir() if RunDir(d).is_run())
 
 
 def _token(run_id: str) -> str:
@@ -105,8 +103,8 @@ def skipped_in_group(ws: Workspace, group: str) -> list[dict[str, str]]:
     if not ws.runs.is_dir():
         return out
     for d in sorted(ws.runs.iterdir()):
-        launch = _read_json_quiet(d / "launch.json")
-        if not isinstance(launch, dict) or launch.get("group") != group:
+        launch = RunDir(d).read_launch_quiet()
+        if launch is None or launch.get("group") != group:
             continue
         try:
             m = load_manifest(d)
@@ -118,13 +116,6 @@ def skipped_in_group(ws: Workspace, group: str) -> list[dict[str, str]]:
             out.append({"run_id": d.name, "reason": f"{m.status} (exit {m.data.get('exit_code')})"
                         + (f": {error}" if error else "") + "; not a result, so not compared"})
     return out
-
-
-def _read_json_quiet(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
 
 
 def group_runs(ws: Workspace, group: str, *, results_only: bool = True) -> list[Manifest]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import LauncherError
+from launcher.runs import rundir
 from launcher.runs.manifest import Manifest
 from launcher.verify.content import ContentDiff, compare_files, compare_savedmodel, savedmodel_root, unreadable
 from launcher.verify.differences import (
@@ -48,7 +49,7 @@ VOLATILE = (
     "outputs/logs/train.log",
     "outputs/fingerprints/steps.jsonl",
     "outputs/checkpoints/*",
-    "launch.json",
+    rundir.LAUNCH,
 )
 # Why each who leaves files out: said once per who, not once per file.
 IGNORED_WHY = {

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
+from launcher.runs import rundir
 from launcher.runs.manifest import Manifest
 from launcher.verify.formats import model_suffixes
 
@@ -61,7 +62,7 @@ def kind_of(path: str, savedmodels: Iterable[str] = (), named: Iterable[str] = (
     if named and matches(path, named):
         return KIND_NAMED
     rel = path.removeprefix("outputs/")
-    if path == "launch.json" or rel.startswith(("_launcher/", "fingerprints/")):
+    if path == rundir.LAUNCH or rel.startswith(("_launcher/", "fingerprints/")):
         return KIND_RECORDS
     if path in _MODEL_FILES:
         return KIND_MODEL

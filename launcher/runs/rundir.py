@@ -1,0 +1,91 @@
+"""A run's folder on the user's machine, ``runs/<run-id>/``: the one owner of its layout.
+
+- ``launch.json``: written when the run starts (launcher.runs.lifecycle), the run's launch record;
+- ``outputs/``: what the container wrote, pulled back (``outputs/logs/train.log`` its console log);
+- ``.pulled.json``: which outputs were pulled and verified already (launcher.runs.pull);
+- ``manifest.json``: written last, once the run ended and its outputs are here (launcher.runs.manifest):
+  a folder without it is a run still going, or one whose pull did not finish.
+
+Every module reaches these files through a :class:`RunDir`; nobody else spells their names.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from launcher.errors import UsageError
+
+if TYPE_CHECKING:
+    from launcher.workspace import Workspace
+
+LAUNCH = "launch.json"
+MANIFEST = "manifest.json"
+PULLED = ".pulled.json"
+OUTPUTS = "outputs"
+TRAIN_LOG = "logs/train.log"  # inside outputs/
+_RUN_ID = re.compile(r"^[0-9]{8}T[0-9]{6}-[A-Za-z0-9_.-]+-[0-9a-f]{6}$")
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+
+    @classmethod
+    def of(cls, ws: Workspace, run_id: str) -> RunDir:
+        """The folder of run_id in the workspace (a usage error for what is not a run id)."""
+        if not _RUN_ID.match(run_id):
+            raise UsageError(f"{run_id!r} is not a run id", "see `launcher ps` for run ids")
+        return cls(ws.runs / run_id)
+
+    @property
+    def run_id(self) -> str:
+        return self.path.name
+
+    @property
+    def launch_file(self) -> Path:
+        return self.path / LAUNCH
+
+    @property
+    def manifest_file(self) -> Path:
+        return self.path / MANIFEST
+
+    @property
+    def pulled_file(self) -> Path:
+        return self.path / PULLED
+
+    @property
+    def outputs(self) -> Path:
+        return self.path / OUTPUTS
+
+    @property
+    def train_log(self) -> Path:
+        return self.outputs / TRAIN_LOG
+
+    def is_run(self) -> bool:
+        """Whether the folder holds a run: one started here (launch.json) or brought here (manifest.json)."""
+        return self.path.is_dir() and (self.launch_file.is_file() or self.manifest_file.is_file())
+
+    def is_complete(self) -> bool:
+        return self.path.is_dir() and self.manifest_file.is_file()
+
+    def read_launch_quiet(self) -> dict[str, Any] | None:
+        """The launch record, or None where there is none or it is unreadable (listings skip such runs)."""
+        try:
+            data = json.loads(self.launch_file.read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def forget_pulled(self) -> None:
+        """Back to a started run: the manifest, the pull state and the outputs pulled so far removed
+        (a resumed run rewrites its outputs). The manifest goes first: no half-state looks complete."""
+        import shutil
+
+        self.manifest_file.unlink(missing_ok=True)
+        self.pulled_file.unlink(missing_ok=True)
+        shutil.rmtree(self.outputs, ignore_errors=True)
+

@@ -1,0 +1,49 @@
+"""launcher.runs.rundir owns the layout of a run's folder: no other module spells its files' names,
+a run id is checked before a path is made of it, and a resumed run's pulled state is removed
+manifest first (nothing half-removed looks complete)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from launcher.errors import UsageError
+from launcher.runs import rundir
+from launcher.runs.rundir import RunDir
+from launcher.workspace import Workspace
+
+PACKAGE = Path(rundir.__file__).resolve().parents[1]
+# docker save archives hold a manifest.json of their own: those two modules read Docker's, not a run's
+DOCKER_ARCHIVES = {"images/tree.py", "runs/ship.py"}
+
+
+def test_no_module_but_rundir_spells_the_run_folders_file_names() -> None:
+    spelled = re.compile(r"""["'](launch\.json|manifest\.json|\.pulled\.json)["']""")
+    found = [f"{p.relative_to(PACKAGE)}:{n}" for p in sorted(PACKAGE.rglob("*.py"))
+             if str(p.relative_to(PACKAGE)) not in {"runs/rundir.py", *DOCKER_ARCHIVES}
+             for n, line in enumerate(p.read_text().splitlines(), 1) if spelled.search(line)]
+    assert found == []
+
+
+def test_a_run_folder_and_its_state(tmp_path: Path) -> None:
+    ws = Workspace.at(tmp_path)
+    with pytest.raises(UsageError, match="is not a run id"):
+        RunDir.of(ws, "../etc")
+    d = RunDir.of(ws, "20261125T080000-train-abc123")
+    assert d.path == ws.runs / "20261125T080000-train-abc123" and d.run_id == "20261125T080000-train-abc123"
+    assert not d.is_run() and d.read_launch_quiet() is None
+    d.path.mkdir(parents=True)
+    d.launch_file.write_text('{"group": "g"}')
+    assert d.is_run() and not d.is_complete() and d.read_launch_quiet() == {"group": "g"}
+    d.train_log.parent.mkdir(parents=True)
+    d.train_log.write_text("epoch 1\n")
+    d.pulled_file.write_text("{}")
+    d.manifest_file.write_text("{}")
+    assert d.is_complete() and d.train_log == d.path / "outputs/logs/train.log"
+    d.forget_pulled()
+    assert not d.is_complete() and not d.outputs.exists() and not d.pulled_file.exists()
+    assert d.launch_file.is_file()  # the launch record stays: the run is started, not gone
+    d.launch_file.write_text("[1, 2]")
+    assert d.read_launch_quiet() is None  # not a launch record
