@@ -15,7 +15,6 @@ from launcher.cli.hostopts import (
     PartitionOpt,
     SchedulerOpt,
     SlurmOpt,
-    check_cluster_options,
     target,
     with_host,
 )
@@ -87,26 +86,17 @@ def provision_cmd(
     With --scheduler slurm: the cluster behind the login node (partitions, nodes, Docker on each),
     and its settings (--registry, --container-runtime)."""
     from launcher.hosts import provision
+    from launcher.runs import targets
 
     ws = workspace_of(ctx)
-    if check_cluster_options(scheduler, None, None, None):
-        if gpu or install or dry_run:
-            raise UsageError("--gpu, --install and --dry-run are for one host",
-                             "provision each node by its own --host, or drop them")
-        from launcher.runs.cluster import cluster_facts, configure
-
-        with _open(ctx, host) as h:
-            facts = cluster_facts(h, registry=None if registry == "none" else registry)
-            if registry or container_runtime:
-                facts["settings"] = configure(h, facts, registry=registry, runtime=container_runtime)
-        usable = [n for n in facts["nodes"] if n.get("docker")]
-        summary = (f"{len(facts['nodes'])} nodes, {len(usable)} with a usable Docker engine"
-                   + ("" if len(usable) == len(facts["nodes"]) else "; runs need Docker on every node"))
-        render(ctx, Result("provision", {"host": h.name, "cluster": facts}, summary=summary), cluster_text)
+    request = targets.ProvisionRequest(gpu=gpu, install=install, dry_run=dry_run, registry=registry,
+                                       runtime=container_runtime)
+    chosen = targets.select(scheduler, targets.TargetOptions())
+    if chosen is not None and chosen.provision is not None:  # the target's own provisioning (a cluster's)
+        done_target = chosen.provision(lambda: _open(ctx, host), request)
+        render(ctx, Result("provision", done_target.data, summary=done_target.summary), cluster_text)
         return
-    if registry or container_runtime:
-        raise UsageError("--registry and --container-runtime are cluster settings",
-                         "give them with --scheduler slurm and the login node as --host")
+    targets.check_host_provision(request)
     with _open(ctx, host) as h:
         done = provision.provision(ws, h, gpu=gpu, install=install, dry_run=dry_run)
     ready = done.facts["docker"].get("usable") and (not gpu or done.facts["docker"].get("nvidia_runtime"))
