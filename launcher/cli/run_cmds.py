@@ -40,7 +40,7 @@ from launcher.cli.params import (
     variant_for,
 )
 from launcher.cli.provision_text import cluster_text, facts_text
-from launcher.errors import ExitCode, UsageError
+from launcher.errors import UsageError, run_exit_code
 from launcher.hosts.spec import HostSpec
 from launcher.images import wheelsources
 from launcher.result import Result
@@ -282,7 +282,6 @@ def run_cmd(
             host_spec=host,
         )
     failure = outcome.failure
-    code = ExitCode.RUN_FAILED if failure or outcome.failed else ExitCode.OK
     if outcome.detached:
         summary = f"group {outcome.group}: {len(outcome.runs)} runs started; `launcher pull RUN` when done"
     elif failure:
@@ -293,7 +292,7 @@ def run_cmd(
         summary = f"group {outcome.group}: {n} run{'s' if n != 1 else ''} succeeded"
     data_out = {"group": outcome.group, "detached": outcome.detached, "runs": outcome.runs,
                 "failure": failure.to_dict() if failure else None, "notes": outcome.notes}
-    render(ctx, Result("run", data_out, exit_code=code, summary=summary), _run_text)
+    render(ctx, Result("run", data_out, exit_code=outcome.exit_code, summary=summary), _run_text)
 
 
 @command(app, "resume")
@@ -321,11 +320,10 @@ def resume_cmd(
         out = resume_mod.resume_run(ws, run_id, rep, host=host if host.destination is not None else None, detach=detach,
                                     on_log=sink)
     last = (out.get("segments") or [{}])[-1]
+    code = run_exit_code(out.get("status"), ended=not detach)
     if detach:
-        code = ExitCode.OK
         summary = f"{run_id}: resumed from {last.get('resumed_from')} (detached); `launcher pull {run_id}` when done"
     else:
-        code = ExitCode.OK if out.get("status") == "succeeded" else ExitCode.RUN_FAILED
         resumed = [s.get("resumed_from") for s in out.get("segments") or [] if s.get("resumed_from")]
         summary = (f"{run_id}: {out.get('status')} (exit {out.get('exit_code')}) after {len(resumed) + 1} segments "
                    f"(resumed from {', '.join(resumed)}), {len(out.get('artifacts') or [])} artifacts verified")
@@ -400,7 +398,7 @@ def attach_cmd(ctx: typer.Context, run_id: RunArg) -> None:
     run_id = resolve_run_id(ws, run_id)
     with reporter(ctx) as rep:
         manifest = runcontrol.attach(ws, run_id, _sink(ctx, lines), rep)
-    code = ExitCode.OK if manifest.get("status") == "succeeded" else ExitCode.RUN_FAILED
+    code = run_exit_code(manifest.get("status"))
     render(
         ctx,
         Result(
@@ -428,11 +426,10 @@ def pull_cmd(
     run_id = resolve_run_id(ws, run_id)
     with reporter(ctx) as rep:
         out = runs.pull_run(ws, run_id, reporter=rep, watch=watch)
+    code = run_exit_code(out.get("status"), ended=out.get("status") != "running")
     if out.get("status") == "running":
         summary = f"{run_id} is still running; pulled {out['pulled']['transferred']} files so far"
-        code = ExitCode.OK
     else:
-        code = ExitCode.OK if out["status"] == "succeeded" else ExitCode.RUN_FAILED
         summary = (
             f"{run_id}: {out['status']} (exit {out['exit_code']}), {len(out['artifacts'])} artifacts verified"
         )

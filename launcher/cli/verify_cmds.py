@@ -484,7 +484,6 @@ def models_cmd(
 
     Exit 0 when every array is bit-identical, 3 when any differs.
     """
-    from launcher.errors import ExitCode
     from launcher.verify.modeldiff import diff_models
 
     diff = diff_models(reference, other)
@@ -499,5 +498,4 @@ def models_cmd(
             stdout.print(line, markup=False)
         stdout.print(result.summary)
 
-    code = ExitCode.OK if first is None else ExitCode.NOT_REPRODUCIBLE
-    render(ctx, Result("verify models", data, code, summary), text)
+    render(ctx, Result("verify models", data, diff.exit_code, summary), text)
