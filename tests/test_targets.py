@@ -105,3 +105,12 @@ def test_exit_codes_of_results() -> None:
     assert run_exit_code("failed") == run_exit_code("cancelled") == ExitCode.RUN_FAILED
     assert run_exit_code(None, ended=False) == run_exit_code("running", ended=False) == ExitCode.OK
     assert verdict_exit_code(True) == ExitCode.OK and verdict_exit_code(False) == ExitCode.NOT_REPRODUCIBLE
+
+
+def test_a_later_part_of_a_group_is_not_prepared_again(toy: typing.Any, ws: Workspace, tmp_path: Path) -> None:
+    placement = targets.place(LocalHost(ws.root), HostSpec(), "toy", TargetOptions())
+    script = make_project(tmp_path)
+    first = run_recipe(ws, RunSpec(recipe=str(script)), placement, facts={}, poll_s=0)
+    run_recipe(ws, RunSpec(recipe=str(script), group=first.group, replicate=1), placement, facts={}, poll_s=0,
+               prepared=True)  # as an experiment runs a group's replicates one by one on the same host
+    assert placement.prepared == 1 and len(placement.jobs) == 2

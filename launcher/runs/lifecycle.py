@@ -367,6 +367,7 @@ def run_recipe(
     facts: Mapping[str, Any] | None = None,
     cache_dir: Path | None = None,
     poll_s: float = 1.0,
+    prepared: bool = False,
 ) -> RunOutcome:
     """Run the recipe `runs` times for each seed (one group), waiting and pulling unless detached.
     The first replicate that fails stops the rest (see runs.replicates): those not started are not
@@ -402,7 +403,8 @@ def run_recipe(
         from launcher.hosts import provision
 
         facts = provision.facts_for_run(ws, placement.host)
-    placement.prepare(ws.needs_gpu(spec.variant))  # once for the group, before its data and code are sent
+    if not prepared:  # once for the group (prepared: by an earlier part of it), before its data and code are sent
+        placement.prepare(ws.needs_gpu(spec.variant))
     if spec.data_from:
         spec = _with_data(spec, placement, reporter)
     spec = _with_code(spec, placement, reporter)
