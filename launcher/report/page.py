@@ -6,13 +6,27 @@ from __future__ import annotations
 
 import html
 import statistics
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from launcher.report import probes as probe_section
-from launcher.report.stats import percent
+from launcher.report.stats import GroupStats, percent
 
-if TYPE_CHECKING:
-    from launcher.report.assemble import Report
+
+class Report(Protocol):
+    """What the page shows of a report (launcher.report.assemble.Report)."""
+
+    name: str
+    groups: list[GroupStats]
+    metrics: list[str]
+    spread: dict[str, Any] | None
+    plots: dict[str, str]
+    notes: list[str]
+    comparisons: dict[str, dict[str, Any]]
+    differences: dict[str, dict[str, Any]]
+    weights: dict[str, dict[str, Any]]
+    difference_plots: dict[str, str]
+    weights_plot: str | None
+    probes: dict[str, dict[str, Any]]
 
 e = html.escape
 
