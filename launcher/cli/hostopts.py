@@ -117,6 +117,14 @@ def target(host: Host, spec: HostSpec, scheduler: str | None, partition: str | N
     return targets.place(host, spec, scheduler, _options_given(partition, slurm_opt, max_parallel))
 
 
+def placer(scheduler: str | None, partition: str | None, slurm_opt: list[str] | None,
+           max_parallel: int | None) -> Callable[[Host, HostSpec], Placement] | None:
+    """For a command that opens several hosts: how the --scheduler target is put on each (None: direct)."""
+    options = _options_given(partition, slurm_opt, max_parallel)
+    chosen = targets.select(scheduler, options)
+    return None if chosen is None else (lambda h, spec: chosen.place(h, spec, options))
+
+
 def check_cluster_options(scheduler: str | None, partition: str | None, slurm_opt: list[str] | None,
                           max_parallel: int | None) -> bool:
     """Whether the runs go through a scheduler; a usage error for options that do not fit together."""

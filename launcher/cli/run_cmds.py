@@ -44,6 +44,7 @@ from launcher.errors import UsageError, run_exit_code
 from launcher.hosts.spec import HostSpec
 from launcher.images import wheelsources
 from launcher.result import Result
+from launcher.runs import targets
 from launcher.runs.store import resolve_run_id
 
 app = typer.Typer()
@@ -86,17 +87,13 @@ def provision_cmd(
     With --scheduler slurm: the cluster behind the login node (partitions, nodes, Docker on each),
     and its settings (--registry, --container-runtime)."""
     from launcher.hosts import provision
-    from launcher.runs import targets
 
     ws = workspace_of(ctx)
     request = targets.ProvisionRequest(gpu=gpu, install=install, dry_run=dry_run, registry=registry,
                                        runtime=container_runtime)
-    chosen = targets.select(scheduler, targets.TargetOptions())
-    if chosen is not None and chosen.provision is not None:  # the target's own provisioning (a cluster's)
-        done_target = chosen.provision(lambda: _open(ctx, host), request)
-        render(ctx, Result("provision", done_target.data, summary=done_target.summary), cluster_text)
+    if (cluster := targets.provision(scheduler, request, lambda: _open(ctx, host))) is not None:
+        render(ctx, Result("provision", cluster.data, summary=cluster.summary), cluster_text)  # the target's own
         return
-    targets.check_host_provision(request)
     with _open(ctx, host) as h:
         done = provision.provision(ws, h, gpu=gpu, install=install, dry_run=dry_run)
     ready = done.facts["docker"].get("usable") and (not gpu or done.facts["docker"].get("nvidia_runtime"))
@@ -399,15 +396,8 @@ def attach_cmd(ctx: typer.Context, run_id: RunArg) -> None:
     with reporter(ctx) as rep:
         manifest = runcontrol.attach(ws, run_id, _sink(ctx, lines), rep)
     code = run_exit_code(manifest.get("status"))
-    render(
-        ctx,
-        Result(
-            "attach",
-            {"manifest": manifest, "lines": lines},
-            exit_code=code,
-            summary=f"{run_id}: {manifest.get('status')} (exit {manifest.get('exit_code')})",
-        ),
-    )
+    render(ctx, Result("attach", {"manifest": manifest, "lines": lines}, exit_code=code,
+                       summary=f"{run_id}: {manifest.get('status')} (exit {manifest.get('exit_code')})"))
 
 
 @command(app, "pull")

@@ -16,8 +16,7 @@ from launcher.cli.hostopts import (
     PartitionOpt,
     SchedulerOpt,
     SlurmOpt,
-    check_cluster_options,
-    target,
+    placer,
     with_host,
 )
 from launcher.cli.params import (
@@ -378,11 +377,7 @@ def experiment_cmd(
     ws = workspace_of(ctx)
     variant = variant_for(ctx, ws, variant, recipe)
     threads = threads_for(ctx, determinism, threads)
-    cluster = None
-    if check_cluster_options(scheduler, partition, slurm_opt, max_parallel):
-
-        def cluster(h: Any, spec: HostSpec) -> Any:
-            return target(h, spec, scheduler, partition, slurm_opt, max_parallel)
+    cluster = placer(scheduler, partition, slurm_opt, max_parallel)
 
     with reporter(ctx) as rep:
         res = experiment(ws, recipe, runs, seeds, host, base_seed=seed or [DEFAULT_SEED], variant=variant,

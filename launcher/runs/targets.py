@@ -145,6 +145,17 @@ def place(host: Host, spec: HostSpec, scheduler: str | None, options: TargetOpti
 register(Target(DirectPlacement, scheduled=False))
 
 
+def provision(scheduler: str | None, request: ProvisionRequest,
+              open_host: Callable[[], AbstractContextManager[Host]]) -> Provisioned | None:
+    """`provision --scheduler NAME`: the target's own provisioning; None when it is the host itself that
+    is to be provisioned (no --scheduler, or a target with nothing of its own), a target's settings refused."""
+    chosen = select(scheduler, TargetOptions())
+    if chosen is not None and chosen.provision is not None:
+        return chosen.provision(open_host, request)
+    check_host_provision(request)
+    return None
+
+
 def check_host_provision(request: ProvisionRequest) -> None:
     """provision of one host (no --scheduler): a target's settings do not apply."""
     if request.registry or request.runtime:
