@@ -70,6 +70,18 @@ class ExitCode(IntEnum):
     INTERRUPTED = 130
 
 
+# The exit codes of a command that ran to its end: what its result means, decided here and not in the CLI.
+def verdict_exit_code(same: bool) -> ExitCode:
+    """A comparison that ran: OK when the results are the same, NOT_REPRODUCIBLE when they differ."""
+    return ExitCode.OK if same else ExitCode.NOT_REPRODUCIBLE
+
+
+def run_exit_code(status: str | None, *, ended: bool = True) -> ExitCode:
+    """A run by its status: OK when it succeeded, or has not ended (started detached, still running);
+    RUN_FAILED when it ended otherwise (failed, cancelled)."""
+    return ExitCode.OK if status == "succeeded" or not ended else ExitCode.RUN_FAILED
+
+
 class LauncherError(Exception):
     """An expected failure: a message naming the problem and a hint naming the fix."""
 

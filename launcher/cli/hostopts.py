@@ -14,9 +14,9 @@ from typing import Annotated, Any, Literal
 import typer
 
 from launcher.cli.params import complete_host
-from launcher.errors import UsageError
 from launcher.hosts.base import Host
 from launcher.hosts.spec import HostSpec
+from launcher.runs import targets
 from launcher.runs.placement import Placement
 
 DESTINATION = "HOST, USER@HOST, USER@HOST:PORT or a ~/.ssh/config alias"
@@ -86,7 +86,11 @@ def with_host(*, multiple: bool = False) -> Callable[[Callable[..., Any]], Calla
 
 
 SCHEDULER_PANEL = "Cluster options"
-SchedulerOpt = Annotated[Literal["slurm"] | None, typer.Option(
+
+
+# --scheduler's values: the targets registered when the CLI is loaded (runs/targets.py)
+SchedulerName: Any = Literal.__getitem__(tuple(targets.scheduler_names()))
+SchedulerOpt = Annotated[SchedulerName | None, typer.Option(
     "--scheduler", rich_help_panel=SCHEDULER_PANEL,
     help="Place the runs through the cluster's scheduler, reached at --host (its login node): the replicates "
     "become one job array; the image goes by the cluster's registry, else once to its shared filesystem. "
@@ -102,31 +106,26 @@ MaxParallelOpt = Annotated[int | None, typer.Option(
     help="Run at most K replicates of the array at once (sbatch --array=0-N%K).")]
 
 
+def _options_given(partition: str | None, slurm_opt: list[str] | None,
+                   max_parallel: int | None) -> targets.TargetOptions:
+    return targets.TargetOptions(partition=partition, settings=tuple(slurm_opt or ()), max_parallel=max_parallel)
+
+
 def target(host: Host, spec: HostSpec, scheduler: str | None, partition: str | None,
            slurm_opt: list[str] | None, max_parallel: int | None) -> Host | Placement:
-    """The opened host itself (direct runs), or the cluster placement on it."""
-    if not check_cluster_options(scheduler, partition, slurm_opt, max_parallel):
-        return host
-    from launcher.runs.cluster import parse_slurm_opts
-    from launcher.runs.slurm import SlurmPlacement
+    """The opened host itself (direct runs), or the placement the --scheduler target puts on it."""
+    return targets.place(host, spec, scheduler, _options_given(partition, slurm_opt, max_parallel))
 
-    return SlurmPlacement(host, spec, partition=partition, options=parse_slurm_opts(slurm_opt or []),
-                          max_parallel=max_parallel)
+
+def placer(scheduler: str | None, partition: str | None, slurm_opt: list[str] | None,
+           max_parallel: int | None) -> Callable[[Host, HostSpec], Placement] | None:
+    """For a command that opens several hosts: how the --scheduler target is put on each (None: direct)."""
+    options = _options_given(partition, slurm_opt, max_parallel)
+    chosen = targets.select(scheduler, options)
+    return None if chosen is None else (lambda h, spec: chosen.place(h, spec, options))
 
 
 def check_cluster_options(scheduler: str | None, partition: str | None, slurm_opt: list[str] | None,
                           max_parallel: int | None) -> bool:
     """Whether the runs go through a scheduler; a usage error for options that do not fit together."""
-    if scheduler is None:
-        if partition or slurm_opt or max_parallel:
-            raise UsageError("--partition, --slurm-opt and --max-parallel need --scheduler slurm",
-                             "add --scheduler slurm, or drop them")
-        return False
-    if scheduler != "slurm":
-        raise UsageError(f"unknown scheduler {scheduler!r}", "the one scheduler launcher drives is slurm")
-    if max_parallel is not None and max_parallel < 1:
-        raise UsageError(f"--max-parallel must be at least 1, not {max_parallel}", "give a positive number")
-    from launcher.runs.cluster import parse_slurm_opts
-
-    parse_slurm_opts(slurm_opt or [])
-    return True
+    return targets.select(scheduler, _options_given(partition, slurm_opt, max_parallel)) is not None

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from launcher.cli.common import command, render, reporter, stdout, workspace_of
 from launcher.cli.params import VariantOpt, check_variant, complete_variants, group, typed
-from launcher.errors import ExitCode, UsageError
+from launcher.errors import UsageError, verdict_exit_code
 from launcher.images import aptlock, registry, wheelsources
 from launcher.images import bootstrap as bootstrap_mod
 from launcher.images import build as build_mod
@@ -291,7 +291,7 @@ def rebuild_cmd(
     with reporter(ctx) as rep:
         rep_ = build_mod.rebuild(ws, variant, verify=verify, ca_bundle=ca_bundle,
                                  find_links=wheelsources.check_dirs(find_links or ()), reporter=rep)
-    code = ExitCode.OK if rep_.tree_matches else ExitCode.NOT_REPRODUCIBLE
+    code = verdict_exit_code(rep_.tree_matches)
     data = {"variant": variant, "tree_matches": rep_.tree_matches, "image_id_matches": rep_.id_matches,
             "recorded_image_id": rep_.recorded_image_id, "rebuilt_image_id": rep_.rebuilt_image_id,
             "recorded_tree": rep_.recorded_tree, "rebuilt_tree": rep_.rebuilt_tree, "changes": rep_.changes,

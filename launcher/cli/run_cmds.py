@@ -15,7 +15,6 @@ from launcher.cli.hostopts import (
     PartitionOpt,
     SchedulerOpt,
     SlurmOpt,
-    check_cluster_options,
     target,
     with_host,
 )
@@ -41,10 +40,11 @@ from launcher.cli.params import (
     variant_for,
 )
 from launcher.cli.provision_text import cluster_text, facts_text
-from launcher.errors import ExitCode, UsageError
+from launcher.errors import UsageError, run_exit_code
 from launcher.hosts.spec import HostSpec
 from launcher.images import wheelsources
 from launcher.result import Result
+from launcher.runs import targets
 from launcher.runs.store import resolve_run_id
 
 app = typer.Typer()
@@ -89,24 +89,11 @@ def provision_cmd(
     from launcher.hosts import provision
 
     ws = workspace_of(ctx)
-    if check_cluster_options(scheduler, None, None, None):
-        if gpu or install or dry_run:
-            raise UsageError("--gpu, --install and --dry-run are for one host",
-                             "provision each node by its own --host, or drop them")
-        from launcher.runs.cluster import cluster_facts, configure
-
-        with _open(ctx, host) as h:
-            facts = cluster_facts(h, registry=None if registry == "none" else registry)
-            if registry or container_runtime:
-                facts["settings"] = configure(h, facts, registry=registry, runtime=container_runtime)
-        usable = [n for n in facts["nodes"] if n.get("docker")]
-        summary = (f"{len(facts['nodes'])} nodes, {len(usable)} with a usable Docker engine"
-                   + ("" if len(usable) == len(facts["nodes"]) else "; runs need Docker on every node"))
-        render(ctx, Result("provision", {"host": h.name, "cluster": facts}, summary=summary), cluster_text)
+    request = targets.ProvisionRequest(gpu=gpu, install=install, dry_run=dry_run, registry=registry,
+                                       runtime=container_runtime)
+    if (cluster := targets.provision(scheduler, request, lambda: _open(ctx, host))) is not None:
+        render(ctx, Result("provision", cluster.data, summary=cluster.summary), cluster_text)  # the target's own
         return
-    if registry or container_runtime:
-        raise UsageError("--registry and --container-runtime are cluster settings",
-                         "give them with --scheduler slurm and the login node as --host")
     with _open(ctx, host) as h:
         done = provision.provision(ws, h, gpu=gpu, install=install, dry_run=dry_run)
     ready = done.facts["docker"].get("usable") and (not gpu or done.facts["docker"].get("nvidia_runtime"))
@@ -292,7 +279,6 @@ def run_cmd(
             host_spec=host,
         )
     failure = outcome.failure
-    code = ExitCode.RUN_FAILED if failure or outcome.failed else ExitCode.OK
     if outcome.detached:
         summary = f"group {outcome.group}: {len(outcome.runs)} runs started; `launcher pull RUN` when done"
     elif failure:
@@ -303,7 +289,7 @@ def run_cmd(
         summary = f"group {outcome.group}: {n} run{'s' if n != 1 else ''} succeeded"
     data_out = {"group": outcome.group, "detached": outcome.detached, "runs": outcome.runs,
                 "failure": failure.to_dict() if failure else None, "notes": outcome.notes}
-    render(ctx, Result("run", data_out, exit_code=code, summary=summary), _run_text)
+    render(ctx, Result("run", data_out, exit_code=outcome.exit_code, summary=summary), _run_text)
 
 
 @command(app, "resume")
@@ -331,11 +317,10 @@ def resume_cmd(
         out = resume_mod.resume_run(ws, run_id, rep, host=host if host.destination is not None else None, detach=detach,
                                     on_log=sink)
     last = (out.get("segments") or [{}])[-1]
+    code = run_exit_code(out.get("status"), ended=not detach)
     if detach:
-        code = ExitCode.OK
         summary = f"{run_id}: resumed from {last.get('resumed_from')} (detached); `launcher pull {run_id}` when done"
     else:
-        code = ExitCode.OK if out.get("status") == "succeeded" else ExitCode.RUN_FAILED
         resumed = [s.get("resumed_from") for s in out.get("segments") or [] if s.get("resumed_from")]
         summary = (f"{run_id}: {out.get('status')} (exit {out.get('exit_code')}) after {len(resumed) + 1} segments "
                    f"(resumed from {', '.join(resumed)}), {len(out.get('artifacts') or [])} artifacts verified")
@@ -410,16 +395,9 @@ def attach_cmd(ctx: typer.Context, run_id: RunArg) -> None:
     run_id = resolve_run_id(ws, run_id)
     with reporter(ctx) as rep:
         manifest = runcontrol.attach(ws, run_id, _sink(ctx, lines), rep)
-    code = ExitCode.OK if manifest.get("status") == "succeeded" else ExitCode.RUN_FAILED
-    render(
-        ctx,
-        Result(
-            "attach",
-            {"manifest": manifest, "lines": lines},
-            exit_code=code,
-            summary=f"{run_id}: {manifest.get('status')} (exit {manifest.get('exit_code')})",
-        ),
-    )
+    code = run_exit_code(manifest.get("status"))
+    render(ctx, Result("attach", {"manifest": manifest, "lines": lines}, exit_code=code,
+                       summary=f"{run_id}: {manifest.get('status')} (exit {manifest.get('exit_code')})"))
 
 
 @command(app, "pull")
@@ -438,11 +416,10 @@ def pull_cmd(
     run_id = resolve_run_id(ws, run_id)
     with reporter(ctx) as rep:
         out = runs.pull_run(ws, run_id, reporter=rep, watch=watch)
+    code = run_exit_code(out.get("status"), ended=out.get("status") != "running")
     if out.get("status") == "running":
         summary = f"{run_id} is still running; pulled {out['pulled']['transferred']} files so far"
-        code = ExitCode.OK
     else:
-        code = ExitCode.OK if out["status"] == "succeeded" else ExitCode.RUN_FAILED
         summary = (
             f"{run_id}: {out['status']} (exit {out['exit_code']}), {len(out['artifacts'])} artifacts verified"
         )

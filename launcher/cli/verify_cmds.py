@@ -16,8 +16,7 @@ from launcher.cli.hostopts import (
     PartitionOpt,
     SchedulerOpt,
     SlurmOpt,
-    check_cluster_options,
-    target,
+    placer,
     with_host,
 )
 from launcher.cli.params import (
@@ -378,11 +377,7 @@ def experiment_cmd(
     ws = workspace_of(ctx)
     variant = variant_for(ctx, ws, variant, recipe)
     threads = threads_for(ctx, determinism, threads)
-    cluster = None
-    if check_cluster_options(scheduler, partition, slurm_opt, max_parallel):
-
-        def cluster(h: Any, spec: HostSpec) -> Any:
-            return target(h, spec, scheduler, partition, slurm_opt, max_parallel)
+    cluster = placer(scheduler, partition, slurm_opt, max_parallel)
 
     with reporter(ctx) as rep:
         res = experiment(ws, recipe, runs, seeds, host, base_seed=seed or [DEFAULT_SEED], variant=variant,
@@ -484,7 +479,6 @@ def models_cmd(
 
     Exit 0 when every array is bit-identical, 3 when any differs.
     """
-    from launcher.errors import ExitCode
     from launcher.verify.modeldiff import diff_models
 
     diff = diff_models(reference, other)
@@ -499,5 +493,4 @@ def models_cmd(
             stdout.print(line, markup=False)
         stdout.print(result.summary)
 
-    code = ExitCode.OK if first is None else ExitCode.NOT_REPRODUCIBLE
-    render(ctx, Result("verify models", data, code, summary), text)
+    render(ctx, Result("verify models", data, diff.exit_code, summary), text)

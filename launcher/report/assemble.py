@@ -12,11 +12,9 @@ With few runs that ratio is mostly noise, so it comes with an F-distribution int
 
 from __future__ import annotations
 
-import html
 import json
 import math
 import re
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ from launcher.hashing import atomic_write_json, atomic_write_text
 from launcher.progress import NullReporter, Reporter
 from launcher.report import probes as probe_section
 from launcher.report.figures import plot_differences, plot_metric, plot_weights
+from launcher.report.page import render_html
 from launcher.report.stats import (
     DIFFERENT_SEEDS,
     SAME_SEED,
@@ -274,148 +273,6 @@ def _safe_name(text: str) -> str:
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._")
     return name[:120] or "report"
 
-
-def _fmt(x: Any) -> str:
-    if x is None:
-        return "–"
-    if isinstance(x, float):
-        return f"{x:.6g}"
-    return html.escape(str(x))  # bools print as True/False, as in the ResNet study's output
-
-
-def render_html(report: Report) -> str:
-    e = html.escape
-    head = "".join(f"<th>{e(m)} mean</th><th>{e(m)} stdev</th>" for m in report.metrics)
-    rows = []
-    for g in report.groups:
-        cells = "".join(f"<td>{_fmt(g.final[m]['mean'])}</td><td>{_fmt(g.final[m]['stdev'])}</td>"
-                        for m in report.metrics)
-        seeds = ", ".join(str(s) for s in g.seeds)
-        rows.append(f'<tr><td><span class="sw" style="background:{g.colour}"></span>{e(g.name)}</td>'
-                    f"<td>{e(g.kind)}</td><td>{len(g.runs)}</td><td>{e(seeds)}</td>{cells}</tr>")
-    parts = [
-        "<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>launcher report: {e(report.name)}</title>",
-        "<style>body{font-family:system-ui,sans-serif;margin:2em;max-width:70em}"
-        "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .6em;"
-        "text-align:right}td:first-child,th:first-child{text-align:left}"
-        ".sw{display:inline-block;width:.8em;height:.8em;margin-right:.4em}img{max-width:100%}"
-        "td.txt{text-align:left;max-width:30em}"
-        ".st{display:inline-block;width:.5em;height:1em;margin-right:1px;vertical-align:middle}</style>",
-        "</head><body>", f"<h1>Report: {e(report.name)}</h1>",
-        "<h2>Final metrics</h2>",
-        f"<table><tr><th>group</th><th>kind</th><th>runs</th><th>seeds</th>{head}</tr>{''.join(rows)}</table>",
-    ]
-    if report.spread is not None:
-        sp = report.spread
-        level = f"{100 * sp['confidence']:g}%"
-        parts.append("<h2>Spread left with the seed fixed</h2>")
-        parts.append(f"<p>Standard deviation of each final metric over the same-seed group "
-                     f"<b>{e(sp['same_seed_group'])}</b> divided by that over the different-seeds group "
-                     f"<b>{e(sp['different_seeds_group'])}</b>: the share of the spread that fixing the seed "
-                     f"does not remove, with its {level} confidence interval ({e(sp['interval'])}). "
-                     "A share cannot exceed 100%: above it, the reading says why.</p>")
-        srows = "".join(
-            f"<tr><td>{e(m)}</td><td>{_fmt(v['stdev_same_seed'])}</td><td>{_fmt(v['stdev_different_seeds'])}</td>"
-            f"<td>{v['n_same_seed']} / {v['n_different_seeds']}</td>"
-            f"<td>{percent(v['stdev_ratio'])}</td><td>{_interval(v['stdev_ratio_interval'])}</td>"
-            f"<td>{percent(v['variance_ratio'])}</td><td>{_interval(v['variance_ratio_interval'])}</td>"
-            f'<td class="txt">{e(v["reading"])}</td></tr>'
-            for m, v in sp["metrics"].items())
-        parts.append("<table><tr><th>metric</th><th>stdev, same seed</th><th>stdev, different seeds</th>"
-                     f"<th>runs</th><th>stdev share</th><th>{level} interval</th><th>variance share</th>"
-                     f"<th>{level} interval</th><th>reading</th></tr>{srows}</table>")
-        parts.append(f"<p>{e(sp['advice'][0].upper() + sp['advice'][1:])}.</p>")
-    if report.plots:
-        parts.append("<h2>Per-epoch metrics, every run</h2>")
-        for m, fname in report.plots.items():
-            parts.append(f'<figure><img src="{e(fname)}" alt="{e(m)} per epoch"><figcaption>{e(m)}'
-                         "</figcaption></figure>")
-    if report.difference_plots:
-        parts.append("<h2>Difference from the reference, per epoch</h2>")
-        refs = ", ".join(f"{e(g)}: {e(d['reference'])}" for g, d in report.differences.items())
-        parts.append(f"<p>Each replicate's metric minus that of its group's first run ({refs}).</p>")
-        for m, fname in report.difference_plots.items():
-            parts.append(f'<figure><img src="{e(fname)}" alt="{e(m)}: difference from the reference per epoch">'
-                         f"<figcaption>{e(m)} minus the reference</figcaption></figure>")
-    if any(w["runs"] for w in report.weights.values()):
-        parts.append("<h2>Where the final weights diverge</h2>")
-        parts.append("<p>Each replicate's final weights (<code>model/canonical.npz</code>) against its group's "
-                     "first run, layer by layer: the relative L2 distance ||w - w<sub>ref</sub>|| / "
-                     "||w<sub>ref</sub>|| and the share of elements that differ at all.</p>")
-        if report.weights_plot:
-            parts.append(f'<figure><img src="{e(report.weights_plot)}" alt="per-layer divergence of the final '
-                         'weights"><figcaption>final weights per layer</figcaption></figure>')
-        for gname, w in report.weights.items():
-            if not w["runs"]:
-                continue
-            parts.append(f"<h3>{e(gname)} (reference {e(w['reference'])})</h3>")
-            wrows = []
-            for name in w["layers"]:
-                per_run: list[dict[str, Any]] = [row for run in w["runs"] for row in run["layers"]
-                                                 if row["layer"] == name]
-                rels = sorted(float(row["rel_l2"]) for row in per_run if row["rel_l2"] is not None)
-                diffs = [float(row["max_abs_diff"]) for row in per_run if row["max_abs_diff"] is not None]
-                differing = sum(row["status"] != "identical" for row in per_run)
-                wrows.append(f"<tr><td>{e(name)}</td><td>{per_run[0]['elements'] if per_run else '–'}</td>"
-                             f"<td>{differing} of {len(per_run)}</td>"
-                             f"<td>{_fmt(statistics.median(rels) if rels else None)}</td>"
-                             f"<td>{_fmt(rels[-1] if rels else None)}</td><td>{_fmt(max(diffs) if diffs else None)}"
-                             "</td></tr>")
-            parts.append("<table><tr><th>layer</th><th>elements</th><th>runs differing</th>"
-                         "<th>median relative L2</th><th>largest relative L2</th><th>largest |difference|</th>"
-                         f"</tr>{''.join(wrows)}</table>")
-    if report.comparisons:
-        parts.append("<h2>Bit for bit, within each group</h2>")
-        labels = (("models", "Models all the same"), ("initial_weights", "Initial weights all the same"),
-                  ("data", "XY training data all the same"), ("batches", "Batches all the same"))
-        for gname, comp in report.comparisons.items():
-            parts.append(f"<h3>{e(gname)}</h3><ul>")
-            for key, label in labels:
-                c = comp["checks"][key]
-                parts.append(f"<li>{label}: <b>{_fmt(c['all_same'])}</b> (runs checked: {c['checked']}/{c['of']})"
-                             "</li>")
-            parts.append("</ul><ul>")
-            for r in comp["runs"]:
-                first = r["first_difference"]
-                where = f"; first differing layer {e(first['layer'])} array {e(first['array'])}" if first else ""
-                parts.append(f"<li>{e(r['run_id'])}: {e(r['line'])}{where}{_steps_html(r.get('steps'))}</li>")
-            parts.append("</ul>")
-    parts += probe_section.render(report.probes)
-    parts.append("<h2>Runs</h2>")
-    rhead = "".join(f"<th>{e(m)}</th>" for m in report.metrics)
-    rrows = "".join(
-        f"<tr><td>{e(r.run_id)}</td><td>{e(r.group)}</td><td>{_fmt(r.seed)}</td><td>{len(r.epochs)}</td>"
-        + "".join(f"<td>{_fmt(r.final.get(m))}</td>" for m in report.metrics) + "</tr>"
-        for g in report.groups for r in g.runs)
-    parts.append(f"<table><tr><th>run</th><th>group</th><th>seed</th><th>epochs</th>{rhead}</tr>{rrows}</table>")
-    for note in report.notes:
-        parts.append(f"<p><i>{e(note)}</i></p>")
-    parts.append('<p>The same data: <a href="report.json">report.json</a>.</p></body></html>')
-    return "\n".join(parts) + "\n"
-
-
-def _steps_html(steps: dict[str, Any] | None) -> str:
-    """The step fingerprints against the reference as a strip (green: the weights agree, red: they
-    differ; a cell per step recorded in both runs), and the layers at the first red cell."""
-    if not steps or not steps["strip"]:
-        return ""
-    e = html.escape
-    cells = "".join(f'<span class="st" title="step {c["step"]}: {"agree" if c["agree"] else "differ"}" '
-                    f'style="background:{"#3a3" if c["agree"] else "#c33"}"></span>' for c in steps["strip"])
-    first, last = steps["strip"][0]["step"], steps["strip"][-1]["step"]
-    out = f'<div>steps {first}..{last}: {cells}</div>'
-    if steps["parts_by"] is not None:
-        layers = ", ".join(f'<span style="color:{"#3a3" if x["agree"] else "#c33"}">{e(x["layer"])}</span>'
-                           for x in steps["layers"])
-        out += f"<div>layers at step {steps['parts_by']}, where they first differ: {layers}</div>"
-    return out
-
-
-def _interval(bounds: list[float] | None) -> str:
-    if bounds is None:
-        return "–"
-    return f"{percent(bounds[0])} to {percent(bounds[1])}"
 
 def write_report(ws: Workspace, groups: list[str], name: str | None = None,
                  reporter: Reporter | None = None) -> Report:

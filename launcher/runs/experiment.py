@@ -184,10 +184,16 @@ def _run_failed(value: Any) -> bool:
 def _launch_with_runs(ws: Workspace, base: Any, reporter: Reporter) -> Callable[[PlannedRun, Any], Any]:
     from launcher.runs import lifecycle as runs
 
+    ready: set[tuple[int, str]] = set()  # (host, group): its target was prepared for the group there
+
     def launch(job: PlannedRun, host: tuple[HostSpec, Any]) -> Any:
         host_spec, handle = host
         spec = replace(base, seed=job.seed, group=job.group, replicate=job.replicate, detach=False)
-        return runs.run_recipe(ws, spec, handle, reporter, runs=1, seeds=[job.seed], host_spec=host_spec)
+        key = (id(handle), job.group)
+        out = runs.run_recipe(ws, spec, handle, reporter, runs=1, seeds=[job.seed], host_spec=host_spec,
+                              prepared=key in ready)
+        ready.add(key)
+        return out
 
     return launch
 

@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from launcher.errors import CommandFailed, LauncherError, NotFound, UnsafePath, UsageError
+from launcher.errors import CommandFailed, ExitCode, LauncherError, NotFound, UnsafePath, UsageError
 from launcher.hashing import atomic_write_json
 from launcher.hosts.base import Host
 from launcher.hosts.spec import HostSpec
@@ -58,25 +58,9 @@ LogSink = Callable[[str], None]
 
 # what callers of a run's life also need from its spec (one import for the CLI and the experiment)
 __all__ = [
-    "LogSink",
-    "RunOutcome",
-    "RunSpec",
-    "check_framework",
-    "check_params",
-    "checkpoint_option",
-    "collect_together",
-    "load_recipe",
-    "new_run_id",
-    "parse_params",
-    "probe_option",
-    "pull_run",
-    "read_launch",
-    "run_dir",
-    "run_recipe",
-    "start_run",
-    "trace_option",
-    "utc_now",
-    "wait_run",
+    "LogSink", "RunOutcome", "RunSpec", "check_framework", "check_params", "checkpoint_option", "collect_together",
+    "load_recipe", "new_run_id", "parse_params", "probe_option", "pull_run", "read_launch", "run_dir",
+    "run_recipe", "start_run", "trace_option", "utc_now", "wait_run",
 ]
 
 
@@ -91,6 +75,10 @@ class RunOutcome:
     @property
     def failed(self) -> list[dict[str, Any]]:
         return [r for r in self.runs if r.get("status") == "failed"]
+
+    @property
+    def exit_code(self) -> ExitCode:
+        return ExitCode.RUN_FAILED if self.failure or self.failed else ExitCode.OK
 
 
 def utc_now() -> str:
@@ -135,10 +123,12 @@ def start_run(
     facts: Mapping[str, Any] | None = None,
     recipe: Recipe | None = None,
     cache_dir: Path | None = None,
+    prepared: bool = False,
 ) -> dict[str, Any]:
-    """Check everything, ship the image, start the run detached; return the launch record."""
+    """Check everything, ship the image, start the run detached; its launch record (prepared: prepare() ran)."""
     placement = placement_for(target, host_spec)
-    launch, job = _launch(ws, spec, placement, reporter, facts=facts, recipe=recipe, cache_dir=cache_dir)
+    launch, job = _launch(ws, spec, placement, reporter, facts=facts,
+                          recipe=recipe, cache_dir=cache_dir, prepared=prepared)
     return _start(ws, placement, [(launch, job)], reporter)[0]
 
 
@@ -169,6 +159,7 @@ def _launch(
     facts: Mapping[str, Any] | None,
     recipe: Recipe | None,
     cache_dir: Path | None,
+    prepared: bool = False,
 ) -> tuple[dict[str, Any], ContainerJob]:
     """Everything before the start: checks, data and code placed, the image shipped, the run directory
     made; the launch record written (a run is never started unrecorded). Returns it and the job."""
@@ -188,7 +179,8 @@ def _launch(
         env[CHECKPOINT_ENV] = str(spec.checkpoint_every)
     image = dict(spec.image) if spec.image else image_record(ws, spec.variant)  # a project layer's, or the variant's
     baked_digests = image.pop("recipes", {})
-    placement.prepare(ws.needs_gpu(spec.variant))
+    if not prepared:
+        placement.prepare(ws.needs_gpu(spec.variant))
     if spec.data_from:
         spec = _with_data(spec, placement, rep)
     if spec.code_plan is None:
@@ -375,6 +367,7 @@ def run_recipe(
     facts: Mapping[str, Any] | None = None,
     cache_dir: Path | None = None,
     poll_s: float = 1.0,
+    prepared: bool = False,
 ) -> RunOutcome:
     """Run the recipe `runs` times for each seed (one group), waiting and pulling unless detached.
     The first replicate that fails stops the rest (see runs.replicates): those not started are not
@@ -410,14 +403,14 @@ def run_recipe(
         from launcher.hosts import provision
 
         facts = provision.facts_for_run(ws, placement.host)
-    if spec.data_from or plan.get("source") == "mounted":  # sent once for every replicate, after the cheap checks
+    if not prepared:  # once for the group (prepared: by an earlier part of it), before its data and code are sent
         placement.prepare(ws.needs_gpu(spec.variant))
     if spec.data_from:
         spec = _with_data(spec, placement, reporter)
     spec = _with_code(spec, placement, reporter)
     specs = [RunSpec(**{**asdict(spec), "seed": seed, "group": group, "replicate": spec.replicate + i})
              for i, seed in enumerate(s for s in seed_list for _ in range(runs))]  # replicates numbered across seeds
-    start: dict[str, Any] = {"facts": facts, "recipe": recipe, "cache_dir": cache_dir}
+    start: dict[str, Any] = {"facts": facts, "recipe": recipe, "cache_dir": cache_dir, "prepared": True}
     if placement.parallel:  # the target runs the group at once (a job array): start all, then collect each
         launches = _start(ws, placement, [_launch(ws, one, placement, reporter, **start) for one in specs],
                           reporter)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from launcher.errors import BadData
+from launcher.errors import BadData, ExitCode, verdict_exit_code
 from launcher.verify.kerasweights import h5_arrays, import_h5py, load_h5, load_keras
 from launcher.verify.torchweights import (
     Opaque,
@@ -108,6 +108,10 @@ class ModelDiff:
     @property
     def first_difference(self) -> ArrayDiff | None:
         return next((a for a in self.arrays if a.status != IDENTICAL), None)
+
+    @property
+    def exit_code(self) -> ExitCode:
+        return verdict_exit_code(self.first_difference is None)
 
     def to_dict(self) -> dict[str, Any]:
         first = self.first_difference

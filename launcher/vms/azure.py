@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -209,6 +210,27 @@ def credential() -> Any:
     return chain
 
 
+@dataclass
+class _Build:
+    """One `vm up` under way: what it was asked for, and the resources each step made for the next."""
+
+    spec: VmSpec
+    n: Names
+    tags: dict[str, str]
+    ssh_from: str
+    custom_data: str
+    made_group: bool = False
+    nsg: Any = None
+    subnet_id: str | None = None
+    pip: Any = None
+    nic: Any = None
+    vm: Any = None
+
+    @property
+    def loc(self) -> str:
+        return self.spec.region
+
+
 class AzureCloud:
     """The Azure Resource Manager of one subscription, through the SDK's management clients."""
 
@@ -246,114 +268,147 @@ class AzureCloud:
     def create(self, spec: VmSpec, ssh_from: str, custom_data: str, reporter: Reporter | None = None) -> VmInfo:
         """Every resource of the VM, in its own resource group; on any failure the group is deleted
         (and waited for) before the error is raised, so nothing is left behind."""
-        from azure.mgmt.compute import models as cm
-        from azure.mgmt.network import models as nm
-        from azure.mgmt.resource.resources import models as rm
-
         rep = reporter or NullReporter()
-        n, tags, loc = Names.of(spec.name), spec.tags(), spec.region
-        made_group = False
-        doing = f"creating resource group {n.group}"
-        task = rep.task(f"vm up {spec.name}: resources", total=7 if spec.auto_shutdown else 6)
+        b = _Build(spec, Names.of(spec.name), spec.tags(), ssh_from, custom_data)
+        steps = self._steps(b)
+        doing = steps[0][0]
+        task = rep.task(f"vm up {spec.name}: resources", total=len(steps))
         try:
-            self.resource.resource_groups.create_or_update(n.group, rm.ResourceGroup(location=loc, tags=tags))
-            made_group = True
-            task.advance()
-            doing = f"creating the network security group {n.nsg}"
-            rule = nm.SecurityRule(name="ssh-from-caller", properties=nm.SecurityRulePropertiesFormat(
-                protocol="Tcp", access="Allow", direction="Inbound", priority=100,
-                source_address_prefix=ssh_from, source_port_range="*",
-                destination_address_prefix="*", destination_port_range="22",
-                description="SSH from the address that ran `launcher vm up`"))
-            nsg = self.network.network_security_groups.begin_create_or_update(n.group, n.nsg, nm.NetworkSecurityGroup(
-                location=loc, tags=tags, properties=nm.NetworkSecurityGroupPropertiesFormat(security_rules=[rule]),
-            )).result()
-            task.advance()
-            doing = f"creating the virtual network {n.vnet}"
-            subnet = nm.Subnet(name=n.subnet, properties=nm.SubnetPropertiesFormat(
-                address_prefix="10.0.0.0/24", network_security_group=nm.NetworkSecurityGroup(id=nsg.id)))
-            vnet = self.network.virtual_networks.begin_create_or_update(n.group, n.vnet, nm.VirtualNetwork(
-                location=loc, tags=tags, properties=nm.VirtualNetworkPropertiesFormat(
-                    address_space=nm.AddressSpace(address_prefixes=["10.0.0.0/16"]), subnets=[subnet]),
-            )).result()
-            subnet_id = next(s.id for s in vnet.subnets or [] if s.name == n.subnet)
-            task.advance()
-            doing = f"creating the public IP {n.public_ip}"
-            pip = self.network.public_ip_addresses.begin_create_or_update(n.group, n.public_ip, nm.PublicIPAddress(
-                location=loc, tags=tags, sku=nm.PublicIPAddressSku(name="Standard"),
-                properties=nm.PublicIPAddressPropertiesFormat(public_ip_allocation_method="Static",
-                                                              public_ip_address_version="IPv4"),
-            )).result()
-            task.advance()
-            doing = f"creating the network interface {n.nic}"
-            ipconf = nm.NetworkInterfaceIPConfiguration(
-                name="ipconfig1", properties=nm.NetworkInterfaceIPConfigurationPropertiesFormat(
-                    subnet=nm.Subnet(id=subnet_id), primary=True, private_ip_allocation_method="Dynamic",
-                    public_ip_address=nm.PublicIPAddress(id=pip.id)))
-            nic = self.network.network_interfaces.begin_create_or_update(n.group, n.nic, nm.NetworkInterface(
-                location=loc, tags=tags, properties=nm.NetworkInterfacePropertiesFormat(ip_configurations=[ipconf]),
-            )).result()
-            task.advance()
-            doing = f"creating the virtual machine {n.vm} ({spec.size} in {spec.region})"
-            image = spec.image
-            props = cm.VirtualMachineProperties(
-                hardware_profile=cm.HardwareProfile(vm_size=spec.size),
-                storage_profile=cm.StorageProfile(
-                    image_reference=cm.ImageReference(publisher=image.publisher, offer=image.offer, sku=image.sku,
-                                                      version=image.version),
-                    # Standard SSD: every size takes it (Premium SSD only the sizes with an "s" in their names)
-                    os_disk=cm.OSDisk(name=n.os_disk, create_option="FromImage", delete_option="Delete",
-                                      managed_disk=cm.ManagedDiskParameters(storage_account_type="StandardSSD_LRS"))),
-                os_profile=cm.OSProfile(
-                    computer_name=spec.name, admin_username=spec.admin_user, custom_data=custom_data,
-                    linux_configuration=cm.LinuxConfiguration(
-                        disable_password_authentication=True,
-                        ssh=cm.SshConfiguration(public_keys=[cm.SshPublicKey(
-                            path=f"/home/{spec.admin_user}/.ssh/authorized_keys", key_data=spec.ssh_public_key)]))),
-                network_profile=cm.NetworkProfile(network_interfaces=[cm.NetworkInterfaceReference(
-                    id=nic.id, properties=cm.NetworkInterfaceReferenceProperties(primary=True))]),
-            )
-            if spec.spot:
-                props.priority = "Spot"
-                props.eviction_policy = "Deallocate"
-                props.billing_profile = cm.BillingProfile(max_price=-1)
-            vm = self.compute.virtual_machines.begin_create_or_update(
-                n.group, n.vm, cm.VirtualMachine(location=loc, tags=tags, properties=props)).result()
-            task.advance()
-            if spec.auto_shutdown is not None:
-                doing = f"creating the auto-shutdown schedule {n.schedule}"
-                sched_id = (f"/subscriptions/{self.subscription}/resourceGroups/{n.group}"
-                            f"/providers/Microsoft.DevTestLab/schedules/{n.schedule}")
-                self.resource.resources.begin_create_or_update_by_id(sched_id, rm.GenericResource(
-                    location=loc, tags=tags, properties={
-                        "status": "Enabled", "taskType": "ComputeVmShutdownTask",
-                        "dailyRecurrence": {"time": shutdown_time(spec.created, spec.auto_shutdown)},
-                        "timeZoneId": "UTC", "targetResourceId": vm.id,
-                        "notificationSettings": {"status": "Disabled", "timeInMinutes": 30}}),
-                    api_version=SCHEDULE_API).result()
+            for what, step in steps:
+                doing = what
+                step(b)
                 task.advance()
-            address = self.network.public_ip_addresses.get(n.group, n.public_ip).ip_address
+            address = self.network.public_ip_addresses.get(b.n.group, b.n.public_ip).ip_address
         except BaseException as exc:
             task.update(description=f"vm up {spec.name}: failed while {doing}")
             err = translate(exc, doing, spec) if isinstance(exc, Exception) else None
-            if made_group:
-                rep.note(f"vm up {spec.name} failed while {doing}; deleting resource group {n.group}")
-                try:
-                    self.resource.resource_groups.begin_delete(n.group).result()
-                    left = f"nothing left behind: resource group {n.group} deleted"
-                except Exception as exc2:
-                    code, msg = _error_of(exc2)
-                    left = (f"and deleting resource group {n.group} failed too ({code}: {msg[:200]}); "
-                            f"delete it with `launcher vm down {spec.name}`")
-            else:
-                left = "nothing was created"
+            left = self._delete_after_failure(spec, b.n.group, doing, rep) if b.made_group else "nothing was created"
             if err is None:
                 raise
             err.message = f"{err.message.rstrip('.')}; {left}"
             raise err from None
         task.close()
-        return VmInfo(name=spec.name, group=n.group, state="running", size=spec.size, region=spec.region,
-                      address=address, created=tags[TAG_CREATED], age_s=0, user=spec.admin_user)
+        return VmInfo(name=spec.name, group=b.n.group, state="running", size=spec.size, region=spec.region,
+                      address=address, created=b.tags[TAG_CREATED], age_s=0, user=spec.admin_user)
+
+    def _steps(self, b: _Build) -> list[tuple[str, Callable[[_Build], None]]]:
+        """The resources in the order they are made, each with what the error says was being done."""
+        n, spec = b.n, b.spec
+        steps: list[tuple[str, Callable[[_Build], None]]] = [
+            (f"creating resource group {n.group}", self._make_group),
+            (f"creating the network security group {n.nsg}", self._make_nsg),
+            (f"creating the virtual network {n.vnet}", self._make_vnet),
+            (f"creating the public IP {n.public_ip}", self._make_public_ip),
+            (f"creating the network interface {n.nic}", self._make_nic),
+            (f"creating the virtual machine {n.vm} ({spec.size} in {spec.region})", self._make_vm),
+        ]
+        if spec.auto_shutdown is not None:
+            steps.append((f"creating the auto-shutdown schedule {n.schedule}", self._make_schedule))
+        return steps
+
+    def _make_group(self, b: _Build) -> None:
+        from azure.mgmt.resource.resources import models as rm
+
+        self.resource.resource_groups.create_or_update(b.n.group, rm.ResourceGroup(location=b.loc, tags=b.tags))
+        b.made_group = True
+
+    def _make_nsg(self, b: _Build) -> None:
+        from azure.mgmt.network import models as nm
+
+        rule = nm.SecurityRule(name="ssh-from-caller", properties=nm.SecurityRulePropertiesFormat(
+            protocol="Tcp", access="Allow", direction="Inbound", priority=100,
+            source_address_prefix=b.ssh_from, source_port_range="*",
+            destination_address_prefix="*", destination_port_range="22",
+            description="SSH from the address that ran `launcher vm up`"))
+        b.nsg = self.network.network_security_groups.begin_create_or_update(b.n.group, b.n.nsg, nm.NetworkSecurityGroup(
+            location=b.loc, tags=b.tags, properties=nm.NetworkSecurityGroupPropertiesFormat(security_rules=[rule]),
+        )).result()
+
+    def _make_vnet(self, b: _Build) -> None:
+        from azure.mgmt.network import models as nm
+
+        n = b.n
+        subnet = nm.Subnet(name=n.subnet, properties=nm.SubnetPropertiesFormat(
+            address_prefix="10.0.0.0/24", network_security_group=nm.NetworkSecurityGroup(id=b.nsg.id)))
+        vnet = self.network.virtual_networks.begin_create_or_update(n.group, n.vnet, nm.VirtualNetwork(
+            location=b.loc, tags=b.tags, properties=nm.VirtualNetworkPropertiesFormat(
+                address_space=nm.AddressSpace(address_prefixes=["10.0.0.0/16"]), subnets=[subnet]),
+        )).result()
+        b.subnet_id = next(s.id for s in vnet.subnets or [] if s.name == n.subnet)
+
+    def _make_public_ip(self, b: _Build) -> None:
+        from azure.mgmt.network import models as nm
+
+        b.pip = self.network.public_ip_addresses.begin_create_or_update(b.n.group, b.n.public_ip, nm.PublicIPAddress(
+            location=b.loc, tags=b.tags, sku=nm.PublicIPAddressSku(name="Standard"),
+            properties=nm.PublicIPAddressPropertiesFormat(public_ip_allocation_method="Static",
+                                                          public_ip_address_version="IPv4"),
+        )).result()
+
+    def _make_nic(self, b: _Build) -> None:
+        from azure.mgmt.network import models as nm
+
+        ipconf = nm.NetworkInterfaceIPConfiguration(
+            name="ipconfig1", properties=nm.NetworkInterfaceIPConfigurationPropertiesFormat(
+                subnet=nm.Subnet(id=b.subnet_id), primary=True, private_ip_allocation_method="Dynamic",
+                public_ip_address=nm.PublicIPAddress(id=b.pip.id)))
+        b.nic = self.network.network_interfaces.begin_create_or_update(b.n.group, b.n.nic, nm.NetworkInterface(
+            location=b.loc, tags=b.tags, properties=nm.NetworkInterfacePropertiesFormat(ip_configurations=[ipconf]),
+        )).result()
+
+    def _make_vm(self, b: _Build) -> None:
+        from azure.mgmt.compute import models as cm
+
+        spec, n, image = b.spec, b.n, b.spec.image
+        props = cm.VirtualMachineProperties(
+            hardware_profile=cm.HardwareProfile(vm_size=spec.size),
+            storage_profile=cm.StorageProfile(
+                image_reference=cm.ImageReference(publisher=image.publisher, offer=image.offer, sku=image.sku,
+                                                  version=image.version),
+                # Standard SSD: every size takes it (Premium SSD only the sizes with an "s" in their names)
+                os_disk=cm.OSDisk(name=n.os_disk, create_option="FromImage", delete_option="Delete",
+                                  managed_disk=cm.ManagedDiskParameters(storage_account_type="StandardSSD_LRS"))),
+            os_profile=cm.OSProfile(
+                computer_name=spec.name, admin_username=spec.admin_user, custom_data=b.custom_data,
+                linux_configuration=cm.LinuxConfiguration(
+                    disable_password_authentication=True,
+                    ssh=cm.SshConfiguration(public_keys=[cm.SshPublicKey(
+                        path=f"/home/{spec.admin_user}/.ssh/authorized_keys", key_data=spec.ssh_public_key)]))),
+            network_profile=cm.NetworkProfile(network_interfaces=[cm.NetworkInterfaceReference(
+                id=b.nic.id, properties=cm.NetworkInterfaceReferenceProperties(primary=True))]),
+        )
+        if spec.spot:
+            props.priority = "Spot"
+            props.eviction_policy = "Deallocate"
+            props.billing_profile = cm.BillingProfile(max_price=-1)
+        b.vm = self.compute.virtual_machines.begin_create_or_update(
+            n.group, n.vm, cm.VirtualMachine(location=b.loc, tags=b.tags, properties=props)).result()
+
+    def _make_schedule(self, b: _Build) -> None:
+        from azure.mgmt.resource.resources import models as rm
+
+        spec, n = b.spec, b.n
+        assert spec.auto_shutdown is not None  # the step is there only then
+        sched_id = (f"/subscriptions/{self.subscription}/resourceGroups/{n.group}"
+                    f"/providers/Microsoft.DevTestLab/schedules/{n.schedule}")
+        self.resource.resources.begin_create_or_update_by_id(sched_id, rm.GenericResource(
+            location=b.loc, tags=b.tags, properties={
+                "status": "Enabled", "taskType": "ComputeVmShutdownTask",
+                "dailyRecurrence": {"time": shutdown_time(spec.created, spec.auto_shutdown)},
+                "timeZoneId": "UTC", "targetResourceId": b.vm.id,
+                "notificationSettings": {"status": "Disabled", "timeInMinutes": 30}}),
+            api_version=SCHEDULE_API).result()
+
+    def _delete_after_failure(self, spec: VmSpec, group: str, doing: str, rep: Reporter) -> str:
+        """Delete the half-made VM's resource group; what the error adds about what was left behind."""
+        rep.note(f"vm up {spec.name} failed while {doing}; deleting resource group {group}")
+        try:
+            self.resource.resource_groups.begin_delete(group).result()
+            return f"nothing left behind: resource group {group} deleted"
+        except Exception as exc2:
+            code, msg = _error_of(exc2)
+            return (f"and deleting resource group {group} failed too ({code}: {msg[:200]}); "
+                    f"delete it with `launcher vm down {spec.name}`")
 
     # --- vm ls / down ------------------------------------------------------------------------------
 
