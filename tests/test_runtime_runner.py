@@ -245,3 +245,40 @@ def test_the_runtime_needs_only_the_standard_library_and_its_own_files(tmp_path:
     res = runtime(tmp_path / "o", "--script", str(script), cwd=root)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "numpy loaded: False" in res.stdout
+
+
+def test_a_relative_path_to_the_codes_data_is_explained_not_just_failed(tmp_path: Path) -> None:
+    """The working directory is the outputs folder: a script reading ./data/... beside its code (as it
+    would run from its own folder) is told where its data is, at the start and after the failure."""
+    code = tmp_path / "proj"
+    (code / "data").mkdir(parents=True)
+    (code / "data" / "corpus.txt").write_text("hello\n")
+    (code / "nets").mkdir()
+    (code / "nets" / "__init__.py").write_text("")  # a package: imported, not read by path
+    script = code / "train.py"
+    script.write_text("print(open('./data/corpus.txt').read())\n")
+    out = tmp_path / "o"
+    res = runtime(out, "--script", str(script), env=profile_env("seeded", 1))
+    assert res.returncode == 1
+    log = (out / "logs/train.log").read_text()
+    assert (f"launcher: working directory {out} (the run's outputs: what the script writes there comes back); "
+            f"the code is in {code}, with data/: a relative path like ./data does not reach it, {code}/data does"
+            ) in log
+    assert (f"launcher: ./data/corpus.txt is relative to the working directory {out}, not to the code: the file "
+            f"is {code}/data/corpus.txt") in log
+    assert log.index("FileNotFoundError") < log.index("is relative to the working directory")
+
+    script.write_text(f"print(open('{code}/data/corpus.txt').read())\n")  # the path it names works
+    res = runtime(tmp_path / "o2", "--script", str(script), env=profile_env("seeded", 1))
+    assert res.returncode == 0 and "hello" in (tmp_path / "o2/logs/train.log").read_text()
+    assert "is relative to the working directory" not in (tmp_path / "o2/logs/train.log").read_text()
+
+
+def test_a_script_whose_folder_has_no_data_folders_gets_no_notice(tmp_path: Path) -> None:
+    script = tmp_path / "alone" / "train.py"
+    script.parent.mkdir()
+    script.write_text("open('missing.txt')\n")
+    res = runtime(tmp_path / "o", "--script", str(script), env=profile_env("seeded", 1))
+    log = (tmp_path / "o/logs/train.log").read_text()
+    assert res.returncode == 1 and "FileNotFoundError" in log
+    assert "working directory" not in log and "is relative to" not in log

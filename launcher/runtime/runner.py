@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import launcher
-from launcher.runtime import checkpoint, probespec
+from launcher.runtime import checkpoint, probespec, workdir
 from launcher.runtime import code as codemod
 from launcher.runtime import explain as explainmod
 from launcher.runtime import fingerprints as fp
@@ -79,10 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class Tee:
+    TAIL = 16384  # the last bytes written, kept to explain a failure
+
     def __init__(self, log: IO[bytes]) -> None:
         self.log = log
+        self.tail = b""
 
     def write(self, data: bytes) -> None:
+        self.tail = (self.tail + data)[-self.TAIL:]
         self.log.write(data)
         self.log.flush()
         sys.stdout.buffer.write(data)
@@ -298,7 +302,16 @@ def run(args: argparse.Namespace) -> int:
                     f"{state['step']} steps done")
         try:
             spec, env = prepare(args, tee)
+            code_root = (args.code_root.resolve() if args.code_root is not None else spec.path.parent) \
+                if spec.adhoc else None
+            said = workdir.notice(code_root, out.resolve()) if code_root is not None else None
+            if said:
+                tee.say(said)
             rc = run_child(spec, env, args, tee)
+            hint = workdir.hint_after_failure(tee.tail.decode("utf-8", "replace"), code_root, out.resolve()) \
+                if code_root is not None and rc != 0 else None
+            if hint:
+                tee.say(hint)
         except RunError as exc:
             tee.say(f"error: {exc}")
             rc = exc.code
