@@ -268,6 +268,13 @@ def test_a_relative_path_to_the_codes_data_is_explained_not_just_failed(tmp_path
             f"is {code}/data/corpus.txt") in log
     assert log.index("FileNotFoundError") < log.index("is relative to the working directory")
 
+    # a check that fails without naming the path (PyTorch's word-language-model example asserts it exists)
+    script.write_text("import os\nassert os.path.exists(os.path.join('./data', 'corpus.txt'))\n")
+    res = runtime(tmp_path / "o3", "--script", str(script), env=profile_env("seeded", 1))
+    assert res.returncode == 1
+    assert (f"launcher: if the script looked for ./data or another path beside its code: the working directory is "
+            f"{tmp_path / 'o3'}, the code's data/ is {code}/data; pass that path") in res.stdout
+
     script.write_text(f"print(open('{code}/data/corpus.txt').read())\n")  # the path it names works
     res = runtime(tmp_path / "o2", "--script", str(script), env=profile_env("seeded", 1))
     assert res.returncode == 0 and "hello" in (tmp_path / "o2/logs/train.log").read_text()

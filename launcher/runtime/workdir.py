@@ -14,6 +14,9 @@ MAX_NAMED = 3
 _MISSING = re.compile(r"(?:FileNotFoundError|No such file or directory|does not exist|not found)[^\n]*?"
                       r"""['"]((?!/)[^'"\n]+)['"]""")
 
+_LOOKED_FOR = re.compile(r"^(?:AssertionError|FileNotFoundError|NotADirectoryError)\b|No such file or directory",
+                         re.MULTILINE)
+
 
 def data_folders(code_root: Path) -> list[str]:
     """Top-level folders of the code that are not Python packages (a script reads them, it does not
@@ -46,4 +49,8 @@ def hint_after_failure(log_tail: str, code_root: Path, out: Path) -> str | None:
         if rel and ".." not in Path(rel).parts and (code_root / rel).exists() and not (out / rel).exists():
             return (f"{found.group(1)} is relative to the working directory {out}, not to the code: the file is "
                     f"{code_root / rel}; pass that path, or the folder with --data (then /launcher/data)")
+    folders = data_folders(code_root)
+    if folders and _LOOKED_FOR.search(log_tail):  # a path check that failed without naming the path
+        return (f"if the script looked for ./{folders[0]} or another path beside its code: the working directory is "
+                f"{out}, the code's {folders[0]}/ is {code_root / folders[0]}; pass that path")
     return None
