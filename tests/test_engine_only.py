@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import ast
 import io
-import shutil
-import subprocess
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 import launcher
 from launcher.hosts import engine
 from launcher.hosts.base import Host, HostProcess
+from launcher.hosts.scripts import text as host_script
 from launcher.proc import Completed
 
 PACKAGE = Path(launcher.__file__).parent
@@ -126,3 +126,83 @@ def test_only_engine_imports_docker() -> None:
             if any(n == "docker" or n.startswith("docker.") for n in names):
                 offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
     assert offenders == [], "only launcher/hosts/engine.py may import docker"
+
+
+SUBCOMMANDS = ("run", "load", "save", "pull", "push", "image", "images", "info", "import", "rm", "rmi", "stop",
+               "inspect", "tag", "ps", "logs", "build", "version", "exec", "container", "system", "volume",
+               "network", "start", "kill", "cp", "create", "commit", "export", "login", "history", "wait")
+# A docker command as shell text: `docker SUBCOMMAND` where a command starts.
+DOCKER_COMMAND = re.compile(r"(?:^|[;&|({]\s*|\bthen\s+|\bdo\s+|\$\(\s*|\bsudo\s+)docker\s+(?:"
+                            + "|".join(SUBCOMMANDS) + r")\b")
+# Shell text allowed outside the engine, by file and a piece of it: provision's install plan is the
+# commands an administrator would type (shown as they are by --dry-run, run through the Host as such).
+ALLOWED_TEXT = {
+    ("hosts/provision.py", "docker info >/dev/null 2>&1"),
+}
+
+
+def _error_calls(tree: ast.AST) -> set[int]:
+    """The ids of the string nodes that are arguments of an exception's constructor or a cut=/hint=."""
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
+        args = [*node.args] if name[:1].isupper() else []
+        args += [k.value for k in node.keywords if k.arg in ("cut", "hint", "why", "summary", "help")]
+        for arg in args:
+            inside.update(id(n) for n in ast.walk(arg))
+    return inside
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    out = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        first = body[0] if isinstance(body, list) and body else None
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+            out.add(id(first.value))
+    return out
+
+
+def docker_command_text(source: str, rel: str) -> list[str]:
+    """Where the module (source, at rel in the package) builds a docker command line: an argv literal
+    ["docker", SUBCOMMAND, ...], or shell text running `docker ...`, other than a message to the user
+    (in backticks, an error's words, a docstring)."""
+    tree = ast.parse(source, rel)
+    skip = _error_calls(tree) | _docstrings(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.List | ast.Tuple) and node.elts:
+            words = [e.value for e in node.elts[:2] if isinstance(e, ast.Constant)]
+            if words[:1] == ["docker"] and (len(node.elts) == 1 or (words[1:] and words[1] in SUBCOMMANDS)):
+                found.append(f"{rel}:{node.lineno}: an argv starting with docker")
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+            text = re.sub(r"`[^`]*`", "", node.value)  # a command the user is told to type
+            if DOCKER_COMMAND.search(text) and not any(rel == f and piece in text for f, piece in ALLOWED_TEXT):
+                found.append(f"{rel}:{node.lineno}: {node.value[:60]!r}")
+    return sorted(found, key=lambda hit: int(hit.split(":")[1]))
+
+
+def test_no_module_but_engine_builds_a_docker_command() -> None:
+    found = [hit for path in _python_files()
+             for hit in docker_command_text(path.read_text(), path.relative_to(PACKAGE).as_posix())]
+    assert found == [], "run Docker through launcher.hosts.engine.Engine, or from a script in hosts/scripts"
+
+
+def test_the_check_finds_what_it_looks_for() -> None:
+    sample = ('import subprocess\n'
+              'subprocess.run(["docker", "ps"])\n'
+              'SCRIPT = "set -e; docker load -q < x"\n'
+              'raise ValueError(f"docker load of {1} failed", "run `docker image prune`")\n'
+              'HINT = "remove it with `docker rmi IMAGE`"\n'
+              'RUNTIMES = ("docker", "pyxis")\n'
+              'LINE = f"x=$(docker image inspect {1})"\n')
+    assert [h.split(": ", 1)[0] for h in docker_command_text(sample, "m.py")] == ["m.py:2", "m.py:3", "m.py:7"]
+
+
+def test_load_staged_runs_the_stage_script_with_its_values_as_arguments() -> None:
+    host = StartHost(FakeProcess(b""))
+    engine.Engine(host).load_staged("/st", ["000.empty"], '[{"x": 1}]', ["000.empty", "001.tar.gz"], b"{}")
+    assert host.ran == [["sh", "-c", host_script("stage_load.sh"), "sh", "/st", "000.empty", '[{"x": 1}]',
+                         "000.empty 001.tar.gz"]]

@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import shutil
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 from launcher.errors import BuildFailed, EngineUnavailable, HostNotReady, NotFound, plain_text
 from launcher.hosts.base import Host, HostProcess
 from launcher.hosts.local import LocalHost
+from launcher.hosts.scripts import text as host_script
 from launcher.proc import Completed
 
 DOCKER = "docker"
@@ -154,11 +156,24 @@ class Engine:
         """Start `docker load -q`: write an image archive to its stdin, then wait for it."""
         return self.host.start(command("load", "-q"), bulk=True)
 
+    def load_stream(self, *, cut: str | Callable[[], str], hint: str) -> AbstractContextManager[HostProcess]:
+        """`docker load -q` over the host's bulk path, as Host.receive_stream: the block writes an
+        image archive into its stdin, then waits for it; a cut stream raises TransferCut."""
+        return self.host.receive_stream(command("load", "-q"), cut=cut, hint=hint)
+
     def save(self, ref: str) -> HostProcess:
         """Start `docker save ref`: read the archive from its stdout, then wait for it."""
         p = self.host.start(command("save", ref), bulk=True)
         p.stdin.close()
         return p
+
+    def load_staged(self, stage: str, empties: Sequence[str], manifest: str, names: Sequence[str],
+                    config: bytes, *, timeout: float = 3600) -> Completed:
+        """`docker load` of an archive made on the host from its staging folder: the layer files in
+        names (gzip blobs, and empty files made for the names in empties), the config (config) and
+        manifest.json (hosts/scripts/stage_load.sh)."""
+        return self.host.run(["sh", "-c", host_script("stage_load.sh"), "sh", stage, " ".join(empties), manifest,
+                              " ".join(names)], input=config, check=False, timeout=timeout)
 
     def import_tar(self, tarball: Path, tag: str, *, changes: Sequence[str] = ()) -> Completed:
         """`docker import --change C... - tag`, the rootfs tarball written to its stdin; out: the image ID."""
