@@ -134,11 +134,8 @@ SUBCOMMANDS = ("run", "load", "save", "pull", "push", "image", "images", "info",
 # A docker command as shell text: `docker SUBCOMMAND` where a command starts.
 DOCKER_COMMAND = re.compile(r"(?:^|[;&|({]\s*|\bthen\s+|\bdo\s+|\$\(\s*|\bsudo\s+)docker\s+(?:"
                             + "|".join(SUBCOMMANDS) + r")\b")
-# Shell text allowed outside the engine, by file and a piece of it: provision's install plan is the
-# commands an administrator would type (shown as they are by --dry-run, run through the Host as such).
-ALLOWED_TEXT = {
-    ("hosts/provision.py", "docker info >/dev/null 2>&1"),
-}
+# Shell text allowed outside the engine and the script files, by file and a piece of it (none now).
+ALLOWED_TEXT: set[tuple[str, str]] = set()
 
 
 def _error_calls(tree: ast.AST) -> set[int]:

@@ -1,4 +1,4 @@
-"""The scripts launcher sends to hosts (launcher/hosts/scripts/*.sh, launcher/vms/setup.sh): clean
+"""The shell scripts launcher sends to hosts (launcher/hosts/scripts/*.sh, launcher/vms/setup.sh): clean
 under shellcheck, and what they do, run here with stand-ins for docker and enroot first on PATH."""
 
 from __future__ import annotations
@@ -75,3 +75,18 @@ def test_the_staged_load_feeds_docker_load_one_archive_with_empty_layers(tmp_pat
     assert (stage / "config.json").read_bytes() == b'{"config": 1}'
     assert json.loads((stage / "manifest.json").read_text())[0]["Layers"] == ["000.empty", "001.tar.gz"]
     assert (stage / "000.empty").stat().st_size == 0
+
+
+def test_dockerd_wait_gives_up_saying_how_the_log_ends(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    _stand_in(bin_dir, "docker", "exit 1\n")
+    _stand_in(bin_dir, "sleep", "exit 0\n")
+    log = tmp_path / "dockerd.log"
+    log.write_text("starting\nfailed to start daemon: no space\n")
+    done = _sh("dockerd.sh", "wait", str(log), "3", bin_dir=bin_dir)
+    assert done.returncode == 1
+    said = done.stderr.decode().strip()
+    assert said == f"Docker did not answer within 3 s; {log} ends: failed to start daemon: no space"
+    _stand_in(bin_dir, "docker", "exit 0\n")
+    assert _sh("dockerd.sh", "wait", str(log), "3", bin_dir=bin_dir).returncode == 0
+    assert _sh("dockerd.sh", "restart", str(log), "3", bin_dir=bin_dir).returncode == 2
