@@ -234,3 +234,32 @@ def test_a_docker_task_passes_secrets_by_env_file_written_through_stdin(tmp_path
     assert f"\0--env-file\0{tmp_path}/run/secret.env\0".encode() in args
     assert next(d for a, d in login.inputs if a[-1].endswith("/task.sh")) == host_script("slurm_task.sh").encode()
     assert not any(b"hunter2" in " ".join(a).encode() for a, _ in login.inputs)
+
+
+def test_the_task_script_writes_the_files_the_placement_reads(tmp_path: Path) -> None:
+    """slurm_task.sh names task.json and the node's facts itself: the names runs.slurm reads."""
+    from launcher.runs.slurm import NODE_FACTS, TASK_ARGS, TASK_FILE
+
+    script = host_script("slurm_task.sh")
+    assert f'"$RUN/{TASK_FILE}"' in script and f'"$RUN/{NODE_FACTS}"' in script and f'"$RUN/{TASK_ARGS}"' in script
+
+
+def test_a_docker_task_without_the_shared_archive_runs_nothing(tmp_path: Path) -> None:
+    placement = SlurmPlacement(FakeLogin())  # type: ignore[arg-type]
+    placement.settings = {"runtime": "docker"}
+    placement.image_source = {"kind": "shared"}
+    run_dir = tmp_path / "run"
+    fields = _write_task(placement, _job(tmp_path), run_dir, owner=None)
+    assert fields[4] == "shared" and fields[5].endswith(f"/images/{IMAGE.removeprefix('sha256:')}.tar")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text("#!/bin/sh\necho \"$*\" >> \"$CALLS\"\nexit 1\n")  # no image, nothing runs
+    (bin_dir / "docker").chmod(0o755)
+    calls = tmp_path / "calls"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(calls)}
+    done = subprocess.run(["bash", str(run_dir / "task.sh")], env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 125
+    assert json.loads((run_dir / "task.json").read_text())["status"] == "failed"
+    fetched = [c.split()[0] for c in calls.read_text().splitlines() if c.split()[0] in ("image", "load", "pull", "run")]
+    assert fetched == ["image", "image"]  # looked for twice; nothing loaded (no archive) and nothing run
+    assert (run_dir / "node-facts.txt").read_text().startswith("os=")

@@ -46,6 +46,7 @@ from launcher.runs.placement import ListedRun, Placement, RunState
 from launcher.runs.ship import SHIP_REPO, ShipResult, push_to_registry, save_to_archive
 
 JOB_NAME = "launcher"
+# the files the task script (hosts/scripts/slurm_task.sh) writes into the run's folder, by these names
 TASK_FILE = "task.json"
 NODE_FACTS = "node-facts.txt"
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING")
