@@ -5,7 +5,8 @@ One class for the local engine and a remote one: an :class:`Engine` runs over a
 The builder's classic build needs the engine's build API, which the CLI does not offer without
 BuildKit: the functions at the end (:func:`build`, :func:`inspect`, ...) reach the local engine
 through docker-py, imported there and nowhere else. Scripts that run Docker on a host by
-themselves (the Slurm task, the staged load) are files under launcher/hosts/scripts.
+themselves (the Slurm task, the staged load, the node probe, provision's dockerd) are files
+under launcher/hosts/scripts.
 """
 
 from __future__ import annotations
