@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Set up a Debian/Ubuntu machine for launcher: Docker engine, local registry tools,
-# debootstrap, OpenSSH, and a virtualenv with launcher installed. Idempotent.
+# debootstrap, OpenSSH, shellcheck (for the scripts launcher sends to hosts), and a virtualenv
+# with launcher installed. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_pkgs=()
 for pair in dockerd:docker.io debootstrap:debootstrap docker-registry:docker-registry skopeo:skopeo \
-            sshd:openssh-server ssh:openssh-client scp:openssh-client iptables:iptables; do
+            sshd:openssh-server ssh:openssh-client scp:openssh-client iptables:iptables \
+            shellcheck:shellcheck; do
   cmd=${pair%%:*}; pkg=${pair##*:}
   if ! command -v "$cmd" >/dev/null 2>&1 && [ ! -x "/usr/sbin/$cmd" ]; then need_pkgs+=("$pkg"); fi
 done

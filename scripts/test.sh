@@ -5,4 +5,6 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check launcher tests benchmarks
 .venv/bin/mypy
+# the scripts launcher sends to hosts (launcher/hosts/scripts, launcher/vms)
+find launcher -name '*.sh' -exec shellcheck {} +
 exec .venv/bin/pytest --durations=15 "$@"

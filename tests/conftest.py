@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from launcher.errors import LauncherError
-from launcher.images import builder as docker_engine
+from launcher.hosts import engine as docker_engine
 from launcher.images import pins as images
 from launcher.images import registry
 from launcher.images.bootstrap import bootstrap

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from launcher.cli import app
 from launcher.errors import ExitCode
+from launcher.hosts import engine as docker_engine
 from launcher.images import build as build_mod
-from launcher.images import builder as docker_engine
 from launcher.images.lock import parse_lock
 from launcher.workspace import Workspace
 

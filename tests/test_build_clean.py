@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from launcher.cli import app
 from launcher.errors import NotFound
-from launcher.images import builder as docker_engine
+from launcher.hosts import engine as docker_engine
 from launcher.images.build import LABEL
 from launcher.workspace import Workspace
 

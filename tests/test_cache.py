@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from launcher import cache
+from launcher.hosts import engine as docker_engine
 from launcher.images import build, lock
-from launcher.images import builder as docker_engine
 from launcher.workspace import Workspace
 
 

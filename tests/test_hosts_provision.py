@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typer.testing import CliRunner
 
 from launcher.cli import app
 from launcher.hosts.provision import DOCKERD_LOG
+from launcher.hosts.scripts import text as host_script
 
 pytestmark = pytest.mark.testhost
 
@@ -26,10 +28,9 @@ def provision(ws: Path, th: TestHost, *extra: str) -> tuple[int, dict[str, Any],
 
 
 # how provision starts Docker on a host without systemd (a container, as the test hosts are)
-START = f"sh -c 'if ! docker info >/dev/null 2>&1; then setsid dockerd >{DOCKERD_LOG} 2>&1 </dev/null & fi'"
-WAIT = ("i=0; until docker info >/dev/null 2>&1; do i=$((i+1)); if [ $i -ge 60 ]; then "
-        f'echo "Docker did not answer within 60 s; {DOCKERD_LOG} ends: $(tail -n 1 {DOCKERD_LOG} 2>&1)" >&2; '
-        "exit 1; fi; sleep 1; done")
+DOCKERD = f"sh -c {shlex.quote(host_script('dockerd.sh'))} sh"
+START = f"{DOCKERD} start {DOCKERD_LOG} 60"
+WAIT = f"{DOCKERD} wait {DOCKERD_LOG} 60"
 
 
 def test_provision_reports_the_facts_and_keeps_them(testhost: TestHost, tiny_workspace: Path) -> None:
@@ -70,9 +71,7 @@ def test_install_dry_run_prints_the_gpu_steps_and_changes_nothing(testhost: Test
         "apt-get update",
         "env DEBIAN_FRONTEND=noninteractive apt-get install -y nvidia-container-toolkit",
         "nvidia-ctk runtime configure --runtime=docker",
-        "sh -c 'pid=$(cat /var/run/docker.pid 2>/dev/null) && kill \"$pid\" 2>/dev/null || exit 0; i=0; "
-        "while [ -e /var/run/docker.pid ] && kill -0 \"$pid\" 2>/dev/null; do i=$((i+1)); if [ $i -ge 60 ]; then "
-        "echo \"dockerd ($pid) did not stop within 60 s\" >&2; exit 1; fi; sleep 1; done'",
+        f"{DOCKERD} stop {DOCKERD_LOG} 60",
         START,
         WAIT,
     ]

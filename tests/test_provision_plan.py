@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
 
 from launcher.errors import HostNotReady
 from launcher.hosts.provision import DOCKERD_LOG, install_plan, parse_facts
+from launcher.hosts.scripts import text as host_script
 
 READY = """os=Ubuntu 22.04.4 LTS
 os_id=ubuntu
@@ -83,10 +86,9 @@ def _no_systemd(facts: str) -> str:
     return facts.replace("systemd=1", "systemd=0")
 
 
-START_BG = f"sudo sh -c 'if ! docker info >/dev/null 2>&1; then setsid dockerd >{DOCKERD_LOG} 2>&1 </dev/null & fi'"
-WAIT = ("i=0; until sudo docker info >/dev/null 2>&1; do i=$((i+1)); if [ $i -ge 60 ]; then "
-        f'echo "Docker did not answer within 60 s; {DOCKERD_LOG} ends: $(tail -n 1 {DOCKERD_LOG} 2>&1)" >&2; '
-        "exit 1; fi; sleep 1; done")
+DOCKERD = f"sudo sh -c {shlex.quote(host_script('dockerd.sh'))} sh"
+START_BG = f"{DOCKERD} start {DOCKERD_LOG} 60"
+WAIT = f"{DOCKERD} wait {DOCKERD_LOG} 60"
 
 
 def test_without_systemd_docker_is_started_in_the_background_and_awaited() -> None:
@@ -107,7 +109,7 @@ def test_without_systemd_docker_is_started_in_the_background_and_awaited() -> No
     # the GPU runtime: dockerd stopped by its pid file, started again, awaited
     gpu = [s.command for s in install_plan(facts, gpu=True)]
     assert gpu[-4] == "sudo nvidia-ctk runtime configure --runtime=docker"
-    assert gpu[-3].startswith("sudo sh -c 'pid=$(cat /var/run/docker.pid") and gpu[-2:] == [START_BG, WAIT]
+    assert gpu[-3] == f"{DOCKERD} stop {DOCKERD_LOG} 60" and gpu[-2:] == [START_BG, WAIT]
     assert not any("systemctl" in c for c in gpu)
 
 

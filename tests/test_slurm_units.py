@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import subprocess
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 import pytest
 
 from launcher.hosts.base import Host
+from launcher.hosts.scripts import text as host_script
 from launcher.proc import Completed
 from launcher.runs.container import ContainerJob, runtime_argv
 from launcher.runs.recipes import Recipe
@@ -62,6 +62,16 @@ def _job(tmp: Path, **kw: Any) -> ContainerJob:
                         data="/data/my set", **kw)
 
 
+def _write_task(placement: SlurmPlacement, job: ContainerJob, run_dir: Path, owner: str | None) -> list[str]:
+    """Write the task script and its values into run_dir as start_array does; its values, as fields."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    args = placement._task_args(job, owner)
+    (run_dir / "task.args").write_bytes(args)
+    (run_dir / "task.sh").write_text(host_script("slurm_task.sh"))
+    assert args.endswith(b"\0")
+    return args[:-1].decode().split("\0")
+
+
 def _pyxis(login: FakeLogin) -> SlurmPlacement:
     placement = SlurmPlacement(login)  # type: ignore[arg-type]
     placement.settings = {"registry": "registry.lab.example:5000", "runtime": "pyxis"}
@@ -91,8 +101,8 @@ def test_the_generated_pyxis_task_runs_srun_with_the_determinism_env_and_records
     job = _job(tmp_path)
     run_dir = tmp_path / "run"
     (run_dir / "out").mkdir(parents=True)
-    script = _pyxis(FakeLogin())._task_script(job, str(run_dir), owner=None)
-    assert "docker run" not in script and "docker pull" not in script  # no engine on a Pyxis node
+    fields = _write_task(_pyxis(FakeLogin()), job, run_dir, owner=None)
+    assert "docker" not in fields and fields[0] == "pyxis"  # no engine on a Pyxis node
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     seen = tmp_path / "srun.json"
@@ -105,7 +115,6 @@ def test_the_generated_pyxis_task_runs_srun_with_the_determinism_env_and_records
     fake.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURMD_NODENAME": "gpu07",
            "SLURM_ARRAY_JOB_ID": "41", "SLURM_ARRAY_TASK_ID": "0", "SLURM_JOB_PARTITION": "a100"}
-    (run_dir / "task.sh").write_text(script)
     done = subprocess.run(["bash", str(run_dir / "task.sh")], env=env, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     got = json.loads(seen.read_text())
@@ -125,8 +134,9 @@ def test_a_docker_task_pulls_by_digest_and_quotes_what_docker_said_into_valid_js
     login = FakeLogin()
     placement = _pyxis(login)
     placement.settings["runtime"] = "docker"
-    script = placement._task_script(_job(tmp_path), str(tmp_path / "run"), owner="1000:1000")
-    assert f"docker pull -q {shlex.quote(REF)}" in script
+    fields = _write_task(placement, _job(tmp_path), tmp_path / "run", owner="1000:1000")
+    assert fields[4:6] == ["registry", REF] and fields[7:10] == ["0", "docker", "run"]
+    assert 'docker pull -q "$SOURCE"' in host_script("slurm_task.sh")
     (tmp_path / "run" / "out").mkdir(parents=True)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -135,7 +145,6 @@ def test_a_docker_task_pulls_by_digest_and_quotes_what_docker_said_into_valid_js
         "*) exit 1;; esac\n")
     (bin_dir / "docker").chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURMD_NODENAME": "n3"}
-    (tmp_path / "run" / "task.sh").write_text(script)
     done = subprocess.run(["bash", str(tmp_path / "run" / "task.sh")], env=env, capture_output=True, text=True,
                           check=False)
     assert done.returncode == 125
@@ -178,8 +187,8 @@ def test_a_pyxis_task_gets_the_users_env_and_its_secret_from_a_file_it_removes(t
     env_file = run_dir / "secret.env"
     env_file.write_text("TOKEN=hunter2 x=y\n")
     job = replace(job, env_file=str(env_file))
-    script = _pyxis(FakeLogin())._task_script(job, str(run_dir), owner=None)
-    assert "hunter2" not in script
+    fields = _write_task(_pyxis(FakeLogin()), job, run_dir, owner=None)
+    assert not any("hunter2" in f for f in fields)
     argv = pyxis_srun_argv(job, REF)
     names = next(a for a in argv if a.startswith("--container-env=")).partition("=")[2].split(",")
     assert {"MODE", "TOKEN", "LAUNCHER_SEED"} <= set(names)
@@ -189,7 +198,6 @@ def test_a_pyxis_task_gets_the_users_env_and_its_secret_from_a_file_it_removes(t
     (bin_dir / "srun").write_text("#!/usr/bin/env python3\nimport json, os, sys\n"
                                   f"json.dump(dict(os.environ), open({str(seen)!r}, 'w'))\n")
     (bin_dir / "srun").chmod(0o755)
-    (run_dir / "task.sh").write_text(script)
     done = subprocess.run(["bash", str(run_dir / "task.sh")], capture_output=True, text=True, check=False,
                           env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
     assert done.returncode == 0, done.stderr
@@ -221,7 +229,37 @@ def test_a_docker_task_passes_secrets_by_env_file_written_through_stdin(tmp_path
     assert len(secret_writes) == 1
     argv, data = secret_writes[0]
     assert "umask 077" in argv[2] and argv[-1] == f"{tmp_path}/run/secret.env" and data == b"TOKEN=hunter2\n"
-    task = next(d for a, d in login.inputs if a[-1].endswith("/task.sh"))
-    assert task is not None and b"hunter2" not in task
-    assert f"--env-file {tmp_path}/run/secret.env".encode() in task and b"EXIT" in task
+    args = next(d for a, d in login.inputs if a[-1].endswith("/task.args"))
+    assert args is not None and b"hunter2" not in args
+    assert f"\0--env-file\0{tmp_path}/run/secret.env\0".encode() in args
+    assert next(d for a, d in login.inputs if a[-1].endswith("/task.sh")) == host_script("slurm_task.sh").encode()
     assert not any(b"hunter2" in " ".join(a).encode() for a, _ in login.inputs)
+
+
+def test_the_task_script_writes_the_files_the_placement_reads(tmp_path: Path) -> None:
+    """slurm_task.sh names task.json and the node's facts itself: the names runs.slurm reads."""
+    from launcher.runs.slurm import NODE_FACTS, TASK_ARGS, TASK_FILE
+
+    script = host_script("slurm_task.sh")
+    assert f'"$RUN/{TASK_FILE}"' in script and f'"$RUN/{NODE_FACTS}"' in script and f'"$RUN/{TASK_ARGS}"' in script
+
+
+def test_a_docker_task_without_the_shared_archive_runs_nothing(tmp_path: Path) -> None:
+    placement = SlurmPlacement(FakeLogin())  # type: ignore[arg-type]
+    placement.settings = {"runtime": "docker"}
+    placement.image_source = {"kind": "shared"}
+    run_dir = tmp_path / "run"
+    fields = _write_task(placement, _job(tmp_path), run_dir, owner=None)
+    assert fields[4] == "shared" and fields[5].endswith(f"/images/{IMAGE.removeprefix('sha256:')}.tar")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text("#!/bin/sh\necho \"$*\" >> \"$CALLS\"\nexit 1\n")  # no image, nothing runs
+    (bin_dir / "docker").chmod(0o755)
+    calls = tmp_path / "calls"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(calls)}
+    done = subprocess.run(["bash", str(run_dir / "task.sh")], env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 125
+    assert json.loads((run_dir / "task.json").read_text())["status"] == "failed"
+    fetched = [c.split()[0] for c in calls.read_text().splitlines() if c.split()[0] in ("image", "load", "pull", "run")]
+    assert fetched == ["image", "image"]  # looked for twice; nothing loaded (no archive) and nothing run
+    assert (run_dir / "node-facts.txt").read_text().startswith("os=")

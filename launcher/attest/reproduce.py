@@ -32,10 +32,10 @@ from launcher.attest.summary import ENVELOPE_FILE, STATEMENT_FILE, summary
 from launcher.attest.unpack import OpenedBundle, OpenedRun, open_bundle
 from launcher.errors import ExitCode, NotFound, OtherImage, RunFailed, UsageError
 from launcher.hashing import atomic_write_bytes, sha256_file
+from launcher.hosts import engine
 from launcher.hosts.base import Host
 from launcher.hosts.spec import HostSpec
 from launcher.images import basearchive, imagerecord, registry
-from launcher.images import builder as docker_engine
 from launcher.images.build import PACKAGE_DIR, build
 from launcher.images.tree import DEFAULT_EPOCH
 from launcher.progress import NullReporter, Reporter
@@ -157,7 +157,7 @@ def _base(run: OpenedRun, ws: Workspace) -> str:
     ref = str(run.image_facts["baseRef"])
 
     def present(r: str) -> bool:
-        return docker_engine.image_exists(r) or basearchive.served(r)
+        return engine.image_exists(r) or basearchive.served(r)
 
     if run.base is None:
         if present(ref):

@@ -1,21 +1,29 @@
-"""Docker on a host: every container and image operation launcher performs outside the builder.
+"""Docker on a host: the one module of launcher that speaks to Docker.
 
 One class for the local engine and a remote one: an :class:`Engine` runs over a
 :class:`~launcher.hosts.base.Host`, builds each `docker` argv here and runs it through that host.
-The builder (docker-py builds, `docker save` of a build, bootstrap's import and push) drives
-the local engine itself: see launcher.images.build, launcher.images.bootstrap and launcher.images.tree.
+The builder's classic build needs the engine's build API, which the CLI does not offer without
+BuildKit: the functions at the end (:func:`build`, :func:`inspect`, ...) reach the local engine
+through docker-py, imported there and nowhere else. Scripts that run Docker on a host by
+themselves (the Slurm task, the staged load, the node probe, provision's dockerd) are files
+under launcher/hosts/scripts.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
-from launcher.errors import EngineUnavailable, HostNotReady, NotFound
+from launcher.errors import BuildFailed, EngineUnavailable, HostNotReady, NotFound, plain_text
 from launcher.hosts.base import Host, HostProcess
 from launcher.hosts.local import LocalHost
+from launcher.hosts.scripts import text as host_script
 from launcher.proc import Completed
 
 DOCKER = "docker"
@@ -24,6 +32,11 @@ DOCKER = "docker"
 def command(*args: str) -> list[str]:
     """A `docker` argv (pure: runs.docker_run_argv builds the run command line with it)."""
     return [DOCKER, *args]
+
+
+def installed() -> bool:
+    """Whether the docker command is on this machine's PATH."""
+    return shutil.which(DOCKER) is not None
 
 
 def chain_ids(diff_ids: Sequence[str]) -> list[str]:
@@ -144,11 +157,40 @@ class Engine:
         """Start `docker load -q`: write an image archive to its stdin, then wait for it."""
         return self.host.start(command("load", "-q"), bulk=True)
 
+    def load_stream(self, *, cut: str | Callable[[], str], hint: str) -> AbstractContextManager[HostProcess]:
+        """`docker load -q` over the host's bulk path, as Host.receive_stream: the block writes an
+        image archive into its stdin, then waits for it; a cut stream raises TransferCut."""
+        return self.host.receive_stream(command("load", "-q"), cut=cut, hint=hint)
+
     def save(self, ref: str) -> HostProcess:
         """Start `docker save ref`: read the archive from its stdout, then wait for it."""
         p = self.host.start(command("save", ref), bulk=True)
         p.stdin.close()
         return p
+
+    def load_staged(self, stage: str, empties: Sequence[str], manifest: str, names: Sequence[str],
+                    config: bytes, *, timeout: float = 3600) -> Completed:
+        """`docker load` of an archive made on the host from its staging folder: the layer files in
+        names (gzip blobs, and empty files made for the names in empties), the config (config) and
+        manifest.json (hosts/scripts/stage_load.sh)."""
+        return self.host.run(["sh", "-c", host_script("stage_load.sh"), "sh", stage, " ".join(empties), manifest,
+                              " ".join(names)], input=config, check=False, timeout=timeout)
+
+    def import_tar(self, tarball: Path, tag: str, *, changes: Sequence[str] = ()) -> Completed:
+        """`docker import --change C... - tag`, the rootfs tarball written to its stdin; out: the image ID."""
+        argv = command("import", *(a for c in changes for a in ("--change", c)), "-", tag)
+        p = self.host.start(argv, bulk=True)
+        try:
+            with open(tarball, "rb") as f:
+                shutil.copyfileobj(f, p.stdin, 1 << 20)
+            p.stdin.close()
+            out = p.stdout.read()
+            err = p.stderr_text()
+            rc = p.wait()
+        except BaseException:
+            p.kill()
+            raise
+        return Completed(tuple(argv), rc, out, err.encode())
 
     def tag(self, image_id: str, ref: str, *, check: bool = False) -> Completed:
         return self._run("tag", image_id, ref, check=check)
@@ -226,3 +268,108 @@ class Engine:
 def local() -> Engine:
     """The local Docker engine, driven like any host's."""
     return Engine(LocalHost())
+
+
+# ------------------------------------------------------------ the local engine's API (docker-py)
+# The builder's build, and its look-ups and removals of the images a build makes and replaces.
+
+
+@lru_cache(maxsize=1)
+def client() -> Any:
+    try:
+        import docker
+    except ImportError as exc:  # pragma: no cover - docker is a declared dependency
+        raise EngineUnavailable("the docker Python package is not installed", "pip install docker") from exc
+    try:
+        c = docker.from_env(timeout=600)
+        c.ping()
+        return c
+    except Exception as exc:
+        raise EngineUnavailable(
+            f"no Docker engine answers ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})",
+            "start it (`dockerd &` or `systemctl start docker`) or set DOCKER_HOST",
+        ) from exc
+
+
+def _errors() -> Any:
+    import docker.errors
+
+    return docker.errors
+
+
+def require() -> dict[str, Any]:
+    """The local engine's info (EngineUnavailable when none answers)."""
+    info: dict[str, Any] = client().info()
+    return info
+
+
+def inspect(ref: str) -> dict[str, Any]:
+    try:
+        attrs: dict[str, Any] = client().api.inspect_image(ref)
+        return attrs
+    except _errors().ImageNotFound as exc:
+        raise NotFound(f"image {ref} is not in the local Docker engine", "build it with `launcher build`") from exc
+
+
+def image_exists(ref: str) -> bool:
+    try:
+        client().api.inspect_image(ref)
+        return True
+    except _errors().ImageNotFound:
+        return False
+
+
+def remove_image(ref: str) -> None:
+    try:
+        client().api.remove_image(ref, force=True, noprune=False)
+    except _errors().ImageNotFound:
+        pass
+
+
+def tagged_id(ref: str) -> str | None:
+    """The ID of the image ref names in the local engine, or None."""
+    try:
+        return str(client().api.inspect_image(ref)["Id"])
+    except _errors().ImageNotFound:
+        return None
+
+
+def remove_unreferenced(image_ids: Iterable[str], *, launcher_only: bool = False) -> list[str]:
+    """Remove each image that no tag names and no other image or container uses, children first (the
+    order given, reversed); leave the rest. launcher_only: only images launcher labelled (org.launcher.*).
+    The removed IDs. Never a parent's cascade: only the images named here go."""
+    errors = _errors()
+    removed = []
+    for image_id in reversed(list(dict.fromkeys(image_ids))):
+        try:
+            attrs = client().api.inspect_image(image_id)
+        except errors.ImageNotFound:
+            continue
+        labels = (attrs.get("Config") or {}).get("Labels") or {}
+        if attrs.get("RepoTags") or attrs.get("RepoDigests"):
+            continue
+        if launcher_only and not any(k.startswith("org.launcher.") for k in labels):
+            continue
+        try:
+            client().api.remove_image(attrs["Id"], force=False, noprune=True)
+            removed.append(attrs["Id"])
+        except errors.APIError:
+            continue  # a child image or a container still uses it: not unreferenced after all
+    return removed
+
+
+def build(context: Path, *, dockerfile: str, tag: str | None, buildargs: Mapping[str, str],
+          labels: Mapping[str, str], nocache: bool) -> Iterator[dict[str, Any]]:
+    """Stream the local engine's build events; the last one carries {"aux": {"ID": ...}}.
+
+    The build has no network: everything it installs comes from the wheelhouse.
+    """
+    try:
+        yield from client().api.build(
+            path=str(context), dockerfile=dockerfile, tag=tag, buildargs=dict(buildargs),
+            labels=dict(labels), nocache=nocache, rm=True, forcerm=True, pull=False, decode=True,
+            network_mode="none",
+        )
+    except _errors().APIError as exc:
+        raise BuildFailed(f"the Docker engine refused the build: {plain_text(str(exc.explanation or exc))}",
+                          "check the Dockerfile and the base image") from exc

@@ -148,23 +148,18 @@ def start_docker(facts: Mapping[str, Any], *, restart: bool = False) -> list[Ste
         if restart:
             return [Step("restart Docker to load the runtime", f"{sudo}systemctl restart docker")]
         return [Step("start Docker now and at boot", f"{sudo}systemctl enable --now docker")]
+
+    def dockerd(action: str) -> str:  # hosts/scripts/dockerd.sh, its values as arguments
+        return f"{sudo}sh -c {shlex.quote(host_script('dockerd.sh'))} sh {action} {DOCKERD_LOG} {DOCKERD_WAIT_S}"
+
     steps = []
     if restart:
-        # dockerd removes its pid file as it ends; a stale file (no such process) needs no stop
-        stop = ('pid=$(cat /var/run/docker.pid 2>/dev/null) && kill "$pid" 2>/dev/null || exit 0; i=0; '
-                'while [ -e /var/run/docker.pid ] && kill -0 "$pid" 2>/dev/null; do i=$((i+1)); '
-                f'if [ $i -ge {DOCKERD_WAIT_S} ]; then '
-                f'echo "dockerd ($pid) did not stop within {DOCKERD_WAIT_S} s" >&2; exit 1; fi; sleep 1; done')
-        steps.append(Step("stop Docker to load the runtime (no systemd here)", f"{sudo}sh -c {shlex.quote(stop)}"))
-    start = f"if ! docker info >/dev/null 2>&1; then setsid dockerd >{DOCKERD_LOG} 2>&1 </dev/null & fi"
-    wait = (f"i=0; until {sudo}docker info >/dev/null 2>&1; do i=$((i+1)); if [ $i -ge {DOCKERD_WAIT_S} ]; then "
-            f'echo "Docker did not answer within {DOCKERD_WAIT_S} s; {DOCKERD_LOG} ends: '
-            f'$(tail -n 1 {DOCKERD_LOG} 2>&1)" >&2; exit 1; fi; sleep 1; done')
+        steps.append(Step("stop Docker to load the runtime (no systemd here)", dockerd("stop")))
     return [
         *steps,
         Step("start Docker in the background (no systemd here: not at boot; provision --install starts it again)",
-             f"{sudo}sh -c {shlex.quote(start)}"),
-        Step(f"wait until Docker answers (at most {DOCKERD_WAIT_S} s)", wait),
+             dockerd("start")),
+        Step(f"wait until Docker answers (at most {DOCKERD_WAIT_S} s)", dockerd("wait")),
     ]
 
 

@@ -15,7 +15,6 @@ from launcher import proc
 from launcher.errors import BuildFailed, NotFound, RegistryUnavailable, UsageError
 from launcher.hashing import atomic_path
 from launcher.hosts import engine
-from launcher.images import builder as docker_engine
 from launcher.images import registry
 from launcher.images import tree as imagetree
 from launcher.progress import NullReporter, Reporter
@@ -93,16 +92,15 @@ def bootstrap(
     reporter: Reporter | None = None,
 ) -> BootstrapResult:
     rep = reporter or NullReporter()
-    docker_engine.require()
+    engine.require()
     if not registry.ping(registry_address):
         raise RegistryUnavailable(f"no registry answers at {registry_address}",
                                   "start one with --start-registry, or pass --registry ADDR")
     tarball, cached = build_rootfs_tar(cache_dir, suite, packages, mirror, rep)
     tag = f"{registry_address}/{name}:{suite}"
     task = rep.task(f"importing and pushing {tag}")
-    with open(tarball, "rb") as f:
-        imported = proc.run(["docker", "import", "--change", "CMD [\"python3\"]", "-", tag],
-                            stdin=f, check=False)
+    local = engine.local()
+    imported = local.import_tar(tarball, tag, changes=['CMD ["python3"]'])
     if imported.returncode != 0:
         raise BuildFailed(f"docker import failed: {imported.last_error_line()}", "check the Docker engine")
     # `docker import` stamps the current time into the config; a fixed date makes the
@@ -110,16 +108,15 @@ def bootstrap(
     raw_id = imported.out.strip()
     norm = imagetree.normalize(raw_id, tag=tag)
     if norm.image_id != raw_id:
-        docker_engine.remove_image(raw_id)
-    probe = proc.run(["docker", "run", "--rm", "--network", "none", tag, "python3", "-c", PYTHON_PROBE],
-                     check=False)
+        engine.remove_image(raw_id)
+    probe = local.run_to_end(["--network", "none", tag, "python3", "-c", PYTHON_PROBE])
     python = probed_python(probe.out + "\n" + probe.err, tag, packages)
-    pushed = engine.local().push(tag)
+    pushed = local.push(tag)
     if pushed.returncode != 0:
         raise RegistryUnavailable(f"docker push {tag} failed: {pushed.last_error_line()}",
                                   "check the registry is running and reachable from the Docker engine")
     digest = registry.resolve_digest(tag)
-    image_id = docker_engine.inspect(tag)["Id"]
+    image_id = engine.inspect(tag)["Id"]
     task.close()
     return BootstrapResult(ref=f"{tag}@{digest}", digest=digest, image_id=image_id,
                            python=python, rootfs_cached=cached)

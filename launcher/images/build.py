@@ -18,7 +18,6 @@ from launcher import __version__, proc
 from launcher.errors import BuildFailed, Corrupt, ImageOutOfDate, NotFound
 from launcher.hashing import atomic_write_bytes, atomic_write_json, sha256_bytes
 from launcher.hosts import engine
-from launcher.images import builder as docker_engine
 from launcher.images import offline, recipelayer, wheels
 from launcher.images import pins as images
 from launcher.images import tree as imagetree
@@ -161,7 +160,7 @@ def _run_build(context: Path, inputs: Inputs, labels: dict[str, str], nocache: b
     log: list[str] = []
     step: str | None = None
     from_step = cached = False
-    for event in docker_engine.build(context, dockerfile="Dockerfile", tag=None,
+    for event in engine.build(context, dockerfile="Dockerfile", tag=None,
                                      buildargs={images.BASE_ARG: inputs.pin.ref, "SOURCE_DATE_EPOCH": str(epoch)},
                                      labels=labels, nocache=nocache):
         if "error" in event:
@@ -218,7 +217,7 @@ def build(ws: Workspace, variant: str = "cpu", *, nocache: bool = False, force: 
         found = _existing(ws, variant, inputs)
         if found is not None:
             return found
-    docker_engine.require()
+    engine.require()
     env = None if nocache or force else _existing_env(ws, inputs)
     if env is None:
         env = _build_env(ws, inputs, nocache=nocache, ca_bundle=ca_bundle, find_links=find_links, epoch=epoch,
@@ -239,10 +238,10 @@ def build(ws: Workspace, variant: str = "cpu", *, nocache: bool = False, force: 
         if write_record:
             atomic_write_bytes(layer_cache / "configs" / f"{image_id.removeprefix('sha256:')}.json", config)
         if keep_image:
-            previous = docker_engine.tagged_id(out_tag)
+            previous = engine.tagged_id(out_tag)
             recipelayer.load(config, layer, out_tag)
             if previous is not None and previous != image_id:
-                docker_engine.remove_unreferenced([previous], launcher_only=True)
+                engine.remove_unreferenced([previous], launcher_only=True)
     finally:
         task.close()
     tree = imagetree.apply_entries(env.tree, layer.entries)
@@ -277,7 +276,7 @@ def _existing_env(ws: Workspace, inputs: Inputs) -> EnvImage | None:
         tree = imagetree.load_tree(tree_path)
     except (OSError, ValueError, KeyError):
         return None
-    if recipelayer.image_id_of(config) != image_id or not docker_engine.image_exists(image_id):
+    if recipelayer.image_id_of(config) != image_id or not engine.image_exists(image_id):
         return None
     return EnvImage(image_id, config, tree, dict(rec.get("labels") or {}))
 
@@ -299,7 +298,7 @@ def _build_env(ws: Workspace, inputs: Inputs, *, nocache: bool, ca_bundle: Path 
         LABEL + "version": __version__,
     }
     created: list[str] = []  # the build's own step images: none stays (an unreferenced 2 GB venv stage would)
-    previous = docker_engine.tagged_id(inputs.env_tag) if keep_image else None
+    previous = engine.tagged_id(inputs.env_tag) if keep_image else None
     try:
         with tempfile.TemporaryDirectory(prefix="launcher-build-") as tmp:
             ctx = Path(tmp) / "context"
@@ -313,12 +312,12 @@ def _build_env(ws: Workspace, inputs: Inputs, *, nocache: bool, ca_bundle: Path 
                                        layer_cache=ws.cache_dir / "images" if write_record else None,
                                        load=keep_image)
         finally:
-            docker_engine.remove_image(raw_id)
+            engine.remove_image(raw_id)
         task.close()
     finally:
-        docker_engine.remove_unreferenced(created)
+        engine.remove_unreferenced(created)
     if previous is not None and previous != norm.image_id:  # the tag moved: the image it left is nobody's
-        docker_engine.remove_unreferenced([previous], launcher_only=True)
+        engine.remove_unreferenced([previous], launcher_only=True)
     if write_record:
         path = _env_record(ws, inputs)
         imagetree.save_tree(path.with_suffix(".tree.json.gz"), norm.tree)
@@ -344,9 +343,9 @@ def _existing(ws: Workspace, variant: str, inputs: Inputs) -> BuildRecord | None
             rec = BuildRecord(**data)
         except (ValueError, TypeError):
             continue
-        if rec.content != inputs.content or not docker_engine.image_exists(rec.tag):
+        if rec.content != inputs.content or not engine.image_exists(rec.tag):
             continue
-        if docker_engine.inspect(rec.tag)["Id"] != rec.image_id:
+        if engine.inspect(rec.tag)["Id"] != rec.image_id:
             continue
         if path != candidates[0]:
             tree = path.with_suffix(".tree.json.gz")
@@ -392,7 +391,7 @@ def ensure_current(ws: Workspace, variant: str, *, recipes: bool = True, allow_b
     record = read_record(ws, variant)
     changed = changed_parts(ws, record, inputs, recipes=recipes)
     if record is not None and not changed:
-        if docker_engine.image_exists(record.image_id):
+        if engine.image_exists(record.image_id):
             return record
         why = f"the {variant} image {record.image_id[7:19]} is gone from the Docker engine"
     elif record is None:
@@ -407,14 +406,14 @@ def ensure_current(ws: Workspace, variant: str, *, recipes: bool = True, allow_b
 
 
 def _ensure_base(pin: images.BasePin) -> dict[str, Any]:
-    if docker_engine.image_exists(pin.ref):
-        return docker_engine.inspect(pin.ref)
+    if engine.image_exists(pin.ref):
+        return engine.inspect(pin.ref)
     pulled = engine.local().pull(pin.ref)
     if pulled.returncode != 0:
         raise NotFound(f"base image {pin.ref} cannot be pulled: {pulled.last_error_line()}",
                        "check the digest exists in its registry, or pin a reachable base with "
                        "`launcher base bootstrap --start-registry`")
-    return docker_engine.inspect(pin.ref)
+    return engine.inspect(pin.ref)
 
 
 @dataclass

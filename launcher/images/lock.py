@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -164,7 +163,7 @@ def read_ca_bundle(path: Path) -> str:
 
 def base_engine(pin: images.BasePin, reporter: Reporter) -> Engine:
     """The local engine, holding the pinned base image (pulled by digest when missing)."""
-    if shutil.which(engine.DOCKER) is None:
+    if not engine.installed():
         raise EngineUnavailable("launcher lock resolves inside the base image and needs Docker; "
                                 "the docker command is not installed",
                                 "install Docker (and start it), or set DOCKER_HOST to an engine")

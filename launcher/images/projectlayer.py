@@ -36,7 +36,6 @@ from typing import IO, Any
 from launcher.errors import BuildFailed, NotFound
 from launcher.hashing import atomic_path, atomic_write_bytes, atomic_write_json, sha256_bytes
 from launcher.hosts import engine
-from launcher.images import builder as docker_engine
 from launcher.images import pins as images
 from launcher.images import projectdriver, recipelayer, wheels, wheelsources
 from launcher.images.lock import parse_lock
@@ -273,11 +272,11 @@ def ensure_image(base_image_id: str, layer: ProjectLayer, tag: str, cache_dir: P
     config = compose_config(base, layer, labels_of(layer), epoch)
     image_id = recipelayer.image_id_of(config)
     atomic_write_bytes(configs / f"{image_id.removeprefix('sha256:')}.json", config)
-    previous = docker_engine.tagged_id(tag)
-    if not docker_engine.image_exists(image_id):
+    previous = engine.tagged_id(tag)
+    if not engine.image_exists(image_id):
         recipelayer.load_top(config, layer.path, tag, "the project layer")
     elif previous != image_id:
         engine.local().tag(image_id, tag, check=True)
     if previous is not None and previous != image_id:
-        docker_engine.remove_unreferenced([previous], launcher_only=True)
+        engine.remove_unreferenced([previous], launcher_only=True)
     return image_id, previous != image_id

@@ -6,12 +6,12 @@ slurm` records, and the --slurm-opt values a run passes to sbatch. Runs on it: r
 from __future__ import annotations
 
 import json
-import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from launcher.errors import NoScheduler, SchedulerDown, UsageError
 from launcher.hosts.base import Host
+from launcher.hosts.scripts import text as host_script
 
 SETTINGS_FILE = "cluster.json"
 RUNTIMES = ("docker", "pyxis")
@@ -83,19 +83,16 @@ def cluster_facts(login: Host, *, registry: str | None = None) -> dict[str, Any]
                                 "gpus": "" if gres in ("(null)", "") else gres, "state": state})
     settings = read_settings(login)
     registry = registry or settings.get("registry")
-    probe = ("docker info --format 'docker={{.ServerVersion}} runtimes={{range $k, $v := .Runtimes}}{{$k}},{{end}}' "
-             "2>/dev/null || echo docker=; command -v enroot >/dev/null && echo enroot=1 || echo enroot=0")
+    probe = ["sh", "-c", host_script("node_probe.sh"), "sh"]
     if registry:
         where, _, port = str(registry).rpartition(":")
         where, port = (where, port) if port.isdigit() else (str(registry), "443")
-        probe += (f"; timeout 5 bash -c {shlex.quote(f'</dev/tcp/{where}/{port}')} 2>/dev/null "
-                  "&& echo registry=1 || echo registry=0")
+        probe += [where, port]
     for name, node in nodes.items():
         if node["state"].rstrip("*~#") not in ("idle", "mix", "alloc"):
             node["docker"] = None  # down or drained: not probed
             continue
-        done = login.run(["srun", "-N1", "-n1", "-w", name, "--time=1", "sh", "-c", probe], check=False,
-                         timeout=120)
+        done = login.run(["srun", "-N1", "-n1", "-w", name, "--time=1", *probe], check=False, timeout=120)
         kv = dict(x.split("=", 1) for x in done.out.split() if "=" in x)
         node["docker"] = kv.get("docker") or None
         node["nvidia_runtime"] = "nvidia" in kv.get("runtimes", "")

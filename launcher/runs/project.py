@@ -23,8 +23,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from launcher.errors import ImageOutOfDate, LockFailed, NotFound
+from launcher.hosts import engine
 from launcher.images import aptlock, debs, projectlayer, projectlock
-from launcher.images import builder as docker_engine
 from launcher.images import pins as images
 from launcher.images.projectlock import Requirements
 from launcher.images.tree import DEFAULT_EPOCH
@@ -86,7 +86,7 @@ def with_image(ws: Workspace, spec: RunSpec, recipe: Recipe, reporter: Reporter 
         record = build.read_record(ws, spec.variant)
         extra = record.extra if record is not None else {}
         env_id = str(extra.get("env_image_id") or "")
-        installer = env_id if env_id and docker_engine.image_exists(env_id) else str(base["id"])
+        installer = env_id if env_id and engine.image_exists(env_id) else str(base["id"])
         epoch = int(extra.get("epoch") or DEFAULT_EPOCH)
         find_links, ca_bundle = _paths(spec)
         layer = projectlayer.build_layer(

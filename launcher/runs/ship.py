@@ -400,8 +400,8 @@ def _ship_task(s: Shipment) -> Task:
 def _docker_load(host: Host) -> Iterator[IO[bytes]]:
     """`docker load -q` on the host, fed an archive by the block; a cut stream or a failed load raised
     as launcher's errors."""
-    with host.receive_stream(engine.command("load", "-q"), cut=f"docker load on {host.name} stopped",
-                             hint="check free disk space and dockerd on the host") as load:
+    with Engine(host).load_stream(cut=f"docker load on {host.name} stopped",
+                                  hint="check free disk space and dockerd on the host") as load:
         yield load.stdin
         load.stdin.close()
         out = load.stdout.read().decode("utf-8", "replace")

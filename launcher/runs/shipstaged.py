@@ -120,10 +120,7 @@ def send_compressed(host: Host, eng: Engine, image_id: str, diff_ids: list[str],
     finally:
         task.close()
     manifest = json.dumps([{"Config": "config.json", "RepoTags": [], "Layers": names}]).encode()
-    script = ('cd "$1" && for f in $2; do : > "$f"; done && cat > config.json && printf %s "$3" > manifest.json '
-              "&& tar -cf - config.json manifest.json $4 | docker load -q")
-    done = host.run(["sh", "-c", script, "sh", stage, " ".join(n for n in names if n.endswith(".empty")),
-                     manifest.decode(), " ".join(names)], input=cfg, check=False, timeout=3600)
+    done = eng.load_staged(stage, [n for n in names if n.endswith(".empty")], manifest.decode(), names, cfg)
     if done.returncode != 0:
         raise load_failed(host, done.last_error_line())
     if not eng.has_image(image_id):

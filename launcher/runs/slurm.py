@@ -46,11 +46,12 @@ from launcher.runs.placement import ListedRun, Placement, RunState
 from launcher.runs.ship import SHIP_REPO, ShipResult, push_to_registry, save_to_archive
 
 JOB_NAME = "launcher"
+# the files the task script (hosts/scripts/slurm_task.sh) writes into the run's folder, by these names
 TASK_FILE = "task.json"
 NODE_FACTS = "node-facts.txt"
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING")
 SHARED_VIA = "shared"  # --ship-via shared: the image archive on the shared filesystem, even with a registry set
-UNQUOTE = r"""tr -d '"\\'"""  # an error line quoted into task.json's JSON: no quotes, no backslashes
+TASK_ARGS = "task.args"  # the task script's values, NUL-separated (hosts/scripts/slurm_task.sh reads them)
 # sacct states of a task that ended without writing task.json (killed before or outside its script)
 CANCELLED_STATES = ("CANCELLED", "PREEMPTED", "REVOKED", "DEADLINE")
 
@@ -186,78 +187,24 @@ class SlurmPlacement(Placement):
     def start(self, job: ContainerJob) -> dict[str, Any]:
         return self.start_array([job])[0]
 
-    def _fetch_image(self, image: str) -> list[str]:
-        """Shell lines giving the node the image when it lacks that ID: a pull by digest from the
-        registry, or a load of the archive on the shared filesystem. What went wrong lands in $FETCHED."""
-        q = shlex.quote
-        if self.image_source.get("kind") == "registry":
-            get = f"docker pull -q {q(str(self.image_source['ref']))}"
-        else:
-            archive = self.image_archive(image)
-            get = f"test -f {q(archive)} && docker load -q -i {q(archive)} || echo no image archive {q(archive)}"
-        inspect = "HAVE=$(docker image inspect --format '{{.Id}}' \"$IMAGE\" 2>/dev/null || true)"
-        return [
-            inspect,
-            'if [ -z "$HAVE" ]; then',
-            f"  FETCHED=$( ( {get} ) 2>&1 >/dev/null | tail -n 1 | {UNQUOTE})",
-            f"  {inspect}",
-            "fi",
-            'if [ "$HAVE" != "$IMAGE" ]; then',
-            '  MSG="node ${SLURMD_NODENAME:-$(hostname)} does not have the pinned image $IMAGE'
-            ' (it has: ${HAVE:-none}${FETCHED:+; $FETCHED}); nothing was run"',
-            '  echo "launcher: $MSG" >&2',
-            '  write_task 125 failed "$MSG"',
-            "  exit 125",
-            "fi",
-        ]
-
-    def _task_script(self, job: ContainerJob, run_dir: str, owner: str | None) -> str:
-        q = shlex.quote
-        lines = [
-            "#!/bin/bash",
-            f"# launcher run {job.run_id}: one replicate, run by its array task",
-            "set -u",
-            f"RUN={q(run_dir)}",
-            "write_task() {",
-            '  printf \'{"exit_code": %s, "status": "%s", "node": "%s", "job_id": "%s", "array_index": "%s", '
-            '"partition": "%s", "image_ran": "%s", "error": "%s", "ended_at": "%s"}\\n\' '
-            '"$1" "$2" "${SLURMD_NODENAME:-$(hostname)}" "${SLURM_ARRAY_JOB_ID:-${SLURM_JOB_ID:-}}" '
-            '"${SLURM_ARRAY_TASK_ID:-0}" "${SLURM_JOB_PARTITION:-}" "${HAVE:-}" "$3" '
-            '"$(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$RUN/task.json.part" && mv -f "$RUN/task.json.part" "$RUN/task.json"',
-            "}",
-            f"sh -c {q(host_script('facts.sh'))} > \"$RUN/{NODE_FACTS}\" 2>/dev/null || true",
-            f"IMAGE={q(job.image_id)}",
-        ]
-        if job.env_file:  # the secrets' file goes when the task ends, however it ends
-            lines.append(f"trap {q(f'rm -f {q(job.env_file)}')} EXIT")
+    def _task_args(self, job: ContainerJob, owner: str | None) -> bytes:
+        """The values of the task script (hosts/scripts/slurm_task.sh, written as task.sh) for one
+        job, NUL-separated as it reads them from task.args: nothing of them is written into code."""
         if self.runtime == "pyxis":
-            # enroot keeps no Docker image ID; the manifest digest it pulls by names exactly this image ID
+            # the secrets stay in their file, exported on the node from there (never in task.args)
             exported = {**job.env, **job.user_env}
-            lines += ['HAVE="$IMAGE"', *(f"export {k}={q(str(v))}" for k, v in sorted(exported.items()))]
-            if job.env_file:  # NAME=VALUE lines, exported as they are (never written into this script)
-                lines.append(f'while IFS= read -r LINE; do export "$LINE"; done < {q(job.env_file)}')
-            lines += [f"{shlex.join(pyxis_srun_argv(job, str(self.image_source['ref'])))} &", "STEP=$!",
-                      "cancelled() {", '  kill -TERM "$STEP" 2>/dev/null; wait "$STEP" 2>/dev/null',
-                      '  write_task 143 cancelled "cancelled by Slurm (scancel or time limit)"', "  exit 143", "}",
-                      "trap cancelled TERM INT", 'wait "$STEP"', "RC=$?"]
+            exports = [f"{k}={v}" for k, v in sorted(exported.items())]
+            command = pyxis_srun_argv(job, str(self.image_source["ref"]))
         else:
-            argv = docker_run_argv(replace(job, owner=owner), detach=False)
-            lines += [*self._fetch_image(job.image_id),
-                      f"NAME={q(job.name)}",
-                      'docker rm -f "$NAME" >/dev/null 2>&1 || true',
-                      "cancelled() {",
-                      '  docker stop -t 5 "$NAME" >/dev/null 2>&1',
-                      '  write_task 143 cancelled "cancelled by Slurm (scancel or time limit)"',
-                      "  exit 143",
-                      "}",
-                      "trap cancelled TERM INT",
-                      f"{shlex.join(argv)} &",
-                      "wait $!",
-                      "RC=$?",
-                      'docker rm "$NAME" >/dev/null 2>&1 || true']
-        lines += ['if [ "$RC" -eq 0 ]; then write_task 0 succeeded ""; else write_task "$RC" failed "exit $RC"; fi',
-                  'exit "$RC"', ""]
-        return "\n".join(lines)
+            exports = []
+            command = docker_run_argv(replace(job, owner=owner), detach=False)
+        if self.image_source.get("kind") == "registry":
+            source_kind, source = "registry", str(self.image_source["ref"])
+        else:
+            source_kind, source = SHARED_VIA, self.image_archive(job.image_id)
+        fields = [self.runtime, job.image_id, job.name, job.env_file or "", source_kind, source,
+                  host_script("facts.sh"), str(len(exports)), *exports, *command]
+        return b"".join(f.encode() + b"\0" for f in fields)
 
     def start_array(self, jobs: Sequence[ContainerJob]) -> list[dict[str, Any]]:
         """Submit the jobs as one array: task i runs jobs[i]. Returns each job's launch fields."""
@@ -268,7 +215,8 @@ class SlurmPlacement(Placement):
         jobs = [self.write_secrets(job) for job in jobs]  # read on the node when the task runs, then removed
         run_dirs = [job.run_dir for job in jobs]
         for job, run_dir in zip(jobs, run_dirs, strict=True):
-            self._write(f"{run_dir}/task.sh", self._task_script(job, run_dir, owner))
+            self._write(f"{run_dir}/{TASK_ARGS}", self._task_args(job, owner))
+            self._write(f"{run_dir}/task.sh", host_script("slurm_task.sh"))
         opts = [*self._header_options(len(jobs), any(job.gpu for job in jobs)),
                 f"--output={array_dir}/task-%a.log", "--open-mode=append"]
         header = ["#!/bin/bash", *(f"#SBATCH {opt}" for opt in opts)]
@@ -287,8 +235,8 @@ class SlurmPlacement(Placement):
                            "log": f"{array_dir}/task-{i}.log", "run_dir": run_dirs[i]}}
                 for i, job in enumerate(jobs)]
 
-    def _write(self, path: str, text: str) -> None:
-        self.host.write_atomic(path, text.encode())
+    def _write(self, path: str, data: str | bytes) -> None:
+        self.host.write_atomic(path, data.encode() if isinstance(data, str) else data)
 
     # -- watching and collecting
     @staticmethod

@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # Run once by cloud-init on a VM that `launcher vm up` made (runcmd): what the image lacks for
 # launcher. POSIX sh; $1 is the admin user. Idempotent; the last line marks the VM ready.
 set -eu

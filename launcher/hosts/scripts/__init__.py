@@ -3,7 +3,9 @@
 The rule: each file here runs on a host that has nothing of launcher installed, so a ``.py``
 file uses only the standard library of the host's ``python3`` and a ``.sh`` file only POSIX
 ``sh`` and the usual tools. Launcher reads a file's text (:func:`text`) and sends it as an
-argument (``python3 -c TEXT ARGS...`` or ``sh -c TEXT``); nothing is copied to the host.
+argument (``python3 -c TEXT ARGS...`` or ``sh -c TEXT sh ARGS...``), or writes it as a file
+where a scheduler runs it later (the Slurm task). A script gets its values as arguments, from the
+environment or from a file of values beside it, never by formatting its text.
 
 The ``.py`` files are also modules of the package, so ruff and mypy check them and tests can
 import them: each guards its entry with ``if __name__ == "__main__":`` (true under ``-c``).
@@ -14,6 +16,11 @@ never evaluates them.
 - ``datalist.py``: size, age and name of each dataset folder on a host (``datasets.prune_host``).
 - ``facts.sh``: the host's read-only fact sheet (``provision.gather_facts``).
 - ``pull_files.py``: streams a run's output files, hashed as sent (``launcher.runs.pull``).
+- ``dockerd.sh``: stop, start or await dockerd on a host without systemd (``provision.start_docker``).
+- ``node_probe.sh``: a Slurm node's Docker, runtimes, enroot and registry reach (``runs.cluster``).
+- ``stage_load.sh``: ``docker load`` of a staged image's layers (``Engine.load_staged``).
+- ``slurm_task.sh``: one replicate of a run on a Slurm node (bash), its values in ``task.args``
+  (``launcher.runs.slurm``).
 """
 
 from __future__ import annotations

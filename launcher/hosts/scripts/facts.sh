@@ -1,6 +1,8 @@
+# shellcheck shell=sh
 # Runs on the host with POSIX sh, sent as text by provision.gather_facts: the read-only fact
 # sheet, one key=value per line (gpu= once per GPU). It changes nothing on the host.
 export LC_ALL=C
+# shellcheck source=/dev/null
 if [ -r /etc/os-release ]; then . /etc/os-release; fi
 echo "os=${PRETTY_NAME:-unknown}"
 echo "os_id=${ID:-unknown}"
