@@ -74,7 +74,7 @@ def locked(lockfile: Path) -> list[str]:
 
 def image_of(ws: Path, variant: str) -> str:
     sys.path.insert(0, str(REPO))
-    from launcher.runs.spec import image_record
+    from launcher.runs.runspec import image_record
     from launcher.workspace import Workspace
 
     return str(image_record(Workspace.at(ws), variant)["id"])

@@ -32,7 +32,7 @@ from launcher.images import pins as images
 from launcher.images.bootstrap import bootstrap
 from launcher.runs import project
 from launcher.runs.recipes import load_recipe
-from launcher.runs.spec import RunSpec
+from launcher.runs.runspec import RunSpec
 from launcher.scaffold import init_workspace
 from launcher.workspace import Workspace, default_cache_dir
 

@@ -16,7 +16,7 @@ from launcher import config
 from launcher.errors import BadConfig, BadRecipe, ExitCode, LockFailed, NotFound
 from launcher.images import aptlock, aptplan
 from launcher.images import pins as images
-from launcher.runtime import spec as rspec
+from launcher.runtime import recipespec as rspec
 from launcher.runtime.systemspec import SystemSpecError, check_system, merge_packages, split_package
 from launcher.scaffold import init_workspace
 from launcher.workspace import Workspace

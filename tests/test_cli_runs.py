@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from launcher.cli import app
 from launcher.errors import ExitCode
-from launcher.hosts.spec import HostSpec
+from launcher.hosts.hostspec import HostSpec
 from launcher.workspace import Workspace
 
 REPO = Path(__file__).resolve().parents[1]

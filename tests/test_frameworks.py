@@ -19,10 +19,10 @@ from typer.testing import CliRunner
 from launcher.cli import app
 from launcher.runs import imports
 from launcher.runs.determinism import profile_env
-from launcher.runs.spec import framework_packages, holds_framework
+from launcher.runs.runspec import framework_packages, holds_framework
 from launcher.runtime import frameworks, hooks, importwatch
+from launcher.runtime.recipespec import known_frameworks
 from launcher.runtime.record import Recorder
-from launcher.runtime.spec import known_frameworks
 from launcher.workspace import Workspace
 
 TOY_MODULE = '''

@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from launcher.cli import app
 from launcher.errors import UsageError
+from launcher.hosts.hostspec import HostSpec
 from launcher.hosts.local import LocalHost
-from launcher.hosts.spec import HostSpec
 from launcher.runs.placement import DirectPlacement
 from launcher.runs.targets import open_placement
 from launcher.workspace import Workspace

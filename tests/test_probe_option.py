@@ -19,10 +19,10 @@ from launcher.cli import app
 from launcher.errors import UsageError
 from launcher.runs.container import ContainerJob, runtime_argv
 from launcher.runs.recipes import Recipe
+from launcher.runs.runspec import RunSpec, probe_option, probes_record
 from launcher.runs.slurm import pyxis_srun_argv
-from launcher.runs.spec import RunSpec, probe_option, probes_record
 from launcher.runtime.probespec import ProbeError, ProbeSpec, from_json, parse_option
-from launcher.runtime.spec import RecipeSpec, SpecError, parse_spec
+from launcher.runtime.recipespec import RecipeSpec, SpecError, parse_spec
 
 REPO = Path(__file__).resolve().parent.parent
 

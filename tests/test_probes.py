@@ -15,8 +15,8 @@ import pytest
 from launcher.errors import UsageError
 from launcher.runtime import fingerprints as fp
 from launcher.runtime import probes
+from launcher.runtime.recipespec import SpecError, load_spec, parse_spec
 from launcher.runtime.record import BadData, BadRecipe, Recorder
-from launcher.runtime.spec import SpecError, load_spec, parse_spec
 from launcher.verify.impact import (
     AGREE,
     EXPLANATIONS,

@@ -19,7 +19,7 @@ from launcher.images.lock import parse_lock
 from launcher.progress import RecordingReporter
 from launcher.runs import project
 from launcher.runs.recipes import load_recipe
-from launcher.runs.spec import RunSpec
+from launcher.runs.runspec import RunSpec
 from launcher.scaffold import init_workspace
 from launcher.workspace import Workspace
 

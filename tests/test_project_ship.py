@@ -14,7 +14,7 @@ from launcher.hosts.ssh import SSHHost
 from launcher.images import build, lock
 from launcher.runs import project, ship
 from launcher.runs.recipes import load_recipe
-from launcher.runs.spec import RunSpec
+from launcher.runs.runspec import RunSpec
 from launcher.workspace import Workspace
 
 pytestmark = [pytest.mark.testhost, pytest.mark.docker, pytest.mark.network]

@@ -82,7 +82,8 @@ def test_the_runtime_puts_the_library_beside_the_recipe_on_its_path_and_records_
 
 
 def test_the_seed_recipes_library_is_found_from_the_repository() -> None:
-    from launcher.runtime import runner, spec
+    from launcher.runtime import recipespec as spec
+    from launcher.runtime import runner
 
     recipe = spec.load_spec(REPO / "recipes" / "mnist_torch")
     assert runner.recipe_lib(recipe, None) == (REPO / "recipes" / "_lib").resolve()

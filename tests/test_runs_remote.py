@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from launcher.cli import app
 from launcher.errors import ExitCode, HostUnreachable, LauncherError
 from launcher.hosts import engine
-from launcher.hosts.spec import HostSpec
+from launcher.hosts.hostspec import HostSpec
 from launcher.hosts.ssh import SSHHost
 from launcher.workspace import Workspace
 

@@ -11,7 +11,7 @@ from test_attest import pem_key, protobuf_check
 from test_reproduce import cli, payload, ssh_args
 from testhost import TestHost
 
-from launcher.hosts.spec import HostSpec
+from launcher.hosts.hostspec import HostSpec
 from launcher.hosts.ssh import SSHHost
 from launcher.progress import RecordingReporter
 from launcher.runs import lifecycle as runs

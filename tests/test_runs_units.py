@@ -12,7 +12,7 @@ import pytest
 from launcher.errors import ExitCode, UsageError
 from launcher.runs.lifecycle import new_run_id, parse_params
 from launcher.runs.recipes import Recipe
-from launcher.runtime.spec import RecipeSpec
+from launcher.runtime.recipespec import RecipeSpec
 
 
 def test_params_are_typed() -> None:

@@ -50,7 +50,7 @@ def test_no_framework_a_syntax_error_and_an_import_cycle_are_harmless(tmp_path: 
 
 
 def test_a_script_importing_torch_runs_in_the_one_cpu_variant_that_has_it(tmp_path: Path) -> None:
-    from launcher.runs.spec import framework_variant
+    from launcher.runs.runspec import framework_variant
     from launcher.workspace import Workspace
 
     ws = Workspace.at(Path(__file__).resolve().parents[1])  # cpu, gpu (TensorFlow), torch-cpu, torch-gpu

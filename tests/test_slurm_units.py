@@ -18,7 +18,7 @@ from launcher.proc import Completed
 from launcher.runs.container import ContainerJob, runtime_argv
 from launcher.runs.recipes import Recipe
 from launcher.runs.slurm import SlurmPlacement, pyxis_image, pyxis_srun_argv
-from launcher.runtime.spec import RecipeSpec
+from launcher.runtime.recipespec import RecipeSpec
 
 DIGEST = "sha256:" + "d" * 64
 IMAGE = "sha256:" + "a" * 64

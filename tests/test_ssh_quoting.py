@@ -36,7 +36,7 @@ def test_remote_command_refuses_an_empty_argv() -> None:
 def test_docker_run_argv_survives_quoting_unchanged() -> None:
     from launcher.runs.container import ContainerJob, docker_run_argv
     from launcher.runs.recipes import Recipe
-    from launcher.runtime.spec import RecipeSpec
+    from launcher.runtime.recipespec import RecipeSpec
 
     recipe = Recipe(RecipeSpec(Path("/r/tiny"), "tiny", "none", "train.py"), "sha256:" + "0" * 64)
     argv = docker_run_argv(ContainerJob(

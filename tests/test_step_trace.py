@@ -25,7 +25,7 @@ from launcher.cli import app
 from launcher.errors import ExitCode, UsageError
 from launcher.runs.determinism import profile_env
 from launcher.runs.manifest import load_manifest
-from launcher.runs.spec import trace_option
+from launcher.runs.runspec import trace_option
 from launcher.runtime import steps
 from launcher.verify.stepdiff import explain_steps
 from launcher.verify.verdicts import verify_checksums

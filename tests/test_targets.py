@@ -15,8 +15,8 @@ import pytest
 from fakeplacement import make_project, make_workspace
 
 from launcher.errors import ExitCode, UsageError, run_exit_code, verdict_exit_code
+from launcher.hosts.hostspec import HostSpec
 from launcher.hosts.local import LocalHost
-from launcher.hosts.spec import HostSpec
 from launcher.images import build
 from launcher.runs import control, targets
 from launcher.runs.lifecycle import RunSpec, read_launch, run_recipe

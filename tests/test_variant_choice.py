@@ -1,4 +1,4 @@
-"""Which image a run takes (launcher.runs.spec.choose_variant): --variant as given, else the one the
+"""Which image a run takes (launcher.runs.runspec.choose_variant): --variant as given, else the one the
 recipe names, else, for a plain script whose code imports a framework the default image lacks, the
 one variant that has it (with a note), else the default; a variant the workspace lacks is refused."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import UsageError
-from launcher.runs.spec import choose_variant
+from launcher.runs.runspec import choose_variant
 from launcher.scaffold import init_workspace
 from launcher.workspace import Workspace
 

@@ -20,7 +20,7 @@ from launcher.cli import app
 from launcher.errors import ExitCode, UsageError
 from launcher.hosts.sshconfig import resolve_target
 from launcher.vms import aliases, cloudinit
-from launcher.vms.spec import ImageRef, parse_auto_shutdown, parse_cidr, shutdown_time
+from launcher.vms.vmspec import ImageRef, parse_auto_shutdown, parse_cidr, shutdown_time
 
 runner = CliRunner()
 

@@ -12,7 +12,7 @@ from fakeplacement import FakePlacement, Script
 
 from launcher.errors import UsageError
 from launcher.hosts.base import Host
-from launcher.hosts.spec import HostSpec
+from launcher.hosts.hostspec import HostSpec
 from launcher.runs.placement import Placement
 from launcher.runs.targets import Target, TargetOptions, register
 

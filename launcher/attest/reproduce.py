@@ -34,13 +34,13 @@ from launcher.errors import ExitCode, NotFound, OtherImage, RunFailed, UsageErro
 from launcher.hashing import atomic_write_bytes, sha256_file
 from launcher.hosts import engine
 from launcher.hosts.base import Host
-from launcher.hosts.spec import HostSpec
+from launcher.hosts.hostspec import HostSpec
 from launcher.images import basearchive, imagerecord, registry
 from launcher.images.build import PACKAGE_DIR, build
 from launcher.images.tree import DEFAULT_EPOCH
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.placement import Placement
-from launcher.runs.spec import RunSpec
+from launcher.runs.runspec import RunSpec
 from launcher.runs.userenv import secret_digest
 from launcher.runtime import code as codedigest
 from launcher.verify.differences import REFERENCE

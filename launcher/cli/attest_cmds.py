@@ -10,7 +10,7 @@ import typer
 from launcher.cli.common import command, options, render, reporter, stdout, workspace_of
 from launcher.cli.hostopts import MaxParallelOpt, PartitionOpt, SchedulerOpt, SlurmOpt, target, with_host
 from launcher.cli.params import LauncherGroup, RunsArg, SecretEnvOpt
-from launcher.hosts.spec import HostSpec
+from launcher.hosts.hostspec import HostSpec
 from launcher.result import Result
 
 app = typer.Typer()

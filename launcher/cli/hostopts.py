@@ -1,6 +1,6 @@
 """The host options every host command shares, declared once (and the cluster options of run and
 experiment): `@with_host()` adds --host and the SSH
-options to a command and hands it one :class:`~launcher.hosts.spec.HostSpec` (or, with
+options to a command and hands it one :class:`~launcher.hosts.hostspec.HostSpec` (or, with
 ``multiple=True``, a list of them, one per --host) in its ``host`` parameter."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import typer
 
 from launcher.cli.params import complete_host
 from launcher.hosts.base import Host
-from launcher.hosts.spec import HostSpec
+from launcher.hosts.hostspec import HostSpec
 from launcher.runs import targets
 from launcher.runs.placement import Placement
 

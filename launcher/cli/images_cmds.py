@@ -76,7 +76,7 @@ def _project_variant(ctx: typer.Context, ws: Workspace, folder: Path, variants: 
     """--variant typed for a project, else its recipe's `variant`, else the default variant (launcher.toml,
     LAUNCHER_VARIANT, cpu): a project is locked for the one image it runs in."""
     from launcher import config
-    from launcher.runtime import spec as rspec
+    from launcher.runtime import recipespec as rspec
 
     if typed(ctx, "variants") and variants != "all":
         return check_variant(ws, variants)

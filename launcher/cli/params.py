@@ -300,8 +300,8 @@ def typed(ctx: typer.Context, name: str) -> bool:
 
 
 def variant_for(ctx: typer.Context, ws: Workspace, variant: str, recipe: str, entry: str | None = None) -> str:
-    """The image variant of a run (launcher.runs.spec.choose_variant), its note said on stderr."""
-    from launcher.runs.spec import choose_variant
+    """The image variant of a run (launcher.runs.runspec.choose_variant), its note said on stderr."""
+    from launcher.runs.runspec import choose_variant
 
     chosen = choose_variant(ws, recipe, variant, given=typed(ctx, "variant"), entry=entry)
     if chosen.note and not getattr(ctx.obj, "quiet", False):

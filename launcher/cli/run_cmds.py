@@ -41,7 +41,7 @@ from launcher.cli.params import (
 )
 from launcher.cli.provision_text import cluster_text, facts_text
 from launcher.errors import UsageError, run_exit_code
-from launcher.hosts.spec import HostSpec
+from launcher.hosts.hostspec import HostSpec
 from launcher.images import wheelsources
 from launcher.result import Result
 from launcher.runs import targets

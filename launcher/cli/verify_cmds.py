@@ -40,7 +40,7 @@ from launcher.cli.params import (
     variant_for,
 )
 from launcher.cli.run_cmds import print_failure
-from launcher.hosts.spec import HostSpec
+from launcher.hosts.hostspec import HostSpec
 from launcher.images.wheelsources import check_dirs
 from launcher.result import Result
 from launcher.runs.determinism import DEFAULT_SEED

@@ -13,7 +13,7 @@ from rich.text import Text
 from launcher.cli.common import command, options, render, reporter, stdout
 from launcher.errors import UsageError
 from launcher.result import Result
-from launcher.vms import spec as vmspec
+from launcher.vms import vmspec
 
 app = typer.Typer(
     name="vm",

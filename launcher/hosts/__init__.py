@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from launcher.hosts.base import Host, HostProcess, RemoteEntry
-from launcher.hosts.spec import HostSpec
+from launcher.hosts.hostspec import HostSpec
 
 __all__ = ["Host", "HostProcess", "HostSpec", "RemoteEntry", "open_host"]
 

@@ -24,7 +24,7 @@ from launcher.images import aptdriver, aptplan, debs, pins
 from launcher.images import lock as pylock
 from launcher.images.aptplan import DebPackage
 from launcher.progress import NullReporter, Reporter
-from launcher.runtime import spec as rspec
+from launcher.runtime import recipespec as rspec
 from launcher.runtime.systemspec import SystemSpecError, check_system, merge_packages
 from launcher.workspace import Workspace
 

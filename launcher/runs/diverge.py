@@ -32,7 +32,7 @@ from launcher.runs.lifecycle import pull_run, read_launch, start_run, wait_run
 from launcher.runs.manifest import Manifest, load_manifest
 from launcher.runs.replicates import is_failed
 from launcher.runs.rundir import RunDir
-from launcher.runs.spec import RunSpec
+from launcher.runs.runspec import RunSpec
 from launcher.runs.store import resolve_run_id
 from launcher.runs.targets import open_placement
 from launcher.verify import opdiff

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from typing import Any, Generic, TypeVar
 
 from launcher.errors import ExitCode, HostUnreachable, LauncherError, UsageError
-from launcher.hosts.spec import HostSpec
+from launcher.hosts.hostspec import HostSpec
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.determinism import DEFAULT_SEED
 from launcher.runs.replicates import Failure, seed_override_note
@@ -230,7 +230,7 @@ def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
     name, code_name = recipe, None
     if launch is None:  # a wrong param or image stops here, before any progress is drawn
         from launcher.runs import identity
-        from launcher.runs.spec import code_identity
+        from launcher.runs.runspec import code_identity
 
         loaded = runs_mod.load_recipe(ws, recipe)
         runs_mod.check_params(loaded, dict(params or {}))

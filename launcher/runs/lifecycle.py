@@ -1,6 +1,6 @@
 """A run's life: start it where its placement puts it, wait for it, pull its outputs, finish its manifest.
 
-Its spec and code plan are in :mod:`launcher.runs.spec`, its container in
+Its spec and code plan are in :mod:`launcher.runs.runspec`, its container in
 :mod:`launcher.runs.container`, where and how it is placed in :mod:`launcher.runs.placement` (the
 only way this module reaches a target), and the commands on existing runs (ps, logs, attach, stop,
 clean) in :mod:`launcher.runs.control`.
@@ -24,7 +24,7 @@ from typing import Any
 from launcher.errors import CommandFailed, ExitCode, LauncherError, NotFound, UnsafePath, UsageError
 from launcher.hashing import atomic_write_json
 from launcher.hosts.base import Host
-from launcher.hosts.spec import HostSpec
+from launcher.hosts.hostspec import HostSpec
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.container import ContainerJob
 from launcher.runs.placement import Placement, RunState, placement_for
@@ -32,7 +32,7 @@ from launcher.runs.pull import PullResult, pull_outputs
 from launcher.runs.recipes import Recipe
 from launcher.runs.replicates import Failure, failure_of, is_failed, seed_override_note
 from launcher.runs.rundir import RunDir
-from launcher.runs.spec import (
+from launcher.runs.runspec import (
     RunSpec,
     check_framework,
     check_params,

@@ -20,7 +20,7 @@ from typing import Any
 from launcher.errors import BadData, CommandFailed, DiskFull, HostNotReady, NoGpu, NotFound, NotResumable
 from launcher.hosts.base import Host
 from launcher.hosts.engine import Engine
-from launcher.hosts.spec import HostSpec
+from launcher.hosts.hostspec import HostSpec
 from launcher.progress import Reporter
 from launcher.runs.container import (
     RUN_LABEL,

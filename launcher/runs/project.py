@@ -30,7 +30,7 @@ from launcher.images.projectlock import Requirements
 from launcher.images.tree import DEFAULT_EPOCH
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.recipes import Recipe
-from launcher.runs.spec import RunSpec, baked, image_record, script_root
+from launcher.runs.runspec import RunSpec, baked, image_record, script_root
 from launcher.workspace import Workspace
 
 SYSTEM_LOCK = "system.lock"

@@ -1,6 +1,6 @@
 """The recipe format: ``recipes/<name>/recipe.toml`` beside the training code.
 
-The schema lives in :mod:`launcher.runtime.spec` (the runtime in the image reads recipes too);
+The schema lives in :mod:`launcher.runtime.recipespec` (the runtime in the image reads recipes too);
 this module adds what the host needs: finding recipes in a workspace, a plain script as an
 ad-hoc recipe, params from the command line, the tree digest, and scaffolding a new recipe.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 from launcher.errors import BadRecipe, NotFound, UsageError
 from launcher.runtime import frameworks
-from launcher.runtime import spec as rspec
+from launcher.runtime import recipespec as rspec
 from launcher.runtime.code import code_digest
 from launcher.workspace import Workspace
 

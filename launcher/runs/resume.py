@@ -22,7 +22,7 @@ from typing import Any
 
 from launcher.errors import LauncherError, NotResumable
 from launcher.hashing import atomic_write_json
-from launcher.hosts.spec import HostSpec
+from launcher.hosts.hostspec import HostSpec
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.lifecycle import LogSink, pull_run, read_launch, wait_run
 from launcher.runs.manifest import run_segments

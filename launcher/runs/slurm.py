@@ -37,8 +37,8 @@ from launcher.errors import (
     UsageError,
 )
 from launcher.hosts.base import Host
+from launcher.hosts.hostspec import HostSpec
 from launcher.hosts.scripts import text as host_script
-from launcher.hosts.spec import HostSpec
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.cluster import RUNTIMES, read_settings, require_slurm
 from launcher.runs.container import ContainerJob, docker_run_argv, mounts, runtime_argv

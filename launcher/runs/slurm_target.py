@@ -11,7 +11,7 @@ from typing import Any
 
 from launcher.errors import UsageError
 from launcher.hosts.base import Host
-from launcher.hosts.spec import HostSpec
+from launcher.hosts.hostspec import HostSpec
 from launcher.runs.cluster import cluster_facts, configure, parse_slurm_opts
 from launcher.runs.slurm import SlurmPlacement
 from launcher.runs.targets import Provisioned, ProvisionRequest, Target, TargetOptions, register

@@ -19,7 +19,7 @@ from typing import Any
 
 from launcher.errors import UsageError
 from launcher.hosts.base import Host
-from launcher.hosts.spec import HostSpec
+from launcher.hosts.hostspec import HostSpec
 from launcher.runs.placement import DirectPlacement, Placement
 from launcher.workspace import Workspace
 

@@ -25,7 +25,7 @@ from launcher.runtime import checkpoint, probespec, workdir
 from launcher.runtime import code as codemod
 from launcher.runtime import explain as explainmod
 from launcher.runtime import fingerprints as fp
-from launcher.runtime import spec as recipe_spec
+from launcher.runtime import recipespec as recipe_spec
 from launcher.runtime.record import EXIT_BAD_DATA, EXIT_BAD_RECIPE, EXIT_NOT_RESUMABLE, EXIT_USAGE, expected_mismatch
 
 PREVIOUS_RUN = ("_launcher", "fingerprints", "metrics.jsonl", "model", "weights")

@@ -5,7 +5,7 @@
 apt = ["tree", "libsndfile1=1.2.0-1"]   # Debian package names, optionally pinned NAME=VERSION
 ```
 
-Standard library only (``launcher.runtime.spec`` reads recipes with it inside the image too). The
+Standard library only (``launcher.runtime.recipespec`` reads recipes with it inside the image too). The
 names are checked against Debian's syntax (policy 5.6.1 and 5.6.12) here; ``launcher lock`` resolves
 them, with their dependencies, against the base image's own Debian release (launcher.images.aptlock).
 """

@@ -90,7 +90,7 @@ def recipe_volatile(ws: Workspace, m: Manifest) -> list[str]:
     recorded = m.recipe.get("volatile")
     if isinstance(recorded, list):
         return [g for g in recorded if isinstance(g, str)]
-    from launcher.runtime.spec import SpecError, load_spec
+    from launcher.runtime.recipespec import SpecError, load_spec
 
     folder = ws.root / "recipes" / m.recipe_name
     if not (folder / "recipe.toml").is_file():

@@ -26,7 +26,7 @@ from launcher.errors import (
     UsageError,
 )
 from launcher.progress import NullReporter, Reporter
-from launcher.vms.spec import (
+from launcher.vms.vmspec import (
     SUBSCRIPTION_ENV,
     TAG_CREATED,
     TAG_NAME,

@@ -20,7 +20,7 @@ from launcher.errors import (
 from launcher.progress import NullReporter, Reporter
 from launcher.vms import aliases, cloudinit
 from launcher.vms.azure import AzureCloud, VmInfo
-from launcher.vms.spec import VmSpec, check_name, group_name, parse_cidr, plan, subscription_of
+from launcher.vms.vmspec import VmSpec, check_name, group_name, parse_cidr, plan, subscription_of
 
 ADDRESS_URL_ENV = "LAUNCHER_MY_ADDRESS_URL"  # where the caller's public address is asked
 ADDRESS_URL = "https://api.ipify.org"
