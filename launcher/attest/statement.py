@@ -34,7 +34,7 @@ def digest_set(digest: str) -> dict[str, str]:
 def from_digest_set(value: Any) -> str | None:
     """in-toto's ``{"sha256": "<hex>"}`` -> ``sha256:<hex>`` (None without a sha256)."""
     if isinstance(value, Mapping) and isinstance(value.get("sha256"), str):
-        return "sha256:" + value["sha256"]
+        return "sha256:" + str(value["sha256"])
     return None
 
 

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from launcher.cli.common import command, render, reporter, stdout, workspace_of
 from launcher.cli.params import VariantOpt, check_variant, complete_variants, group, typed
-from launcher.errors import UsageError, verdict_exit_code
+from launcher.errors import NotFound, PinMismatch, UsageError, verdict_exit_code
 from launcher.images import aptlock, registry, wheelsources
 from launcher.images import bootstrap as bootstrap_mod
 from launcher.images import build as build_mod
@@ -193,13 +193,13 @@ def base_resolve(
     parsed = registry.ImageRef.parse(ref)
     digest = registry.resolve_digest(ref, ca_bundle=ca_bundle)
     if parsed.digest and parsed.digest != digest:
-        raise images.PinMismatch(f"{ref} names {parsed.digest} but the registry serves {digest}",
+        raise PinMismatch(f"{ref} names {parsed.digest} but the registry serves {digest}",
                                  "drop the @digest part to pin what the tag points to now")
     pinned = parsed.pinned(digest)
     pinned_variants = list(ws.variants()) if variant == "all" else [images.check_variant(variant)]
     try:
         lock = images.load(ws)
-    except images.NotFound:
+    except NotFound:
         lock = images.ImagesLock()
     for v in pinned_variants:
         lock.pins[v] = images.BasePin(v, pinned, python=python)
@@ -236,7 +236,7 @@ def base_bootstrap(
                                       reporter=rep)
     try:
         lock = images.load(ws)
-    except images.NotFound:
+    except NotFound:
         lock = images.ImagesLock()
     for v in pinned_variants:
         lock.pins[v] = images.BasePin(v, res.ref, python=res.python, source="bootstrap")

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import paramiko
 
@@ -67,7 +67,7 @@ def known_hosts_name(hostname: str, port: int) -> str:
     return hostname if port == 22 else f"[{hostname}]:{port}"
 
 
-class _KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
+class _KnownHostsPolicy(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]  # paramiko has no types
     """Unknown key: refuse with its fingerprint, or record it when the user said --trust-new-host."""
 
     def __init__(self, target: SSHTarget, trust_new_host: bool) -> None:
@@ -98,16 +98,16 @@ class _ChannelProcess:
 
     @property
     def stdin(self) -> IO[bytes]:
-        return self._stdin
+        return cast(IO[bytes], self._stdin)
 
     @property
     def stdout(self) -> IO[bytes]:
-        return self._stdout
+        return cast(IO[bytes], self._stdout)
 
     def wait(self, timeout: float | None = None) -> int:
         if timeout is not None and not self._chan.status_event.wait(timeout):
             raise TimeoutError("remote command still running")
-        return self._chan.recv_exit_status()
+        return int(self._chan.recv_exit_status())
 
     def stderr_text(self) -> str:
         chunks = []

@@ -36,10 +36,11 @@ def main() -> int:
         with open(ca, "w") as f:
             f.write(req["ca"])
         env["PIP_CERT"] = ca
-    answer: dict = {"python": platform.python_version(), "implementation": platform.python_implementation(),
-              "machine": platform.machine(), "system": platform.system()}
+    answer: dict[str, object] = {"python": platform.python_version(),
+                                 "implementation": platform.python_implementation(),
+                                 "machine": platform.machine(), "system": platform.system()}
 
-    def step(stage: str, argv: list) -> bool:
+    def step(stage: str, argv: list[str]) -> bool:
         done = subprocess.run(argv, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         if done.returncode != 0:
             answer.update(ok=False, stage=stage, output=done.stdout.decode("utf-8", "replace")[-20000:])

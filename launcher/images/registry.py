@@ -97,7 +97,8 @@ def _bearer_token(challenge: str, ca_bundle: Path | None, timeout: float) -> str
     with urllib.request.urlopen(f"{realm}?{query}", timeout=timeout,  # noqa: S310
                                 context=_ssl_context(ca_bundle)) as resp:
         body = json.loads(resp.read())
-    return body.get("token") or body.get("access_token")
+    token = body.get("token") or body.get("access_token")
+    return str(token) if token else None
 
 
 def resolve_digest(ref: str, *, ca_bundle: Path | None = None, timeout: float = 20) -> str:
@@ -115,7 +116,7 @@ def resolve_digest(ref: str, *, ca_bundle: Path | None = None, timeout: float = 
                 if not digest or not DIGEST_RE.match(digest):
                     raise RegistryUnavailable(f"registry {parsed.registry} gave no digest for {ref}",
                                               "check that it is a Docker Registry v2 / OCI registry")
-                return digest
+                return str(digest)
         except urllib.error.HTTPError as exc:
             if exc.code == 401 and "Authorization" not in headers:
                 token = _bearer_token(exc.headers.get("WWW-Authenticate", ""), ca_bundle, timeout)

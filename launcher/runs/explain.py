@@ -139,7 +139,7 @@ def _model(m: Any, run_id: str) -> Path:
     if recorded is not None and sha256_file(model) != recorded.sha256:
         raise Corrupt(f"{model} does not match the digest its manifest records",
                       f"pull the run again (`launcher pull {run_id}`)")
-    return model
+    return Path(model)
 
 
 def _image_id(m: Any, run_id: str, eng: enginemod.Engine) -> str:

@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from launcher.errors import Corrupt, NotFound, SchemaTooNew
 from launcher.hashing import atomic_write_json
@@ -70,7 +70,7 @@ class Manifest:
 
     @property
     def recipe(self) -> Mapping[str, Any]:
-        return self.data["recipe"]
+        return cast(Mapping[str, Any], self.data["recipe"])
 
     @property
     def recipe_name(self) -> str:
@@ -101,15 +101,15 @@ class Manifest:
 
     @property
     def determinism(self) -> Mapping[str, Any]:
-        return self.data["determinism"]
+        return cast(Mapping[str, Any], self.data["determinism"])
 
     @property
     def image(self) -> Mapping[str, Any]:
-        return self.data["image"]
+        return cast(Mapping[str, Any], self.data["image"])
 
     @property
     def host(self) -> Mapping[str, Any]:
-        return self.data["host"]
+        return cast(Mapping[str, Any], self.data["host"])
 
     @property
     def runtime(self) -> Mapping[str, Any]:

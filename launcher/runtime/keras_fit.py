@@ -24,7 +24,7 @@ import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from launcher.runtime import fingerprints as fp
 from launcher.runtime import optrace
@@ -193,7 +193,7 @@ def _recorder_callback(keras: Any, rec: Recorder, tap: BatchTap,
     trace = rec.trace
     points = rec.checkpoints
 
-    class LauncherRecorder(keras.callbacks.Callback):
+    class LauncherRecorder(keras.callbacks.Callback):  # type: ignore[misc]
         def layers(self) -> fp.Layers:
             return keras_layers(self.model)
 
@@ -230,7 +230,7 @@ def _recorder_callback(keras: Any, rec: Recorder, tap: BatchTap,
 def _optrace_callback(keras: Any, ops: optrace.KerasOps) -> Any:
     """On a diverge re-execution: which step the training function computes (its taps read it)."""
 
-    class LauncherOpTrace(keras.callbacks.Callback):
+    class LauncherOpTrace(keras.callbacks.Callback):  # type: ignore[misc]
         def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
             done = _iterations(self.model)
             if done is not None:
@@ -367,7 +367,7 @@ def install(keras: Any, tf: Any, rec: Recorder) -> Callable[..., Any]:
     """Wrap keras.Model.fit so that it is recorded (see the module's doc); returns the original."""
     original = keras.Model.fit
     if getattr(original, "__launcher_wrapped__", False):
-        return original
+        return cast(Callable[..., Any], original)
     sig = inspect.signature(original)
 
     @functools.wraps(original)
@@ -424,4 +424,4 @@ def install(keras: Any, tf: Any, rec: Recorder) -> Callable[..., Any]:
 
     fit.__launcher_wrapped__ = True  # type: ignore[attr-defined]
     keras.Model.fit = fit
-    return original
+    return cast(Callable[..., Any], original)

@@ -69,7 +69,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from launcher.runtime.probespec import ProbeError, ProbeSpec, check_probes
 from launcher.runtime.systemspec import SystemSpecError, check_system
@@ -452,7 +452,7 @@ def check_value(spec: RecipeSpec, key: str, value: Any) -> ParamValue:
         if key in spec.params:  # a RecipeSpec made in code with defaults only
             ps = ParamSpec(name=key, default=spec.params[key])
         else:
-            return value
+            return cast("str | int | float | bool", value)
     return ps.convert(value, spec.name)
 
 

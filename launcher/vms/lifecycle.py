@@ -17,6 +17,7 @@ from launcher.errors import (
     TimedOut,
     UsageError,
 )
+from launcher.hosts import sshconfig
 from launcher.progress import NullReporter, Reporter
 from launcher.vms import aliases, cloudinit
 from launcher.vms.azure import AzureCloud, VmInfo
@@ -62,7 +63,7 @@ class UpResult:
             "auto_shutdown_s": int(s.auto_shutdown.total_seconds()) if s.auto_shutdown else None,
             "dry_run": self.dry_run, "plan": self.steps, "vm": self.vm.to_dict() if self.vm else None,
             "host_key_fingerprint": self.host_key_fingerprint, "ready": self.ready,
-            "ssh_config": str(aliases.own_ssh_config()), "known_hosts": str(aliases.known_hosts_path()),
+            "ssh_config": str(sshconfig.own_ssh_config()), "known_hosts": str(aliases.known_hosts_path()),
         }
 
 
@@ -74,7 +75,7 @@ def up(spec: VmSpec, *, dry_run: bool = False, wait_ssh_s: float = SSH_WAIT_S, r
     if dry_run:
         return UpResult(spec, plan(spec), dry_run=True, ssh_from=spec.ssh_from)
     if aliases.lookup(spec.name) is not None:
-        raise UsageError(f"launcher already has a VM named {spec.name} (an alias in {aliases.own_ssh_config()})",
+        raise UsageError(f"launcher already has a VM named {spec.name} (an alias in {sshconfig.own_ssh_config()})",
                          f"choose another name, or `launcher vm down {spec.name}` first")
     cloud = connect(spec.subscription)
     if cloud.exists(spec.name):
@@ -158,6 +159,6 @@ def down(name: str, subscription: str | None, *, reporter: Reporter | None = Non
     except LauncherError as exc:
         if exc.exit_code.name == "NOT_FOUND" and aliases.lookup(name) is not None:
             aliases.remove(name)
-            exc.message += f"; its stale alias in {aliases.own_ssh_config()} was removed"
+            exc.message += f"; its stale alias in {sshconfig.own_ssh_config()} was removed"
         raise
     return DownResult(name=name, group=group_name(name), alias_removed=aliases.remove(name))
