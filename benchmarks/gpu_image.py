@@ -30,7 +30,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-LAUNCHER = str(REPO / ".venv" / "bin" / "launcher")
+# the launcher installed beside the Python that runs this script (a virtualenv's bin/), else the one on PATH
+LAUNCHER = str(Path(sys.executable).with_name("launcher")) if Path(sys.executable).with_name("launcher").is_file() \
+    else (shutil.which("launcher") or "launcher")
 
 FREEZE = """
 import importlib.metadata as md

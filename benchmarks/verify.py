@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from runfactory import FakeRun, make_workspace, refresh_manifest, write_run
 
-from launcher.runtime.fingerprints import canonical_npz_bytes
+from launcher.runtime.fingerprints import canonical_json, canonical_npz_bytes, layers_document
 from launcher.verify.modeldiff import diff_models
 from launcher.verify.verdicts import verify_checksums
 from launcher.workspace import Workspace
@@ -58,12 +58,15 @@ def make_runs(root: Path, total_bytes: int) -> tuple[Workspace, list[Path]]:
     per_run = total_bytes // 2
     rng = np.random.default_rng(0)
     n = per_run // 2 // 4
-    weights = canonical_npz_bytes([("dense", [rng.standard_normal(n, dtype=np.float32)])])
+    layers = [("dense", [rng.standard_normal(n, dtype=np.float32)])]
+    weights = canonical_npz_bytes(layers)
+    digests = canonical_json(layers_document(layers)).encode()
     native = rng.integers(0, 256, per_run - len(weights), dtype=np.uint8).tobytes()
     files: list[Path] = []
     for i in range(2):
         d = write_run(ws.runs, FakeRun(run_id=f"bench-{i}", replicate=i))
         (d / "outputs/model/canonical.npz").write_bytes(weights)
+        (d / "outputs/weights/layers.json").write_bytes(digests)  # the runtime's per-layer digests of them
         (d / "outputs/model/model.weights.h5").write_bytes(native)
         refresh_manifest(d)
         files += [p for p in (d / "outputs").rglob("*") if p.is_file()]
