@@ -258,6 +258,10 @@ class Engine:
         """The container's output lines (stdout and stderr merged), newlines kept."""
         return self.host.iter_lines(command("logs", *(["--follow"] if follow else []), name))
 
+    def wait(self, name: str) -> Completed:
+        """`docker wait`: block until the container stops (at once if it has; an error if there is none)."""
+        return self._run("wait", name)
+
     def stop(self, name: str, *, timeout_s: int = 10) -> Completed:
         return self._run("stop", "-t", str(timeout_s), name)
 
