@@ -23,6 +23,9 @@ ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/
 WORKDIR /launcher
 COPY lock.txt /opt/launcher/lock.txt
 COPY launcher/ /opt/launcher/launcher/
+# The runtime's bytecode, compiled here once (hash-based, so it carries no build time): every run
+# starts two interpreters on it, which would compile it again each time (PYTHONDONTWRITEBYTECODE).
+RUN python -m compileall -q --invalidation-mode checked-hash /opt/launcher/launcher
 # No recipes here: launcher adds them itself as the image's last layer, so a recipe edit
 # rebuilds and ships that small layer alone (see README, Build and rebuild).
 CMD ["python", "-m", "launcher.runtime", "--help"]
