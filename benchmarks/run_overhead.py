@@ -24,17 +24,22 @@ first time, less with the layers cached). With --workspace, the cpu image is bui
 it is missing or out of date, and each launcher run adds a run directory under its runs/.
 
 Measured on this machine (2 cores, shared with other work, so single runs vary by a second or more),
-best of 5, the same session measuring a checkout before the changes on its own workspace and image:
-  before: docker 5.26 s, launcher 6.62 s: +1.35 s (an earlier run: +1.49 s);
-  after:  docker 4.39 s, launcher 5.34 s: +0.95 s. Not within 0.5 s.
-  (A later pair while two test suites ran beside it, load average 3.5-4.9: before +2.38 s, after +1.63 s.)
-What the changes took off: docker-py and paramiko no longer imported by the CLI (about 0.25 s); the
-image compiles the bytecode of the runtime and the standard library (the base's normalised mtimes
-made Debian's .pyc stale, so the runtime's two interpreters compiled ~80 modules per run: 0.2-0.4 s;
-the plain side gains too, as TensorFlow's import compiled stdlib modules as well); the run's image
-check through the docker CLI instead of docker-py; two docker calls fewer when shipping to the local
-engine and one `docker version` fewer; `--json` runs wait with
-`docker wait` instead of polling every second.
+best of 5, each "before" a checkout without these changes on its own workspace and image, measured
+in the same few minutes as the "after":
+  against fw26 as it was first (ab5cb5b), load average about 2:
+    before: docker 5.26 s, launcher 6.62 s: +1.35 s (an earlier run: +1.49 s)
+    after:  docker 4.39 s, launcher 5.34 s: +0.95 s
+  against fw26's later tip (docker-py already out of the CLI's import, prepare() once per group),
+  load average 3-4:
+    before: docker 5.59 s, launcher 6.53 s: +0.94 s
+    after:  docker 4.53 s, launcher 5.28 s: +0.75 s
+Not within 0.5 s.
+What the changes took off: `launcher run` no longer imports docker-py (and paramiko under it, about
+0.2 s) to check its image: the docker CLI does, as for the rest of the run; the image compiles the
+bytecode of the runtime and of the standard library (the base's normalised mtimes made Debian's .pyc
+stale, so the runtime's two interpreters compiled ~80 modules per run: 0.2-0.4 s; the plain side
+gains too, as TensorFlow's import compiled stdlib modules as well); two docker calls fewer when
+shipping to the local engine; `--json` runs wait with `docker wait` instead of polling every second.
 What remains, by timestamps on each subprocess: 0.4-0.6 s from the CLI's start to its first action
 (Python, typer with pydantic and rich, about 60 modules of launcher's own: every command module is
 imported whatever the command); about 0.2 s of checks before the container starts (the host's fact
