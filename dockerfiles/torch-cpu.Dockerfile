@@ -23,6 +23,11 @@ ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/
 WORKDIR /launcher
 COPY lock.txt /opt/launcher/lock.txt
 COPY launcher/ /opt/launcher/launcher/
+# Bytecode compiled here once, hash-based (no build time in it), for the runtime and for the standard
+# library, whose cached bytecode records source mtimes the base's normalised files no longer have:
+# without it every interpreter a run starts compiles each module it imports again (PYTHONDONTWRITEBYTECODE).
+RUN python -m compileall -q --invalidation-mode checked-hash /opt/launcher/launcher \
+      "$(python -c 'import sysconfig; print(sysconfig.get_path("stdlib"))')"
 # No recipes here: launcher adds them itself as the image's last layer, so a recipe edit
 # rebuilds and ships that small layer alone (see README, Build and rebuild).
 CMD ["python", "-m", "launcher.runtime", "--help"]

@@ -391,7 +391,8 @@ def ensure_current(ws: Workspace, variant: str, *, recipes: bool = True, allow_b
     record = read_record(ws, variant)
     changed = changed_parts(ws, record, inputs, recipes=recipes)
     if record is not None and not changed:
-        if engine.image_exists(record.image_id):
+        # through the docker CLI, as the run goes on: docker-py would cost its import, a quarter of a second
+        if engine.local().holds_image(record.image_id):
             return record
         why = f"the {variant} image {record.image_id[7:19]} is gone from the Docker engine"
     elif record is None:

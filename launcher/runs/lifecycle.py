@@ -270,9 +270,11 @@ def wait_run(
     """Wait for the run to end (streaming its logs) and return its exit code."""
     launch = read_launch(ws, run_id)
     placement = placement_for(target)
-    if on_log is not None:
+    if on_log is not None:  # the log ends with the run
         for line in placement.logs(launch, follow=True):
             on_log(line.rstrip("\n"))
+    else:
+        placement.until_ended(launch)
     while True:
         state = placement.state(launch)
         if state is None:

@@ -160,6 +160,10 @@ class Placement(ABC):
     def state(self, launch: Mapping[str, Any]) -> RunState | None:
         """None when the target no longer knows the run."""
 
+    def until_ended(self, launch: Mapping[str, Any]) -> None:
+        """Return once the run has ended, or sooner: wait_run polls state() after it. By default at once."""
+        return None
+
     @abstractmethod
     def logs(self, launch: Mapping[str, Any], *, follow: bool = False) -> Iterator[str]: ...
 
@@ -271,6 +275,10 @@ class DirectPlacement(Placement):
             started_at=s.get("StartedAt"),
             finished_at=s.get("FinishedAt"),
         )
+
+    def until_ended(self, launch: Mapping[str, Any]) -> None:
+        if self.host.kind == "local":  # `docker wait` returns as the container exits; a host over SSH is polled
+            self.engine.wait(self._container(launch))
 
     def logs(self, launch: Mapping[str, Any], *, follow: bool = False) -> Iterator[str]:
         return self.engine.logs(self._container(launch), follow=follow)

@@ -374,6 +374,10 @@ def ship_image(
     info = engine.local().inspect_image(image)
     image_id = str(info["Id"])
     eng = Engine(host)
+    if host.kind == "local":  # the engine just inspected: it has the image, with the tags inspected
+        if tag and tag not in (info.get("RepoTags") or []):
+            eng.tag(image_id, tag)
+        return ShipResult(image_id, skipped=True, seconds=time.monotonic() - started)
     if not eng.has_image(image_id):
         # one ship of an image to a host at a time: runs started together send it once, the others wait
         with host.exclusive(f"ship-{image_id.removeprefix('sha256:')[:16]}"):

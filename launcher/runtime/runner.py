@@ -245,7 +245,11 @@ def installed_packages() -> dict[str, object]:
     """The distributions importable here, as name==version, and their digest."""
     from importlib import metadata
 
-    names = sorted({f"{(d.metadata['Name'] or '?').lower()}=={d.version}" for d in metadata.distributions()})
+    found: set[str] = set()
+    for dist in metadata.distributions():
+        md = dist.metadata  # parsed once: dist.version is md["Version"], parsed again
+        found.add(f"{(md['Name'] or '?').lower()}=={md['Version']}")
+    names = sorted(found)
     return {"count": len(names), "digest": fp.digest_of(names)}
 
 

@@ -1,0 +1,155 @@
+"""What `launcher run` costs over a plain `docker run` of the same image and script (target: at most 0.5 s more).
+
+Two sides, each a whole command timed from its start to its exit, as a user waits for it:
+
+  * docker:   `docker run --rm -v DIR:/w:ro IMAGE python /w/trivial.py`, where IMAGE is the
+              workspace's TensorFlow CPU image and trivial.py is
+              `import tensorflow as tf; print(tf.reduce_sum(tf.ones(3)))`;
+  * launcher: `python -m launcher run DIR/trivial.py` in that workspace (the CLI starting, the
+              image checked against the workspace, the code snapshot and launch record, the
+              container started detached, its log followed, the runtime seeding TensorFlow and
+              recording fingerprints around the script, the outputs pulled and hashed, the
+              manifest written, the container removed).
+
+The sides run in rotating order (docker first, then launcher first, ...), so a slow spell of the
+machine does not land on one side only, after one untimed run of each (the image's files in the
+page cache). The best of --repeat per side counts. Prints both times, launcher - docker in seconds,
+and whether that is within 0.5 s.
+
+    python benchmarks/run_overhead.py [--workspace DIR] [--repeat 5]
+
+Without --workspace it makes a scratch copy of this repository's workspace pinned to a base
+bootstrapped into the local registry (started if needed) and builds its cpu image (minutes the
+first time, less with the layers cached). With --workspace, the cpu image is built there first if
+it is missing or out of date, and each launcher run adds a run directory under its runs/.
+
+Measured on this machine (2 cores, shared with other work, so single runs vary by a second or more),
+best of 5, each "before" a checkout without these changes on its own workspace and image, measured
+in the same few minutes as the "after":
+  against fw26 as it was first (ab5cb5b), load average about 2:
+    before: docker 5.26 s, launcher 6.62 s: +1.35 s (an earlier run: +1.49 s)
+    after:  docker 4.39 s, launcher 5.34 s: +0.95 s
+  against fw26's later tip (docker-py already out of the CLI's import, prepare() once per group),
+  load average 3-4:
+    before: docker 5.59 s, launcher 6.53 s: +0.94 s
+    after:  docker 4.53 s, launcher 5.28 s: +0.75 s
+Not within 0.5 s.
+What the changes took off: `launcher run` no longer imports docker-py (and paramiko under it, about
+0.2 s) to check its image: the docker CLI does, as for the rest of the run; the image compiles the
+bytecode of the runtime and of the standard library (the base's normalised mtimes made Debian's .pyc
+stale, so the runtime's two interpreters compiled ~80 modules per run: 0.2-0.4 s; the plain side
+gains too, as TensorFlow's import compiled stdlib modules as well); two docker calls fewer when
+shipping to the local engine; `--json` runs wait with `docker wait` instead of polling every second.
+What remains, by timestamps on each subprocess: 0.4-0.6 s from the CLI's start to its first action
+(Python, typer with pydantic and rich, about 60 modules of launcher's own: every command module is
+imported whatever the command); about 0.2 s of checks before the container starts (the host's fact
+sheet, image and engine checks, the code snapshot); about 0.15 s after it ends (state, outputs listed
+and pulled through two host-script interpreters, the manifest, `docker rm`); under 0.1 s in the
+container (the runtime's parent and child interpreters). The container's own start and teardown
+are paid by both sides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = "import tensorflow as tf\nprint(tf.reduce_sum(tf.ones(3)))\n"
+TARGET_S = 0.5
+SIDES = ("docker", "launcher")
+
+
+def scratch_workspace(root: Path) -> Path:
+    from launcher.images import pins as images
+    from launcher.images import registry
+    from launcher.images.bootstrap import bootstrap
+    from launcher.scaffold import init_workspace
+    from launcher.workspace import Workspace, default_cache_dir
+
+    init_workspace(root, from_workspace=Workspace.at(REPO))
+    ws = Workspace.at(root)
+    registry.start_local_registry(default_cache_dir() / "registry")
+    ref = bootstrap(default_cache_dir(), registry_address=registry.DEFAULT_LOCAL).ref
+    lock = images.load(ws)
+    for v in list(lock.pins):
+        lock.pins[v] = images.BasePin(v, ref, python="3.11", source="bootstrap")
+    images.save(ws, lock)
+    return root
+
+
+def launcher_argv(ws: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "launcher", "--workspace", str(ws), *args]
+
+
+def cpu_image(ws: Path) -> str:
+    """The workspace's cpu image, built first (by `launcher build`) when missing or out of date."""
+    from launcher.images import build
+    from launcher.workspace import Workspace
+
+    built = subprocess.run(launcher_argv(ws, "build", "--variant", "cpu"), capture_output=True, text=True)
+    if built.returncode != 0:
+        raise SystemExit(f"launcher build --variant cpu failed (exit {built.returncode}):\n{built.stdout[-2000:]}"
+                         f"{built.stderr[-2000:]}")
+    record = build.read_record(Workspace.at(ws), "cpu")
+    if record is None:
+        raise SystemExit(f"{ws}: no cpu build record after `launcher build`")
+    return record.image_id
+
+
+def timed(argv: list[str], expect: str) -> float:
+    start = time.perf_counter()
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    wall = time.perf_counter() - start
+    if res.returncode != 0 or expect not in res.stdout:
+        raise SystemExit(f"{' '.join(argv[:6])} ... failed (exit {res.returncode}):\n"
+                         f"{res.stdout[-2000:]}{res.stderr[-2000:]}")
+    return wall
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workspace", type=Path, help="a workspace whose cpu image is built (default: a scratch one)")
+    parser.add_argument("--repeat", type=int, default=5, help="timed runs per side (the best counts)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="launcher-bench-overhead-") as tmp:
+        ws = args.workspace.resolve() if args.workspace else scratch_workspace(Path(tmp) / "ws")
+        image = cpu_image(ws)
+        project = Path(tmp) / "project"
+        project.mkdir()
+        (project / "trivial.py").write_text(SCRIPT)
+        expect = "tf.Tensor(3.0, shape=(), dtype=float32)"
+        argv = {
+            "docker": ["docker", "run", "--rm", "-v", f"{project}:/w:ro", image, "python", "/w/trivial.py"],
+            "launcher": launcher_argv(ws, "run", str(project / "trivial.py")),
+        }
+        for side in SIDES:  # untimed: the image's files read once, the CLI's bytecode written
+            timed(argv[side], expect)
+        walls: dict[str, list[float]] = {s: [] for s in SIDES}
+        for i in range(args.repeat):
+            order = SIDES[i % 2:] + SIDES[:i % 2]
+            for side in order:
+                walls[side].append(timed(argv[side], expect))
+                print(f"  {side:<8} run {i + 1}: {walls[side][-1]:.2f} s", file=sys.stderr, flush=True)
+    best = {s: min(walls[s]) for s in SIDES}
+    over = best["launcher"] - best["docker"]
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"load average at the end: {load:.2f} (other work on the machine makes single runs noisy)")
+    print(f"trivial TensorFlow script, image {image[7:19]}, best of {args.repeat} "
+          f"(this machine has {os.cpu_count()} cores)")
+    print(f"{'side':<30}{'best s':>8}  runs")
+    labels = {"docker": "docker run --rm", "launcher": "launcher run"}
+    for side in SIDES:
+        print(f"{labels[side]:<30}{best[side]:>8.2f}  " + ", ".join(f"{w:.2f}" for w in walls[side]))
+    print(f"launcher - docker = {over:+.2f} s (target <= {TARGET_S} s): "
+          + ("within" if over <= TARGET_S else "NOT within"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
