@@ -31,6 +31,7 @@ from typer.testing import CliRunner
 
 from launcher.cli import app
 from launcher.errors import ExitCode, RegistryAuthFailed, RegistryLoginNeeded
+from launcher.hosts import engine as engine_mod
 from launcher.images import basearchive, credentials, registry
 from launcher.scaffold import init_workspace
 
@@ -72,8 +73,8 @@ def test_docker_hub_names_map_to_the_hub_key_as_docker_maps_them() -> None:
     # docker keeps registry-1.docker.io as a registry name of its own (not Docker Hub's key)
     assert credentials.config_key("registry-1.docker.io") == "registry-1.docker.io"
     assert credentials.config_key("127.0.0.1:5000") == "127.0.0.1:5000"
-    assert registry.login_command("docker.io") == "docker login"
-    assert registry.login_command("ghcr.io") == "docker login ghcr.io"
+    assert registry.login_command("docker.io") == "`docker login`"
+    assert registry.login_command("ghcr.io") == "`docker login ghcr.io`"
 
 
 def _auth(user: str, password: str) -> str:
@@ -451,3 +452,41 @@ def test_a_base_carried_by_hand_moves_byte_for_byte_with_credentials(auth_regist
         registry.push_blob(copy, desc["digest"], layout / "blobs" / "sha256" / desc["digest"][7:], session=session)
     assert registry.put_manifest(copy, media, body, session=session) == digest
     assert registry.resolve_digest(f"{auth_registry['addr']}/launcher-test/copy@{digest}") == digest
+
+
+def test_registry_of_a_reference_as_docker_reads_it() -> None:
+    assert engine_mod.registry_of("python:3.11") == "docker.io"
+    assert engine_mod.registry_of("org/img@sha256:" + "ab" * 32) == "docker.io"
+    assert engine_mod.registry_of("index.docker.io/library/python") == "docker.io"
+    assert engine_mod.registry_of("localhost/img") == "localhost"
+    assert engine_mod.registry_of("127.0.0.1:5000/launcher-base:bookworm") == "127.0.0.1:5000"
+
+
+@pytest.mark.docker
+@pytest.mark.registry
+def test_engine_pull_and_push_use_the_users_login_and_say_when_it_is_missing(
+        auth_registry: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    addr, digest = auth_registry["addr"], auth_registry["digest"]
+    ref = f"{addr}/{REPO}@{digest}"
+    eng = engine_mod.local()
+    _config(tmp_path / "empty", monkeypatch, {})
+    with pytest.raises(RegistryLoginNeeded) as none:
+        eng.pull(ref)
+    assert none.value.one_line() == f"registry {addr} needs a login to pull {ref}; fix: run `docker login {addr}`"
+    _config(tmp_path / "bad", monkeypatch, {"auths": {addr: {"auth": _auth(USER, "not-the-password")}}})
+    with pytest.raises(RegistryAuthFailed) as bad:
+        eng.pull(ref)
+    assert f"registry {addr} refused `docker pull {ref}`" in bad.value.message
+    monkeypatch.setenv("DOCKER_CONFIG", str(auth_registry["good"]))
+    try:
+        assert eng.pull(ref).returncode == 0
+        tag = f"{addr}/launcher-test/pushed:one"
+        eng.tag(ref, tag, check=True)
+        assert eng.push(tag).returncode == 0
+        assert registry.resolve_digest(tag) == digest
+        _config(tmp_path / "empty", monkeypatch, {})
+        with pytest.raises(RegistryLoginNeeded, match=f"needs a login to push {tag}"):
+            eng.push(tag)
+    finally:
+        eng.rmi(f"{addr}/launcher-test/pushed:one")
+        eng.rmi(ref)

@@ -136,8 +136,9 @@ def parse_challenge(header: str) -> Challenge | None:
 
 
 def login_command(registry: str) -> str:
-    """`docker login` for Docker Hub (docker's default), `docker login HOST` for any other registry."""
-    return "docker login" if registry in credentials.HUB_NAMES else f"docker login {registry}"
+    """What to type, in backticks, for a message: `docker login` for Docker Hub (docker's default),
+    `docker login HOST` for any other registry."""
+    return "`docker login`" if registry in credentials.HUB_NAMES else f"`docker login {registry}`"
 
 
 class Session:
@@ -164,11 +165,11 @@ class Session:
 
     def login_needed(self, what: str = "") -> RegistryLoginNeeded:
         return RegistryLoginNeeded(f"registry {self.ref.registry} needs a login{what}",
-                                   f"run `{login_command(self.ref.registry)}`")
+                                   f"run {login_command(self.ref.registry)}")
 
     def refused(self, cred: credentials.Credential, what: str = "") -> RegistryAuthFailed:
         return RegistryAuthFailed(f"registry {self.ref.registry} refused the credentials from {cred.source}{what}",
-                                  f"run `{login_command(self.ref.registry)}` again")
+                                  f"run {login_command(self.ref.registry)} again")
 
     def open(self, method: str, url: str, *, headers: dict[str, str] | None = None,
              body: bytes | IO[bytes] | None = None) -> Any:
@@ -197,7 +198,8 @@ class Session:
                     raise RegistryAuthFailed(
                         f"registry {self.ref.registry} denied {method} {self.ref.repository} (HTTP 403)"
                         + (f" to the credentials from {cred.source}" if cred else ""),
-                        f"check that your login may use {self.ref.repository}, or `{login_command(self.ref.registry)}`"
+                        f"check that your login may use {self.ref.repository}, or run "
+                        f"{login_command(self.ref.registry)}"
                     ) from exc
                 raise
             except (urllib.error.URLError, OSError) as exc:
@@ -205,7 +207,7 @@ class Session:
                                           "check the address and network, or start a local one with "
                                           "`launcher base registry`") from exc
         raise RegistryAuthFailed(f"registry {self.ref.registry} keeps asking for another authentication",
-                                 f"run `{login_command(self.ref.registry)}` again")
+                                 f"run {login_command(self.ref.registry)} again")
 
     def authorize(self, challenge: Challenge) -> None:
         """Set the Authorization that answers challenge (RegistryLoginNeeded when it needs credentials
