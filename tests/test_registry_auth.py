@@ -21,6 +21,7 @@ import sys
 import tarfile
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -305,6 +306,83 @@ def test_bearer_flow_anonymous_and_refused(token_registry: tuple[str, list[dict[
     assert bad.value.one_line() == (f"registry {addr} refused the credentials from the auths of {cfg}; "
                                     f"fix: run `docker login {addr}` again")
     assert "wrong-secret" not in bad.value.one_line()
+
+
+class _PushRegistry(_TokenRegistry):
+    """Pushes want a token of scope pull,push: a pull token gets a second challenge, as Docker Hub does."""
+
+    stored: dict[str, bytes]
+
+    def _scope(self) -> str | None:
+        auth = self.headers.get("Authorization") or ""
+        return auth.removeprefix(f"Bearer token-for-{USER}-") if auth.startswith("Bearer token-for-") else None
+
+    def _challenge(self, actions: str) -> None:
+        host, port = self.server.server_address[:2]
+        self.send_response(401)
+        self.send_header("WWW-Authenticate", f'Bearer realm="http://{host}:{port}/token",service="test-registry",'
+                                             f'scope="repository:{REPO}:{actions}"')
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/token") and self.headers.get("Authorization") == "Basic " + _auth(USER, PASSWORD):
+            scope = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)["scope"][0]
+            self.seen.append({"scope": scope})
+            return self._token_answer(f"{USER}-{scope.rsplit(':', 1)[-1]}")
+        return super().do_GET()
+
+    def do_HEAD(self) -> None:
+        if self._scope() is None:
+            return self._challenge("pull")
+        digest = self.path.rsplit("/", 1)[-1]
+        self.send_response(200 if digest in self.stored else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_POST(self) -> None:
+        if self._scope() != "pull,push":
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            return self._challenge("pull,push")
+        self.send_response(202)
+        self.send_header("Location", f"/v2/{REPO}/blobs/uploads/u1")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_PUT(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        if self._scope() != "pull,push":
+            return self._challenge("pull,push")
+        digest = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)["digest"][0]
+        ok = digest == "sha256:" + hashlib.sha256(body).hexdigest()
+        if ok:
+            self.stored[digest] = body
+        self.send_response(201 if ok else 400)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
+def test_a_push_answers_the_second_challenge_for_push_scope(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[dict[str, Any]] = []
+    stored: dict[str, bytes] = {}
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                             type("Handler", (_PushRegistry,), {"seen": seen, "stored": stored}))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        addr = f"127.0.0.1:{server.server_address[1]}"
+        _config(tmp_path / "good", monkeypatch, {"auths": {addr: {"auth": _auth(USER, PASSWORD)}}})
+        blob = tmp_path / "blob"
+        blob.write_bytes(os.urandom(70000))
+        digest = "sha256:" + hashlib.sha256(blob.read_bytes()).hexdigest()
+        ref = registry.ImageRef.parse(f"{addr}/{REPO}:x")
+        registry.push_blob(ref, digest, blob)
+        assert stored == {digest: blob.read_bytes()}
+        assert [s["scope"] for s in seen] == [f"repository:{REPO}:pull", f"repository:{REPO}:pull,push"]
+        registry.push_blob(ref, digest, blob)  # there already: nothing sent again
+        assert len(seen) == 3 and stored == {digest: blob.read_bytes()}
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 # ---------------------------------------------------------------- a real registry with htpasswd auth
