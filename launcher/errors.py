@@ -276,3 +276,12 @@ class OtherImage(LauncherError):
     """`reproduce` rebuilt an image other than the one the run recorded."""
 
     exit_code = ExitCode.OTHER_IMAGE
+
+
+class RegistryAuthFailed(AuthFailed):
+    """A registry refused the user's Docker credentials, or they cannot be read (a credential helper
+    missing or failing, an unreadable config.json)."""
+
+
+class RegistryLoginNeeded(RegistryAuthFailed):
+    """A registry wants credentials and the user's Docker configuration holds none for it."""

@@ -20,13 +20,37 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, NoReturn
 
-from launcher.errors import BuildFailed, EngineUnavailable, HostNotReady, NotFound, plain_text
+from launcher.errors import (
+    BuildFailed,
+    EngineUnavailable,
+    HostNotReady,
+    NotFound,
+    RegistryAuthFailed,
+    RegistryLoginNeeded,
+    plain_text,
+)
 from launcher.hosts.base import Host, HostProcess
 from launcher.hosts.local import LocalHost
 from launcher.hosts.scripts import text as host_script
 from launcher.proc import Completed
 
 DOCKER = "docker"
+
+
+# What docker prints when a registry wants credentials the user has none of (Basic), or refuses those
+# given or found missing (a token registry says the same for both). "pull access denied ... may require
+# 'docker login'" is left to the caller: Docker Hub says it of a repository that does not exist too.
+_NO_CREDENTIALS = ("no basic auth credentials",)
+_REFUSED = ("unauthorized: authentication required", "unauthorized: incorrect username or password",
+            "denied: requested access to the resource is denied")
+
+
+def registry_of(ref: str) -> str:
+    """The registry an image reference names, as docker reads it (Docker Hub: docker.io)."""
+    first, sep, _ = ref.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return "docker.io" if first == "index.docker.io" else first
+    return "docker.io"
 
 
 def command(*args: str) -> list[str]:
@@ -213,10 +237,30 @@ class Engine:
         return self._run("rmi", ref)
 
     def push(self, ref: str) -> Completed:
-        return self._run("push", ref)
+        """`docker push ref`, with the credentials of the host's user (docker reads ~/.docker/config.json and
+        its credential helpers itself); RegistryLoginNeeded / RegistryAuthFailed when the registry wants a
+        login the user lacks or refuses the one given, the Completed otherwise."""
+        return self._registry_auth(self._run("push", ref), "push", ref)
 
     def pull(self, ref: str, *, platform: str | None = None) -> Completed:
-        return self._run("pull", *(["--platform", platform] if platform else []), ref)
+        """`docker pull ref`, with the credentials of the host's user; errors as push's."""
+        return self._registry_auth(self._run("pull", *(["--platform", platform] if platform else []), ref),
+                                   "pull", ref)
+
+    def _registry_auth(self, done: Completed, verb: str, ref: str) -> Completed:
+        if done.returncode == 0:
+            return done
+        said = (done.err + "\n" + done.out).lower()
+        registry = registry_of(ref)
+        login = "docker login" if registry == "docker.io" else f"docker login {registry}"
+        on = "" if self.host.kind == "local" else f" on {self.host.name}"
+        if any(m in said for m in _NO_CREDENTIALS):
+            raise RegistryLoginNeeded(f"registry {registry} needs a login to {verb} {ref}{on}", f"run `{login}`{on}")
+        if any(m in said for m in _REFUSED):
+            raise RegistryAuthFailed(f"registry {registry} refused `docker {verb} {ref}`{on}: {done.last_error_line()}",
+                                     f"run `{login}`{on} (again, if the login there is stale), and check that it "
+                                     f"may {verb} that repository")
+        return done
 
     def pull_through_tunnel(self, ref: str, remote_port: int, local_address: str) -> Completed:
         """`docker pull ref` on the host while its 127.0.0.1:remote_port reaches local_address here."""

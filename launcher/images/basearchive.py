@@ -36,7 +36,8 @@ def export(ref: str, into: Path) -> int:
     parsed = ImageRef.parse(ref)
     if parsed.digest is None:
         raise UsageError(f"{ref} has no digest", "pin the base in images.lock by digest")
-    media, body = registry.get_manifest(parsed, parsed.digest)
+    session = registry.Session(parsed)  # one login for the manifest and every blob
+    media, body = registry.get_manifest(parsed, parsed.digest, session=session)
     manifest = json.loads(body)
     if media not in SINGLE and manifest.get("mediaType") not in SINGLE:
         raise UsageError(f"the base {ref} is a multi-platform index ({media}): launcher carries one image's "
@@ -45,7 +46,7 @@ def export(ref: str, into: Path) -> int:
     atomic_write_bytes(_blob(into, parsed.digest), body)
     total = len(body)
     for desc in [manifest["config"], *manifest.get("layers", [])]:
-        total += registry.get_blob(parsed, str(desc["digest"]), _blob(into, str(desc["digest"])))
+        total += registry.get_blob(parsed, str(desc["digest"]), _blob(into, str(desc["digest"])), session=session)
     atomic_write_bytes(into / "oci-layout", json.dumps(LAYOUT).encode())
     index = {"schemaVersion": 2, "manifests": [{"mediaType": media, "digest": parsed.digest, "size": len(body),
                                                 "annotations": {REF_NAME: ref}}]}
@@ -91,9 +92,10 @@ def restore(folder: Path, *, start_registry: Callable[[str], object], present: C
     if not registry.ping(parsed.registry):
         start_registry(parsed.registry)
     manifest = json.loads(body)
+    session = registry.Session(parsed)
     for desc in [manifest["config"], *manifest.get("layers", [])]:
-        registry.push_blob(parsed, str(desc["digest"]), _blob(folder, str(desc["digest"])))
-    got = registry.put_manifest(parsed, media, body)
+        registry.push_blob(parsed, str(desc["digest"]), _blob(folder, str(desc["digest"])), session=session)
+    got = registry.put_manifest(parsed, media, body, session=session)
     if got != parsed.digest:
         raise Corrupt(f"the registry {parsed.registry} stored {ref} as {got}", "check the registry")
     return f"pushed into {parsed.registry}"
