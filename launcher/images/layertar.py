@@ -102,101 +102,136 @@ def rewrite_layer(src: IO[bytes], sink: Callable[[bytes], object] | None, epoch:
     Returns the entries, the sha256 of the input and the sha256 of the output (the diff IDs).
     With clamp=False the bytes pass through unchanged (a base layer) and are only indexed.
     """
-    h_in, h_out = hashlib.sha256(), hashlib.sha256()
-    entries: list[Entry] = []
-    pending_pax: dict[str, bytes] = {}
-    long_name: str | None = None
-    long_link: str | None = None
+    pass_ = _Rewrite(src, sink, epoch if clamp else None)
+    pass_.run()
+    return pass_.entries, "sha256:" + pass_.h_in.hexdigest(), "sha256:" + pass_.h_out.hexdigest()
 
-    def emit(b: bytes) -> None:
-        h_out.update(b)
-        if sink is not None:
-            sink(b)
 
-    while True:
-        block = src.read(BLOCK)
-        if not block:
-            break
-        h_in.update(block)
-        if len(block) < BLOCK:
-            emit(block)
-            break
-        if block == b"\0" * BLOCK:
-            emit(block)
-            rest = src.read(1 << 20)
-            while rest:
-                h_in.update(rest)
-                emit(rest)
-                rest = src.read(1 << 20)
-            break
-        header = bytearray(block)
-        typeflag = bytes(header[156:157])
+def _text(field: bytes | bytearray) -> str:
+    return bytes(field).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+
+
+def _padded(size: int) -> int:
+    return (size + BLOCK - 1) // BLOCK * BLOCK
+
+
+class _Rewrite:
+    """One streaming pass over a layer tar: each block read once, hashed in and out, headers patched."""
+
+    def __init__(self, src: IO[bytes], sink: Callable[[bytes], object] | None, epoch: int | None) -> None:
+        self.src, self.sink, self.epoch = src, sink, epoch
+        self.h_in, self.h_out = hashlib.sha256(), hashlib.sha256()
+        self.entries: list[Entry] = []
+        # what the meta entries (pax 'x', GNU long name 'L' / long link 'K') say of the next entry
+        self.pax: dict[str, bytes] = {}
+        self.long_name: str | None = None
+        self.long_link: str | None = None
+
+    def emit(self, b: bytes) -> None:
+        self.h_out.update(b)
+        if self.sink is not None:
+            self.sink(b)
+
+    def read(self, n: int) -> bytes:
+        data = _read_exact(self.src, n)
+        self.h_in.update(data)
+        return data
+
+    def run(self) -> None:
+        while True:
+            block = self.src.read(BLOCK)
+            if not block:
+                return
+            self.h_in.update(block)
+            if len(block) < BLOCK:
+                self.emit(block)
+                return
+            if block == b"\0" * BLOCK:
+                self.emit(block)
+                self.copy_rest()
+                return
+            header = bytearray(block)
+            typeflag = bytes(header[156:157])
+            if typeflag in (b"x", b"g", b"L", b"K"):
+                self.meta(header, typeflag)
+            else:
+                self.entry(header, typeflag)
+
+    def copy_rest(self) -> None:
+        """After the end-of-archive block: the rest passes through as it is."""
+        rest = self.src.read(1 << 20)
+        while rest:
+            self.h_in.update(rest)
+            self.emit(rest)
+            rest = self.src.read(1 << 20)
+
+    def meta(self, header: bytearray, typeflag: bytes) -> None:
         size = _num(bytes(header[124:136]))
-        padded = (size + BLOCK - 1) // BLOCK * BLOCK
-        if typeflag in (b"x", b"g", b"L", b"K"):
-            data = _read_exact(src, padded)
-            h_in.update(data)
-            payload = data[:size]
-            if typeflag == b"L":
-                long_name = payload.rstrip(b"\0").decode("utf-8", "surrogateescape")
-            elif typeflag == b"K":
-                long_link = payload.rstrip(b"\0").decode("utf-8", "surrogateescape")
-            elif typeflag == b"x":
-                recs = _pax_records(payload)
-                pending_pax.update(recs)
-                if clamp:
-                    recs = [(k, _clamp_pax_time(v, epoch) if k in ("mtime", "atime", "ctime") else v)
-                            for k, v in recs]
-                    payload = _pax_encode(recs)
-            emit(bytes(header))
-            emit(payload.ljust(padded, b"\0"))
-            continue
-        if clamp:
-            mtime = _num(bytes(header[136:148]))
-            if mtime > epoch:
-                header[136:148] = _octal(epoch, 12)
-            if bytes(header[257:265]) == b"ustar  \0":  # GNU format keeps atime/ctime here
-                header[345:369] = b"\0" * 24
-            _checksum(header)
-        emit(bytes(header))
-        name = header[0:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-        if bytes(header[257:263]) == b"ustar\x00":
-            prefix = header[345:500].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-            if prefix:
-                name = f"{prefix}/{name}"
-        link = header[157:257].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-        if "path" in pending_pax:
-            name = pending_pax["path"].decode("utf-8", "surrogateescape")
-        if "linkpath" in pending_pax:
-            link = pending_pax["linkpath"].decode("utf-8", "surrogateescape")
-        if "size" in pending_pax:
-            size = int(pending_pax["size"])
-            padded = (size + BLOCK - 1) // BLOCK * BLOCK
-        name = long_name if long_name is not None else name
-        link = long_link if long_link is not None else link
-        pending_pax, long_name, long_link = {}, None, None
-        h_file = hashlib.sha256()
-        remaining = padded
-        left = size
-        while remaining:
-            chunk = src.read(min(remaining, 1 << 20))
-            if not chunk:
-                raise BuildFailed("an image layer ended early", "check the Docker engine's disk and try again")
-            h_in.update(chunk)
-            emit(chunk)
-            h_file.update(chunk[:left] if left < len(chunk) else chunk)
-            left = max(0, left - len(chunk))
-            remaining -= len(chunk)
+        padded = _padded(size)
+        payload = self.read(padded)[:size]
+        if typeflag == b"L":
+            self.long_name = _text(payload)
+        elif typeflag == b"K":
+            self.long_link = _text(payload)
+        elif typeflag == b"x":
+            recs = _pax_records(payload)
+            self.pax.update(recs)
+            if self.epoch is not None:
+                epoch = self.epoch
+                recs = [(k, _clamp_pax_time(v, epoch) if k in ("mtime", "atime", "ctime") else v) for k, v in recs]
+                payload = _pax_encode(recs)
+        self.emit(bytes(header))
+        self.emit(payload.ljust(padded, b"\0"))
+
+    def clamp(self, header: bytearray) -> None:
+        if self.epoch is None:
+            return
+        if _num(bytes(header[136:148])) > self.epoch:
+            header[136:148] = _octal(self.epoch, 12)
+        if bytes(header[257:265]) == b"ustar  \0":  # GNU format keeps atime/ctime here
+            header[345:369] = b"\0" * 24
+        _checksum(header)
+
+    def entry(self, header: bytearray, typeflag: bytes) -> None:
+        self.clamp(header)
+        self.emit(bytes(header))
+        name, link = _text(header[0:100]), _text(header[157:257])
+        if bytes(header[257:263]) == b"ustar\x00" and (prefix := _text(header[345:500])):
+            name = f"{prefix}/{name}"
+        size = _num(bytes(header[124:136]))
+        if "path" in self.pax:
+            name = self.pax["path"].decode("utf-8", "surrogateescape")
+        if "linkpath" in self.pax:
+            link = self.pax["linkpath"].decode("utf-8", "surrogateescape")
+        if "size" in self.pax:
+            size = int(self.pax["size"])
+        name = self.long_name if self.long_name is not None else name
+        link = self.long_link if self.long_link is not None else link
+        self.pax, self.long_name, self.long_link = {}, None, None
+        digest = self.copy_data(size)
         kind = TYPES.get(typeflag, "?")
         path = name.removeprefix("./").rstrip("/")
         if not path:
-            continue
-        entries.append(Entry(
+            return
+        self.entries.append(Entry(
             path=path, kind=kind, mode=_num(bytes(header[100:108])) & 0o7777,
             uid=_num(bytes(header[108:116])), gid=_num(bytes(header[116:124])),
             size=size if kind == "f" else 0,
-            digest=("sha256:" + h_file.hexdigest()) if kind == "f" else "-",
+            digest=digest if kind == "f" else "-",
             link=link if kind in ("l", "h") else "",
         ))
-    return entries, "sha256:" + h_in.hexdigest(), "sha256:" + h_out.hexdigest()
 
+    def copy_data(self, size: int) -> str:
+        """Copy one entry's data blocks through; the sha256 of its first `size` bytes."""
+        h_file = hashlib.sha256()
+        remaining, left = _padded(size), size
+        while remaining:
+            chunk = self.src.read(min(remaining, 1 << 20))
+            if not chunk:
+                raise BuildFailed("an image layer ended early", "check the Docker engine's disk and try again")
+            self.h_in.update(chunk)
+            self.emit(chunk)
+            h_file.update(chunk[:left] if left < len(chunk) else chunk)
+            left = max(0, left - len(chunk))
+            remaining -= len(chunk)
+        return "sha256:" + h_file.hexdigest()
