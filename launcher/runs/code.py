@@ -19,10 +19,10 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from launcher import proc
 from launcher.errors import NotFound, UsageError
+from launcher.runs.records import CodePlan, GitState
 from launcher.runtime import code as codedigest
 
 MAX_FILE_BYTES = 16 << 20
@@ -37,11 +37,12 @@ class CodeTree:
     entry: str  # the script, relative to root ("" for a recipe folder)
     digest: str
     bytes: int
-    git: dict[str, Any]  # {"commit": ..., "dirty": bool} or {} outside git
+    git: GitState  # {"commit": ..., "dirty": bool} or {} outside git
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"root": str(self.root), "files": len(self.files), "bytes": self.bytes, "entry": self.entry,
-                "digest": self.digest, "git": dict(self.git)}
+    def plan(self, local: Path) -> CodePlan:
+        """The code plan of this tree mounted from its snapshot at local (launcher.runs.runspec.plan_code)."""
+        return {"source": "mounted", "local": str(local), "root": str(self.root), "files": len(self.files),
+                "bytes": self.bytes, "entry": self.entry, "digest": self.digest, "git": self.git.copy()}
 
 
 def git_toplevel(path: Path) -> Path | None:
@@ -49,7 +50,7 @@ def git_toplevel(path: Path) -> Path | None:
     return Path(done.out.strip()).resolve() if done.returncode == 0 and done.out.strip() else None
 
 
-def git_state(path: Path) -> dict[str, Any]:
+def git_state(path: Path) -> GitState:
     """The commit of the work tree holding path and whether the code under path differs from it:
     changed, untracked or ignored files count (an ignored copy is not committed code either),
     byte-code caches do not. {} outside a git work tree."""

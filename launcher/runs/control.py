@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from launcher.errors import CommandFailed, HostUnreachable, LauncherError, NotFound, UsageError
 from launcher.hosts.base import Host
@@ -16,10 +16,36 @@ from launcher.runs.targets import open_placement
 from launcher.workspace import Workspace
 
 
-def list_runs(ws: Workspace, target: Host | Placement | None = None) -> list[dict[str, Any]]:
+class PsRow(TypedDict):
+    """A row of ``launcher ps``: a run here (from its launch record and manifest) or one only its target knows."""
+
+    run_id: str
+    short_id: NotRequired[str]
+    recipe: NotRequired[str | None]
+    code_name: NotRequired[str | None]
+    code: NotRequired[str]
+    group: NotRequired[str | None]
+    host: str | None
+    status: str
+    launched_at: NotRequired[str | None]
+    container: NotRequired[str]
+    container_status: NotRequired[str]
+
+
+class CleanRecord(TypedDict):
+    """What ``launcher clean`` did to one run on its host."""
+
+    run_id: str
+    host: str
+    remote_dir: str
+    removed: bool
+    container_removed: bool
+
+
+def list_runs(ws: Workspace, target: Host | Placement | None = None) -> list[PsRow]:
     """Local run directories with their state; with a target, also the runs it knows (containers).
     Each row has the full ``run_id`` and ``short_id``, the shortest start of it unique in the workspace."""
-    rows: dict[str, dict[str, Any]] = {}
+    rows: dict[str, PsRow] = {}
     if ws.runs.is_dir():
         for d in sorted(ws.runs.iterdir()):
             launch = read_json_object(RunDir(d).launch_file)
@@ -82,7 +108,7 @@ def logs(ws: Workspace, run_id: str, sink: LogSink, *, follow: bool = False) -> 
 
 
 def attach(ws: Workspace, run_id: str, sink: LogSink, reporter: Reporter | None = None) -> dict[str, Any]:
-    """Follow a detached run to its end, then pull it."""
+    """Follow a detached run to its end, then pull it (pull_run's answer, which the CLI reads by key)."""
     run_id = resolve_run_id(ws, run_id)
     launch = read_launch(ws, run_id)
     with open_placement(ws, launch) as placement:
@@ -92,6 +118,7 @@ def attach(ws: Workspace, run_id: str, sink: LogSink, reporter: Reporter | None 
 
 
 def stop(ws: Workspace, run_id: str, reporter: Reporter | None = None) -> dict[str, Any]:
+    """Stop the run (and the job array it is part of): the CLI's Result data as it is rendered."""
     run_id = resolve_run_id(ws, run_id)
     launch = read_launch(ws, run_id)
     with open_placement(ws, launch) as placement:
@@ -108,7 +135,7 @@ def stop(ws: Workspace, run_id: str, reporter: Reporter | None = None) -> dict[s
         return out
 
 
-def clean(ws: Workspace, run_id: str, *, force: bool = False, reporter: Reporter | None = None) -> dict[str, Any]:
+def clean(ws: Workspace, run_id: str, *, force: bool = False, reporter: Reporter | None = None) -> CleanRecord:
     """Delete a run's directory and container on its host, once the local copy is complete and
     still matches its manifest (force: without that check). The local run directory stays."""
     from launcher.runs.manifest import load_manifest

@@ -18,13 +18,14 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, TypedDict, cast
 
 from launcher.errors import BadData, CommandFailed, Corrupt, DiskFull
 from launcher.hashing import CHUNK, sha256_file
 from launcher.hosts.base import Host
 from launcher.hosts.scripts import text as host_script
 from launcher.progress import CountingReader, NullReporter, Reporter
+from launcher.runs.records import DataSource
 
 HEADROOM_BYTES = 256 << 20  # left free on the host after an upload
 
@@ -96,9 +97,10 @@ class Placed:
     bytes: int
     sent: bool
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "digest": self.digest, "files": self.files, "bytes": self.bytes,
-                "sent": self.sent}
+    def source(self, local: Path) -> DataSource:
+        """The data source record of a folder sent from local (launch.json's ``data_source``)."""
+        return {"kind": "sent", "local": str(local.resolve()), "path": self.path, "digest": self.digest,
+                "files": self.files, "bytes": self.bytes, "sent": self.sent}
 
 
 def place(host: Host, local: Path, reporter: Reporter | None = None, *, area: str = "data",
@@ -175,12 +177,26 @@ def _send(host: Host, ds: LocalDataset, tmp: str, rep: Reporter, what: str, root
         )
 
 
+class PruneEntry(TypedDict):
+    """A folder prune_host removed or kept, in its answer (``launcher prune``'s JSON)."""
+
+    path: str
+    bytes: int
+    why: str
+
+
+class PruneRecord(TypedDict):
+    removed: list[PruneEntry]
+    kept: list[PruneEntry]
+    removed_bytes: int
+
+
 @dataclass
 class HostPrune:
-    removed: list[dict[str, Any]] = field(default_factory=list)  # {path, bytes, why}
-    kept: list[dict[str, Any]] = field(default_factory=list)  # {path, bytes, why}
+    removed: list[PruneEntry] = field(default_factory=list)
+    kept: list[PruneEntry] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> PruneRecord:
         return {"removed": self.removed, "kept": self.kept, "removed_bytes": sum(r["bytes"] for r in self.removed)}
 
 

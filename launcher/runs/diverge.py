@@ -24,12 +24,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from launcher.errors import RunFailed, UsageError
 from launcher.progress import NullReporter, Reporter
-from launcher.runs.lifecycle import pull_run, read_launch, start_run, wait_run
+from launcher.runs.lifecycle import pull_record, read_launch, start_run, wait_run
 from launcher.runs.manifest import Manifest, load_manifest
+from launcher.runs.records import LaunchRecord
 from launcher.runs.replicates import is_failed
 from launcher.runs.rundir import RunDir
 from launcher.runs.runspec import RunSpec
@@ -41,10 +42,37 @@ from launcher.verify.stepdiff import explain_steps, steps_phrase
 from launcher.workspace import Workspace
 
 
+class Setting(TypedDict, total=False):
+    """The RunSpec fields a candidate changes (given to dataclasses.replace)."""
+
+    threads: int | None
+    profile: str
+
+
+class CandidateRecord(TypedDict):
+    name: str
+    setting: Setting
+    run_id: str | None
+    agrees: bool | None
+
+
+class DivergenceRecord(TypedDict):
+    """``launcher diverge``'s answer (its JSON output)."""
+
+    reference: str
+    run: str
+    steps: dict[str, Any] | None  # launcher.verify.stepdiff.explain_steps's record
+    window: list[int] | None
+    reruns: dict[str, str]
+    first_difference: dict[str, Any] | None  # launcher.verify.opdiff.first_difference's record
+    candidates: list[CandidateRecord]
+    cause: str | None
+
+
 @dataclass
 class Candidate:
     name: str  # what was changed, e.g. "threads 1 (the reference's)"
-    setting: dict[str, Any]  # the RunSpec fields changed
+    setting: Setting  # the RunSpec fields changed
     both: bool = False  # the reference is executed again under the same change (else its first trace serves)
     on_reference_host: bool = False  # the second run is executed where the reference ran
     run_id: str | None = None
@@ -55,10 +83,10 @@ class Candidate:
 class Divergence:
     reference: str
     run: str
-    steps: dict[str, Any] | None
+    steps: dict[str, Any] | None  # launcher.verify.stepdiff.explain_steps's record
     window: tuple[int, int] | None = None
     reruns: dict[str, str] = field(default_factory=dict)  # original run id -> its traced re-execution
-    first: dict[str, Any] | None = None
+    first: dict[str, Any] | None = None  # launcher.verify.opdiff.first_difference's record
     candidates: list[Candidate] = field(default_factory=list)
 
     @property
@@ -86,7 +114,7 @@ class Divergence:
                        + ")")
         return out
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> DivergenceRecord:
         return {"reference": self.reference, "run": self.run, "steps": self.steps,
                 "window": list(self.window) if self.window else None, "reruns": self.reruns,
                 "first_difference": self.first,
@@ -95,35 +123,35 @@ class Divergence:
                 "cause": self.cause.name if self.cause else None}
 
 
-def respec(ws: Workspace, m: Manifest, launch: dict[str, Any], window: tuple[int, int]) -> RunSpec:
+def respec(ws: Workspace, m: Manifest, launch: LaunchRecord, window: tuple[int, int]) -> RunSpec:
     """A run's spec again, as its launch record holds it, with the window traced op by op."""
-    recipe = launch.get("recipe") or {}
-    code = dict(launch.get("code") or {})
+    recipe = launch["recipe"]
+    code = launch.get("code") or None
     det = m.determinism
     if recipe.get("script"):
-        local = code.get("local") or code.get("root")
+        local = (code.get("local") or code.get("root")) if code else None
         if not local or not Path(str(local)).is_dir():
             raise UsageError(f"run {m.run_id}: its code is no longer on this machine ({local})",
                              "run the script again with `launcher run`, then diverge the new runs")
         name: str = str(Path(str(local)) / str(recipe.get("entry")))
     else:
         name = m.recipe_name
-    env: dict[str, Any] = launch["env"] if isinstance(launch.get("env"), dict) else {}
+    env = launch.get("env") or {}
     plain = {k: str(v["value"]) for k, v in env.items() if isinstance(v, dict) and "value" in v}
     if any(isinstance(v, dict) and "sha256" in v for v in env.values()):
         raise UsageError(f"run {m.run_id} was given --secret-env variables, which launcher does not keep",
                          "run both again with the same --secret-env, then diverge the new runs")
-    return RunSpec(recipe=name, variant=str((launch.get("image") or {}).get("variant") or launch.get("variant")),
+    return RunSpec(recipe=name, variant=str(launch["image"].get("variant") or launch.get("variant")),
                    seed=m.seed, profile=str(det.get("profile") or "deterministic"),
                    threads=det.get("threads") if det.get("profile") == "deterministic" else None,
                    data=launch.get("data"), params=dict(m.params),
                    args=[str(a) for a in recipe.get("args") or []],
-                   group=f"diverge-{m.run_id.rsplit('-', 1)[-1]}", code_plan=code or None,
-                   image=dict(launch.get("image") or {}), env=plain, trace_every="1",
+                   group=f"diverge-{m.run_id.rsplit('-', 1)[-1]}", code_plan=code.copy() if code else None,
+                   image=launch["image"].copy(), env=plain, trace_every="1",
                    optrace=f"{window[0]}:{window[1]}")
 
 
-def _execute(ws: Workspace, launch: dict[str, Any], spec: RunSpec, rep: Reporter,
+def _execute(ws: Workspace, launch: LaunchRecord, spec: RunSpec, rep: Reporter,
              on_log: Callable[[str], None] | None) -> str:
     """One re-execution, started as the original was: its recorded image and code plan as they are
     (nothing is planned, locked or built again), on its own placement."""
@@ -131,18 +159,18 @@ def _execute(ws: Workspace, launch: dict[str, Any], spec: RunSpec, rep: Reporter
         started = start_run(ws, spec, placement, rep)
         run_id = str(started["run_id"])
         wait_run(ws, run_id, placement, on_log=on_log)
-        manifest = pull_run(ws, run_id, placement, rep)
+        manifest = pull_record(ws, run_id, placement, rep)
     if is_failed(manifest):
         raise RunFailed(f"the traced re-execution of {launch['run_id']} failed ({run_id})",
                         f"see its log with `launcher logs {run_id}`")
     return run_id
 
 
-def _host_of(launch: dict[str, Any]) -> Any:
+def _host_of(launch: LaunchRecord) -> tuple[object, object]:  # compared only: where a run ran
     return (launch.get("host_options"), (launch.get("placement") or {}).get("kind"))
 
 
-def candidates(ref: Manifest, run: Manifest, ref_launch: dict[str, Any], run_launch: dict[str, Any]) -> list[Candidate]:
+def candidates(ref: Manifest, run: Manifest, ref_launch: LaunchRecord, run_launch: LaunchRecord) -> list[Candidate]:
     """The settings to try, one at a time, in this order. Where the two runs' environments differ:
     the reference's thread count, its determinism profile, its host. Where they do not: deterministic
     ops for both when the profile was not `deterministic`, else one thread for both."""

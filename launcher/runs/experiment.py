@@ -12,15 +12,19 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from launcher.errors import ExitCode, HostUnreachable, LauncherError, UsageError
 from launcher.hosts.hostspec import HostSpec
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.determinism import DEFAULT_SEED
+from launcher.runs.records import LaunchRecord
 from launcher.runs.replicates import Failure, seed_override_note
 from launcher.runs.userenv import UserEnv
 from launcher.workspace import Workspace
+
+if TYPE_CHECKING:
+    from launcher.runs.runspec import RunSpec
 
 SEED_MODES = ("same", "different", "both")
 SAME_SEED = "same-seed"
@@ -168,7 +172,7 @@ class ExperimentResult:
         }
 
 
-def _records(value: Any) -> list[dict[str, Any]]:
+def _records(value: Any) -> list[dict[str, Any]]:  # an Outcome's value (any launch callable's): its JSON runs
     runs = value.get("runs") if isinstance(value, dict) else getattr(value, "runs", value)
     return [r for r in runs if isinstance(r, dict)] if isinstance(runs, list) else []
 
@@ -203,7 +207,7 @@ def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
                variant: str = "cpu",
                profile: str = "deterministic",
                threads: int | None = None, data: str | None = None, data_from: str | None = None,
-               params: dict[str, Any] | None = None,
+               params: dict[str, Any] | None = None,  # the recipe's params: free-form JSON values
                probes: str | None = None,
                trace_every: str | None = None,
                args: Sequence[str] = (),
@@ -229,19 +233,7 @@ def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
                             ca_bundle=ca_bundle)
     name, code_name = recipe, None
     if launch is None:  # a wrong param or image stops here, before any progress is drawn
-        from launcher.runs import identity
-        from launcher.runs.runspec import code_identity
-
-        loaded = runs_mod.load_recipe(ws, recipe)
-        runs_mod.check_params(loaded, dict(params or {}))
-        runs_mod.probe_option(probes)
-        runs_mod.check_framework(ws, loaded, variant)
-        from launcher.runs import project
-
-        if project.declares(base, loaded):  # its lock and image, once for every run (not in each thread)
-            base = project.prepare(ws, base, loaded, rep)
-        code_name = code_identity(base, loaded)
-        name = identity.slug(loaded.name, code_name)
+        base, name, code_name = _prepared(ws, base, rep)
     jobs = plan(name, runs, seeds, base_seed, stamp)
     groups = {job.kind: job.group for job in jobs}
     specs = list(dict.fromkeys(hosts)) or [HostSpec()]
@@ -264,21 +256,47 @@ def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
         if launch is not None:
             result.outcomes = run_parallel(jobs, specs, launch, _host_name, done, stop_when)
         else:
-            with ExitStack() as stack:
-                opened = [(s, stack.enter_context(s.open(ws.root if s.local else None))) for s in specs]
-                if placement is not None:  # a cluster: each group is one job array; the scheduler spreads it
-                    if len(opened) != 1:
-                        raise UsageError("a cluster is reached through one login node", "give --host once")
-                    spec, host = opened[0]
-                    result.outcomes, result.failure = _on_cluster(ws, base, jobs, placement(host, spec), spec.name,
-                                                                  rep, done)
-                else:
-                    fn = _launch_with_runs(ws, base, rep)
-                    result.outcomes = run_parallel(jobs, opened, fn, lambda h: _host_name(h[0]), done, stop_when)
+            _on_hosts(ws, base, jobs, specs, placement, result, rep, done, stop_when)
     finally:
         task.close()
     _conclude(result, seeds)
     return result
+
+
+def _prepared(ws: Workspace, base: RunSpec, rep: Reporter) -> tuple[RunSpec, str, str | None]:
+    """The base spec checked (params, probes, framework) and its project prepared
+    once for every run; with the name its groups carry and a plain script's code name."""
+    from launcher.runs import identity, project
+    from launcher.runs import lifecycle as runs_mod
+    from launcher.runs.runspec import code_identity
+
+    loaded = runs_mod.load_recipe(ws, base.recipe)
+    runs_mod.check_params(loaded, dict(base.params))
+    runs_mod.probe_option(base.probes)
+    runs_mod.check_framework(ws, loaded, base.variant)
+    if project.declares(base, loaded):  # its lock and image, once for every run (not in each thread)
+        base = project.prepare(ws, base, loaded, rep)
+    code_name = code_identity(base, loaded)
+    return base, identity.slug(loaded.name, code_name), code_name
+
+
+def _on_hosts(ws: Workspace, base: RunSpec, jobs: Sequence[PlannedRun], specs: Sequence[HostSpec],
+              placement: Callable[[Any, HostSpec], Any] | None, result: ExperimentResult, rep: Reporter,
+              done: Callable[[Outcome[PlannedRun]], None],
+              stop_when: Callable[[Outcome[PlannedRun]], str | None]) -> None:
+    """Open every host (failing early if one is unreachable) and run the jobs there: spread over the
+    hosts, or as a cluster's job arrays; the outcomes (and a cluster's failure) into result."""
+    with ExitStack() as stack:
+        opened = [(s, stack.enter_context(s.open(ws.root if s.local else None))) for s in specs]
+        if placement is not None:  # a cluster: each group is one job array; the scheduler spreads it
+            if len(opened) != 1:
+                raise UsageError("a cluster is reached through one login node", "give --host once")
+            spec, host = opened[0]
+            result.outcomes, result.failure = _on_cluster(ws, base, jobs, placement(host, spec), spec.name,
+                                                          rep, done)
+        else:
+            fn = _launch_with_runs(ws, base, rep)
+            result.outcomes = run_parallel(jobs, opened, fn, lambda h: _host_name(h[0]), done, stop_when)
 
 
 def _conclude(result: ExperimentResult, seeds: str) -> None:
@@ -302,7 +320,7 @@ def _on_cluster(ws: Workspace, base: Any, jobs: Sequence[PlannedRun], target: An
     from launcher.runs import lifecycle as runs
 
     outcomes = [Outcome(job, host=name) for job in jobs]
-    started: dict[int, dict[str, Any]] = {}
+    started: dict[int, LaunchRecord] = {}
     for kind in (SAME_SEED, DIFFERENT_SEEDS):
         idx = [i for i, job in enumerate(jobs) if job.kind == kind]
         if not idx:
@@ -316,7 +334,8 @@ def _on_cluster(ws: Workspace, base: Any, jobs: Sequence[PlannedRun], target: An
                 outcomes[i].error, outcomes[i].exit_code = exc.one_line(), int(exc.exit_code)
                 done(outcomes[i])
             continue
-        started.update(zip(idx, sub.runs, strict=True))
+        # detached: run_recipe's runs are the launch records
+        started.update(zip(idx, [cast(LaunchRecord, launch) for launch in sub.runs], strict=True))
     by_run = {launch["run_id"]: i for i, launch in started.items()}
 
     def failed_pull(run_id: str, exc: LauncherError) -> None:

@@ -10,11 +10,10 @@ with: ``--code DIR``, the git work tree, else the folder) and its path inside it
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from launcher.errors import UsageError
+from launcher.runs.records import CodePlan
 
 MAX_SLUG = 40
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -30,9 +29,9 @@ def script_identity(root: Path, script: Path) -> str:
     return f"{root.name or 'code'}/{script.relative_to(root).as_posix()}"
 
 
-def from_plan(plan: Mapping[str, Any]) -> str | None:
+def from_plan(plan: CodePlan | None) -> str | None:
     """The identity of a plain script from its code plan (runs.spec.plan_code), None for a recipe."""
-    if plan.get("source") != "mounted" or not plan.get("root") or not plan.get("entry"):
+    if plan is None or plan.get("source") != "mounted" or not plan.get("root") or not plan.get("entry"):
         return None
     return f"{Path(str(plan['root'])).name or 'code'}/{plan['entry']}"
 

@@ -19,17 +19,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, TypedDict, cast
 
-from launcher.errors import CommandFailed, ExitCode, LauncherError, NotFound, UnsafePath, UsageError
+from launcher.errors import CommandFailed, Corrupt, ExitCode, LauncherError, NotFound, UnsafePath, UsageError
 from launcher.hashing import atomic_write_json
 from launcher.hosts.base import Host
 from launcher.hosts.hostspec import HostSpec
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.container import ContainerJob
 from launcher.runs.placement import Placement, RunState, placement_for
-from launcher.runs.pull import PullResult, pull_outputs
+from launcher.runs.pull import PullResult, PullSummary, pull_outputs
 from launcher.runs.recipes import Recipe
+from launcher.runs.records import CodePlan, ImageRecord, LaunchRecipe, LaunchRecord, ManifestData, ProbesRecord
 from launcher.runs.replicates import Failure, failure_of, is_failed, seed_override_note
 from launcher.runs.rundir import RunDir
 from launcher.runs.runspec import (
@@ -59,22 +60,33 @@ LogSink = Callable[[str], None]
 # what callers of a run's life also need from its spec (one import for the CLI and the experiment)
 __all__ = [
     "LogSink", "RunOutcome", "RunSpec", "check_framework", "check_params", "checkpoint_option", "collect_together",
-    "load_recipe", "new_run_id", "parse_params", "probe_option", "pull_run", "read_launch", "run_dir",
+    "load_recipe", "new_run_id", "parse_params", "probe_option", "pull_record", "pull_run", "read_launch", "run_dir",
     "run_recipe", "start_run", "trace_option", "utc_now", "wait_run",
 ]
+
+
+class PullStatus(TypedDict):
+    """What pull_run answers for a run that still goes (``launcher pull`` without --watch)."""
+
+    run_id: str
+    status: str  # "running"
+    pulled: PullSummary
+
+
+RunRecord = ManifestData | LaunchRecord | PullStatus  # a manifest, a detached run's launch record, a pull status
 
 
 @dataclass
 class RunOutcome:
     group: str
-    runs: list[dict[str, Any]]  # manifests, or launch records for detached runs
+    runs: list[RunRecord]  # manifests, or launch records for detached runs
     detached: bool = False
     failure: Failure | None = None  # the first replicate that failed, and what it stopped
     notes: list[str] = field(default_factory=list)  # warnings about the group as a whole (for the CLI)
 
     @property
-    def failed(self) -> list[dict[str, Any]]:
-        return [r for r in self.runs if r.get("status") == "failed"]
+    def failed(self) -> list[RunRecord]:
+        return [r for r in self.runs if dict(r).get("status") == "failed"]
 
     @property
     def exit_code(self) -> ExitCode:
@@ -107,8 +119,8 @@ def _with_data(spec: RunSpec, placement: Placement, reporter: Reporter | None) -
 
 def _with_code(spec: RunSpec, placement: Placement, reporter: Reporter | None) -> RunSpec:
     """The spec with mounted code placed where the target mounts it from; baked code needs nothing."""
-    plan = dict(spec.code_plan or {})
-    if plan.get("source") != "mounted" or plan.get("host_path"):
+    plan = spec.code_plan
+    if plan is None or plan.get("source") != "mounted" or plan.get("host_path"):
         return spec
     return replace(spec, code_plan=placement.send_code(plan, reporter))
 
@@ -124,7 +136,7 @@ def start_run(
     recipe: Recipe | None = None,
     cache_dir: Path | None = None,
     prepared: bool = False,
-) -> dict[str, Any]:
+) -> LaunchRecord:
     """Check everything, ship the image, start the run detached; its launch record (prepared: prepare() ran)."""
     placement = placement_for(target, host_spec)
     launch, job = _launch(ws, spec, placement, reporter, facts=facts,
@@ -132,8 +144,8 @@ def start_run(
     return _start(ws, placement, [(launch, job)], reporter)[0]
 
 
-def _start(ws: Workspace, placement: Placement, launches: Sequence[tuple[dict[str, Any], ContainerJob]],
-           reporter: Reporter | None) -> list[dict[str, Any]]:
+def _start(ws: Workspace, placement: Placement, launches: Sequence[tuple[LaunchRecord, ContainerJob]],
+           reporter: Reporter | None) -> list[LaunchRecord]:
     """Start prepared runs together (their launch records already written); record what the target says."""
     rep = reporter or NullReporter()
     try:
@@ -143,32 +155,21 @@ def _start(ws: Workspace, placement: Placement, launches: Sequence[tuple[dict[st
             launch["start_error"] = exc.message
             atomic_write_json(RunDir(ws.runs / launch["run_id"]).launch_file, launch)
         raise
+    out: list[LaunchRecord] = []
     for (launch, _), record in zip(launches, started, strict=True):
-        launch.update(record)
+        # the target's own fields (container, argv, image_ran, slurm: LaunchRecord's last keys)
+        launch = cast(LaunchRecord, {**launch, **record})
         atomic_write_json(RunDir(ws.runs / launch["run_id"]).launch_file, launch)
         rep.note(f"started {launch['run_id']} on {placement.name}")
-    return [launch for launch, _ in launches]
+        out.append(launch)
+    return out
 
 
-def _launch(
-    ws: Workspace,
-    spec: RunSpec,
-    placement: Placement,
-    reporter: Reporter | None,
-    *,
-    facts: Mapping[str, Any] | None,
-    recipe: Recipe | None,
-    cache_dir: Path | None,
-    prepared: bool = False,
-) -> tuple[dict[str, Any], ContainerJob]:
-    """Everything before the start: checks, data and code placed, the image shipped, the run directory
-    made; the launch record written (a run is never started unrecorded). Returns it and the job."""
-    from launcher.runs import determinism, identity
+def _job_env(spec: RunSpec) -> dict[str, str]:
+    """The container's environment from the spec: the determinism profile, the step trace, op trace
+    and checkpoint options."""
+    from launcher.runs import determinism
 
-    rep = reporter or NullReporter()
-    recipe = recipe or load_recipe(ws, spec.recipe, entry=spec.entry)
-    params = check_params(recipe, spec.params)
-    probes = probes_record(spec, recipe)
     env = determinism.profile_env(spec.profile, spec.seed, spec.threads)
     trace = trace_option(spec.trace_every)
     if trace != EPOCH:
@@ -177,22 +178,26 @@ def _launch(
         env[OPTRACE_ENV] = spec.optrace
     if checkpoint_option(spec.checkpoint_every):
         env[CHECKPOINT_ENV] = str(spec.checkpoint_every)
-    image = dict(spec.image) if spec.image else image_record(ws, spec.variant)  # a project layer's, or the variant's
-    baked_digests = image.pop("recipes", {})
+    return env
+
+
+def _placed_inputs(ws: Workspace, spec: RunSpec, placement: Placement, recipe: Recipe, rep: Reporter,
+                   prepared: bool) -> RunSpec:
+    """The spec once the target can run it and holds its data and code."""
     if not prepared:
         placement.prepare(ws.needs_gpu(spec.variant))
     if spec.data_from:
         spec = _with_data(spec, placement, rep)
     if spec.code_plan is None:
         spec = replace(spec, code_plan=plan_code(ws, spec, recipe))
-    spec = _with_code(spec, placement, rep)
-    plan = spec.code_plan or {}
+    return _with_code(spec, placement, rep)
+
+
+def _job(ws: Workspace, spec: RunSpec, recipe: Recipe, plan: CodePlan, run_id: str, image: ImageRecord,
+         env: dict[str, str], remote: str, params: dict[str, Any], probes: ProbesRecord) -> ContainerJob:
+    """The run's container (params: the recipe's, checked; free-form JSON values)."""
     data = str(PurePosixPath(spec.data)) if spec.data else None
-    code_identity = identity.from_plan(plan) if recipe.adhoc else None
-    run_id = new_run_id(identity.slug(recipe.name, code_identity))
-    remote = placement.run_dir(run_id, data)
-    shipped = placement.ship(image, via=spec.ship_via, reporter=rep, cache_dir=cache_dir or ws.cache_dir)
-    job = ContainerJob(
+    return ContainerJob(
         run_id=run_id,
         image_id=image["id"],
         env=env,
@@ -209,7 +214,54 @@ def _launch(
         user_env=dict(spec.env),
         secret_env=dict(spec.secret_env),
     )
-    launch = {
+
+
+def _launch(
+    ws: Workspace,
+    spec: RunSpec,
+    placement: Placement,
+    reporter: Reporter | None,
+    *,
+    facts: Mapping[str, Any] | None,
+    recipe: Recipe | None,
+    cache_dir: Path | None,
+    prepared: bool = False,
+) -> tuple[LaunchRecord, ContainerJob]:
+    """Everything before the start: checks, data and code placed, the image shipped, the run directory
+    made; the launch record written (a run is never started unrecorded). Returns it and the job."""
+    from launcher.runs import identity
+
+    rep = reporter or NullReporter()
+    recipe = recipe or load_recipe(ws, spec.recipe, entry=spec.entry)
+    params = check_params(recipe, spec.params)
+    probes = probes_record(spec, recipe)
+    env = _job_env(spec)
+    image = spec.image.copy() if spec.image else image_record(ws, spec.variant)  # a project layer's, or the variant's
+    baked_digests = image.pop("recipes", {})
+    spec = _placed_inputs(ws, spec, placement, recipe, rep, prepared)
+    plan = spec.code_plan
+    assert plan is not None  # planned by _placed_inputs
+    data = str(PurePosixPath(spec.data)) if spec.data else None
+    code_identity = identity.from_plan(plan) if recipe.adhoc else None
+    run_id = new_run_id(identity.slug(recipe.name, code_identity))
+    remote = placement.run_dir(run_id, data)
+    shipped = placement.ship(image, via=spec.ship_via, reporter=rep, cache_dir=cache_dir or ws.cache_dir)
+    job = _job(ws, spec, recipe, plan, run_id, image, env, remote, params, probes)
+    launch_recipe: LaunchRecipe = {
+        "name": recipe.name,
+        "framework": recipe.framework,
+        "entry": plan.get("entry") or recipe.entry,
+        "script": recipe.adhoc,
+        "code_source": plan.get("source"),
+        "git": plan.get("git") or {},
+        "args": list(spec.args),
+        "volatile": list(getattr(recipe.spec, "volatile", ()) or ()),
+        # what the host expects to run; the manifest records what the container computed
+        "expected_digest": plan.get("digest") or baked_digests.get(recipe.name),
+    }
+    if code_identity:
+        launch_recipe["identity"] = code_identity
+    launch: LaunchRecord = {
         "run_id": run_id,
         "group": spec.group or run_id,
         "replicate": spec.replicate,
@@ -218,24 +270,11 @@ def _launch(
         "placement": placement.record(),
         "container": job.name,
         "remote_dir": remote,
-        "recipe": {
-            "name": recipe.name,
-            "framework": recipe.framework,
-            "entry": plan.get("entry") or recipe.entry,
-            "script": recipe.adhoc,
-            "code_source": plan.get("source"),
-            "git": plan.get("git") or {},
-            "args": list(spec.args),
-            "volatile": list(getattr(recipe.spec, "volatile", ()) or ()),
-            # what the host expects to run; the manifest records what the container computed
-            "expected_digest": plan.get("digest") or baked_digests.get(recipe.name),
-            **({"identity": code_identity} if code_identity else {}),
-        },
-        "code": {k: v for k, v in plan.items() if k not in ("git",)},
+        "recipe": launch_recipe,
+        "code": cast(CodePlan, {k: v for k, v in plan.items() if k not in ("git",)}),
         "params": params,
         "probes": probes,
-        "trace": {"every": trace},
-        **({"checkpoint": {"every": spec.checkpoint_every}} if spec.checkpoint_every else {}),
+        "trace": {"every": trace_option(spec.trace_every)},
         "seed": int(env["LAUNCHER_SEED"]) if "LAUNCHER_SEED" in env else spec.seed,
         "determinism": {
             "profile": spec.profile,
@@ -251,17 +290,21 @@ def _launch(
         "ship": shipped.to_dict(),
         "launched_at": utc_now(),
     }
+    if spec.checkpoint_every:
+        launch["checkpoint"] = {"every": spec.checkpoint_every}
     atomic_write_json(RunDir(ws.runs / run_id).launch_file, launch)
     return launch, job
 
 
-def read_launch(ws: Workspace, run_id: str) -> dict[str, Any]:
+def read_launch(ws: Workspace, run_id: str) -> LaunchRecord:
     path = RunDir.of(ws, run_id).launch_file
     try:
-        launch: dict[str, Any] = json.loads(path.read_text())
-        return launch
+        launch = json.loads(path.read_text())
     except FileNotFoundError:
         raise NotFound(f"no run {run_id} in {ws.runs}", "see `launcher ps` for run ids") from None
+    if not isinstance(launch, dict) or not isinstance(launch.get("run_id"), str):
+        raise Corrupt(f"{path} is not a launch record", "the run cannot be read; start it again with `launcher run`")
+    return cast(LaunchRecord, launch)
 
 
 def wait_run(
@@ -297,6 +340,21 @@ def pull_run(
     on_pass: Callable[[PullResult], None] | None = None,
     remove_container: bool = True,
 ) -> dict[str, Any]:
+    """pull_record's answer as the CLI reads it: by key, whichever of the two records it is."""
+    return cast(dict[str, Any], pull_record(ws, run_id, target, reporter, watch=watch, on_pass=on_pass,
+                                            remove_container=remove_container))
+
+
+def pull_record(
+    ws: Workspace,
+    run_id: str,
+    target: Host | Placement | None = None,
+    reporter: Reporter | None = None,
+    *,
+    watch: float | None = None,
+    on_pass: Callable[[PullResult], None] | None = None,
+    remove_container: bool = True,
+) -> ManifestData | PullStatus:
     """Copy the run's outputs back (skipping files verified before); write the manifest once it ended.
 
     Returns the manifest, or, while the run still goes (and watch is None), a status record.
@@ -345,15 +403,62 @@ def pull_run(
             placement.close()
 
 
-def _finish(ws: Workspace, launch: Mapping[str, Any], result: PullResult, state: RunState | None) -> dict[str, Any]:
+def _finish(ws: Workspace, launch: LaunchRecord, result: PullResult, state: RunState | None) -> ManifestData:
     from launcher.runs.manifest import assemble, write_manifest
 
     local = RunDir.of(ws, launch["run_id"])
     if state is not None and state.image_ran:  # a target that learns the image only when the run starts
-        launch = {**launch, "image_ran": state.image_ran}
+        launch = launch.copy()
+        launch["image_ran"] = state.image_ran
     data = assemble(launch, local.outputs, result.files, state, utc_now())
     write_manifest(local.path, data)
     return data
+
+
+def _checked(ws: Workspace, spec: RunSpec, seed_list: Sequence[int | None]) -> Recipe:
+    """The spec's recipe, once its options are checked: a bad param, probe set, trace, checkpoint,
+    framework, profile, seed or thread count stops here, before a build or an upload."""
+    from launcher.runs import determinism
+
+    recipe = load_recipe(ws, spec.recipe, entry=spec.entry)
+    check_params(recipe, spec.params)
+    probe_option(spec.probes)
+    trace_option(spec.trace_every)
+    checkpoint_option(spec.checkpoint_every)
+    check_framework(ws, recipe, spec.variant)
+    for seed in seed_list:
+        determinism.profile_env(spec.profile, seed, spec.threads)
+    return recipe
+
+
+def _with_image(ws: Workspace, spec: RunSpec, recipe: Recipe, reporter: Reporter | None) -> RunSpec:
+    """The spec with its code planned and its image current (the variant's, plus the project layer)."""
+    from launcher.images import build
+    from launcher.runs import project
+
+    project.ensure_lock(ws, spec, recipe, reporter)  # before the code is planned: the lock is part of the project
+    plan = plan_code(ws, spec, recipe)
+    spec = replace(spec, code_plan=plan)
+    build.ensure_current(ws, spec.variant, recipes=plan.get("source") == "image", allow_build=spec.build,
+                         find_links=[Path(p) for p in spec.find_links],
+                         ca_bundle=Path(spec.ca_bundle) if spec.ca_bundle else None, reporter=reporter)
+    return project.with_image(ws, spec, recipe, reporter)  # the variant's image plus the project layer, if any
+
+
+def _one_by_one(ws: Workspace, placement: Placement, specs: Sequence[RunSpec], group: str,
+                reporter: Reporter | None, start: dict[str, Any], *, on_log: LogSink | None,
+                poll_s: float) -> RunOutcome:
+    """Each run started, waited for and pulled in turn: the first that fails leaves the rest unstarted.
+    start: start_run's keyword arguments (facts, recipe, cache_dir, prepared)."""
+    outcome = RunOutcome(group=group, runs=[])
+    for i, one in enumerate(specs):
+        launch = start_run(ws, one, placement, reporter, **start)
+        wait_run(ws, launch["run_id"], placement, on_log=on_log, poll_s=poll_s)
+        outcome.runs.append(pull_record(ws, launch["run_id"], placement, reporter))
+        if is_failed(outcome.runs[-1]):
+            outcome.failure = failure_of(ws, outcome.runs[-1], placement, not_started=len(specs) - i - 1)
+            break
+    return outcome
 
 
 def run_recipe(
@@ -380,26 +485,12 @@ def run_recipe(
     if runs < 1:
         raise UsageError(f"--runs must be at least 1, not {runs}", "drop --runs or give a positive number")
     placement = placement_for(target, host_spec)
-    recipe = load_recipe(ws, spec.recipe, entry=spec.entry)
-    check_params(recipe, spec.params)
-    probe_option(spec.probes)
-    trace_option(spec.trace_every)
-    checkpoint_option(spec.checkpoint_every)
-    check_framework(ws, recipe, spec.variant)
-    from launcher.images import build
-    from launcher.runs import determinism, identity, project
-
     seed_list = list(seeds) or [spec.seed]
-    for seed in seed_list:  # a bad profile, seed or thread count stops here, before a build or an upload
-        determinism.profile_env(spec.profile, seed, spec.threads)
-    project.ensure_lock(ws, spec, recipe, reporter)  # before the code is planned: the lock is part of the project
-    plan = plan_code(ws, spec, recipe)
-    spec = replace(spec, code_plan=plan)
-    build.ensure_current(ws, spec.variant, recipes=plan.get("source") == "image", allow_build=spec.build,
-                         find_links=[Path(p) for p in spec.find_links],
-                         ca_bundle=Path(spec.ca_bundle) if spec.ca_bundle else None, reporter=reporter)
-    spec = project.with_image(ws, spec, recipe, reporter)  # the variant's image plus the project layer, if any
-    name = identity.slug(recipe.name, identity.from_plan(plan) if recipe.adhoc else None)
+    recipe = _checked(ws, spec, seed_list)
+    from launcher.runs import identity
+
+    spec = _with_image(ws, spec, recipe, reporter)
+    name = identity.slug(recipe.name, identity.from_plan(spec.code_plan) if recipe.adhoc else None)
     group = spec.group or f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}-{name}-g{secrets.token_hex(3)}"
     if facts is None:
         from launcher.hosts import provision
@@ -412,31 +503,25 @@ def run_recipe(
     spec = _with_code(spec, placement, reporter)
     specs = [RunSpec(**{**asdict(spec), "seed": seed, "group": group, "replicate": spec.replicate + i})
              for i, seed in enumerate(s for s in seed_list for _ in range(runs))]  # replicates numbered across seeds
+    # start_run's keyword arguments: values of several types
     start: dict[str, Any] = {"facts": facts, "recipe": recipe, "cache_dir": cache_dir, "prepared": True}
     if placement.parallel:  # the target runs the group at once (a job array): start all, then collect each
         launches = _start(ws, placement, [_launch(ws, one, placement, reporter, **start) for one in specs],
                           reporter)
         if spec.detach:
-            return RunOutcome(group=group, runs=launches, detached=True)
+            return RunOutcome(group=group, runs=list(launches), detached=True)
         outcome = collect_together(ws, placement, launches, reporter, on_log=on_log, poll_s=poll_s)
     elif spec.detach:
         launches = [start_run(ws, one, placement, reporter, **start) for one in specs]
-        return RunOutcome(group=group, runs=launches, detached=True)
+        return RunOutcome(group=group, runs=list(launches), detached=True)
     else:
-        outcome = RunOutcome(group=group, runs=[])
-        for i, one in enumerate(specs):  # one after the other: the first that fails leaves the rest unstarted
-            launch = start_run(ws, one, placement, reporter, **start)
-            wait_run(ws, launch["run_id"], placement, on_log=on_log, poll_s=poll_s)
-            outcome.runs.append(pull_run(ws, launch["run_id"], placement, reporter))
-            if is_failed(outcome.runs[-1]):
-                outcome.failure = failure_of(ws, outcome.runs[-1], placement, not_started=len(specs) - i - 1)
-                break
+        outcome = _one_by_one(ws, placement, specs, group, reporter, start, on_log=on_log, poll_s=poll_s)
     if len(set(seed_list)) > 1 and (note := seed_override_note(outcome.runs)):
         outcome.notes.append(note)
     return outcome
 
 
-def collect_together(ws: Workspace, placement: Placement, launches: Sequence[dict[str, Any]],
+def collect_together(ws: Workspace, placement: Placement, launches: Sequence[LaunchRecord],
                      reporter: Reporter | None, *, on_log: LogSink | None = None, poll_s: float = 1.0,
                      on_error: Callable[[str, LauncherError], None] | None = None) -> RunOutcome:
     """Wait for runs started together and pull each as it ends. At the first that failed, stop the others
@@ -447,7 +532,7 @@ def collect_together(ws: Workspace, placement: Placement, launches: Sequence[dic
     if on_log is not None and launches:
         for line in placement.logs(launches[0], follow=True):
             on_log(line.rstrip("\n"))
-    pulled: dict[str, dict[str, Any]] = {}
+    pulled: dict[str, ManifestData | PullStatus] = {}
     failure: Failure | None = None
     cancelled: list[str] = []
     pending = list(launches)
@@ -458,7 +543,7 @@ def collect_together(ws: Workspace, placement: Placement, launches: Sequence[dic
                 continue
             pending.remove(launch)
             try:
-                manifest = pulled[launch["run_id"]] = pull_run(ws, launch["run_id"], placement, reporter)
+                manifest = pulled[launch["run_id"]] = pull_record(ws, launch["run_id"], placement, reporter)
             except LauncherError as exc:
                 if on_error is None:
                     raise
@@ -470,14 +555,14 @@ def collect_together(ws: Workspace, placement: Placement, launches: Sequence[dic
         if pending:
             time.sleep(poll_s)
     if failure is not None:  # those the stop reached before they ended on their own
-        reached = [r for r in cancelled if (pulled.get(r) or {}).get("status") == "cancelled"]
+        reached = [r for r in cancelled if r in pulled and pulled[r]["status"] == "cancelled"]
         failure = replace(failure, cancelled=reached)
     return RunOutcome(group=str(launches[0]["group"]) if launches else "",
                       runs=[pulled[launch["run_id"]] for launch in launches if launch["run_id"] in pulled],
                       failure=failure)
 
 
-def _stop_all(placement: Placement, launches: Sequence[Mapping[str, Any]]) -> list[str]:
+def _stop_all(placement: Placement, launches: Sequence[LaunchRecord]) -> list[str]:
     """Stop every run in launches (one stop may stop several: a Slurm job array); their ids."""
     done: set[str] = set()
     for launch in launches:

@@ -14,7 +14,17 @@ from typing import TYPE_CHECKING, Any, cast
 
 from launcher.errors import Corrupt, NotFound, SchemaTooNew
 from launcher.hashing import atomic_write_json
-from launcher.runs.rundir import RunDir
+from launcher.runs.records import (
+    ArtifactEntry,
+    DeterminismRecord,
+    ImageRecord,
+    LaunchRecord,
+    ManifestData,
+    ManifestRecipe,
+    PulledFile,
+    Segment,
+)
+from launcher.runs.rundir import CODE_RECORD, EXIT_RECORD, OUTPUTS, RUNTIME_RECORD, RunDir
 
 if TYPE_CHECKING:
     from launcher.runs.placement import RunState
@@ -52,7 +62,7 @@ class Artifact:
 @dataclass(frozen=True)
 class Manifest:
     run_dir: Path
-    data: Mapping[str, Any]
+    data: ManifestData
     artifacts: tuple[Artifact, ...]
 
     @property
@@ -69,8 +79,8 @@ class Manifest:
         return value if isinstance(value, int) else 0
 
     @property
-    def recipe(self) -> Mapping[str, Any]:
-        return cast(Mapping[str, Any], self.data["recipe"])
+    def recipe(self) -> ManifestRecipe:
+        return self.data["recipe"]
 
     @property
     def recipe_name(self) -> str:
@@ -92,27 +102,27 @@ class Manifest:
 
     @property
     def seed(self) -> int | None:
-        return self.data.get("seed")
+        return self.data["seed"]
 
     @property
-    def params(self) -> Mapping[str, Any]:
+    def params(self) -> dict[str, Any]:  # the recipe's params: free-form JSON values
         value = self.data.get("params")
         return value if isinstance(value, dict) else {}
 
     @property
-    def determinism(self) -> Mapping[str, Any]:
-        return cast(Mapping[str, Any], self.data["determinism"])
+    def determinism(self) -> DeterminismRecord:
+        return self.data["determinism"]
 
     @property
-    def image(self) -> Mapping[str, Any]:
-        return cast(Mapping[str, Any], self.data["image"])
+    def image(self) -> ImageRecord:
+        return self.data["image"]
 
     @property
-    def host(self) -> Mapping[str, Any]:
-        return cast(Mapping[str, Any], self.data["host"])
+    def host(self) -> dict[str, Any]:  # free-form: Host.describe() and the host's facts (launcher.hosts)
+        return self.data["host"]
 
     @property
-    def runtime(self) -> Mapping[str, Any]:
+    def runtime(self) -> dict[str, Any]:  # free-form: what the runtime in the container wrote
         value = self.data.get("runtime")
         return value if isinstance(value, dict) else {}
 
@@ -209,12 +219,12 @@ def load_manifest(run_dir: Path) -> Manifest:
         raise Corrupt(f"{path} is not valid JSON (line {exc.lineno}: {exc.msg})",
                       "re-pull the run (`launcher pull RUN`)") from exc
     artifacts = validate(data, path)
-    return Manifest(run_dir=run_dir, data=data, artifacts=artifacts)
+    return Manifest(run_dir=run_dir, data=cast(ManifestData, data), artifacts=artifacts)
 
 
-def write_manifest(run_dir: Path, data: Mapping[str, Any]) -> Manifest:
+def write_manifest(run_dir: Path, data: ManifestData) -> Manifest:
     """Validate and atomically write ``run_dir/manifest.json`` (the last step of a pull)."""
-    record = dict(data)
+    record = data.copy()
     record.setdefault("schema_version", SCHEMA_VERSION)
     path = manifest_path(run_dir)
     artifacts = validate(record, path)
@@ -223,7 +233,8 @@ def write_manifest(run_dir: Path, data: Mapping[str, Any]) -> Manifest:
 
 
 def read_json_object(path: Path) -> dict[str, Any]:
-    """A JSON object from path, or {} where it is missing, unreadable or not an object."""
+    """A JSON object from path, or {} where it is missing, unreadable or not an object. Free-form: what
+    the runtime in the container wrote (each field is checked where it is read)."""
     try:
         data = json.loads(path.read_text())
         return data if isinstance(data, dict) else {}
@@ -231,8 +242,58 @@ def read_json_object(path: Path) -> dict[str, Any]:
         return {}
 
 
-def assemble(launch: Mapping[str, Any], outputs: Path, files: Mapping[str, Mapping[str, Any]],
-             state: RunState | None, now: str) -> dict[str, Any]:
+def _part(doc: dict[str, Any], key: str) -> dict[str, Any]:
+    """The JSON object under key in a record the runtime wrote, or {} (free-form, as read_json_object)."""
+    value = doc.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _exit_code(exit_rec: dict[str, Any], state: RunState | None) -> int:
+    """The script's exit status as the runtime recorded it, else as the target saw it, else -1."""
+    code = exit_rec.get("exit_code")
+    if isinstance(code, int):
+        return code
+    return state.exit_code if state and state.exit_code is not None else -1
+
+
+def _recipe_ran(launch: LaunchRecord, code: dict[str, Any]) -> ManifestRecipe:
+    """The manifest's recipe: what the launch record expected, with what the runtime computed in its place."""
+    ran = _part(code, "recipe")
+    lrec = launch["recipe"]
+    recipe: ManifestRecipe = {
+        "name": lrec["name"],
+        "tree_digest": ran.get("digest"),
+        "framework": lrec["framework"],
+        "entry": ran.get("entry") or lrec.get("entry"),
+        "code_source": ran.get("source") or lrec.get("code_source"),
+        "files": ran.get("files"),
+        "args": list(lrec.get("args") or []),
+        "git": lrec.get("git") or {},
+    }
+    lib = _part(code, "lib")
+    if lib.get("digest"):  # the shared recipe library the recipe ran with (recipes/_lib)
+        recipe["lib_digest"] = lib["digest"]
+    if lrec.get("volatile"):
+        recipe["volatile"] = list(lrec["volatile"])
+    if lrec.get("identity"):  # a plain script's project/path (launcher.runs.identity)
+        recipe["identity"] = lrec["identity"]
+    return recipe
+
+
+def _image_ran(launch: LaunchRecord, code: dict[str, Any]) -> ImageRecord:
+    """The manifest's image: the launch record's, with the image ID it started from and the digests
+    the runtime computed."""
+    image = launch["image"].copy()
+    image["id"] = launch.get("image_ran") or image.get("id")
+    image["runtime_digest"] = _part(code, "runtime").get("digest")
+    if code.get("lock_sha256"):
+        image["lock_sha256"] = code["lock_sha256"]
+    image["packages_digest"] = _part(code, "packages").get("digest")
+    return image
+
+
+def assemble(launch: LaunchRecord, outputs: Path, files: Mapping[str, PulledFile],
+             state: RunState | None, now: str) -> ManifestData:
     """The manifest of a finished run, from its launch record, its pulled outputs (files: the
     verified ones, by path under outputs/) and its last state where it was placed.
 
@@ -241,78 +302,52 @@ def assemble(launch: Mapping[str, Any], outputs: Path, files: Mapping[str, Mappi
     one the container was started from. The host's own idea of them is never substituted; where
     the runtime recorded nothing (it did not get that far) the digest is null.
     """
-    exit_rec = read_json_object(outputs / "_launcher" / "exit.json")
-    exit_code = exit_rec.get("exit_code")
-    if not isinstance(exit_code, int):
-        exit_code = state.exit_code if state and state.exit_code is not None else -1
-    code = read_json_object(outputs / "_launcher" / "code.json")
-    ran: dict[str, Any] = code["recipe"] if isinstance(code.get("recipe"), dict) else {}
-    lrec = launch["recipe"]
-    recipe = {
-        "name": lrec["name"],
-        "tree_digest": ran.get("digest"),
-        "framework": lrec["framework"],
-        "entry": ran.get("entry") or lrec.get("entry"),
-        "code_source": ran.get("source") or lrec.get("code_source"),
-        "files": ran.get("files"),
-        "args": list(lrec.get("args") or []),
-        "git": dict(lrec.get("git") or {}),
-    }
-    lib: dict[str, Any] = code["lib"] if isinstance(code.get("lib"), dict) else {}
-    if lib.get("digest"):  # the shared recipe library the recipe ran with (recipes/_lib)
-        recipe["lib_digest"] = lib["digest"]
-    if lrec.get("volatile"):
-        recipe["volatile"] = list(lrec["volatile"])
-    if lrec.get("identity"):  # a plain script's project/path (launcher.runs.identity)
-        recipe["identity"] = lrec["identity"]
-    image = dict(launch["image"])
-    image["id"] = launch.get("image_ran") or image.get("id")
-    runtime_code: dict[str, Any] = code["runtime"] if isinstance(code.get("runtime"), dict) else {}
-    image["runtime_digest"] = runtime_code.get("digest")
-    if code.get("lock_sha256"):
-        image["lock_sha256"] = code["lock_sha256"]
-    packages: dict[str, Any] = code["packages"] if isinstance(code.get("packages"), dict) else {}
-    image["packages_digest"] = packages.get("digest")
-    resumable: dict[str, Any] = {}
+    exit_rec = read_json_object(outputs / EXIT_RECORD)
+    exit_code = _exit_code(exit_rec, state)
+    code = read_json_object(outputs / CODE_RECORD)
+    segments: list[Segment] = []
     if launch.get("checkpoint"):
-        resumable = {"checkpoint": launch["checkpoint"], "segments": run_segments(launch, state)}
-        first = resumable["segments"][0].get("started_at")
-        if first and len(resumable["segments"]) > 1:  # the run started with its first container
+        segments = run_segments(launch, state)
+        first = segments[0].get("started_at")
+        if first and len(segments) > 1:  # the run started with its first container
             exit_rec = {**exit_rec, "started_at": first}
-    return {
+    data: ManifestData = {
         "schema_version": SCHEMA_VERSION,
         "run_id": launch["run_id"],
         "group": launch["group"],
         "replicate": launch.get("replicate", 0),
-        "recipe": recipe,
+        "recipe": _recipe_ran(launch, code),
         "params": launch.get("params", {}),
         "env": dict(launch.get("env") or {}),  # the user's --env/--secret-env: {NAME: {value} | {sha256}}
         "probes": launch.get("probes"),
         "trace": launch.get("trace"),
         "seed": launch.get("seed"),
         "determinism": launch["determinism"],
-        "image": image,
+        "image": _image_ran(launch, code),
         "host": {**launch["host"], "facts": launch.get("facts", {})},
         "placement": {"kind": (launch.get("placement") or {}).get("kind", "direct"),
                       **dict(state.info if state else {})},
-        "runtime": read_json_object(outputs / "_launcher" / "runtime.json"),
+        "runtime": read_json_object(outputs / RUNTIME_RECORD),
         "started_at": str(exit_rec.get("started_at") or (state.started_at if state else None) or launch["launched_at"]),
         "ended_at": str(exit_rec.get("ended_at") or (state.finished_at if state else None) or now),
         "exit_code": exit_code,
         "status": "cancelled" if state and state.status == "cancelled" else "succeeded" if exit_code == 0 else "failed",
         "data": launch.get("data"),
         "data_source": launch.get("data_source"),
-        "artifacts": [{"path": f"outputs/{rel}", "size": rec["size"], "sha256": rec["sha256"]}
+        "artifacts": [{"path": f"{OUTPUTS}/{rel}", "size": rec["size"], "sha256": rec["sha256"]}
                       for rel, rec in sorted(files.items())],
-        **resumable,
     }
+    if launch.get("checkpoint"):
+        data["checkpoint"] = launch["checkpoint"]
+        data["segments"] = segments
+    return data
 
 
-def run_segments(launch: Mapping[str, Any], state: RunState | None) -> list[dict[str, Any]]:
+def run_segments(launch: LaunchRecord, state: RunState | None) -> list[Segment]:
     """A resumable run's containers (``launcher resume``), first to last: each one's start, end, exit
     code and the checkpoint it resumed from; the last one completed from its state."""
-    done = [dict(s) for s in launch.get("segments")
-            or [{"segment": 0, "container": launch.get("container"), "resumed_from": None}]]
+    first: Segment = {"segment": 0, "container": launch.get("container"), "resumed_from": None}
+    done = [s.copy() for s in launch.get("segments") or [first]]
     last = done[-1]
     if state is not None:
         last.update({"started_at": state.started_at or last.get("started_at"),
@@ -321,14 +356,14 @@ def run_segments(launch: Mapping[str, Any], state: RunState | None) -> list[dict
     return done
 
 
-def describe_code(recipe: Mapping[str, Any]) -> str:
+def describe_code(recipe: Mapping[str, object]) -> str:  # a manifest's or a launch record's recipe
     """One phrase for the code a run executed: its digest, where it came from, and whether it
     was a committed, clean git state (e.g. "f376cf9a9ad6 (baked in the image; git 1a2b3c4, clean)")."""
     digest = str(recipe.get("tree_digest") or "")
     short = digest.removeprefix("sha256:")[:12] or "unknown"
     source = {"image": "baked in the image", "mounted": "mounted"}.get(str(recipe.get("code_source")), "")
     git = recipe.get("git") or {}
-    if git.get("commit"):
+    if isinstance(git, dict) and git.get("commit"):
         state = f"git {str(git['commit'])[:7]}, " + ("uncommitted changes" if git.get("dirty") else "clean")
     elif "git" in recipe:
         state = "not in git"
@@ -338,7 +373,7 @@ def describe_code(recipe: Mapping[str, Any]) -> str:
     return f"{short} ({detail})" if detail else short
 
 
-def artifact_entries(run_dir: Path, rel_paths: list[str], digests: Mapping[str, str]) -> list[dict[str, Any]]:
+def artifact_entries(run_dir: Path, rel_paths: list[str], digests: Mapping[str, str]) -> list[ArtifactEntry]:
     """Manifest ``artifacts`` entries for files already verified (digest per relative path), sorted."""
     return [
         {"path": rel, "size": (run_dir / rel).stat().st_size, "sha256": digests[rel]}

@@ -30,6 +30,7 @@ from launcher.runs.container import (
     docker_run_argv,
     env_file_text,
 )
+from launcher.runs.records import CodePlan, DataSource, ImageRecord, LaunchRecord
 from launcher.runs.ship import ShipResult, ship_image
 
 MIN_FREE_BYTES = 512 << 20
@@ -49,7 +50,7 @@ class RunState:
     finished_at: str | None = None
     status: str | None = None
     image_ran: str | None = None
-    info: Mapping[str, Any] = field(default_factory=dict)
+    info: Mapping[str, Any] = field(default_factory=dict)  # free-form: each target's own (a cluster's node facts)
 
 
 @dataclass(frozen=True)
@@ -74,12 +75,12 @@ class Placement(ABC):
     def name(self) -> str:
         return self.host.name
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> dict[str, Any]:  # a target's own fields (SlurmPlacement adds its own)
         """What the launch record keeps to reopen this placement (see runs/targets.py)."""
         return {"kind": self.kind}
 
     @classmethod
-    def reopen(cls, host: Host, host_spec: HostSpec, record: Mapping[str, Any]) -> Placement:
+    def reopen(cls, host: Host, host_spec: HostSpec, record: Mapping[str, Any]) -> Placement:  # record()'s
         """The placement again, from its record() and its reopened host."""
         return cls(host, host_spec)
 
@@ -88,15 +89,15 @@ class Placement(ABC):
     def prepare(self, gpu: bool) -> None:
         """Fail early (HostNotReady, NoGpu) when the target cannot run the image (``gpu``: it needs a GPU)."""
 
-    def send_data(self, local: Path, reporter: Reporter | None) -> tuple[str, dict[str, Any]]:
+    def send_data(self, local: Path, reporter: Reporter | None) -> tuple[str, DataSource]:
         """Send a dataset folder from this machine (once per content); return where runs mount it
         from and the data source record."""
         from launcher.runs import datasets
 
         placed = datasets.place(self.host, local, reporter)
-        return placed.path, {"kind": "sent", "local": str(local.resolve()), **placed.to_dict()}
+        return placed.path, placed.source(local)
 
-    def send_code(self, plan: Mapping[str, Any], reporter: Reporter | None) -> dict[str, Any]:
+    def send_code(self, plan: CodePlan, reporter: Reporter | None) -> CodePlan:
         """Put the snapshot of mounted code where runs mount it from (sent once per content)."""
         from launcher.runs import datasets
 
@@ -105,7 +106,7 @@ class Placement(ABC):
         return {**plan, "host_path": placed.path, "sent": placed.sent}
 
     @abstractmethod
-    def ship(self, image: Mapping[str, Any], *, via: str | None, reporter: Reporter | None,
+    def ship(self, image: ImageRecord, *, via: str | None, reporter: Reporter | None,
              cache_dir: Path) -> ShipResult:
         """Make the image available where the runs start (only what the target lacks travels)."""
 
@@ -129,6 +130,8 @@ class Placement(ABC):
         return remote
 
     @abstractmethod
+    # start/start_array/restart answer a target's own fields for the launch record (LaunchRecord's
+    # container, argv, image_ran; SlurmPlacement's slurm): each target's overrides say which
     def start(self, job: ContainerJob) -> dict[str, Any]:
         """Start the run detached; return what the launch record must keep about it
         (at least ``container`` and, when known, ``image_ran``: the image ID it started from)."""
@@ -137,7 +140,7 @@ class Placement(ABC):
         """Start several runs of one group together (a parallel target); by default one by one."""
         return [self.start(job) for job in jobs]
 
-    def restart(self, launch: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    def restart(self, launch: LaunchRecord, env: Mapping[str, str]) -> dict[str, Any]:
         """Start the run's container again, as it was started, with env added (``launcher resume``;
         its previous container removed first); return what start() returns. Only a direct placement can."""
         raise NotResumable(f"run {launch['run_id']} ran on a {self.kind} target: launcher resumes runs on a "
@@ -157,32 +160,32 @@ class Placement(ABC):
             self.host.run(["rm", "-f", "--", job.env_file], check=False)
 
     @abstractmethod
-    def state(self, launch: Mapping[str, Any]) -> RunState | None:
+    def state(self, launch: LaunchRecord) -> RunState | None:
         """None when the target no longer knows the run."""
 
-    def until_ended(self, launch: Mapping[str, Any]) -> None:
+    def until_ended(self, launch: LaunchRecord) -> None:
         """Return once the run has ended, or sooner: wait_run polls state() after it. By default at once."""
         return None
 
     @abstractmethod
-    def logs(self, launch: Mapping[str, Any], *, follow: bool = False) -> Iterator[str]: ...
+    def logs(self, launch: LaunchRecord, *, follow: bool = False) -> Iterator[str]: ...
 
     @abstractmethod
-    def stop(self, launch: Mapping[str, Any]) -> RunState | None: ...
+    def stop(self, launch: LaunchRecord) -> RunState | None: ...
 
-    def stopped_with(self, launch: Mapping[str, Any]) -> list[str]:
+    def stopped_with(self, launch: LaunchRecord) -> list[str]:
         """The run ids that stop(launch) stops: the run alone, or every replicate of its job array."""
         return [str(launch["run_id"])]
 
     @abstractmethod
-    def release(self, launch: Mapping[str, Any]) -> None:
+    def release(self, launch: LaunchRecord) -> None:
         """Forget the finished run on the target (its outputs stay until cleaned)."""
 
     @abstractmethod
     def listed(self) -> list[ListedRun]:
         """launcher's runs the target knows, with their state."""
 
-    def outputs(self, launch: Mapping[str, Any]) -> str:
+    def outputs(self, launch: LaunchRecord) -> str:
         """The folder on ``host`` the run writes its outputs to."""
         return f"{launch['remote_dir']}/out"
 
@@ -210,12 +213,12 @@ class DirectPlacement(Placement):
         if gpu:
             gpu_ready(self.host, self.engine)
 
-    def send_code(self, plan: Mapping[str, Any], reporter: Reporter | None) -> dict[str, Any]:
+    def send_code(self, plan: CodePlan, reporter: Reporter | None) -> CodePlan:
         if self.host.kind == "local":  # the local engine mounts the snapshot where it is
             return {**plan, "host_path": plan["local"], "sent": False}
         return super().send_code(plan, reporter)
 
-    def ship(self, image: Mapping[str, Any], *, via: str | None, reporter: Reporter | None,
+    def ship(self, image: ImageRecord, *, via: str | None, reporter: Reporter | None,
              cache_dir: Path) -> ShipResult:
         return ship_image(self.host, image["id"], via=via, tag=image.get("tag"), reporter=reporter,
                           cache_dir=cache_dir)
@@ -238,7 +241,7 @@ class DirectPlacement(Placement):
             record["image_ran"] = ran
         return record
 
-    def restart(self, launch: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    def restart(self, launch: LaunchRecord, env: Mapping[str, str]) -> dict[str, Any]:
         argv = [str(a) for a in launch.get("argv") or []]
         if "--label" not in argv:
             raise NotResumable(f"the launch record of {launch['run_id']} lacks the container's command",
@@ -260,10 +263,10 @@ class DirectPlacement(Placement):
             record["image_ran"] = ran
         return record
 
-    def _container(self, launch: Mapping[str, Any]) -> str:
+    def _container(self, launch: LaunchRecord) -> str:
         return str(launch.get("container") or container_name(str(launch["run_id"])))
 
-    def state(self, launch: Mapping[str, Any]) -> RunState | None:
+    def state(self, launch: LaunchRecord) -> RunState | None:
         s = self.engine.container_state(self._container(launch))
         if s is None:
             return None
@@ -276,14 +279,14 @@ class DirectPlacement(Placement):
             finished_at=s.get("FinishedAt"),
         )
 
-    def until_ended(self, launch: Mapping[str, Any]) -> None:
+    def until_ended(self, launch: LaunchRecord) -> None:
         if self.host.kind == "local":  # `docker wait` returns as the container exits; a host over SSH is polled
             self.engine.wait(self._container(launch))
 
-    def logs(self, launch: Mapping[str, Any], *, follow: bool = False) -> Iterator[str]:
+    def logs(self, launch: LaunchRecord, *, follow: bool = False) -> Iterator[str]:
         return self.engine.logs(self._container(launch), follow=follow)
 
-    def stop(self, launch: Mapping[str, Any]) -> RunState | None:
+    def stop(self, launch: LaunchRecord) -> RunState | None:
         done = self.engine.stop(self._container(launch), timeout_s=10)
         if done.returncode != 0:
             raise NotFound(
@@ -292,7 +295,7 @@ class DirectPlacement(Placement):
             )
         return self.state(launch)
 
-    def release(self, launch: Mapping[str, Any]) -> None:
+    def release(self, launch: LaunchRecord) -> None:
         self.engine.rm(self._container(launch))
 
     def listed(self) -> list[ListedRun]:

@@ -17,13 +17,14 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import IO, Any
+from typing import IO, TypedDict, cast
 
 from launcher.errors import CommandFailed, Corrupt, DiskFull, UnsafePath
 from launcher.hashing import CHUNK, atomic_write_json, sha256_file
 from launcher.hosts.base import Host, RemoteEntry
 from launcher.hosts.scripts import text as host_script
 from launcher.progress import NullReporter, Reporter
+from launcher.runs.records import PulledFile
 from launcher.runs.rundir import RunDir
 
 # Runs on the host with its own python3: a file of this package, sent as the text of `python3 -c`.
@@ -71,15 +72,25 @@ def _dest(root: Path, rel: str, checked: set[Path] | None = None) -> Path:
     return target
 
 
+class PullSummary(TypedDict):
+    """A pull's counts (``launcher pull``'s answer for a run that still goes)."""
+
+    files: int
+    transferred: int
+    skipped: int
+    refused: list[str]
+    bytes: int
+
+
 @dataclass
 class PullResult:
-    files: dict[str, dict[str, Any]] = field(default_factory=dict)  # rel -> {size, sha256}
+    files: dict[str, PulledFile] = field(default_factory=dict)  # rel -> {size, sha256}
     transferred: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
     bytes: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> PullSummary:
         return {
             "files": len(self.files),
             "transferred": len(self.transferred),
@@ -99,7 +110,17 @@ def _read_exact(stream: IO[bytes], n: int) -> bytes:
     return bytes(buf)
 
 
-def _json_line(line: bytes) -> dict[str, Any]:
+class _WireRecord(TypedDict, total=False):
+    """A JSON line of the host's pull script (PULL_SCRIPT): a file's header (its path, or its path and
+    why it could not be read) or its trailer (its size and sha256)."""
+
+    path: str
+    error: str
+    size: int
+    sha256: str
+
+
+def _json_line(line: bytes) -> _WireRecord:
     if not line.endswith(b"\n"):
         raise EOFError("stream ended inside a record")
     try:
@@ -108,7 +129,7 @@ def _json_line(line: bytes) -> dict[str, Any]:
         data = None
     if not isinstance(data, dict):
         raise Corrupt(f"the host sent a malformed record: {line[:80]!r}", "run `launcher pull RUN` again")
-    return data
+    return cast(_WireRecord, data)  # each field is checked where it is read
 
 
 class _HashingWriter:
@@ -221,14 +242,21 @@ def receive_files(
             on_file(rel, size, digest)
 
 
-def read_state(state_path: Path) -> dict[str, dict[str, Any]]:
+def _pulled_file(rec: object) -> PulledFile | None:
+    """A .pulled.json entry, or None where it lacks the size and sha256 a skip relies on (pulled again)."""
+    if isinstance(rec, dict) and isinstance(rec.get("size"), int) and isinstance(rec.get("sha256"), str):
+        return cast(PulledFile, rec)
+    return None
+
+
+def read_state(state_path: Path) -> dict[str, PulledFile]:
     """What earlier pulls verified: the state file, then its journal's lines on top (a pull that was
     cut leaves its journal; a torn last line, or any unreadable one, is ignored: that file is pulled again)."""
-    state: dict[str, dict[str, Any]] = {}
+    state: dict[str, PulledFile] = {}
     try:
         loaded = json.loads(state_path.read_text())
         if isinstance(loaded, dict):
-            state = loaded
+            state = {rel: entry for rel, value in loaded.items() if (entry := _pulled_file(value)) is not None}
     except (OSError, ValueError):
         pass
     try:
@@ -239,7 +267,9 @@ def read_state(state_path: Path) -> dict[str, dict[str, Any]]:
                 except ValueError:
                     continue
                 if isinstance(rec, dict) and isinstance(rec.get("path"), str):
-                    state[rec.pop("path")] = rec
+                    rel = rec.pop("path")
+                    if (entry := _pulled_file(rec)) is not None:
+                        state[rel] = entry
     except OSError:
         pass
     return state
@@ -264,22 +294,10 @@ def classify(entries: Iterable[RemoteEntry]) -> tuple[list[RemoteEntry], list[st
     return files, refused
 
 
-def pull_outputs(
-    host: Host,
-    remote_dir: str,
-    dest: Path,
-    *,
-    state_file: Path | None = None,
-    reporter: Reporter | None = None,
-    on_file: Callable[[str, int, str], None] | None = None,
-) -> PullResult:
-    """Copy every regular file under remote_dir into dest, verified; skip files verified before."""
-    rep = reporter or NullReporter()
-    state_path = state_file or RunDir(dest.parent).pulled_file
-    journal_path = state_path.with_name(state_path.name + JOURNAL_SUFFIX)
-    state = read_state(state_path)
-    result = PullResult()
-    files, result.refused = classify(host.list_dir(remote_dir, hashes=False))
+def _verified_before(files: list[RemoteEntry], state: dict[str, PulledFile], dest: Path,
+                    result: PullResult) -> list[RemoteEntry]:
+    """The files to pull: those not verified before with the same size and mtime and still here intact
+    (the rest go into result as skipped)."""
     todo: list[RemoteEntry] = []
     for e in files:
         prev = state.get(e.path)
@@ -296,50 +314,77 @@ def pull_outputs(
             result.skipped.append(e.path)
         else:
             todo.append(e)
+    return todo
+
+
+def _transfer(host: Host, remote_dir: str, dest: Path, todo: list[RemoteEntry], state: dict[str, PulledFile],
+              state_path: Path, result: PullResult, rep: Reporter,
+              on_file: Callable[[str, int, str], None] | None) -> None:
+    """Pull the files of todo, each verified by sha256; journaled per file, folded into the state file."""
+    journal_path = state_path.with_name(state_path.name + JOURNAL_SUFFIX)
     mtimes = {e.path: e.mtime_ns for e in todo}
-    if todo:
-        dest.mkdir(parents=True, exist_ok=True)
-        task = rep.task(
-            f"pull {len(todo)} files from {host.name}", total=float(sum(e.size for e in todo)), unit="B"
+    dest.mkdir(parents=True, exist_ok=True)
+    task = rep.task(
+        f"pull {len(todo)} files from {host.name}", total=float(sum(e.size for e in todo)), unit="B"
+    )
+
+    journal = open(journal_path, "a", encoding="utf-8")
+
+    def done(rel: str, size: int, digest: str) -> None:
+        result.files[rel] = {"size": size, "sha256": digest}
+        result.transferred.append(rel)
+        result.bytes += size
+        rec: PulledFile = {"size": size, "sha256": digest, "mtime_ns": mtimes.get(rel, 0)}
+        state[rel] = rec
+        # one appended line per verified file (O(1)); folded into the state file when the pull ends
+        journal.write(json.dumps({"path": rel, **dict(rec)}, separators=(",", ":")) + "\n")
+        journal.flush()
+        if on_file is not None:
+            on_file(rel, size, digest)
+
+    try:
+        with host.send_stream([host.python, "-c", PULL_SCRIPT, remote_dir],
+                              cut=f"the transfer from {host.name} was cut",
+                              hint="run `launcher pull RUN` again; verified files are kept") as p:
+            p.stdin.write(json.dumps([e.path for e in todo]).encode())
+            p.stdin.close()
+            errors = receive_files(p.stdout, dest, on_bytes=lambda n: task.advance(n), on_file=done)
+    finally:
+        task.close()
+        journal.close()
+    atomic_write_json(state_path, state)  # the journal folded in: then it can go
+    journal_path.unlink(missing_ok=True)
+    rc = p.wait()
+    if rc != 0:
+        raise CommandFailed(
+            f"pulling from {host.name} failed (exit {rc}): {p.stderr_text().strip()}",
+            "run `launcher pull RUN` again; verified files are kept",
         )
+    result.refused += [f"{rel} ({why})" for rel, why in errors if why != "No such file or directory"]
 
-        journal = open(journal_path, "a", encoding="utf-8")
 
-        def done(rel: str, size: int, digest: str) -> None:
-            result.files[rel] = {"size": size, "sha256": digest}
-            result.transferred.append(rel)
-            result.bytes += size
-            rec = {"size": size, "sha256": digest, "mtime_ns": mtimes.get(rel, 0)}
-            state[rel] = rec
-            # one appended line per verified file (O(1)); folded into the state file when the pull ends
-            journal.write(json.dumps({"path": rel, **rec}, separators=(",", ":")) + "\n")
-            journal.flush()
-            if on_file is not None:
-                on_file(rel, size, digest)
-
-        try:
-            with host.send_stream([host.python, "-c", PULL_SCRIPT, remote_dir],
-                                  cut=f"the transfer from {host.name} was cut",
-                                  hint="run `launcher pull RUN` again; verified files are kept") as p:
-                p.stdin.write(json.dumps([e.path for e in todo]).encode())
-                p.stdin.close()
-                errors = receive_files(p.stdout, dest, on_bytes=lambda n: task.advance(n), on_file=done)
-        finally:
-            task.close()
-            journal.close()
-        atomic_write_json(state_path, state)  # the journal folded in: then it can go
-        journal_path.unlink(missing_ok=True)
-        rc = p.wait()
-        if rc != 0:
-            raise CommandFailed(
-                f"pulling from {host.name} failed (exit {rc}): {p.stderr_text().strip()}",
-                "run `launcher pull RUN` again; verified files are kept",
-            )
-        result.refused += [f"{rel} ({why})" for rel, why in errors if why != "No such file or directory"]
+def pull_outputs(
+    host: Host,
+    remote_dir: str,
+    dest: Path,
+    *,
+    state_file: Path | None = None,
+    reporter: Reporter | None = None,
+    on_file: Callable[[str, int, str], None] | None = None,
+) -> PullResult:
+    """Copy every regular file under remote_dir into dest, verified; skip files verified before."""
+    rep = reporter or NullReporter()
+    state_path = state_file or RunDir(dest.parent).pulled_file
+    state = read_state(state_path)
+    result = PullResult()
+    files, result.refused = classify(host.list_dir(remote_dir, hashes=False))
+    todo = _verified_before(files, state, dest, result)
+    if todo:
+        _transfer(host, remote_dir, dest, todo, state, state_path, result, rep, on_file)
     return result
 
 
-def check_remote_digests(host: Host, remote_dir: str, files: dict[str, dict[str, Any]]) -> list[str]:
+def check_remote_digests(host: Host, remote_dir: str, files: dict[str, PulledFile]) -> list[str]:
     """Paths whose sha256 on the host now differs from what was pulled (the host hashes them again)."""
     remote = {e.path: e.sha256 for e in host.list_dir(remote_dir, hashes=True) if e.kind == "file"}
     return [rel for rel, rec in files.items() if remote.get(rel) not in (None, rec["sha256"])]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from launcher.errors import LauncherError, NotResumable
 from launcher.hashing import atomic_write_json
@@ -28,6 +28,7 @@ from launcher.runs.lifecycle import LogSink, pull_run, read_launch, wait_run
 from launcher.runs.manifest import run_segments
 from launcher.runs.placement import DirectPlacement, Placement, RunState, output_owner
 from launcher.runs.pull import pull_outputs
+from launcher.runs.records import LaunchRecord, Segment
 from launcher.runs.rundir import RunDir
 from launcher.runs.store import resolve_run_id
 from launcher.runs.targets import open_placement
@@ -35,13 +36,13 @@ from launcher.runtime.checkpoint import ENV_RESUME, LATEST
 from launcher.workspace import Workspace
 
 
-def checkpoint_on_host(placement: Placement, launch: Mapping[str, Any]) -> str:
+def checkpoint_on_host(placement: Placement, launch: LaunchRecord) -> str:
     """The name of the run's latest checkpoint where it ran; NotResumable when there is none."""
     return _checkpoint_name(placement.host.read_text(f"{placement.outputs(launch)}/{LATEST}"), launch,
                             f"on {placement.name}")
 
 
-def _checkpoint_name(text: str | None, launch: Mapping[str, Any], where: str) -> str:
+def _checkpoint_name(text: str | None, launch: LaunchRecord, where: str) -> str:
     try:
         return str(json.loads(text or "")["name"])
     except (ValueError, KeyError, TypeError):
@@ -50,9 +51,10 @@ def _checkpoint_name(text: str | None, launch: Mapping[str, Any], where: str) ->
             "start it again with `launcher run`") from None
 
 
-def _check(ws: Workspace, run_id: str, launch: Mapping[str, Any]) -> None:
+def _check(ws: Workspace, run_id: str, launch: LaunchRecord) -> None:
     """Refuse a run that cannot be resumed, before anything is touched."""
-    if not (launch.get("checkpoint") or {}).get("every"):
+    checkpoint = launch.get("checkpoint")
+    if not (checkpoint and checkpoint.get("every")):
         raise NotResumable(f"run {run_id} was started without --checkpoint-every: it has no checkpoints",
                            "start it again with `launcher run ... --checkpoint-every N`")
     manifest = RunDir.of(ws, run_id).manifest_file
@@ -64,26 +66,30 @@ def _check(ws: Workspace, run_id: str, launch: Mapping[str, Any]) -> None:
                            "start it again with `launcher run`")
 
 
-def _not_finished(launch: Mapping[str, Any], state: RunState | None) -> None:
+def _not_finished(launch: LaunchRecord, state: RunState | None) -> None:
     """Refuse a run whose container ended well: it finished, its outputs wait to be pulled."""
     if state is not None and state.ended and state.exit_code == 0:
         raise NotResumable(f"run {launch['run_id']} finished (exit 0): there is nothing to resume",
                            f"pull it (`launcher pull {launch['run_id']}`)")
 
 
-def _ended(launch: Mapping[str, Any], segments: list[dict[str, Any]], local: RunDir) -> None:
+def _ended(launch: LaunchRecord, segments: list[Segment], local: RunDir) -> None:
     """The last segment completed from the manifest of a pull, when its container is gone."""
     manifest = local.manifest_file
     if manifest.is_file():
         seen = json.loads(manifest.read_text())
-        segments[-1].update({k: segments[-1].get(k) or seen.get(k) for k in ("started_at", "ended_at", "exit_code")})
+        last = segments[-1]
+        last["started_at"] = last.get("started_at") or seen.get("started_at")
+        last["ended_at"] = last.get("ended_at") or seen.get("ended_at")
+        last["exit_code"] = last.get("exit_code") or seen.get("exit_code")
     segments[-1].setdefault("host", launch["host"]["name"])
 
 
 def resume_run(ws: Workspace, run_ref: str, reporter: Reporter | None = None, *, host: HostSpec | None = None,
                detach: bool = False, on_log: LogSink | None = None, poll_s: float = 1.0) -> dict[str, Any]:
     """Resume the run from its latest checkpoint, where it ran or on ``host``; wait for it and pull it (the
-    manifest), or, detached, return its launch record once the container started."""
+    manifest), or, detached, return its launch record once the container started (either as the CLI
+    reads it, by key: pull_run's answer)."""
     run_id = resolve_run_id(ws, run_ref)
     launch = read_launch(ws, run_id)
     _check(ws, run_id, launch)
@@ -110,19 +116,20 @@ def resume_run(ws: Workspace, run_ref: str, reporter: Reporter | None = None, *,
         started = placement.state(launch)
         segments.append({"segment": len(segments), "host": placement.name, "resumed_from": name,
                          "container": record["container"], "started_at": started.started_at if started else None})
-        launch = {**launch, "segments": segments}
+        launch = launch.copy()
+        launch["segments"] = segments
         if record.get("image_ran"):
             launch["image_ran"] = record["image_ran"]
         atomic_write_json(local.launch_file, launch)
         local.forget_pulled()  # what was pulled of the earlier segments describes outputs the container rewrites
         if detach:
-            return launch
+            return cast(dict[str, Any], launch)
         wait_run(ws, run_id, placement, on_log=on_log, poll_s=poll_s)
         return pull_run(ws, run_id, placement, reporter)
 
 
-def _move(ws: Workspace, launch: dict[str, Any], local: RunDir, spec: HostSpec,
-          reporter: Reporter | None) -> tuple[dict[str, Any], list[dict[str, Any]], DirectPlacement]:
+def _move(ws: Workspace, launch: LaunchRecord, local: RunDir, spec: HostSpec,
+          reporter: Reporter | None) -> tuple[LaunchRecord, list[Segment], DirectPlacement]:
     """The run's outputs, image, data and code put on the host of spec; the launch record as it will
     start there, its segments so far, and the placement there."""
     from launcher.runs import datasets
@@ -159,11 +166,13 @@ def _move(ws: Workspace, launch: dict[str, Any], local: RunDir, spec: HostSpec,
         new.prepare("--gpus" in argv)
         new.ship(launch["image"], via=None, reporter=rep, cache_dir=ws.cache_dir)
         data, source = launch.get("data"), launch.get("data_source")
-        if data and (source or {}).get("kind") == "sent":
-            data, source = new.send_data(Path(source["local"]), rep)  # type: ignore[index]
-        code = dict(launch.get("code") or {})
-        if code.get("source") == "mounted":
-            code = new.send_code({k: v for k, v in code.items() if k != "host_path"}, rep)
+        if data and source and source.get("kind") == "sent":
+            data, source = new.send_data(Path(source["local"]), rep)
+        code = launch.get("code")
+        if code and code.get("source") == "mounted":
+            unplaced = code.copy()
+            unplaced.pop("host_path", None)
+            code = new.send_code(unplaced, rep)
         remote = new.run_dir(run_id, data)
         placed = datasets.place(new.host, local.outputs, rep, area="resume", name=run_id)
         new.host.run(["cp", "-a", f"{placed.path}/.", f"{remote}/out/"])
@@ -172,11 +181,15 @@ def _move(ws: Workspace, launch: dict[str, Any], local: RunDir, spec: HostSpec,
         paths = {f"{launch['remote_dir']}/out": f"{remote}/out"}
         if launch.get("data") and data:
             paths[str(launch["data"])] = str(data)
-        if (launch.get("code") or {}).get("host_path") and code.get("host_path"):
-            paths[str(launch["code"]["host_path"])] = str(code["host_path"])
-        moved = {**launch, "host": new.host.describe(), "host_options": spec.to_record(), "placement": new.record(),
-                 "remote_dir": remote, "data": data, "data_source": source, "code": code,
-                 "argv": moved_argv(argv, paths, output_owner(new.host, new.engine), str(launch["image"]["id"]))}
+        old_code = launch.get("code")
+        if old_code and old_code.get("host_path") and code and code.get("host_path"):
+            paths[str(old_code["host_path"])] = str(code["host_path"])
+        moved = launch.copy()
+        moved.update({"host": new.host.describe(), "host_options": spec.to_record(), "placement": new.record(),
+                      "remote_dir": remote, "data": data, "data_source": source,
+                      "argv": moved_argv(argv, paths, output_owner(new.host, new.engine), str(launch["image"]["id"]))})
+        if code is not None:
+            moved["code"] = code
     except BaseException:
         new.close()
         raise

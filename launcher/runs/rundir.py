@@ -15,9 +15,10 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from launcher.errors import UsageError
+from launcher.runs.records import LaunchRecord
 
 if TYPE_CHECKING:
     from launcher.workspace import Workspace
@@ -27,6 +28,10 @@ MANIFEST = "manifest.json"
 PULLED = ".pulled.json"
 OUTPUTS = "outputs"
 TRAIN_LOG = "logs/train.log"  # inside outputs/
+# what the runtime in the container records about the run, inside outputs/ (launcher.runtime)
+EXIT_RECORD = "_launcher/exit.json"
+CODE_RECORD = "_launcher/code.json"
+RUNTIME_RECORD = "_launcher/runtime.json"
 _RUN_ID = re.compile(r"^[0-9]{8}T[0-9]{6}-[A-Za-z0-9_.-]+-[0-9a-f]{6}$")
 
 
@@ -72,13 +77,15 @@ class RunDir:
     def is_complete(self) -> bool:
         return self.path.is_dir() and self.manifest_file.is_file()
 
-    def read_launch_quiet(self) -> dict[str, Any] | None:
+    def read_launch_quiet(self) -> LaunchRecord | None:
         """The launch record, or None where there is none or it is unreadable (listings skip such runs)."""
         try:
             data = json.loads(self.launch_file.read_text())
         except (OSError, ValueError):
             return None
-        return data if isinstance(data, dict) else None
+        if not isinstance(data, dict) or not isinstance(data.get("group"), str):  # what listings read
+            return None
+        return cast(LaunchRecord, data)
 
     def forget_pulled(self) -> None:
         """Back to a started run: the manifest, the pull state and the outputs pulled so far removed

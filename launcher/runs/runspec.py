@@ -13,6 +13,7 @@ from launcher.errors import Corrupt, LauncherError, NotFound, UsageError
 from launcher.images.lock import parse_lock
 from launcher.runs import recipes
 from launcher.runs.recipes import Recipe
+from launcher.runs.records import CodePlan, DataSource, ImageRecord, ProbesRecord
 from launcher.runtime import frameworks
 from launcher.runtime.probespec import ProbeError, ProbeSpec, parse_option
 from launcher.runtime.steps import EPOCH, parse_every
@@ -33,13 +34,13 @@ class RunSpec:
     detach: bool = False
     ship_via: str | None = None  # None: docker save | load; or a registry address such as 127.0.0.1:5000
     data_from: str | None = None  # a dataset folder on this machine, sent to the host by content
-    data_source: dict[str, Any] | None = None  # where the data came from (set when the placement receives it)
+    data_source: DataSource | None = None  # where the data came from (set when the placement receives it)
     args: list[str] = field(default_factory=list)  # the script's own argv (after `--`)
     code: str | None = None  # --code DIR: the folder a plain script is sent with
     entry: str | None = None  # --entry FILE: the script of a folder without recipe.toml
     mount: bool = False  # mount the workspace recipe read-only instead of running the baked copy
     build: bool = True  # rebuild a stale image first; False: refuse to run stale code
-    code_plan: dict[str, Any] | None = None  # what code runs and where the host has it (set by Placement.send_code)
+    code_plan: CodePlan | None = None  # what code runs and where the host has it (set by Placement.send_code)
     probes: str | None = None  # --probes SPEC as given: off, N or KEY=VALUE,...; None: the recipe's [probes]
     trace_every: str | None = None  # --trace-every: epoch (None), off or a step count (launcher.runtime.steps)
     optrace: str | None = None  # LO:HI: trace these steps op by op (a `launcher diverge` re-execution)
@@ -48,7 +49,7 @@ class RunSpec:
     secret_env: dict[str, str] = field(default_factory=dict, repr=False)  # --secret-env: recorded by sha256 only
     find_links: list[str] = field(default_factory=list)  # --find-links DIR: wheels no reachable index serves
     ca_bundle: str | None = None  # --ca-bundle FILE: the CA pip trusts for the index (locks and downloads)
-    image: dict[str, Any] | None = None  # the image the runs use when it is not the variant's (a project layer)
+    image: ImageRecord | None = None  # the image the runs use when it is not the variant's (a project layer)
 
 
 def parse_params(pairs: Sequence[str]) -> dict[str, Any]:
@@ -88,7 +89,7 @@ def checkpoint_option(every: int | None) -> int | None:
     return every
 
 
-def probes_record(spec: RunSpec, recipe: Recipe) -> dict[str, Any]:
+def probes_record(spec: RunSpec, recipe: Recipe) -> ProbesRecord:
     """The probe set a run records, for its launch record and manifest: where it came from (option,
     recipe or none) and its config (None: no probes)."""
     if spec.probes is not None:
@@ -201,7 +202,7 @@ def check_framework(ws: Workspace, recipe: Recipe, variant: str) -> None:
         f"({ws.lock_txt(variant).relative_to(ws.root)} lists no {wanted[0]})", hint)
 
 
-def image_record(ws: Workspace, variant: str) -> dict[str, Any]:
+def image_record(ws: Workspace, variant: str) -> ImageRecord:
     check_variant_name(variant)
     path = ws.build_record(variant)
     try:
@@ -235,7 +236,7 @@ def baked(ws: Workspace, recipe: Recipe, mount: bool = False) -> bool:
     return not mount and not recipe.adhoc and recipe.path.parent == ws.recipes.resolve()
 
 
-def plan_code(ws: Workspace, spec: RunSpec, recipe: Recipe) -> dict[str, Any]:
+def plan_code(ws: Workspace, spec: RunSpec, recipe: Recipe) -> CodePlan:
     """What code the run executes: the recipe baked into the image, or a folder to mount (a plain
     script's project, a recipe folder from outside the workspace, or --mount), snapshotted here
     by its code digest."""
@@ -247,7 +248,7 @@ def plan_code(ws: Workspace, spec: RunSpec, recipe: Recipe) -> dict[str, Any]:
         return {"source": "image", "git": code.git_state(recipe.path)}
     tree = code.select(script_root(spec, recipe), recipe.path) if recipe.adhoc else code.select(recipe.path)
     local = code.snapshot(tree, ws.cache_dir)
-    return {"source": "mounted", "local": str(local), **tree.to_dict()}
+    return tree.plan(local)
 
 
 def script_root(spec: RunSpec, recipe: Recipe) -> Path:

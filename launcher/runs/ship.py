@@ -47,6 +47,7 @@ from launcher.images import blobs
 from launcher.images import tree as imagetree
 from launcher.progress import CountingReader, NullReporter, Reporter, Task
 from launcher.runs import shipstaged
+from launcher.runs.records import ShipRecord
 
 LAYER_MAP_FILE = "layer-dirs.json"
 SHIP_REPO = "launcher/ship"
@@ -61,7 +62,7 @@ class ShipResult:
     layers_skipped: int = 0
     seconds: float = 0.0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ShipRecord:
         return {
             "image_id": self.image_id,
             "skipped": self.skipped,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from launcher.errors import UsageError
 from launcher.runs.determinism import RESERVED_ENV
+from launcher.runs.records import EnvValue
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 IMAGE_ENV = ("PATH", "PYTHONPATH")  # the image's own: the runtime and the locked packages are found through them
@@ -31,9 +32,9 @@ class UserEnv:
     def names(self) -> list[str]:
         return sorted({*self.plain, *self.secret})
 
-    def record(self) -> dict[str, dict[str, str]]:
+    def record(self) -> dict[str, EnvValue]:
         """What the launch record and the manifest keep: {"NAME": {"value": ...} | {"sha256": ...}}."""
-        out: dict[str, dict[str, str]] = {k: {"value": v} for k, v in self.plain.items()}
+        out: dict[str, EnvValue] = {k: {"value": v} for k, v in self.plain.items()}
         out.update({k: {"sha256": secret_digest(v)} for k, v in self.secret.items()})
         return dict(sorted(out.items()))
 

@@ -1,0 +1,236 @@
+"""The JSON records of a run's folder (see :mod:`launcher.runs.rundir`), as typed dictionaries.
+
+Each class describes a JSON object on disk or inside one, key for key, so the bytes written stay
+exactly what they were: ``runs/<id>/launch.json`` (:class:`LaunchRecord`), ``runs/<id>/manifest.json``
+(:class:`ManifestData`), ``runs/<id>/.pulled.json`` (:class:`PulledFile` per path) and the parts
+they share. Keys a reader treats as possibly absent (older records, or ones written only in some
+cases) are ``NotRequired``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NotRequired, TypedDict
+
+
+class GitState(TypedDict, total=False):
+    """A code folder's git state (launcher.runs.code.git_state): ``{}`` outside a git work tree."""
+
+    commit: str
+    dirty: bool
+
+
+class ImageRecord(TypedDict):
+    """The image a run uses (launch.json's and manifest.json's ``image``), from the variant's build
+    record (launcher.runs.runspec.image_record); the manifest adds what ran in the container."""
+
+    id: str
+    tag: str | None
+    variant: str
+    base_digest: str | None
+    lock_sha256: str | None
+    git_commit: str | None
+    git_dirty: bool | None
+    launcher_version: str
+    recipes: NotRequired[dict[str, str]]  # recipe name -> baked code digest; dropped before launch.json
+    # the project layer (launcher.runs.project.with_image: folder, locks' sha256, layer, packages,
+    # variant_image_id); launcher.attest reads it as a plain dict
+    project: NotRequired[dict[str, Any]]
+    runtime_digest: NotRequired[str | None]  # the manifest's: computed by the runtime in the container
+    packages_digest: NotRequired[str | None]
+
+
+class CodePlan(TypedDict):
+    """What code a run executes and where the host has it (launcher.runs.runspec.plan_code;
+    launch.json's ``code`` without its ``git``): baked in the image, or a snapshot to mount."""
+
+    source: str  # "image" | "mounted"
+    git: NotRequired[GitState]
+    local: NotRequired[str]  # the snapshot here
+    root: NotRequired[str]
+    files: NotRequired[int]
+    bytes: NotRequired[int]
+    entry: NotRequired[str]
+    digest: NotRequired[str]
+    host_path: NotRequired[str]  # where the host mounts it from (Placement.send_code)
+    sent: NotRequired[bool]
+
+
+class LaunchRecipe(TypedDict):
+    """The ``recipe`` of launch.json: what the host expected to run (the manifest records what ran)."""
+
+    name: str
+    framework: str
+    entry: str
+    script: bool
+    code_source: str | None
+    git: GitState
+    args: list[str]
+    volatile: list[str]
+    expected_digest: str | None
+    identity: NotRequired[str]  # a plain script's project/path (launcher.runs.identity)
+
+
+class ProbesRecord(TypedDict):
+    """The probe set of a run (launch.json's and manifest.json's ``probes``)."""
+
+    source: str  # "option" | "recipe" | "none"
+    option: NotRequired[str]  # --probes as given
+    config: dict[str, Any] | None  # ProbeSpec.as_dict(), owned by launcher.runtime.probespec
+
+
+class TraceRecord(TypedDict):
+    every: str  # "epoch", "off" or a step count
+
+
+class CheckpointRecord(TypedDict):
+    every: int
+
+
+class DeterminismRecord(TypedDict):
+    """The ``determinism`` of launch.json and manifest.json: the profile and the environment it set."""
+
+    profile: str
+    threads: int | None
+    env: dict[str, str]
+
+
+class EnvValue(TypedDict, total=False):
+    """One --env value ({"value"}) or --secret-env value ({"sha256"}), as launcher.runs.userenv records it."""
+
+    value: str
+    sha256: str
+
+
+class DataSource(TypedDict):
+    """Where a run's data came from: a folder on the host, or one sent from here (datasets.Placed)."""
+
+    kind: str  # "host" | "sent"
+    path: str
+    local: NotRequired[str]
+    digest: NotRequired[str]
+    files: NotRequired[int]
+    bytes: NotRequired[int]
+    sent: NotRequired[bool]
+
+
+class ShipRecord(TypedDict):
+    """How the image reached the host (launcher.runs.ship.ShipResult.to_dict)."""
+
+    image_id: str
+    skipped: bool
+    bytes_sent: int
+    layers_sent: int
+    layers_skipped: int
+    seconds: float
+
+
+class Segment(TypedDict):
+    """One container of a resumable run (``segments`` of launch.json and manifest.json)."""
+
+    segment: int
+    container: str | None
+    resumed_from: str | None
+    host: NotRequired[str]
+    started_at: NotRequired[str | None]
+    ended_at: NotRequired[str | None]
+    exit_code: NotRequired[int | None]
+
+
+class LaunchRecord(TypedDict):
+    """``runs/<id>/launch.json``: a run as it was started (launcher.runs.lifecycle), completed with what
+    its target said when it started it (``container``, ``argv``, ``image_ran``, ``slurm``)."""
+
+    run_id: str
+    group: str
+    replicate: NotRequired[int]
+    host: dict[str, Any]  # Host.describe(), owned by launcher.hosts (its keys differ by kind of host)
+    host_options: NotRequired[dict[str, Any]]  # HostSpec.to_record(), owned by launcher.hosts.hostspec
+    placement: NotRequired[dict[str, Any]]  # Placement.record(): its "kind" and what the target adds
+    container: NotRequired[str]
+    remote_dir: str
+    recipe: LaunchRecipe
+    code: NotRequired[CodePlan]
+    params: NotRequired[dict[str, Any]]  # the recipe's params: free-form JSON values it declares
+    probes: NotRequired[ProbesRecord]
+    trace: NotRequired[TraceRecord]
+    checkpoint: NotRequired[CheckpointRecord]
+    seed: NotRequired[int | None]
+    determinism: DeterminismRecord
+    env: NotRequired[dict[str, EnvValue]]
+    image: ImageRecord
+    data: NotRequired[str | None]
+    data_source: NotRequired[DataSource | None]
+    variant: NotRequired[str]
+    facts: NotRequired[dict[str, Any]]  # the host's fact sheet (launcher.hosts.provision): free-form probes
+    ship: NotRequired[ShipRecord]
+    launched_at: str
+    # what the target adds once it started the run (Placement.start), or why it could not
+    argv: NotRequired[list[str]]
+    image_ran: NotRequired[str]
+    slurm: NotRequired[dict[str, Any]]  # the job array's fields, owned by launcher.runs.slurm
+    start_error: NotRequired[str]
+    segments: NotRequired[list[Segment]]  # launcher resume: each container the run had
+
+
+class PulledFile(TypedDict):
+    """A verified output file: ``.pulled.json``'s value per path (with mtime_ns), PullResult.files."""
+
+    size: int
+    sha256: str
+    mtime_ns: NotRequired[int]
+
+
+class ArtifactEntry(TypedDict):
+    """The entries of manifest.json's ``artifacts``."""
+
+    path: str  # relative to the run folder, posix
+    size: int
+    sha256: str
+
+
+class ManifestRecipe(TypedDict):
+    """The ``recipe`` of manifest.json: the code that ran, as the runtime computed it in the container."""
+
+    name: str
+    tree_digest: NotRequired[str | None]
+    framework: NotRequired[str]
+    entry: NotRequired[str | None]
+    code_source: NotRequired[str | None]
+    files: NotRequired[Any]  # the runtime's file list (launcher.runtime.code), passed through as it wrote it
+    args: NotRequired[list[str]]
+    git: NotRequired[GitState]
+    lib_digest: NotRequired[str]
+    volatile: NotRequired[list[str]]
+    identity: NotRequired[str]
+
+
+class ManifestData(TypedDict):
+    """``runs/<id>/manifest.json`` (schema version 1; launcher.runs.manifest reads and writes it). The
+    required keys are the ones :func:`launcher.runs.manifest.validate` checks."""
+
+    schema_version: int
+    run_id: str
+    group: str
+    replicate: NotRequired[int]
+    recipe: ManifestRecipe
+    params: NotRequired[dict[str, Any]]  # the recipe's params: free-form JSON values it declares
+    env: NotRequired[dict[str, EnvValue]]
+    # launch.json's, passed through: a ProbesRecord, TraceRecord, DataSource or null; launcher.attest
+    # reads them as plain dicts after its own isinstance checks, so they stay loose here
+    probes: NotRequired[Any]
+    trace: NotRequired[Any]
+    seed: int | None
+    determinism: DeterminismRecord
+    image: ImageRecord
+    host: dict[str, Any]  # launch.json's host with the host's "facts" (free-form, launcher.hosts)
+    placement: NotRequired[dict[str, Any]]  # its kind and what its target recorded (RunState.info)
+    runtime: NotRequired[dict[str, Any]]  # _launcher/runtime.json as the runtime in the container wrote it
+    started_at: str
+    ended_at: NotRequired[str]
+    exit_code: NotRequired[int]
+    status: str  # one of launcher.runs.manifest.STATUSES
+    data: NotRequired[str | None]
+    data_source: NotRequired[Any]
+    artifacts: list[ArtifactEntry]
+    checkpoint: NotRequired[CheckpointRecord]
+    segments: NotRequired[list[Segment]]
