@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.hosts import engine
-from launcher.runs.recipes import Recipe
+from launcher.runs.recipes import ParamValue, Recipe
 
 RUN_LABEL = "org.launcher.run"
 CONTAINER_OUT = "/launcher/out"
@@ -39,7 +39,7 @@ class ContainerJob:
     env: Mapping[str, str]
     host_out: str
     recipe: Recipe
-    params: Mapping[str, Any]
+    params: Mapping[str, ParamValue]
     data: str | None = None
     gpu: bool = False
     host_code: str | None = None

@@ -18,6 +18,7 @@ from launcher.errors import ExitCode, HostUnreachable, LauncherError, UsageError
 from launcher.hosts.hostspec import HostSpec
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.determinism import DEFAULT_SEED
+from launcher.runs.recipes import ParamValue
 from launcher.runs.records import LaunchRecord
 from launcher.runs.replicates import Failure, seed_override_note
 from launcher.runs.userenv import UserEnv
@@ -207,7 +208,7 @@ def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
                variant: str = "cpu",
                profile: str = "deterministic",
                threads: int | None = None, data: str | None = None, data_from: str | None = None,
-               params: dict[str, Any] | None = None,  # the recipe's params: free-form JSON values
+               params: dict[str, ParamValue] | None = None,
                probes: str | None = None,
                trace_every: str | None = None,
                args: Sequence[str] = (),

@@ -29,7 +29,7 @@ from launcher.progress import NullReporter, Reporter
 from launcher.runs.container import ContainerJob
 from launcher.runs.placement import Placement, RunState, placement_for
 from launcher.runs.pull import PullResult, PullSummary, pull_outputs
-from launcher.runs.recipes import Recipe
+from launcher.runs.recipes import ParamValue, Recipe
 from launcher.runs.records import CodePlan, ImageRecord, LaunchRecipe, LaunchRecord, ManifestData, ProbesRecord
 from launcher.runs.replicates import Failure, failure_of, is_failed, seed_override_note
 from launcher.runs.rundir import RunDir
@@ -194,8 +194,8 @@ def _placed_inputs(ws: Workspace, spec: RunSpec, placement: Placement, recipe: R
 
 
 def _job(ws: Workspace, spec: RunSpec, recipe: Recipe, plan: CodePlan, run_id: str, image: ImageRecord,
-         env: dict[str, str], remote: str, params: dict[str, Any], probes: ProbesRecord) -> ContainerJob:
-    """The run's container (params: the recipe's, checked; free-form JSON values)."""
+         env: dict[str, str], remote: str, params: dict[str, ParamValue], probes: ProbesRecord) -> ContainerJob:
+    """The run's container (params: the recipe's, checked)."""
     data = str(PurePosixPath(spec.data)) if spec.data else None
     return ContainerJob(
         run_id=run_id,

@@ -25,6 +25,7 @@ from launcher.runs.records import (
     Segment,
 )
 from launcher.runs.rundir import CODE_RECORD, EXIT_RECORD, OUTPUTS, RUNTIME_RECORD, RunDir
+from launcher.runtime.recipespec import ParamValue
 
 if TYPE_CHECKING:
     from launcher.runs.placement import RunState
@@ -105,7 +106,7 @@ class Manifest:
         return self.data["seed"]
 
     @property
-    def params(self) -> dict[str, Any]:  # the recipe's params: free-form JSON values
+    def params(self) -> dict[str, ParamValue]:
         value = self.data.get("params")
         return value if isinstance(value, dict) else {}
 

@@ -181,13 +181,13 @@ def parse_param(text: str) -> tuple[str, ParamValue]:
     return key, coerce(raw)
 
 
-def check_values(recipe: Recipe, given: Mapping[str, Any]) -> dict[str, Any]:
+def check_values(recipe: Recipe, given: Mapping[str, ParamValue]) -> dict[str, ParamValue]:
     """``given`` with each value checked against the recipe's param and given its type: a value of
     the wrong type, outside the declared choices or range is a usage error naming the allowed
     values. Keys are not checked here (see :func:`resolve_params`); an ad-hoc script's pass as given."""
     if recipe.adhoc:
         return dict(given)
-    out: dict[str, Any] = {}
+    out: dict[str, ParamValue] = {}
     for key, value in given.items():
         try:
             out[key] = rspec.check_value(recipe.spec, key, value)
@@ -200,7 +200,7 @@ def check_values(recipe: Recipe, given: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def resolve_params(recipe: Recipe, given: list[str] | dict[str, Any]) -> dict[str, ParamValue]:
+def resolve_params(recipe: Recipe, given: list[str] | dict[str, ParamValue]) -> dict[str, ParamValue]:
     """The recipe's defaults overridden by ``given``; unknown keys are refused for a recipe folder,
     and each value is checked against its param (type, choices, range)."""
     pairs: list[tuple[str, Any]] = (list(given.items()) if isinstance(given, dict)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any, NotRequired, TypedDict
 
+from launcher.runtime.recipespec import ParamValue
+
 
 class GitState(TypedDict, total=False):
     """A code folder's git state (launcher.runs.code.git_state): ``{}`` outside a git work tree."""
@@ -150,7 +152,7 @@ class LaunchRecord(TypedDict):
     remote_dir: str
     recipe: LaunchRecipe
     code: NotRequired[CodePlan]
-    params: NotRequired[dict[str, Any]]  # the recipe's params: free-form JSON values it declares
+    params: NotRequired[dict[str, ParamValue]]  # the recipe's params, checked against its recipe.toml
     probes: NotRequired[ProbesRecord]
     trace: NotRequired[TraceRecord]
     checkpoint: NotRequired[CheckpointRecord]
@@ -213,7 +215,7 @@ class ManifestData(TypedDict):
     group: str
     replicate: NotRequired[int]
     recipe: ManifestRecipe
-    params: NotRequired[dict[str, Any]]  # the recipe's params: free-form JSON values it declares
+    params: NotRequired[dict[str, ParamValue]]
     env: NotRequired[dict[str, EnvValue]]
     # launch.json's, passed through: a ProbesRecord, TraceRecord, DataSource or null; launcher.attest
     # reads them as plain dicts after its own isinstance checks, so they stay loose here

@@ -6,13 +6,12 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from launcher import __version__
 from launcher.errors import Corrupt, LauncherError, NotFound, UsageError
 from launcher.images.lock import parse_lock
 from launcher.runs import recipes
-from launcher.runs.recipes import Recipe
+from launcher.runs.recipes import ParamValue, Recipe
 from launcher.runs.records import CodePlan, DataSource, ImageRecord, ProbesRecord
 from launcher.runtime import frameworks
 from launcher.runtime.probespec import ProbeError, ProbeSpec, parse_option
@@ -28,7 +27,7 @@ class RunSpec:
     profile: str = "deterministic"
     threads: int | None = None
     data: str | None = None
-    params: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, ParamValue] = field(default_factory=dict)
     group: str | None = None
     replicate: int = 0
     detach: bool = False
@@ -52,7 +51,7 @@ class RunSpec:
     image: ImageRecord | None = None  # the image the runs use when it is not the variant's (a project layer)
 
 
-def parse_params(pairs: Sequence[str]) -> dict[str, Any]:
+def parse_params(pairs: Sequence[str]) -> dict[str, ParamValue]:
     """KEY=VALUE strings -> typed values (JSON numbers, booleans, else the string itself)."""
     return dict(recipes.parse_param(p) for p in pairs)
 
@@ -103,7 +102,7 @@ def load_recipe(ws: Workspace, name_or_path: str, entry: str | None = None) -> R
     return recipes.load_recipe(ws, name_or_path, entry=entry)
 
 
-def check_params(recipe: Recipe, given: Mapping[str, Any]) -> dict[str, Any]:
+def check_params(recipe: Recipe, given: Mapping[str, ParamValue]) -> dict[str, ParamValue]:
     if recipe.adhoc and given:
         raise UsageError(
             f"--param {next(iter(given))}=... given, but the plain script {recipe.entry} declares no params",
