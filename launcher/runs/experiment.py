@@ -19,7 +19,7 @@ from launcher.hosts.hostspec import HostSpec
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.determinism import DEFAULT_SEED
 from launcher.runs.recipes import ParamValue
-from launcher.runs.records import LaunchRecord
+from launcher.runs.records import LaunchRecord, RunRecord
 from launcher.runs.replicates import Failure, seed_override_note
 from launcher.runs.userenv import UserEnv
 from launcher.workspace import Workspace
@@ -173,9 +173,10 @@ class ExperimentResult:
         }
 
 
-def _records(value: Any) -> list[dict[str, Any]]:  # an Outcome's value (any launch callable's): its JSON runs
+def _records(value: Any) -> list[RunRecord]:
+    """The runs of an Outcome's value (what the launch callable answered: a RunOutcome, or {"runs": [...]})."""
     runs = value.get("runs") if isinstance(value, dict) else getattr(value, "runs", value)
-    return [r for r in runs if isinstance(r, dict)] if isinstance(runs, list) else []
+    return [cast(RunRecord, r) for r in runs if isinstance(r, dict)] if isinstance(runs, list) else []
 
 
 def _run_ids(value: Any) -> list[str]:
@@ -183,7 +184,7 @@ def _run_ids(value: Any) -> list[str]:
 
 
 def _run_failed(value: Any) -> bool:
-    return any(r.get("status") in ("failed", "cancelled") for r in _records(value))
+    return any(dict(r).get("status") in ("failed", "cancelled") for r in _records(value))
 
 
 def _launch_with_runs(ws: Workspace, base: Any, reporter: Reporter) -> Callable[[PlannedRun, Any], Any]:

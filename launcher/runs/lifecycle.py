@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
-from typing import Any, TypedDict, cast
+from typing import Any, cast
 
 from launcher.errors import CommandFailed, Corrupt, ExitCode, LauncherError, NotFound, UnsafePath, UsageError
 from launcher.hashing import atomic_write_json
@@ -28,9 +28,18 @@ from launcher.hosts.hostspec import HostSpec
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.container import ContainerJob
 from launcher.runs.placement import Placement, RunState, placement_for
-from launcher.runs.pull import PullResult, PullSummary, pull_outputs
+from launcher.runs.pull import PullResult, pull_outputs
 from launcher.runs.recipes import ParamValue, Recipe
-from launcher.runs.records import CodePlan, ImageRecord, LaunchRecipe, LaunchRecord, ManifestData, ProbesRecord
+from launcher.runs.records import (
+    CodePlan,
+    ImageRecord,
+    LaunchRecipe,
+    LaunchRecord,
+    ManifestData,
+    ProbesRecord,
+    PullStatus,
+    RunRecord,
+)
 from launcher.runs.replicates import Failure, failure_of, is_failed, seed_override_note
 from launcher.runs.rundir import RunDir
 from launcher.runs.runspec import (
@@ -63,17 +72,6 @@ __all__ = [
     "load_recipe", "new_run_id", "parse_params", "probe_option", "pull_record", "pull_run", "read_launch", "run_dir",
     "run_recipe", "start_run", "trace_option", "utc_now", "wait_run",
 ]
-
-
-class PullStatus(TypedDict):
-    """What pull_run answers for a run that still goes (``launcher pull`` without --watch)."""
-
-    run_id: str
-    status: str  # "running"
-    pulled: PullSummary
-
-
-RunRecord = ManifestData | LaunchRecord | PullStatus  # a manifest, a detached run's launch record, a pull status
 
 
 @dataclass
@@ -454,9 +452,10 @@ def _one_by_one(ws: Workspace, placement: Placement, specs: Sequence[RunSpec], g
     for i, one in enumerate(specs):
         launch = start_run(ws, one, placement, reporter, **start)
         wait_run(ws, launch["run_id"], placement, on_log=on_log, poll_s=poll_s)
-        outcome.runs.append(pull_record(ws, launch["run_id"], placement, reporter))
-        if is_failed(outcome.runs[-1]):
-            outcome.failure = failure_of(ws, outcome.runs[-1], placement, not_started=len(specs) - i - 1)
+        pulled = pull_record(ws, launch["run_id"], placement, reporter)
+        outcome.runs.append(pulled)
+        if is_failed(pulled):
+            outcome.failure = failure_of(ws, pulled, placement, not_started=len(specs) - i - 1)
             break
     return outcome
 

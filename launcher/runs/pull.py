@@ -24,7 +24,7 @@ from launcher.hashing import CHUNK, atomic_write_json, sha256_file
 from launcher.hosts.base import Host, RemoteEntry
 from launcher.hosts.scripts import text as host_script
 from launcher.progress import NullReporter, Reporter
-from launcher.runs.records import PulledFile
+from launcher.runs.records import PulledFile, PullSummary
 from launcher.runs.rundir import RunDir
 
 # Runs on the host with its own python3: a file of this package, sent as the text of `python3 -c`.
@@ -70,16 +70,6 @@ def _dest(root: Path, rel: str, checked: set[Path] | None = None) -> Path:
     if target.is_symlink():
         target.unlink()
     return target
-
-
-class PullSummary(TypedDict):
-    """A pull's counts (``launcher pull``'s answer for a run that still goes)."""
-
-    files: int
-    transferred: int
-    skipped: int
-    refused: list[str]
-    bytes: int
 
 
 @dataclass

@@ -182,6 +182,24 @@ class PulledFile(TypedDict):
     mtime_ns: NotRequired[int]
 
 
+class PullSummary(TypedDict):
+    """A pull's counts (launcher.runs.pull.PullResult.to_dict)."""
+
+    files: int
+    transferred: int
+    skipped: int
+    refused: list[str]
+    bytes: int
+
+
+class PullStatus(TypedDict):
+    """What launcher.runs.lifecycle.pull_record answers for a run that still goes (``launcher pull``)."""
+
+    run_id: str
+    status: str  # "running"
+    pulled: PullSummary
+
+
 class ArtifactEntry(TypedDict):
     """The entries of manifest.json's ``artifacts``."""
 
@@ -236,3 +254,6 @@ class ManifestData(TypedDict):
     artifacts: list[ArtifactEntry]
     checkpoint: NotRequired[CheckpointRecord]
     segments: NotRequired[list[Segment]]
+
+
+RunRecord = ManifestData | LaunchRecord | PullStatus  # a run as a command answers it: ended, detached or going

@@ -10,15 +10,28 @@ an import error N times tells nothing more and costs N times as much.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypedDict, TypeGuard
 
 from launcher.errors import LauncherError
+from launcher.runs.records import ManifestData, RunRecord
 from launcher.runs.rundir import RunDir
 from launcher.workspace import Workspace
 
 TAIL_LINES = 10
+
+
+class FailureRecord(TypedDict):
+    """A Failure in a command's JSON answer (``failure``)."""
+
+    run_id: str
+    group: str
+    replicate: int
+    exit_code: int | None
+    log_tail: list[str]
+    not_started: int
+    cancelled: list[str]
 
 
 @dataclass(frozen=True)
@@ -43,12 +56,14 @@ class Failure:
                         "cancelled")
         return what + (f"; {', '.join(rest)}" if rest else "")
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> FailureRecord:
+        return {"run_id": self.run_id, "group": self.group, "replicate": self.replicate, "exit_code": self.exit_code,
+                "log_tail": list(self.log_tail), "not_started": self.not_started, "cancelled": list(self.cancelled)}
 
 
-def is_failed(manifest: Mapping[str, Any]) -> bool:
-    return manifest.get("status") == "failed"
+def is_failed(run: RunRecord) -> TypeGuard[ManifestData]:
+    """Whether the run ended and failed (only a manifest says so)."""
+    return dict(run).get("status") == "failed"
 
 
 def log_tail(ws: Workspace, run_id: str, placement: Any = None, n: int = TAIL_LINES) -> list[str]:
@@ -68,7 +83,7 @@ def log_tail(ws: Workspace, run_id: str, placement: Any = None, n: int = TAIL_LI
     return [line.rstrip() for line in lines[-n:]]
 
 
-def failure_of(ws: Workspace, manifest: Mapping[str, Any], placement: Any = None, *, not_started: int = 0,
+def failure_of(ws: Workspace, manifest: ManifestData, placement: Any = None, *, not_started: int = 0,
                cancelled: Sequence[str] = ()) -> Failure:
     run_id = str(manifest["run_id"])
     code = manifest.get("exit_code")
@@ -77,14 +92,16 @@ def failure_of(ws: Workspace, manifest: Mapping[str, Any], placement: Any = None
                    list(cancelled))
 
 
-def seed_override_note(manifests: Iterable[Mapping[str, Any]]) -> str | None:
+def seed_override_note(manifests: Iterable[RunRecord]) -> str | None:
     """A warning when runs meant to differ in seed seeded themselves (the runtime's ``seed_calls``): the
     script's own seed then overrides launcher's, and the "different seeds" are not different. A call
     that passes on the run's own seed (read from LAUNCHER_SEED) does not count."""
     runs = list(manifests)
     own: dict[str, list[str]] = {}
-    for m in runs:
-        calls = (m.get("runtime") or {}).get("seed_calls") if isinstance(m.get("runtime"), dict) else None
+    for run in runs:
+        m = dict(run)  # read by key: only a manifest has a runtime
+        runtime = m.get("runtime")
+        calls = runtime.get("seed_calls") if isinstance(runtime, dict) else None
         if not isinstance(calls, list):
             continue  # an older runtime did not say
         for c in calls:
