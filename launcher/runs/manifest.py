@@ -16,7 +16,9 @@ from launcher.errors import Corrupt, NotFound, SchemaTooNew
 from launcher.hashing import atomic_write_json
 from launcher.runs.records import (
     ArtifactEntry,
+    CodeRecord,
     DeterminismRecord,
+    ExitRecord,
     ImageRecord,
     LaunchRecord,
     ManifestData,
@@ -243,13 +245,38 @@ def read_json_object(path: Path) -> dict[str, Any]:
         return {}
 
 
-def _part(doc: dict[str, Any], key: str) -> dict[str, Any]:
-    """The JSON object under key in a record the runtime wrote, or {} (free-form, as read_json_object)."""
-    value = doc.get(key)
-    return value if isinstance(value, dict) else {}
+def read_exit_record(outputs: Path) -> ExitRecord:
+    """``_launcher/exit.json`` under outputs: its fields of the right type ({} where there is none)."""
+    doc = read_json_object(outputs / EXIT_RECORD)
+    rec: ExitRecord = {}
+    if isinstance(doc.get("exit_code"), int):
+        rec["exit_code"] = doc["exit_code"]
+    if doc.get("started_at"):
+        rec["started_at"] = str(doc["started_at"])
+    if doc.get("ended_at"):
+        rec["ended_at"] = str(doc["ended_at"])
+    return rec
 
 
-def _exit_code(exit_rec: dict[str, Any], state: RunState | None) -> int:
+def read_code_record(outputs: Path) -> CodeRecord:
+    """``_launcher/code.json`` under outputs: its parts that are JSON objects ({} where there is none)."""
+    doc = read_json_object(outputs / CODE_RECORD)
+    rec: CodeRecord = {}
+    parts = {key: doc[key] for key in ("recipe", "lib", "runtime", "packages") if isinstance(doc.get(key), dict)}
+    if "recipe" in parts:
+        rec["recipe"] = parts["recipe"]
+    if "lib" in parts:
+        rec["lib"] = parts["lib"]
+    if "runtime" in parts:
+        rec["runtime"] = parts["runtime"]
+    if "packages" in parts:
+        rec["packages"] = parts["packages"]
+    if doc.get("lock_sha256"):
+        rec["lock_sha256"] = str(doc["lock_sha256"])
+    return rec
+
+
+def _exit_code(exit_rec: ExitRecord, state: RunState | None) -> int:
     """The script's exit status as the runtime recorded it, else as the target saw it, else -1."""
     code = exit_rec.get("exit_code")
     if isinstance(code, int):
@@ -257,9 +284,9 @@ def _exit_code(exit_rec: dict[str, Any], state: RunState | None) -> int:
     return state.exit_code if state and state.exit_code is not None else -1
 
 
-def _recipe_ran(launch: LaunchRecord, code: dict[str, Any]) -> ManifestRecipe:
+def _recipe_ran(launch: LaunchRecord, code: CodeRecord) -> ManifestRecipe:
     """The manifest's recipe: what the launch record expected, with what the runtime computed in its place."""
-    ran = _part(code, "recipe")
+    ran = code.get("recipe", {})
     lrec = launch["recipe"]
     recipe: ManifestRecipe = {
         "name": lrec["name"],
@@ -271,9 +298,9 @@ def _recipe_ran(launch: LaunchRecord, code: dict[str, Any]) -> ManifestRecipe:
         "args": list(lrec.get("args") or []),
         "git": lrec.get("git") or {},
     }
-    lib = _part(code, "lib")
-    if lib.get("digest"):  # the shared recipe library the recipe ran with (recipes/_lib)
-        recipe["lib_digest"] = lib["digest"]
+    lib_digest = code.get("lib", {}).get("digest")
+    if lib_digest:  # the shared recipe library the recipe ran with (recipes/_lib)
+        recipe["lib_digest"] = lib_digest
     if lrec.get("volatile"):
         recipe["volatile"] = list(lrec["volatile"])
     if lrec.get("identity"):  # a plain script's project/path (launcher.runs.identity)
@@ -281,15 +308,15 @@ def _recipe_ran(launch: LaunchRecord, code: dict[str, Any]) -> ManifestRecipe:
     return recipe
 
 
-def _image_ran(launch: LaunchRecord, code: dict[str, Any]) -> ImageRecord:
+def _image_ran(launch: LaunchRecord, code: CodeRecord) -> ImageRecord:
     """The manifest's image: the launch record's, with the image ID it started from and the digests
     the runtime computed."""
     image = launch["image"].copy()
     image["id"] = launch.get("image_ran") or image.get("id")
-    image["runtime_digest"] = _part(code, "runtime").get("digest")
+    image["runtime_digest"] = code.get("runtime", {}).get("digest")
     if code.get("lock_sha256"):
         image["lock_sha256"] = code["lock_sha256"]
-    image["packages_digest"] = _part(code, "packages").get("digest")
+    image["packages_digest"] = code.get("packages", {}).get("digest")
     return image
 
 
@@ -303,15 +330,15 @@ def assemble(launch: LaunchRecord, outputs: Path, files: Mapping[str, PulledFile
     one the container was started from. The host's own idea of them is never substituted; where
     the runtime recorded nothing (it did not get that far) the digest is null.
     """
-    exit_rec = read_json_object(outputs / EXIT_RECORD)
+    exit_rec = read_exit_record(outputs)
     exit_code = _exit_code(exit_rec, state)
-    code = read_json_object(outputs / CODE_RECORD)
+    code = read_code_record(outputs)
     segments: list[Segment] = []
     if launch.get("checkpoint"):
         segments = run_segments(launch, state)
         first = segments[0].get("started_at")
         if first and len(segments) > 1:  # the run started with its first container
-            exit_rec = {**exit_rec, "started_at": first}
+            exit_rec["started_at"] = first
     data: ManifestData = {
         "schema_version": SCHEMA_VERSION,
         "run_id": launch["run_id"],

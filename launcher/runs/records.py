@@ -208,6 +208,38 @@ class ArtifactEntry(TypedDict):
     sha256: str
 
 
+class ExitRecord(TypedDict, total=False):
+    """``outputs/_launcher/exit.json``: how the script ended, as the runtime recorded it (absent where the
+    runtime did not get that far)."""
+
+    exit_code: int
+    started_at: str
+    ended_at: str
+
+
+class CodePart(TypedDict, total=False):
+    """A part of ``outputs/_launcher/code.json`` (launcher.runtime.runner.record_code): a code tree's
+    digest and counts, where it came from (the recipe's), or only a digest (the runtime's, packages')."""
+
+    digest: str | None
+    files: int
+    bytes: int
+    path: str
+    source: str
+    entry: str
+
+
+class CodeRecord(TypedDict, total=False):
+    """``outputs/_launcher/code.json``: what code ran, computed by the runtime inside the container; each
+    part absent where an older or interrupted runtime did not write it."""
+
+    recipe: CodePart
+    lib: CodePart  # the shared recipe library (recipes/_lib), where the recipe used one
+    runtime: CodePart
+    packages: CodePart
+    lock_sha256: str | None
+
+
 class ManifestRecipe(TypedDict):
     """The ``recipe`` of manifest.json: the code that ran, as the runtime computed it in the container."""
 
@@ -216,7 +248,7 @@ class ManifestRecipe(TypedDict):
     framework: NotRequired[str]
     entry: NotRequired[str | None]
     code_source: NotRequired[str | None]
-    files: NotRequired[Any]  # the runtime's file list (launcher.runtime.code), passed through as it wrote it
+    files: NotRequired[int | None]  # how many files the code has (CodePart.files)
     args: NotRequired[list[str]]
     git: NotRequired[GitState]
     lib_digest: NotRequired[str]
