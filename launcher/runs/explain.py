@@ -25,7 +25,7 @@ import shutil
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import launcher
 from launcher.errors import (
@@ -41,15 +41,16 @@ from launcher.errors import (
 from launcher.hashing import sha256_file
 from launcher.hosts import engine as enginemod
 from launcher.progress import NullReporter, Reporter
-from launcher.runs.manifest import load_manifest
+from launcher.runs.manifest import Manifest, load_manifest
+from launcher.runs.rundir import OUTPUTS
 from launcher.runs.store import resolve_run
 from launcher.runtime import explain as runtime_explain
 from launcher.runtime import fingerprints as fp
 from launcher.runtime.code import runtime_digest
 from launcher.workspace import Workspace
 
-MODEL = "outputs/model/model.keras"
-PROBES = "outputs/probes/probes.json"
+MODEL = f"{OUTPUTS}/model/model.keras"
+PROBES = f"{OUTPUTS}/probes/probes.json"
 DEFAULT_RANGE = (0.0, 1.0)
 TIMEOUT_S = 900.0
 LABEL = "org.launcher.explain"
@@ -69,11 +70,47 @@ _FAILURES: dict[int, tuple[type[LauncherError], str | None]] = {
 }
 
 
+class FileRef(TypedDict):
+    path: str
+    sha256: str
+
+
+class RuntimeRef(TypedDict):
+    digest: str
+    source: str
+    version: str
+
+
+class ExplainDocument(TypedDict):
+    """The explanation's ``explanation.json`` (launcher.runtime.explain.DOCUMENT): what the runtime
+    computed in the run's image, completed here with the run, the image, where the paths are and why
+    the range and layer were chosen."""
+
+    model: FileRef
+    image: FileRef
+    input_shape: list[int]
+    input_range: list[float]
+    layer: str
+    layer_chosen: str
+    outputs: list[float]
+    probabilities: list[float]
+    probabilities_read_as: str
+    predicted: int
+    probability: float
+    heatmap_shape: list[int]
+    heatmap: list[list[float]]
+    run_id: str
+    docker_image: str
+    input_range_source: str
+    layer_source: str
+    runtime: RuntimeRef
+
+
 @dataclass
 class Explanation:
     run_id: str
     out: Path
-    document: dict[str, Any]
+    document: ExplainDocument
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -81,7 +118,7 @@ class Explanation:
         return {"folder": str(self.out), **{name.split(".")[0]: str(self.out / name)
                                             for name in runtime_explain.FILES}}
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:  # the CLI's Result data
         return {**self.document, "paths": self.paths, "notes": list(self.notes)}
 
     def summary_line(self) -> str:
@@ -103,20 +140,23 @@ def parse_range(text: str) -> tuple[float, float]:
     return lo, hi
 
 
-def _read_probes(path: Path) -> dict[str, Any]:
+def _recorded(path: Path) -> tuple[tuple[float, float] | None, str | None]:
+    """What the run's probes recorded (probes.json): the model's input range (LO < HI) and its Grad-CAM
+    layer; None for either where it is missing or not of that form."""
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
-
-
-def _recorded_range(probes: dict[str, Any]) -> tuple[float, float] | None:
-    value = probes.get("input_range")
+        doc = None
+    if not isinstance(doc, dict):
+        return None, None
+    value = doc.get("input_range")
+    recorded_range = None
     if (isinstance(value, list) and len(value) == 2 and all(isinstance(v, int | float) for v in value)
             and value[1] > value[0]):
-        return float(value[0]), float(value[1])
-    return None
+        recorded_range = float(value[0]), float(value[1])
+    gradcam = doc.get("gradcam")
+    layer = gradcam.get("layer") if isinstance(gradcam, dict) else None
+    return recorded_range, layer if isinstance(layer, str) and layer else None
 
 
 def _mountable(path: Path, what: str) -> str:
@@ -128,7 +168,7 @@ def _mountable(path: Path, what: str) -> str:
     return text
 
 
-def _model(m: Any, run_id: str) -> Path:
+def _model(m: Manifest, run_id: str) -> Path:
     model = m.file(MODEL)
     recorded = m.artifact(MODEL)
     if not model.is_file():
@@ -142,7 +182,7 @@ def _model(m: Any, run_id: str) -> Path:
     return Path(model)
 
 
-def _image_id(m: Any, run_id: str, eng: enginemod.Engine) -> str:
+def _image_id(m: Manifest, run_id: str, eng: enginemod.Engine) -> str:
     image = m.image
     image_id = str(image.get("id") or "")
     if not image_id.startswith("sha256:"):
@@ -218,6 +258,48 @@ def _move_into_place(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _chosen(m: Manifest, input_range: tuple[float, float] | None, layer: str | None
+            ) -> tuple[tuple[float, float], str, str | None, str, list[str]]:
+    """The input range and layer: given, else recorded by the run's probes, else assumed (the range)
+    or automatic (the layer); with where each came from and the notes for the user."""
+    recorded_range, recorded_layer = _recorded(m.file(PROBES))
+    notes: list[str] = []
+    if input_range is not None:
+        range_source = "given"
+    elif recorded_range is not None:
+        input_range, range_source = recorded_range, "recorded by the run's probes"
+    else:
+        input_range, range_source = DEFAULT_RANGE, "assumed"
+        notes.append(f"the run recorded no input range ({PROBES}); assumed the model was trained on pixel "
+                     "values in [0, 1]; give --input-range LO,HI if it was not")
+    if layer:
+        layer_source = "given"
+    elif recorded_layer is not None:
+        layer, layer_source = recorded_layer, "recorded by the run's probes"
+    else:
+        layer, layer_source = None, "automatic"
+    return input_range, range_source, layer, layer_source, notes
+
+
+def _completed(tmp: Path, run_id: str, image_id: str, model: Path, image: Path, range_source: str,
+               layer_source: str) -> ExplainDocument:
+    """The document the runtime wrote in tmp, completed with what only the host knows, and written back."""
+    doc = json.loads((tmp / runtime_explain.DOCUMENT).read_text(encoding="utf-8"))
+    if not isinstance(doc, dict) or not all(k in doc for k in ("predicted", "probability", "layer")):
+        raise CommandFailed(f"explain in the run's image wrote an unreadable {runtime_explain.DOCUMENT}",
+                            "rerun with --debug and report it")
+    doc.update({
+        "run_id": run_id, "docker_image": image_id,
+        "model": {**doc.get("model", {}), "path": str(model)},
+        "image": {**doc.get("image", {}), "path": str(image)},
+        "input_range_source": range_source, "layer_source": layer_source,
+        "runtime": {"digest": runtime_digest(Path(launcher.__file__).resolve().parent),
+                    "source": "launcher on the host, mounted read-only", "version": launcher.__version__},
+    })
+    fp.write_json(tmp / runtime_explain.DOCUMENT, doc)
+    return cast(ExplainDocument, doc)
+
+
 def explain_run(ws: Workspace, ref: str, image: Path, *, layer: str | None = None, out: Path | None = None,
                 input_range: tuple[float, float] | None = None, reporter: Reporter | None = None,
                 eng: enginemod.Engine | None = None, timeout: float = TIMEOUT_S) -> Explanation:
@@ -233,24 +315,7 @@ def explain_run(ws: Workspace, ref: str, image: Path, *, layer: str | None = Non
     model = _model(m, run_id)
     eng = eng or enginemod.local()
     image_id = _image_id(m, run_id, eng)
-    probes = _read_probes(m.file(PROBES))
-    notes: list[str] = []
-    if input_range is not None:
-        range_source = "given"
-    elif (recorded := _recorded_range(probes)) is not None:
-        input_range, range_source = recorded, "recorded by the run's probes"
-    else:
-        input_range, range_source = DEFAULT_RANGE, "assumed"
-        notes.append(f"the run recorded no input range ({PROBES}); assumed the model was trained on pixel "
-                     "values in [0, 1]; give --input-range LO,HI if it was not")
-    gradcam = probes.get("gradcam")
-    recorded_layer = gradcam.get("layer") if isinstance(gradcam, dict) else None
-    if layer:
-        layer_source = "given"
-    elif isinstance(recorded_layer, str) and recorded_layer:
-        layer, layer_source = recorded_layer, "recorded by the run's probes"
-    else:
-        layer, layer_source = None, "automatic"
+    input_range, range_source, layer, layer_source, notes = _chosen(m, input_range, layer)
     out = (out or ws.explanations / run_id / image.stem).absolute()
     _check_out(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -269,16 +334,7 @@ def explain_run(ws: Workspace, ref: str, image: Path, *, layer: str | None = Non
         if missing:
             raise CommandFailed(f"explain in the run's image wrote no {', '.join(missing)}",
                                 "rerun with --debug and report it")
-        doc = json.loads((tmp / runtime_explain.DOCUMENT).read_text(encoding="utf-8"))
-        doc.update({
-            "run_id": run_id, "docker_image": image_id,
-            "model": {**doc.get("model", {}), "path": str(model)},
-            "image": {**doc.get("image", {}), "path": str(image)},
-            "input_range_source": range_source, "layer_source": layer_source,
-            "runtime": {"digest": runtime_digest(Path(launcher.__file__).resolve().parent),
-                        "source": "launcher on the host, mounted read-only", "version": launcher.__version__},
-        })
-        fp.write_json(tmp / runtime_explain.DOCUMENT, doc)
+        doc = _completed(tmp, run_id, image_id, model, image, range_source, layer_source)
         _move_into_place(tmp, out)
     finally:
         if tmp.exists():
