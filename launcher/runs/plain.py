@@ -20,6 +20,7 @@ from launcher.errors import LauncherError, NotFound
 from launcher.hosts import engine
 from launcher.runs.container import CONTAINER_CODE, CONTAINER_DATA, CONTAINER_OUT, IMAGE_RECIPES
 from launcher.runs.manifest import read_json_object
+from launcher.runs.records import CodePlan, LaunchRecord
 from launcher.runs.rundir import RunDir
 from launcher.runs.store import resolve_run
 from launcher.workspace import Workspace
@@ -89,17 +90,17 @@ def plain_run(ws: Workspace, ref: str, out: Path | None = None) -> PlainRun:
     """The `docker run` that repeats run ref without launcher; its outputs go to out (default:
     ./<run id>-plain in the current directory)."""
     run_dir = resolve_run(ws, ref)
-    launch = read_json_object(RunDir(run_dir).launch_file)
-    if not launch:
+    launch = RunDir(run_dir).read_launch_quiet()
+    if launch is None:
         raise NotFound(f"run {run_dir.name} has no launch.json", "name a run launcher started (`launcher ps`)")
     manifest = read_json_object(RunDir(run_dir).manifest_file)
     recipe = manifest.get("recipe") or launch.get("recipe") or {}
-    code = launch.get("code") or {}
+    code: CodePlan | dict[str, str] = launch.get("code") or {}
     notes: list[str] = []
     image = str((manifest.get("image") or {}).get("id") or launch.get("image_ran") or launch["image"]["id"])
     out_dir = (out or Path.cwd() / f"{run_dir.name}-plain").resolve()
     mounts: list[tuple[str, str, bool]] = [(str(out_dir), CONTAINER_OUT, False)]
-    env = {k: str(v) for k, v in ((launch.get("determinism") or {}).get("env") or {}).items()}
+    env = {k: str(v) for k, v in (launch["determinism"].get("env") or {}).items()}
     env["LAUNCHER_OUT"] = CONTAINER_OUT
     entry = str(recipe.get("entry") or launch["recipe"].get("entry") or "")
     if code.get("source") == "mounted":
@@ -143,8 +144,8 @@ def plain_run(ws: Workspace, ref: str, out: Path | None = None) -> PlainRun:
                     gpu=_needs_gpu(ws, launch), notes=notes)
 
 
-def _needs_gpu(ws: Workspace, launch: dict[str, Any]) -> bool:
+def _needs_gpu(ws: Workspace, launch: LaunchRecord) -> bool:
     try:
-        return ws.needs_gpu(str(launch.get("variant") or (launch.get("image") or {}).get("variant") or "cpu"))
+        return ws.needs_gpu(str(launch.get("variant") or launch["image"].get("variant") or "cpu"))
     except LauncherError:  # a variant this workspace no longer has: its name says it
         return "gpu" in str(launch.get("variant"))

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import IO, Any, Protocol, cast
+from typing import IO, Any, Protocol, TypedDict, cast
 
 from launcher.errors import (
     CommandFailed,
@@ -91,14 +91,23 @@ def _save_layer_map(cache_dir: Path | None, mapping: dict[str, str]) -> None:
             pass  # a lost memo only costs a whole-layer send next time
 
 
+class SavedImage(TypedDict, total=False):
+    """An entry of a `docker save` archive's manifest.json (Docker's format; only what is read here)."""
+
+    Config: str
+    RepoTags: list[str] | None
+    Layers: list[str]
+
+
 def rewrite_save_stream(
     src: IO[bytes],
     dst: IO[bytes],
     skip_dirs: Callable[[str], bool],
     on_member: Callable[[tarfile.TarInfo, bool], None] | None = None,
-) -> dict[str, Any]:
-    """Copy a `docker save` stream, emptying `<dir>/layer.tar` where skip_dirs(dir); return manifest.json."""
-    manifest: list[Any] = []
+) -> SavedImage:
+    """Copy a `docker save` stream, emptying `<dir>/layer.tar` where skip_dirs(dir); return manifest.json's
+    (first) entry, {} where the stream had none."""
+    manifest: list[SavedImage] = []
     with (
         tarfile.open(fileobj=src, mode="r|", bufsize=CHUNK) as tin,
         tarfile.open(fileobj=dst, mode="w|", format=tarfile.PAX_FORMAT, bufsize=CHUNK) as tout,
@@ -115,7 +124,7 @@ def rewrite_save_stream(
                 f = tin.extractfile(member)
                 if member.name == "manifest.json" and f is not None:
                     data = f.read()
-                    manifest = json.loads(data)
+                    manifest = _saved_images(json.loads(data))
                     tout.addfile(member, _BytesReader(data))
                 else:
                     tout.addfile(member, f)
@@ -124,6 +133,12 @@ def rewrite_save_stream(
             if on_member is not None:
                 on_member(member, emptied)
     return manifest[0] if manifest else {}
+
+
+def _saved_images(doc: object) -> list[SavedImage]:
+    """manifest.json's entries that are JSON objects with a list of layers (the one field read)."""
+    items = doc if isinstance(doc, list) else []
+    return [cast(SavedImage, e) for e in items if isinstance(e, dict) and isinstance(e.get("Layers", []), list)]
 
 
 class _BytesReader:

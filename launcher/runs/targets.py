@@ -12,7 +12,7 @@ its SSH alias) and the modules named in ``BUILTIN``. The CLI's ``--scheduler`` c
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +21,7 @@ from launcher.errors import UsageError
 from launcher.hosts.base import Host
 from launcher.hosts.hostspec import HostSpec
 from launcher.runs.placement import DirectPlacement, Placement
+from launcher.runs.records import LaunchRecord
 from launcher.workspace import Workspace
 
 BUILTIN = ("launcher.runs.slurm_target",)  # modules that register a target when imported
@@ -163,7 +164,7 @@ def check_host_provision(request: ProvisionRequest) -> None:
                          "give them with --scheduler slurm and the login node as --host")
 
 
-def open_placement(ws: Workspace, launch: Mapping[str, Any]) -> Placement:
+def open_placement(ws: Workspace, launch: LaunchRecord) -> Placement:
     """Reopen the placement a run was started with, from its launch record (records from before
     placements were recorded are direct placements)."""
     kind = str((launch.get("placement") or {}).get("kind") or DirectPlacement.kind)
