@@ -214,6 +214,26 @@ def _job(ws: Workspace, spec: RunSpec, recipe: Recipe, plan: CodePlan, run_id: s
     )
 
 
+def _launch_recipe(spec: RunSpec, recipe: Recipe, plan: CodePlan, baked_digest: str | None,
+                   code_identity: str | None) -> LaunchRecipe:
+    """The launch record's recipe: what the host expects to run (the manifest records what the container
+    computed)."""
+    rec: LaunchRecipe = {
+        "name": recipe.name,
+        "framework": recipe.framework,
+        "entry": plan.get("entry") or recipe.entry,
+        "script": recipe.adhoc,
+        "code_source": plan.get("source"),
+        "git": plan.get("git") or {},
+        "args": list(spec.args),
+        "volatile": list(getattr(recipe.spec, "volatile", ()) or ()),
+        "expected_digest": plan.get("digest") or baked_digest,
+    }
+    if code_identity:
+        rec["identity"] = code_identity
+    return rec
+
+
 def _launch(
     ws: Workspace,
     spec: RunSpec,
@@ -245,20 +265,6 @@ def _launch(
     remote = placement.run_dir(run_id, data)
     shipped = placement.ship(image, via=spec.ship_via, reporter=rep, cache_dir=cache_dir or ws.cache_dir)
     job = _job(ws, spec, recipe, plan, run_id, image, env, remote, params, probes)
-    launch_recipe: LaunchRecipe = {
-        "name": recipe.name,
-        "framework": recipe.framework,
-        "entry": plan.get("entry") or recipe.entry,
-        "script": recipe.adhoc,
-        "code_source": plan.get("source"),
-        "git": plan.get("git") or {},
-        "args": list(spec.args),
-        "volatile": list(getattr(recipe.spec, "volatile", ()) or ()),
-        # what the host expects to run; the manifest records what the container computed
-        "expected_digest": plan.get("digest") or baked_digests.get(recipe.name),
-    }
-    if code_identity:
-        launch_recipe["identity"] = code_identity
     launch: LaunchRecord = {
         "run_id": run_id,
         "group": spec.group or run_id,
@@ -268,7 +274,7 @@ def _launch(
         "placement": placement.record(),
         "container": job.name,
         "remote_dir": remote,
-        "recipe": launch_recipe,
+        "recipe": _launch_recipe(spec, recipe, plan, baked_digests.get(recipe.name), code_identity),
         "code": cast(CodePlan, {k: v for k, v in plan.items() if k not in ("git",)}),
         "params": params,
         "probes": probes,
@@ -443,14 +449,22 @@ def _with_image(ws: Workspace, spec: RunSpec, recipe: Recipe, reporter: Reporter
     return project.with_image(ws, spec, recipe, reporter)  # the variant's image plus the project layer, if any
 
 
+def _group_of(spec: RunSpec, recipe: Recipe) -> str:
+    """The group the runs join: --group, else a new one named by time, code and a random suffix."""
+    from launcher.runs import identity
+
+    name = identity.slug(recipe.name, identity.from_plan(spec.code_plan) if recipe.adhoc else None)
+    return spec.group or f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}-{name}-g{secrets.token_hex(3)}"
+
+
 def _one_by_one(ws: Workspace, placement: Placement, specs: Sequence[RunSpec], group: str,
-                reporter: Reporter | None, start: dict[str, Any], *, on_log: LogSink | None,
+                reporter: Reporter | None, begin: Callable[[RunSpec], LaunchRecord], *, on_log: LogSink | None,
                 poll_s: float) -> RunOutcome:
-    """Each run started, waited for and pulled in turn: the first that fails leaves the rest unstarted.
-    start: start_run's keyword arguments (facts, recipe, cache_dir, prepared)."""
+    """Each run started (begin: start_run as the group starts its runs), waited for and pulled in turn:
+    the first that fails leaves the rest unstarted."""
     outcome = RunOutcome(group=group, runs=[])
     for i, one in enumerate(specs):
-        launch = start_run(ws, one, placement, reporter, **start)
+        launch = begin(one)
         wait_run(ws, launch["run_id"], placement, on_log=on_log, poll_s=poll_s)
         pulled = pull_record(ws, launch["run_id"], placement, reporter)
         outcome.runs.append(pulled)
@@ -486,11 +500,8 @@ def run_recipe(
     placement = placement_for(target, host_spec)
     seed_list = list(seeds) or [spec.seed]
     recipe = _checked(ws, spec, seed_list)
-    from launcher.runs import identity
-
     spec = _with_image(ws, spec, recipe, reporter)
-    name = identity.slug(recipe.name, identity.from_plan(spec.code_plan) if recipe.adhoc else None)
-    group = spec.group or f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}-{name}-g{secrets.token_hex(3)}"
+    group = _group_of(spec, recipe)
     if facts is None:
         from launcher.hosts import provision
 
@@ -502,19 +513,22 @@ def run_recipe(
     spec = _with_code(spec, placement, reporter)
     specs = [RunSpec(**{**asdict(spec), "seed": seed, "group": group, "replicate": spec.replicate + i})
              for i, seed in enumerate(s for s in seed_list for _ in range(runs))]  # replicates numbered across seeds
-    # start_run's keyword arguments: values of several types
-    start: dict[str, Any] = {"facts": facts, "recipe": recipe, "cache_dir": cache_dir, "prepared": True}
+    def prepare(one: RunSpec) -> tuple[LaunchRecord, ContainerJob]:
+        return _launch(ws, one, placement, reporter, facts=facts, recipe=recipe, cache_dir=cache_dir, prepared=True)
+
+    def begin(one: RunSpec) -> LaunchRecord:
+        return start_run(ws, one, placement, reporter, facts=facts, recipe=recipe, cache_dir=cache_dir, prepared=True)
+
     if placement.parallel:  # the target runs the group at once (a job array): start all, then collect each
-        launches = _start(ws, placement, [_launch(ws, one, placement, reporter, **start) for one in specs],
-                          reporter)
+        launches = _start(ws, placement, [prepare(one) for one in specs], reporter)
         if spec.detach:
             return RunOutcome(group=group, runs=list(launches), detached=True)
         outcome = collect_together(ws, placement, launches, reporter, on_log=on_log, poll_s=poll_s)
     elif spec.detach:
-        launches = [start_run(ws, one, placement, reporter, **start) for one in specs]
+        launches = [begin(one) for one in specs]
         return RunOutcome(group=group, runs=list(launches), detached=True)
     else:
-        outcome = _one_by_one(ws, placement, specs, group, reporter, start, on_log=on_log, poll_s=poll_s)
+        outcome = _one_by_one(ws, placement, specs, group, reporter, begin, on_log=on_log, poll_s=poll_s)
     if len(set(seed_list)) > 1 and (note := seed_override_note(outcome.runs)):
         outcome.notes.append(note)
     return outcome
