@@ -22,7 +22,7 @@ from pathlib import Path
 
 from launcher import proc
 from launcher.errors import NotFound, UsageError
-from launcher.runs.records import CodePlan, GitState
+from launcher.runs.records import MOUNTED, CodePlan, GitState
 from launcher.runtime import code as codedigest
 
 MAX_FILE_BYTES = 16 << 20
@@ -41,7 +41,7 @@ class CodeTree:
 
     def plan(self, local: Path) -> CodePlan:
         """The code plan of this tree mounted from its snapshot at local (launcher.runs.runspec.plan_code)."""
-        return {"source": "mounted", "local": str(local), "root": str(self.root), "files": len(self.files),
+        return {"source": MOUNTED, "local": str(local), "root": str(self.root), "files": len(self.files),
                 "bytes": self.bytes, "entry": self.entry, "digest": self.digest, "git": self.git.copy()}
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from launcher.hosts import engine
 from launcher.runs.recipes import ParamValue, Recipe
+from launcher.runs.records import BAKED, MOUNTED
 
 RUN_LABEL = "org.launcher.run"
 CONTAINER_OUT = "/launcher/out"
@@ -82,7 +83,7 @@ def runtime_argv(job: ContainerJob) -> list[str]:
         argv += ["--recipe", CONTAINER_CODE]
     else:
         argv += ["--recipe", f"{IMAGE_RECIPES}/{job.recipe.name}"]
-    argv += ["--code-source", "mounted" if job.host_code else "image", "--out", CONTAINER_OUT]
+    argv += ["--code-source", MOUNTED if job.host_code else BAKED, "--out", CONTAINER_OUT]
     if job.data:
         argv += ["--data", CONTAINER_DATA]
     if job.no_probes:

@@ -61,6 +61,10 @@ def _check_threads(profile: str, threads: int | None) -> int:
     return threads if threads is not None else default_threads()
 
 
+SEED_ENV = "LAUNCHER_SEED"  # the run's seed, as the runtime reads it
+THREADS_ENV = "LAUNCHER_THREADS"  # the run's thread count (the deterministic and strict profiles)
+
+
 def profile_env(profile: str, seed: int | None = None, threads: int | None = None) -> dict[str, str]:
     """The exact environment variables injected into a run for this profile."""
     check_profile(profile)
@@ -69,14 +73,14 @@ def profile_env(profile: str, seed: int | None = None, threads: int | None = Non
             _check_threads(profile, threads)
         return {"LAUNCHER_PROFILE": "off"}
     s = str(_check_seed(seed))
-    env = {"LAUNCHER_PROFILE": profile, "LAUNCHER_SEED": s, "PYTHONHASHSEED": s}
+    env = {"LAUNCHER_PROFILE": profile, SEED_ENV: s, "PYTHONHASHSEED": s}
     if profile == "seeded":
         if threads is not None:
             _check_threads(profile, threads)
         return env
     n = str(_check_threads(profile, threads))
     env.update({
-        "LAUNCHER_THREADS": n,
+        THREADS_ENV: n,
         "OMP_NUM_THREADS": n,
         "MKL_NUM_THREADS": n,
         "OPENBLAS_NUM_THREADS": n,

@@ -19,7 +19,7 @@ from launcher.hosts.hostspec import HostSpec
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.determinism import DEFAULT_SEED
 from launcher.runs.recipes import ParamValue
-from launcher.runs.records import LaunchRecord, RunRecord
+from launcher.runs.records import CANCELLED, FAILED, LaunchRecord, RunRecord
 from launcher.runs.replicates import Failure, seed_override_note
 from launcher.runs.userenv import UserEnv
 from launcher.workspace import Workspace
@@ -184,7 +184,7 @@ def _run_ids(value: Any) -> list[str]:
 
 
 def _run_failed(value: Any) -> bool:
-    return any(dict(r).get("status") in ("failed", "cancelled") for r in _records(value))
+    return any(dict(r).get("status") in (FAILED, CANCELLED) for r in _records(value))
 
 
 def _launch_with_runs(ws: Workspace, base: Any, reporter: Reporter) -> Callable[[PlannedRun, Any], Any]:

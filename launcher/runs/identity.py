@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from launcher.errors import UsageError
-from launcher.runs.records import CodePlan
+from launcher.runs.records import MOUNTED, CodePlan
 
 MAX_SLUG = 40
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -31,7 +31,7 @@ def script_identity(root: Path, script: Path) -> str:
 
 def from_plan(plan: CodePlan | None) -> str | None:
     """The identity of a plain script from its code plan (runs.spec.plan_code), None for a recipe."""
-    if plan is None or plan.get("source") != "mounted" or not plan.get("root") or not plan.get("entry"):
+    if plan is None or plan.get("source") != MOUNTED or not plan.get("root") or not plan.get("entry"):
         return None
     return f"{Path(str(plan['root'])).name or 'code'}/{plan['entry']}"
 

@@ -27,10 +27,16 @@ from launcher.hosts.base import Host
 from launcher.hosts.hostspec import HostSpec
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.container import ContainerJob
-from launcher.runs.placement import Placement, RunState, placement_for
+from launcher.runs.determinism import SEED_ENV, THREADS_ENV
+from launcher.runs.placement import Placement, RunState, placement_for, remote_outputs
 from launcher.runs.pull import PullResult, pull_outputs
 from launcher.runs.recipes import ParamValue, Recipe
 from launcher.runs.records import (
+    BAKED,
+    CANCELLED,
+    FAILED,
+    MOUNTED,
+    RUNNING,
     CodePlan,
     ImageRecord,
     LaunchRecipe,
@@ -84,7 +90,7 @@ class RunOutcome:
 
     @property
     def failed(self) -> list[RunRecord]:
-        return [r for r in self.runs if dict(r).get("status") == "failed"]
+        return [r for r in self.runs if dict(r).get("status") == FAILED]
 
     @property
     def exit_code(self) -> ExitCode:
@@ -118,7 +124,7 @@ def _with_data(spec: RunSpec, placement: Placement, reporter: Reporter | None) -
 def _with_code(spec: RunSpec, placement: Placement, reporter: Reporter | None) -> RunSpec:
     """The spec with mounted code placed where the target mounts it from; baked code needs nothing."""
     plan = spec.code_plan
-    if plan is None or plan.get("source") != "mounted" or plan.get("host_path"):
+    if plan is None or plan.get("source") != MOUNTED or plan.get("host_path"):
         return spec
     return replace(spec, code_plan=placement.send_code(plan, reporter))
 
@@ -199,7 +205,7 @@ def _job(ws: Workspace, spec: RunSpec, recipe: Recipe, plan: CodePlan, run_id: s
         run_id=run_id,
         image_id=image["id"],
         env=env,
-        host_out=f"{remote}/out",
+        host_out=remote_outputs(remote),
         recipe=recipe,
         params=params,
         data=data,
@@ -279,10 +285,10 @@ def _launch(
         "params": params,
         "probes": probes,
         "trace": {"every": trace_option(spec.trace_every)},
-        "seed": int(env["LAUNCHER_SEED"]) if "LAUNCHER_SEED" in env else spec.seed,
+        "seed": int(env[SEED_ENV]) if SEED_ENV in env else spec.seed,
         "determinism": {
             "profile": spec.profile,
-            "threads": int(env["LAUNCHER_THREADS"]) if "LAUNCHER_THREADS" in env else spec.threads,
+            "threads": int(env[THREADS_ENV]) if THREADS_ENV in env else spec.threads,
             "env": env,
         },
         "env": UserEnv(spec.env, spec.secret_env).record(),
@@ -391,7 +397,7 @@ def pull_record(
             if not running:
                 break
             if watch is None:
-                return {"run_id": run_id, "status": "running", "pulled": result.to_dict()}
+                return {"run_id": run_id, "status": RUNNING, "pulled": result.to_dict()}
             time.sleep(watch)
         if state is None and not result.files:
             raise NotFound(
@@ -443,7 +449,7 @@ def _with_image(ws: Workspace, spec: RunSpec, recipe: Recipe, reporter: Reporter
     project.ensure_lock(ws, spec, recipe, reporter)  # before the code is planned: the lock is part of the project
     plan = plan_code(ws, spec, recipe)
     spec = replace(spec, code_plan=plan)
-    build.ensure_current(ws, spec.variant, recipes=plan.get("source") == "image", allow_build=spec.build,
+    build.ensure_current(ws, spec.variant, recipes=plan.get("source") == BAKED, allow_build=spec.build,
                          find_links=[Path(p) for p in spec.find_links],
                          ca_bundle=Path(spec.ca_bundle) if spec.ca_bundle else None, reporter=reporter)
     return project.with_image(ws, spec, recipe, reporter)  # the variant's image plus the project layer, if any
@@ -568,7 +574,7 @@ def collect_together(ws: Workspace, placement: Placement, launches: Sequence[Lau
         if pending:
             time.sleep(poll_s)
     if failure is not None:  # those the stop reached before they ended on their own
-        reached = [r for r in cancelled if r in pulled and pulled[r]["status"] == "cancelled"]
+        reached = [r for r in cancelled if r in pulled and pulled[r]["status"] == CANCELLED]
         failure = replace(failure, cancelled=reached)
     return RunOutcome(group=str(launches[0]["group"]) if launches else "",
                       runs=[pulled[launch["run_id"]] for launch in launches if launch["run_id"] in pulled],

@@ -15,6 +15,12 @@ from typing import TYPE_CHECKING, Any, cast
 from launcher.errors import Corrupt, NotFound, SchemaTooNew
 from launcher.hashing import atomic_write_json
 from launcher.runs.records import (
+    BAKED,
+    CANCELLED,
+    DIRECT,
+    FAILED,
+    MOUNTED,
+    SUCCEEDED,
     ArtifactEntry,
     CodeRecord,
     DeterminismRecord,
@@ -33,7 +39,7 @@ if TYPE_CHECKING:
     from launcher.runs.placement import RunState
 
 SCHEMA_VERSION = 1
-STATUSES = ("succeeded", "failed", "cancelled")
+STATUSES = (SUCCEEDED, FAILED, CANCELLED)
 
 # field -> accepted types; only what readers rely on is required, the rest is passed through.
 _REQUIRED: dict[str, tuple[type, ...]] = {
@@ -353,13 +359,13 @@ def assemble(launch: LaunchRecord, outputs: Path, files: Mapping[str, PulledFile
         "determinism": launch["determinism"],
         "image": _image_ran(launch, code),
         "host": {**launch["host"], "facts": launch.get("facts", {})},
-        "placement": {"kind": (launch.get("placement") or {}).get("kind", "direct"),
+        "placement": {"kind": (launch.get("placement") or {}).get("kind", DIRECT),
                       **dict(state.info if state else {})},
         "runtime": read_json_object(outputs / RUNTIME_RECORD),
         "started_at": str(exit_rec.get("started_at") or (state.started_at if state else None) or launch["launched_at"]),
         "ended_at": str(exit_rec.get("ended_at") or (state.finished_at if state else None) or now),
         "exit_code": exit_code,
-        "status": "cancelled" if state and state.status == "cancelled" else "succeeded" if exit_code == 0 else "failed",
+        "status": CANCELLED if state and state.status == CANCELLED else SUCCEEDED if exit_code == 0 else FAILED,
         "data": launch.get("data"),
         "data_source": launch.get("data_source"),
         "artifacts": [{"path": f"{OUTPUTS}/{rel}", "size": rec["size"], "sha256": rec["sha256"]}
@@ -389,7 +395,7 @@ def describe_code(recipe: Mapping[str, object]) -> str:  # a manifest's or a lau
     was a committed, clean git state (e.g. "f376cf9a9ad6 (baked in the image; git 1a2b3c4, clean)")."""
     digest = str(recipe.get("tree_digest") or "")
     short = digest.removeprefix("sha256:")[:12] or "unknown"
-    source = {"image": "baked in the image", "mounted": "mounted"}.get(str(recipe.get("code_source")), "")
+    source = {BAKED: "baked in the image", MOUNTED: "mounted"}.get(str(recipe.get("code_source")), "")
     git = recipe.get("git") or {}
     if isinstance(git, dict) and git.get("commit"):
         state = f"git {str(git['commit'])[:7]}, " + ("uncommitted changes" if git.get("dirty") else "clean")

@@ -30,10 +30,16 @@ from launcher.runs.container import (
     docker_run_argv,
     env_file_text,
 )
-from launcher.runs.records import CodePlan, DataSource, ImageRecord, LaunchRecord
+from launcher.runs.records import DIRECT, CodePlan, DataSource, ImageRecord, LaunchRecord
 from launcher.runs.ship import ShipResult, ship_image
 
 MIN_FREE_BYTES = 512 << 20
+REMOTE_OUT = "out"  # the run's outputs folder, inside its directory on the host
+
+
+def remote_outputs(remote_dir: str) -> str:
+    """The folder on the host a run started in remote_dir writes its outputs to."""
+    return f"{remote_dir}/{REMOTE_OUT}"
 
 
 @dataclass(frozen=True)
@@ -126,7 +132,7 @@ class Placement(ABC):
             raise BadData(f"the data path {data} does not exist on {self.name}",
                           "give a path on the host that runs the recipe")
         remote = self.host.run_dir(run_id)
-        self.host.makedirs(f"{remote}/out")
+        self.host.makedirs(remote_outputs(remote))
         return remote
 
     @abstractmethod
@@ -187,7 +193,7 @@ class Placement(ABC):
 
     def outputs(self, launch: LaunchRecord) -> str:
         """The folder on ``host`` the run writes its outputs to."""
-        return f"{launch['remote_dir']}/out"
+        return remote_outputs(launch["remote_dir"])
 
     def close(self) -> None:
         self.host.close()
@@ -202,7 +208,7 @@ class Placement(ABC):
 class DirectPlacement(Placement):
     """Containers on one host's Docker engine: `docker run -d` there, state and logs from it."""
 
-    kind = "direct"
+    kind = DIRECT
 
     def __init__(self, host: Host, host_spec: HostSpec | None = None) -> None:
         super().__init__(host, host_spec)

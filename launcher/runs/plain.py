@@ -20,7 +20,7 @@ from launcher.errors import LauncherError, NotFound
 from launcher.hosts import engine
 from launcher.runs.container import CONTAINER_CODE, CONTAINER_DATA, CONTAINER_OUT, IMAGE_RECIPES
 from launcher.runs.manifest import read_json_object
-from launcher.runs.records import CodePlan, LaunchRecord
+from launcher.runs.records import MOUNTED, CodePlan, LaunchRecord
 from launcher.runs.rundir import RunDir
 from launcher.runs.store import resolve_run
 from launcher.workspace import Workspace
@@ -103,7 +103,7 @@ def plain_run(ws: Workspace, ref: str, out: Path | None = None) -> PlainRun:
     env = {k: str(v) for k, v in (launch["determinism"].get("env") or {}).items()}
     env["LAUNCHER_OUT"] = CONTAINER_OUT
     entry = str(recipe.get("entry") or launch["recipe"].get("entry") or "")
-    if code.get("source") == "mounted":
+    if code.get("source") == MOUNTED:
         local = Path(str(code.get("local") or ""))
         if not local.is_dir():
             notes.append(f"the code snapshot {local} is not on this machine: mount a copy of the code it names "
@@ -118,7 +118,7 @@ def plain_run(ws: Workspace, ref: str, out: Path | None = None) -> PlainRun:
         if recipe.get("lib_digest"):
             lib = f"{CONTAINER_CODE if code.get('source') == 'mounted' else IMAGE_RECIPES}/{LIB_DIR}"
             env["PYTHONPATH"] = f"/opt/launcher:{lib}"
-            if code.get("source") == "mounted":
+            if code.get("source") == MOUNTED:
                 notes.append(f"the recipe used the shared library recipes/{LIB_DIR}: mount it at {lib}")
         notes.append("a recipe reads its params and paths from LAUNCHER_* through launcher.runtime.api, "
                      "which the image holds")

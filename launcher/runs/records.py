@@ -41,11 +41,26 @@ class ImageRecord(TypedDict):
     packages_digest: NotRequired[str | None]
 
 
+# a run's status: how it ended (ManifestData.status, one of launcher.runs.manifest.STATUSES), or that it goes on
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+CANCELLED = "cancelled"
+RUNNING = "running"  # PullStatus.status
+
+# the placement kind of runs on one host's Docker engine (DirectPlacement), and of launch records from
+# before placements were recorded
+DIRECT = "direct"
+
+# CodePlan.source, LaunchRecipe.code_source, ManifestRecipe.code_source: where the code a run executes is
+BAKED = "image"  # the recipe's copy baked into the image
+MOUNTED = "mounted"  # a snapshot of a folder here, mounted read-only
+
+
 class CodePlan(TypedDict):
     """What code a run executes and where the host has it (launcher.runs.runspec.plan_code;
     launch.json's ``code`` without its ``git``): baked in the image, or a snapshot to mount."""
 
-    source: str  # "image" | "mounted"
+    source: str  # BAKED | MOUNTED
     git: NotRequired[GitState]
     local: NotRequired[str]  # the snapshot here
     root: NotRequired[str]
@@ -196,7 +211,7 @@ class PullStatus(TypedDict):
     """What launcher.runs.lifecycle.pull_record answers for a run that still goes (``launcher pull``)."""
 
     run_id: str
-    status: str  # "running"
+    status: str  # RUNNING
     pulled: PullSummary
 
 

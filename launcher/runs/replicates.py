@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict, TypeGuard
 
 from launcher.errors import LauncherError
-from launcher.runs.records import ManifestData, RunRecord
+from launcher.runs.records import FAILED, ManifestData, RunRecord
 from launcher.runs.rundir import RunDir
 from launcher.workspace import Workspace
 
@@ -63,7 +63,7 @@ class Failure:
 
 def is_failed(run: RunRecord) -> TypeGuard[ManifestData]:
     """Whether the run ended and failed (only a manifest says so)."""
-    return dict(run).get("status") == "failed"
+    return dict(run).get("status") == FAILED
 
 
 def log_tail(ws: Workspace, run_id: str, placement: Any = None, n: int = TAIL_LINES) -> list[str]:

@@ -26,9 +26,9 @@ from launcher.hosts.hostspec import HostSpec
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.lifecycle import LogSink, pull_run, read_launch, wait_run
 from launcher.runs.manifest import run_segments
-from launcher.runs.placement import DirectPlacement, Placement, RunState, output_owner
+from launcher.runs.placement import DirectPlacement, Placement, RunState, output_owner, remote_outputs
 from launcher.runs.pull import pull_outputs
-from launcher.runs.records import LaunchRecord, Segment
+from launcher.runs.records import MOUNTED, SUCCEEDED, LaunchRecord, Segment
 from launcher.runs.rundir import RunDir
 from launcher.runs.store import resolve_run_id
 from launcher.runs.targets import open_placement
@@ -58,7 +58,7 @@ def _check(ws: Workspace, run_id: str, launch: LaunchRecord) -> None:
         raise NotResumable(f"run {run_id} was started without --checkpoint-every: it has no checkpoints",
                            "start it again with `launcher run ... --checkpoint-every N`")
     manifest = RunDir.of(ws, run_id).manifest_file
-    if manifest.is_file() and json.loads(manifest.read_text()).get("status") == "succeeded":
+    if manifest.is_file() and json.loads(manifest.read_text()).get("status") == SUCCEEDED:
         raise NotResumable(f"run {run_id} finished (succeeded): there is nothing to resume",
                            "resume a run that was stopped or killed, or start a new one")
     if any(isinstance(v, dict) and "sha256" in v for v in (launch.get("env") or {}).values()):
@@ -136,7 +136,7 @@ def _move(ws: Workspace, launch: LaunchRecord, local: RunDir, spec: HostSpec,
 
     rep = reporter or NullReporter()
     run_id = launch["run_id"]
-    if str((launch.get("placement") or {}).get("kind") or "direct") != DirectPlacement.kind:
+    if str((launch.get("placement") or {}).get("kind") or DirectPlacement.kind) != DirectPlacement.kind:
         raise NotResumable(f"run {run_id} ran on a {launch['placement']['kind']} target: launcher moves runs "
                            "between Docker engines (local or over SSH) only", "start it again with `launcher run`")
     try:
@@ -169,7 +169,7 @@ def _move(ws: Workspace, launch: LaunchRecord, local: RunDir, spec: HostSpec,
         if data and source and source.get("kind") == "sent":
             data, source = new.send_data(Path(source["local"]), rep)
         code = launch.get("code")
-        if code and code.get("source") == "mounted":
+        if code and code.get("source") == MOUNTED:
             unplaced = code.copy()
             unplaced.pop("host_path", None)
             code = new.send_code(unplaced, rep)
@@ -178,7 +178,7 @@ def _move(ws: Workspace, launch: LaunchRecord, local: RunDir, spec: HostSpec,
         new.host.run(["cp", "-a", f"{placed.path}/.", f"{remote}/out/"])
         if new.host.kind != "local":
             new.host.run(["rm", "-rf", placed.path], check=False)
-        paths = {f"{launch['remote_dir']}/out": f"{remote}/out"}
+        paths = {remote_outputs(launch["remote_dir"]): remote_outputs(remote)}
         if launch.get("data") and data:
             paths[str(launch["data"])] = str(data)
         old_code = launch.get("code")

@@ -12,7 +12,7 @@ from launcher.errors import Corrupt, LauncherError, NotFound, UsageError
 from launcher.images.lock import parse_lock
 from launcher.runs import recipes
 from launcher.runs.recipes import ParamValue, Recipe
-from launcher.runs.records import CodePlan, DataSource, ImageRecord, ProbesRecord
+from launcher.runs.records import BAKED, CodePlan, DataSource, ImageRecord, ProbesRecord
 from launcher.runtime import frameworks
 from launcher.runtime.probespec import ProbeError, ProbeSpec, parse_option
 from launcher.runtime.steps import EPOCH, parse_every
@@ -244,7 +244,7 @@ def plan_code(ws: Workspace, spec: RunSpec, recipe: Recipe) -> CodePlan:
     if spec.code and not recipe.adhoc:
         raise UsageError("--code is for plain scripts", f"{recipe.name} is a recipe folder: it is its own code")
     if baked(ws, recipe, spec.mount):
-        return {"source": "image", "git": code.git_state(recipe.path)}
+        return {"source": BAKED, "git": code.git_state(recipe.path)}
     tree = code.select(script_root(spec, recipe), recipe.path) if recipe.adhoc else code.select(recipe.path)
     local = code.snapshot(tree, ws.cache_dir)
     return tree.plan(local)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from launcher.errors import Incompatible, LauncherError, NotFound, RunFailed, UsageError
 from launcher.runs.manifest import Manifest, load_manifest
+from launcher.runs.records import SUCCEEDED
 from launcher.runs.rundir import RunDir
 from launcher.workspace import Workspace
 
@@ -111,7 +112,7 @@ def skipped_in_group(ws: Workspace, group: str) -> list[dict[str, str]]:
         except LauncherError as exc:
             out.append({"run_id": d.name, "reason": exc.one_line()})
             continue
-        if m.status != "succeeded":
+        if m.status != SUCCEEDED:
             error = (m.data.get("placement") or {}).get("error")
             out.append({"run_id": d.name, "reason": f"{m.status} (exit {m.data.get('exit_code')})"
                         + (f": {error}" if error else "") + "; not a result, so not compared"})
@@ -121,7 +122,7 @@ def skipped_in_group(ws: Workspace, group: str) -> list[dict[str, str]]:
 def group_runs(ws: Workspace, group: str, *, results_only: bool = True) -> list[Manifest]:
     """The group's finished runs, in replicate order; results_only: only those that succeeded (a failed or
     cancelled run is listed by skipped_in_group instead of being compared as if it were a result)."""
-    runs = [m for m in _completed_manifests(ws) if m.group == group and (m.status == "succeeded" or not results_only)]
+    runs = [m for m in _completed_manifests(ws) if m.group == group and (m.status == SUCCEEDED or not results_only)]
     return sorted(runs, key=lambda m: (m.replicate, m.started_at, m.run_id))
 
 
@@ -190,7 +191,7 @@ def code_differences(ref: Manifest, other: Manifest) -> list[str]:
 def _results_of(ws: Workspace, group: str) -> tuple[list[Manifest], int]:
     """The group's succeeded runs, and how many runs it finished in all (failed and cancelled too)."""
     finished = group_runs(ws, group, results_only=False)
-    runs = [m for m in finished if m.status == "succeeded"]
+    runs = [m for m in finished if m.status == SUCCEEDED]
     if runs:
         return runs, len(finished)
     if not finished:
