@@ -153,6 +153,16 @@ class Segment(TypedDict):
     exit_code: NotRequired[int | None]
 
 
+class SlurmJob(TypedDict):
+    """launch.json's ``slurm``: the run's task in its job array (launcher.runs.slurm.SlurmPlacement.start_array)."""
+
+    job_id: str
+    array_index: int
+    array_size: int
+    log: str
+    run_dir: str
+
+
 class LaunchRecord(TypedDict):
     """``runs/<id>/launch.json``: a run as it was started (launcher.runs.lifecycle), completed with what
     its target said when it started it (``container``, ``argv``, ``image_ran``, ``slurm``)."""
@@ -184,7 +194,7 @@ class LaunchRecord(TypedDict):
     # what the target adds once it started the run (Placement.start), or why it could not
     argv: NotRequired[list[str]]
     image_ran: NotRequired[str]
-    slurm: NotRequired[dict[str, Any]]  # the job array's fields, owned by launcher.runs.slurm
+    slurm: NotRequired[SlurmJob]
     start_error: NotRequired[str]
     segments: NotRequired[list[Segment]]  # launcher resume: each container the run had
 
