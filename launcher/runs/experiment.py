@@ -160,7 +160,7 @@ class ExperimentResult:
         first = self.failed[0]
         return ExitCode(first.exit_code) if first.exit_code is not None else ExitCode.RUN_FAILED
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:  # the CLI's Result data
         return {
             "recipe": self.recipe,
             "code_name": self.code_name or self.recipe,

@@ -67,7 +67,7 @@ class PlainRun:
                 break
         return " \\\n    ".join(lines)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:  # the CLI's Result data
         return {"run_id": self.run_id, "image": self.image, "workdir": self.workdir,
                 "mounts": [{"source": s, "target": d, "read_only": ro} for s, d, ro in self.mounts],
                 "env": dict(self.env), "env_from_caller": list(self.from_caller), "command": list(self.command),

@@ -58,7 +58,7 @@ class Recipe:
         """The image variant recipe.toml names as the recipe's default, if any."""
         return self.spec.variant
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:  # RecipeSpec.as_dict (launcher.runtime.recipespec) and the digest
         return {**self.spec.as_dict(), "tree_digest": self.tree_digest}
 
 

@@ -158,7 +158,7 @@ class Shipment:
 
     host: Host
     eng: Engine
-    info: dict[str, Any]
+    info: dict[str, Any]  # `docker image inspect`'s JSON, as launcher.hosts.engine answers it
     rep: Reporter
     cache_dir: Path | None
     via: str | None = None  # a registry to ship through (--ship-via)

@@ -53,7 +53,7 @@ class ProvisionRequest:
 
 @dataclass(frozen=True)
 class Provisioned:
-    data: dict[str, Any]
+    data: dict[str, Any]  # what a target's provisioning reports, its own (the CLI's Result data)
     summary: str
 
 
