@@ -23,7 +23,6 @@ image pinned by digest instead.
 from __future__ import annotations
 
 import json
-import shlex
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -52,6 +51,9 @@ NODE_FACTS = "node-facts.txt"
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING")
 SHARED_VIA = "shared"  # --ship-via shared: the image archive on the shared filesystem, even with a registry set
 TASK_ARGS = "task.args"  # the task script's values, NUL-separated (hosts/scripts/slurm_task.sh reads them)
+TASK_SCRIPT = "task.sh"  # hosts/scripts/slurm_task.sh, written into each run's folder
+ARRAY_SCRIPT = "array.sh"  # hosts/scripts/slurm_array.sh, written into the array's folder and given to sbatch
+ARRAY_TASKS = "tasks"  # the task script of each array index, NUL-separated (slurm_array.sh reads them)
 # sacct states of a task that ended without writing task.json (killed before or outside its script)
 CANCELLED_STATES = ("CANCELLED", "PREEMPTED", "REVOKED", "DEADLINE")
 
@@ -126,8 +128,9 @@ class SlurmPlacement(Placement):
         if self.options or self.max_parallel:
             self._test_submit(gpu)
 
-    def _header_options(self, n: int, gpu: bool) -> list[str]:
-        """The sbatch options of an n-task array (without output paths): array, partition, GPUs, --slurm-opt."""
+    def _sbatch_options(self, n: int, gpu: bool) -> list[str]:
+        """The sbatch options of an n-task array (without output paths), on its command line:
+        array, partition, GPUs, --slurm-opt."""
         limit = f"%{self.max_parallel}" if self.max_parallel else ""
         opts = [f"--job-name={JOB_NAME}", f"--array=0-{n - 1}{limit}"]
         if self.partition:
@@ -139,7 +142,7 @@ class SlurmPlacement(Placement):
 
     def _test_submit(self, gpu: bool) -> None:
         """Let sbatch judge the --slurm-opt values before anything is shipped (`--test-only` submits nothing)."""
-        done = self.host.run(["sbatch", "--test-only", *self._header_options(1, gpu),
+        done = self.host.run(["sbatch", "--test-only", *self._sbatch_options(1, gpu),
                               "--output=/dev/null", "--wrap=true"], check=False)
         if done.returncode != 0:
             raise SlurmRefused(
@@ -216,15 +219,13 @@ class SlurmPlacement(Placement):
         run_dirs = [job.run_dir for job in jobs]
         for job, run_dir in zip(jobs, run_dirs, strict=True):
             self._write(f"{run_dir}/{TASK_ARGS}", self._task_args(job, owner))
-            self._write(f"{run_dir}/task.sh", host_script("slurm_task.sh"))
-        opts = [*self._header_options(len(jobs), any(job.gpu for job in jobs)),
-                f"--output={array_dir}/task-%a.log", "--open-mode=append"]
-        header = ["#!/bin/bash", *(f"#SBATCH {opt}" for opt in opts)]
-        tasks = " ".join(shlex.quote(f"{d}/task.sh") for d in run_dirs)
-        body = [f"TASKS=({tasks})", 'exec bash "${TASKS[${SLURM_ARRAY_TASK_ID:-0}]}"', ""]
-        self._write(f"{array_dir}/array.sh", "\n".join(header + body))
+            self._write(f"{run_dir}/{TASK_SCRIPT}", host_script("slurm_task.sh"))
+        self._write(f"{array_dir}/{ARRAY_TASKS}", b"".join(f"{d}/{TASK_SCRIPT}".encode() + b"\0" for d in run_dirs))
+        self._write(f"{array_dir}/{ARRAY_SCRIPT}", host_script("slurm_array.sh"))
         self._write(f"{array_dir}/runs.txt", "".join(f"{i} {job.run_id}\n" for i, job in enumerate(jobs)))
-        done = self.host.run(["sbatch", "--parsable", f"{array_dir}/array.sh"], check=False)
+        opts = [*self._sbatch_options(len(jobs), any(job.gpu for job in jobs)),
+                f"--output={array_dir}/task-%a.log", "--open-mode=append"]
+        done = self.host.run(["sbatch", "--parsable", *opts, f"{array_dir}/{ARRAY_SCRIPT}", array_dir], check=False)
         job_id = done.out.strip().split(";")[0]
         if done.returncode != 0 or not job_id.isdigit():
             raise SlurmRefused(f"sbatch refused the job array on {self.name}: {done.last_error_line()}",

@@ -21,6 +21,9 @@ never evaluates them.
 - ``stage_load.sh``: ``docker load`` of a staged image's layers (``Engine.load_staged``).
 - ``slurm_task.sh``: one replicate of a run on a Slurm node (bash), its values in ``task.args``
   (``launcher.runs.slurm``).
+- ``slurm_array.sh``: a Slurm job array (bash), written as ``array.sh`` and given to sbatch with
+  its options on the command line; task i runs the i-th task script listed in ``tasks``
+  (``launcher.runs.slurm``).
 """
 
 from __future__ import annotations
