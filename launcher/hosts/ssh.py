@@ -33,7 +33,7 @@ from launcher.errors import (
     TimedOut,
     UsageError,
 )
-from launcher.hosts.base import Host, PopenProcess
+from launcher.hosts.base import Host, HostDescription, PopenProcess
 from launcher.hosts.sshconfig import SSHTarget, resolve_target
 from launcher.proc import CommandFailed, Completed
 
@@ -287,7 +287,7 @@ class SSHHost(Host):
                 "(AllowTcpForwarding)",
             ) from None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> HostDescription:
         t = self.target
         return {"name": self.name, "kind": self.kind, "hostname": t.hostname, "user": t.user, "port": t.port}
 

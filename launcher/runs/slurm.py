@@ -27,10 +27,11 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, cast
 
 from launcher.errors import (
     CommandFailed,
+    Corrupt,
     SlurmRefused,
     UnknownPartition,
     UsageError,
@@ -39,10 +40,13 @@ from launcher.hosts.base import Host
 from launcher.hosts.hostspec import HostSpec
 from launcher.hosts.scripts import text as host_script
 from launcher.progress import NullReporter, Reporter
-from launcher.runs.cluster import RUNTIMES, read_settings, require_slurm
+from launcher.runs.cluster import RUNTIMES, ClusterSettings, read_settings, require_slurm
 from launcher.runs.container import ContainerJob, docker_run_argv, mounts, runtime_argv
 from launcher.runs.placement import ListedRun, Placement, RunState
 from launcher.runs.ship import SHIP_REPO, ShipResult, push_to_registry, save_to_archive
+
+if TYPE_CHECKING:
+    from launcher.hosts.provision import HostFacts
 
 JOB_NAME = "launcher"
 # the files the task script (hosts/scripts/slurm_task.sh) writes into the run's folder, by these names
@@ -56,6 +60,58 @@ ARRAY_SCRIPT = "array.sh"  # hosts/scripts/slurm_array.sh, written into the arra
 ARRAY_TASKS = "tasks"  # the task script of each array index, NUL-separated (slurm_array.sh reads them)
 # sacct states of a task that ended without writing task.json (killed before or outside its script)
 CANCELLED_STATES = ("CANCELLED", "PREEMPTED", "REVOKED", "DEADLINE")
+
+
+class ImageSource(TypedDict):
+    """Where a job array's tasks get the image (launch.json's ``placement.image_source``):
+    a registry, pulled by digest, or the archive on the shared filesystem."""
+
+    kind: str  # "registry" or SHARED_VIA
+    registry: NotRequired[str]  # the rest: kind "registry" only
+    ref: NotRequired[str]  # REGISTRY/REPO@DIGEST
+    image_id: NotRequired[str]
+
+
+class SlurmJob(TypedDict):
+    """A replicate's task of its job array, launch.json's ``slurm`` (written by ``start_array``)."""
+
+    job_id: str
+    array_index: int
+    array_size: int
+    log: str  # the task's stdout and stderr, in the array's folder
+    run_dir: str  # where the task writes task.json and the node's facts
+
+
+class TaskResult(TypedDict):
+    """The run folder's task.json, written by hosts/scripts/slurm_task.sh when its task ends."""
+
+    exit_code: int
+    status: str
+    node: str
+    job_id: str
+    array_index: str
+    partition: str
+    image_ran: str
+    error: str
+    ended_at: str
+
+
+class NoFacts(TypedDict):
+    """The fact sheet of a node that wrote none: {}."""
+
+
+class SlurmRunInfo(TypedDict):
+    """What a replicate's manifest records of its Slurm task (``RunState.info``, the manifest's placement)."""
+
+    kind: str
+    job_id: str | None
+    array_index: int | str | None  # the launch record's number; task.json's text once the task wrote it
+    partition: str | None
+    image_source: ImageSource
+    runtime: str
+    node: NotRequired[str | None]
+    error: NotRequired[str | None]
+    node_facts: NotRequired[HostFacts | NoFacts]
 
 
 def pyxis_image(ref: str) -> str:
@@ -90,16 +146,17 @@ class SlurmPlacement(Placement):
         self.partition = partition
         self.options = dict(options or {})
         self.max_parallel = max_parallel
-        self.settings: dict[str, Any] = {}
-        # where the tasks get the image: {"kind": "registry", "ref": REG/REPO@DIGEST} or {"kind": "shared"}
-        self.image_source: dict[str, Any] = {"kind": SHARED_VIA}
+        self.settings: ClusterSettings = {}
+        self.image_source: ImageSource = {"kind": SHARED_VIA}  # where the tasks get the image
 
     @classmethod
     def reopen(cls, host: Host, host_spec: HostSpec, record: Mapping[str, Any]) -> Placement:
         placement = cls(host, host_spec, partition=record.get("partition"), options=record.get("options") or {},
                         max_parallel=record.get("max_parallel"))
-        placement.image_source = dict(record.get("image_source") or {"kind": SHARED_VIA})
-        placement.settings = {"runtime": record.get("runtime") or "docker"}
+        source = record.get("image_source")
+        placement.image_source = cast(ImageSource, dict(source)) if isinstance(source, Mapping) and isinstance(
+            source.get("kind"), str) else {"kind": SHARED_VIA}
+        placement.settings = {"runtime": str(record.get("runtime") or "docker")}
         return placement
 
     @property
@@ -159,7 +216,7 @@ class SlurmPlacement(Placement):
              cache_dir: Path) -> ShipResult:
         registry = None if via == SHARED_VIA else (via or self.settings.get("registry"))
         if registry:
-            return self._ship_to_registry(str(image["id"]), str(registry), reporter)
+            return self._ship_to_registry(str(image["id"]), registry, reporter)
         if self.runtime == "pyxis":
             raise UsageError("Pyxis runs images from a registry; this cluster has none set",
                              "run `launcher provision --scheduler slurm --registry ADDRESS`, or give --ship-via")
@@ -197,12 +254,12 @@ class SlurmPlacement(Placement):
             # the secrets stay in their file, exported on the node from there (never in task.args)
             exported = {**job.env, **job.user_env}
             exports = [f"{k}={v}" for k, v in sorted(exported.items())]
-            command = pyxis_srun_argv(job, str(self.image_source["ref"]))
+            command = pyxis_srun_argv(job, self.image_source["ref"])
         else:
             exports = []
             command = docker_run_argv(replace(job, owner=owner), detach=False)
         if self.image_source.get("kind") == "registry":
-            source_kind, source = "registry", str(self.image_source["ref"])
+            source_kind, source = "registry", self.image_source["ref"]
         else:
             source_kind, source = SHARED_VIA, self.image_archive(job.image_id)
         fields = [self.runtime, job.image_id, job.name, job.env_file or "", source_kind, source,
@@ -241,25 +298,29 @@ class SlurmPlacement(Placement):
 
     # -- watching and collecting
     @staticmethod
-    def _slurm(launch: Mapping[str, Any]) -> Mapping[str, Any]:
+    def _slurm(launch: Mapping[str, Any]) -> SlurmJob:
         rec = launch.get("slurm")
         if not isinstance(rec, Mapping):
             raise UsageError(f"run {launch.get('run_id')} has no Slurm job in its launch record",
                              "it was not started on a cluster")
-        return rec
+        missing = [k for k in ("job_id", "array_index", "log", "run_dir") if k not in rec]
+        if missing:
+            raise Corrupt(f"run {launch.get('run_id')}'s launch record names its Slurm job without "
+                          f"{', '.join(missing)}", "the run's launch.json was changed by hand; stop the job with "
+                          "scancel on the login node")
+        return cast(SlurmJob, rec)
 
-    def _task(self, launch: Mapping[str, Any]) -> dict[str, Any] | None:
-        text = self.host.read_text(f"{self._slurm(launch)['run_dir']}/{TASK_FILE}")
+    def _task(self, s: SlurmJob) -> TaskResult | None:
+        text = self.host.read_text(f"{s['run_dir']}/{TASK_FILE}")
         if not text:
             return None
         try:
             rec = json.loads(text)
         except ValueError:
             return None
-        return rec if isinstance(rec, dict) else None
+        return cast(TaskResult, rec) if isinstance(rec, dict) else None
 
-    def _queued(self, launch: Mapping[str, Any]) -> str | None:
-        s = self._slurm(launch)
+    def _queued(self, s: SlurmJob) -> str | None:
         done = self.host.run(["squeue", "-h", "-j", f"{s['job_id']}_{s['array_index']}", "-o", "%T"], check=False)
         states = [x for x in done.out.split() if x]
         if not states:  # squeue names a pending array by its job id alone until tasks split off
@@ -271,28 +332,33 @@ class SlurmPlacement(Placement):
         return states[0] if states else None
 
     def state(self, launch: Mapping[str, Any]) -> RunState | None:
-        task = self._task(launch)
+        s = self._slurm(launch)
+        task = self._task(s)
         if task is None:
-            queued = self._queued(launch)
+            queued = self._queued(s)
             if queued in ACTIVE:
                 return RunState(running=True, ended=False)
-            task = self._task(launch)  # it may have ended between the two reads
+            task = self._task(s)  # it may have ended between the two reads
         if task is None:
-            return self._ended_unseen(launch)
-        facts_text = self.host.read_text(f"{self._slurm(launch)['run_dir']}/{NODE_FACTS}") or ""
-        from launcher.hosts.provision import parse_facts
-
-        info = {"kind": self.kind, **self._slurm_info(launch),
-                **{k: task.get(k) for k in ("node", "job_id", "array_index", "partition", "error")},
-                "node_facts": parse_facts(facts_text) if facts_text.strip() else {}}
+            return self._ended_unseen(s)
+        info = self._slurm_info(s)
+        info.update({"node": task.get("node"), "job_id": task.get("job_id"), "array_index": task.get("array_index"),
+                     "partition": task.get("partition"), "error": task.get("error")})
+        info["node_facts"] = self._node_facts(s)
         code = task.get("exit_code")
         return RunState(running=False, ended=True, exit_code=int(code) if isinstance(code, int) else None,
                         finished_at=task.get("ended_at"), status=str(task.get("status") or "") or None,
                         image_ran=task.get("image_ran") or None, info=info)
 
-    def accounting(self, launch: Mapping[str, Any]) -> dict[str, str] | None:
+    def _node_facts(self, s: SlurmJob) -> HostFacts | NoFacts:
+        """The fact sheet the task wrote of its node ({} where it wrote none)."""
+        facts_text = self.host.read_text(f"{s['run_dir']}/{NODE_FACTS}") or ""
+        from launcher.hosts.provision import parse_facts
+
+        return parse_facts(facts_text) if facts_text.strip() else {}
+
+    def accounting(self, s: SlurmJob) -> dict[str, str] | None:
         """What sacct says of the task (state, exit code, node), or None where the cluster keeps no accounting."""
-        s = self._slurm(launch)
         done = self.host.run(["sacct", "-n", "-P", "-X", "-j", f"{s['job_id']}_{s['array_index']}",
                               "-o", "State,ExitCode,NodeList"], check=False)
         rows = [line.split("|") for line in done.out.splitlines() if line.count("|") >= 2]
@@ -301,27 +367,26 @@ class SlurmPlacement(Placement):
         state, code, node = rows[-1][:3]
         return {"state": state.strip(), "exit_code": code.strip(), "node": node.strip()}
 
-    def _ended_unseen(self, launch: Mapping[str, Any]) -> RunState:
+    def _ended_unseen(self, s: SlurmJob) -> RunState:
         """A task that left the queue without writing task.json: killed before its script ran, or with its node.
         sacct says which where the cluster keeps accounting; without it the replicate counts as cancelled."""
-        info: dict[str, Any] = {"kind": self.kind, **self._slurm_info(launch)}
-        acct = self.accounting(launch)
+        info = self._slurm_info(s)
+        acct = self.accounting(s)
         if acct is None:
             info["error"] = ("left the queue before it ran (cancelled, or lost with its node; this cluster keeps "
                              "no accounting, so sacct cannot say which)")
             return RunState(running=False, ended=True, exit_code=None, status="cancelled", info=info)
         state = acct["state"].split()[0] if acct["state"] else "UNKNOWN"
-        info.update(node=acct["node"] if acct["node"] not in ("", "None assigned") else None,
-                    error=f"Slurm says {acct['state'] or 'nothing'} (exit {acct['exit_code'] or '?'}) "
-                          "and the task wrote no result")
+        info.update({"node": acct["node"] if acct["node"] not in ("", "None assigned") else None,
+                     "error": f"Slurm says {acct['state'] or 'nothing'} (exit {acct['exit_code'] or '?'}) "
+                              "and the task wrote no result"})
         status = "cancelled" if state in CANCELLED_STATES else "failed"
         code, _, _sig = acct["exit_code"].partition(":")
         return RunState(running=False, ended=True, exit_code=int(code) if code.isdigit() and status == "failed"
                         else None, status=status, info=info)
 
-    def _slurm_info(self, launch: Mapping[str, Any]) -> dict[str, Any]:
-        s = self._slurm(launch)
-        return {"job_id": s["job_id"], "array_index": s["array_index"], "partition": self.partition,
+    def _slurm_info(self, s: SlurmJob) -> SlurmRunInfo:
+        return {"kind": self.kind, "job_id": s["job_id"], "array_index": s["array_index"], "partition": self.partition,
                 "image_source": self.image_source, "runtime": self.runtime}
 
     def logs(self, launch: Mapping[str, Any], *, follow: bool = False) -> Iterator[str]:
