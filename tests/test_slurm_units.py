@@ -297,6 +297,9 @@ def test_the_array_is_the_package_script_with_its_sbatch_options_on_the_command_
 
 
 def test_the_array_script_runs_the_task_of_its_index(tmp_path: Path) -> None:
+    from launcher.runs.slurm import ARRAY_TASKS
+
+    assert f'"$ARRAY_DIR/{ARRAY_TASKS}"' in host_script("slurm_array.sh")  # the name start_array writes
     array_dir = tmp_path / "array dir"
     array_dir.mkdir()
     (array_dir / "array.sh").write_text(host_script("slurm_array.sh"))

@@ -14,7 +14,9 @@ from launcher.hosts.base import Host
 from launcher.hosts.scripts import text as host_script
 
 SETTINGS_FILE = "cluster.json"
-RUNTIMES = ("docker", "pyxis")
+DOCKER_RUNTIME = "docker"  # each node's Docker engine runs the task's container (the default)
+PYXIS_RUNTIME = "pyxis"  # srun --container-image, through Pyxis/enroot
+RUNTIMES = (DOCKER_RUNTIME, PYXIS_RUNTIME)
 
 
 class ClusterSettings(TypedDict, total=False):
@@ -174,10 +176,10 @@ def configure(login: Host, facts: ClusterFacts, *, registry: str | None, runtime
     if runtime:
         if runtime not in RUNTIMES:
             raise UsageError(f"unknown container runtime {runtime!r}", f"use one of: {', '.join(RUNTIMES)}")
-        if runtime == "pyxis" and not facts.get("pyxis"):
+        if runtime == PYXIS_RUNTIME and not facts.get("pyxis"):
             raise UsageError("the cluster's srun has no --container-image (no Pyxis plugin)",
                              "keep --container-runtime docker")
-        if runtime == "pyxis" and not settings.get("registry"):
+        if runtime == PYXIS_RUNTIME and not settings.get("registry"):
             raise UsageError("Pyxis runs images from a registry; this cluster has none set",
                              "give --registry ADDRESS with --container-runtime pyxis")
         settings["runtime"] = runtime

@@ -40,7 +40,7 @@ from launcher.hosts.base import Host
 from launcher.hosts.hostspec import HostSpec
 from launcher.hosts.scripts import text as host_script
 from launcher.progress import NullReporter, Reporter
-from launcher.runs.cluster import RUNTIMES, ClusterSettings, read_settings, require_slurm
+from launcher.runs.cluster import DOCKER_RUNTIME, PYXIS_RUNTIME, RUNTIMES, ClusterSettings, read_settings, require_slurm
 from launcher.runs.container import ContainerJob, docker_run_argv, mounts, runtime_argv
 from launcher.runs.placement import ListedRun, Placement, RunState
 from launcher.runs.ship import SHIP_REPO, ShipResult, push_to_registry, save_to_archive
@@ -54,6 +54,10 @@ TASK_FILE = "task.json"
 NODE_FACTS = "node-facts.txt"
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING")
 SHARED_VIA = "shared"  # --ship-via shared: the image archive on the shared filesystem, even with a registry set
+REGISTRY_VIA = "registry"  # the image source of tasks that pull from the cluster's registry by digest
+SLURM_AREA = "slurm"  # launcher's area on the login node for job arrays: one folder per array, and JOBS
+JOBS = "jobs"  # under SLURM_AREA: a file per submitted job ID naming its array's folder
+RUNS_TABLE = "runs.txt"  # in an array's folder: "INDEX RUN_ID" per task
 TASK_ARGS = "task.args"  # the task script's values, NUL-separated (hosts/scripts/slurm_task.sh reads them)
 TASK_SCRIPT = "task.sh"  # hosts/scripts/slurm_task.sh, written into each run's folder
 ARRAY_SCRIPT = "array.sh"  # hosts/scripts/slurm_array.sh, written into the array's folder and given to sbatch
@@ -66,8 +70,8 @@ class ImageSource(TypedDict):
     """Where a job array's tasks get the image (launch.json's ``placement.image_source``):
     a registry, pulled by digest, or the archive on the shared filesystem."""
 
-    kind: str  # "registry" or SHARED_VIA
-    registry: NotRequired[str]  # the rest: kind "registry" only
+    kind: str  # REGISTRY_VIA or SHARED_VIA
+    registry: NotRequired[str]  # the rest: kind REGISTRY_VIA only
     ref: NotRequired[str]  # REGISTRY/REPO@DIGEST
     image_id: NotRequired[str]
 
@@ -156,12 +160,12 @@ class SlurmPlacement(Placement):
         source = record.get("image_source")
         placement.image_source = cast(ImageSource, dict(source)) if isinstance(source, Mapping) and isinstance(
             source.get("kind"), str) else {"kind": SHARED_VIA}
-        placement.settings = {"runtime": str(record.get("runtime") or "docker")}
+        placement.settings = {"runtime": str(record.get("runtime") or DOCKER_RUNTIME)}
         return placement
 
     @property
     def runtime(self) -> str:
-        return str(self.settings.get("runtime") or "docker")
+        return str(self.settings.get("runtime") or DOCKER_RUNTIME)
 
     def record(self) -> dict[str, Any]:
         return {"kind": self.kind, "partition": self.partition, "options": self.options,
@@ -217,7 +221,7 @@ class SlurmPlacement(Placement):
         registry = None if via == SHARED_VIA else (via or self.settings.get("registry"))
         if registry:
             return self._ship_to_registry(str(image["id"]), registry, reporter)
-        if self.runtime == "pyxis":
+        if self.runtime == PYXIS_RUNTIME:
             raise UsageError("Pyxis runs images from a registry; this cluster has none set",
                              "run `launcher provision --scheduler slurm --registry ADDRESS`, or give --ship-via")
         self.image_source = {"kind": SHARED_VIA}
@@ -239,7 +243,7 @@ class SlurmPlacement(Placement):
             digest = push_to_registry(image_id, registry)
         finally:
             task.close()
-        self.image_source = {"kind": "registry", "registry": registry, "ref": f"{registry}/{SHIP_REPO}@{digest}",
+        self.image_source = {"kind": REGISTRY_VIA, "registry": registry, "ref": f"{registry}/{SHIP_REPO}@{digest}",
                              "image_id": image_id}
         return ShipResult(image_id=image_id, skipped=False, seconds=time.monotonic() - started)
 
@@ -250,7 +254,7 @@ class SlurmPlacement(Placement):
     def _task_args(self, job: ContainerJob, owner: str | None) -> bytes:
         """The values of the task script (hosts/scripts/slurm_task.sh, written as task.sh) for one
         job, NUL-separated as it reads them from task.args: nothing of them is written into code."""
-        if self.runtime == "pyxis":
+        if self.runtime == PYXIS_RUNTIME:
             # the secrets stay in their file, exported on the node from there (never in task.args)
             exported = {**job.env, **job.user_env}
             exports = [f"{k}={v}" for k, v in sorted(exported.items())]
@@ -258,8 +262,8 @@ class SlurmPlacement(Placement):
         else:
             exports = []
             command = docker_run_argv(replace(job, owner=owner), detach=False)
-        if self.image_source.get("kind") == "registry":
-            source_kind, source = "registry", self.image_source["ref"]
+        if self.image_source.get("kind") == REGISTRY_VIA:
+            source_kind, source = REGISTRY_VIA, self.image_source["ref"]
         else:
             source_kind, source = SHARED_VIA, self.image_archive(job.image_id)
         fields = [self.runtime, job.image_id, job.name, job.env_file or "", source_kind, source,
@@ -270,7 +274,7 @@ class SlurmPlacement(Placement):
         """Submit the jobs as one array: task i runs jobs[i]. Returns each job's launch fields."""
         owner = self.host.owner()  # the same user runs the tasks on every node; it gets the outputs
         key = jobs[0].run_id
-        array_dir = self.host.area("slurm", key)
+        array_dir = self.host.area(SLURM_AREA, key)
         self.host.makedirs(array_dir)
         jobs = [self.write_secrets(job) for job in jobs]  # read on the node when the task runs, then removed
         run_dirs = [job.run_dir for job in jobs]
@@ -279,7 +283,7 @@ class SlurmPlacement(Placement):
             self._write(f"{run_dir}/{TASK_SCRIPT}", host_script("slurm_task.sh"))
         self._write(f"{array_dir}/{ARRAY_TASKS}", b"".join(f"{d}/{TASK_SCRIPT}".encode() + b"\0" for d in run_dirs))
         self._write(f"{array_dir}/{ARRAY_SCRIPT}", host_script("slurm_array.sh"))
-        self._write(f"{array_dir}/runs.txt", "".join(f"{i} {job.run_id}\n" for i, job in enumerate(jobs)))
+        self._write(f"{array_dir}/{RUNS_TABLE}", "".join(f"{i} {job.run_id}\n" for i, job in enumerate(jobs)))
         opts = [*self._sbatch_options(len(jobs), any(job.gpu for job in jobs)),
                 f"--output={array_dir}/task-%a.log", "--open-mode=append"]
         done = self.host.run(["sbatch", "--parsable", *opts, f"{array_dir}/{ARRAY_SCRIPT}", array_dir], check=False)
@@ -287,7 +291,7 @@ class SlurmPlacement(Placement):
         if done.returncode != 0 or not job_id.isdigit():
             raise SlurmRefused(f"sbatch refused the job array on {self.name}: {done.last_error_line()}",
                                "check the partition and --slurm-opt values against the cluster's limits")
-        self._write(self.host.area("slurm", "jobs", job_id), key + "\n")
+        self._write(self.host.area(SLURM_AREA, JOBS, job_id), key + "\n")
         return [{"container": job.name,
                  "slurm": {"job_id": job_id, "array_index": i, "array_size": len(jobs),
                            "log": f"{array_dir}/task-{i}.log", "run_dir": run_dirs[i]}}
@@ -422,9 +426,9 @@ class SlurmPlacement(Placement):
         return self.state(launch)
 
     def _array_runs(self, job_id: str) -> dict[str, str]:
-        """Array index -> run id of a job array this launcher submitted (from its runs.txt)."""
-        key = (self.host.read_text(self.host.area("slurm", "jobs", job_id)) or "").strip()
-        table = (self.host.read_text(self.host.area("slurm", key, "runs.txt")) or "") if key else ""
+        """Array index -> run id of a job array this launcher submitted (from its RUNS_TABLE)."""
+        key = (self.host.read_text(self.host.area(SLURM_AREA, JOBS, job_id)) or "").strip()
+        table = (self.host.read_text(self.host.area(SLURM_AREA, key, RUNS_TABLE)) or "") if key else ""
         return dict(row.split(" ", 1) for row in table.splitlines() if " " in row)
 
     def stopped_with(self, launch: Mapping[str, Any]) -> list[str]:
