@@ -25,8 +25,7 @@ from launcher.proc import CommandFailed, Completed, widen_pipe
 def write_atomic_argv(path: str, *, private: bool = False) -> list[str]:
     """A command that writes its stdin to path whole or not at all: into PATH.part, then renamed
     over path (its folder made first); private=True: readable by the user alone."""
-    umask = "umask 077 && " if private else ""
-    return ["sh", "-c", f'mkdir -p "$(dirname "$1")" && {umask}cat > "$1.part" && mv -f "$1.part" "$1"', "sh", path]
+    return ["sh", "-c", host_script("write_atomic.sh"), "sh", "1" if private else "0", path]
 
 
 class ListedEntry(TypedDict):
