@@ -173,7 +173,7 @@ class Engine:
         flags = ["-a"] if intermediate else []
         return sorted(set(self._run("image", "ls", *flags, "-q", "--no-trunc", check=True).out.split()))
 
-    def labelled_images(self, label: str) -> list[dict[str, Any]]:
+    def labelled_images(self, label: str) -> list[dict[str, Any]]:  # the rows cache.engine_images reads
         """Every image carrying label (untagged and intermediate ones too): id, tags, size in bytes,
         creation time and labels, oldest first."""
         listed = self._run("image", "ls", "-a", "-q", "--no-trunc", "--filter", f"label={label}", check=True)
@@ -431,7 +431,7 @@ def remove_unreferenced(image_ids: Iterable[str], *, launcher_only: bool = False
 
 
 def build(context: Path, *, dockerfile: str, tag: str | None, buildargs: Mapping[str, str],
-          labels: Mapping[str, str], nocache: bool) -> Iterator[dict[str, Any]]:
+          labels: Mapping[str, str], nocache: bool) -> Iterator[dict[str, Any]]:  # Docker's build events
     """Stream the local engine's build events; the last one carries {"aux": {"ID": ...}}.
 
     The build has no network: everything it installs comes from the wheelhouse.
