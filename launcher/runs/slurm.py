@@ -292,10 +292,10 @@ class SlurmPlacement(Placement):
             raise SlurmRefused(f"sbatch refused the job array on {self.name}: {done.last_error_line()}",
                                "check the partition and --slurm-opt values against the cluster's limits")
         self._write(self.host.area(SLURM_AREA, JOBS, job_id), key + "\n")
-        return [{"container": job.name,
-                 "slurm": {"job_id": job_id, "array_index": i, "array_size": len(jobs),
-                           "log": f"{array_dir}/task-{i}.log", "run_dir": run_dirs[i]}}
-                for i, job in enumerate(jobs)]
+        placed: list[SlurmJob] = [{"job_id": job_id, "array_index": i, "array_size": len(jobs),
+                                   "log": f"{array_dir}/task-{i}.log", "run_dir": run_dir}
+                                  for i, run_dir in enumerate(run_dirs)]
+        return [{"container": job.name, "slurm": slurm} for job, slurm in zip(jobs, placed, strict=True)]
 
     def _write(self, path: str, data: str | bytes) -> None:
         self.host.write_atomic(path, data.encode() if isinstance(data, str) else data)
