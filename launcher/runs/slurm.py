@@ -139,7 +139,8 @@ def pyxis_srun_argv(job: ContainerJob, ref: str) -> list[str]:
 
 
 class SlurmPlacement(Placement):
-    """Replicates as a Slurm job array, each task a container on its node's Docker engine."""
+    """Replicates as a Slurm job array, each task a container on its node's Docker engine. The launch
+    records and values of the Placement interface keep the types placement.py gives them."""
 
     kind = "slurm"
     parallel = True
