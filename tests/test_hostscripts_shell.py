@@ -90,3 +90,22 @@ def test_dockerd_wait_gives_up_saying_how_the_log_ends(tmp_path: Path) -> None:
     _stand_in(bin_dir, "docker", "exit 0\n")
     assert _sh("dockerd.sh", "wait", str(log), "3", bin_dir=bin_dir).returncode == 0
     assert _sh("dockerd.sh", "restart", str(log), "3", bin_dir=bin_dir).returncode == 2
+
+
+def test_write_atomic_writes_whole_files_in_new_folders_and_private_ones_for_the_user_alone(tmp_path: Path) -> None:
+    from launcher.hosts.base import write_atomic_argv
+
+    target = tmp_path / "new dir" / "it's.txt"
+    done = subprocess.run(write_atomic_argv(str(target)), input=b"one\n", capture_output=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert target.read_bytes() == b"one\n" and not (tmp_path / "new dir" / "it's.txt.part").exists()
+    secret = tmp_path / "secrets" / "env"
+    done = subprocess.run(write_atomic_argv(str(secret), private=True), input=b"T=1\n", capture_output=True,
+                          check=False)
+    assert done.returncode == 0 and secret.read_bytes() == b"T=1\n"
+    assert secret.stat().st_mode & 0o077 == 0
+    blocked = tmp_path / "file"
+    blocked.write_text("x")
+    done = subprocess.run(write_atomic_argv(str(blocked / "under a file")), input=b"x", capture_output=True,
+                          check=False)
+    assert done.returncode != 0

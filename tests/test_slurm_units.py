@@ -263,3 +263,57 @@ def test_a_docker_task_without_the_shared_archive_runs_nothing(tmp_path: Path) -
     fetched = [c.split()[0] for c in calls.read_text().splitlines() if c.split()[0] in ("image", "load", "pull", "run")]
     assert fetched == ["image", "image"]  # looked for twice; nothing loaded (no archive) and nothing run
     assert (run_dir / "node-facts.txt").read_text().startswith("os=")
+
+
+def test_the_array_is_the_package_script_with_its_sbatch_options_on_the_command_line(tmp_path: Path) -> None:
+    @dataclass
+    class Recording(FakeLogin):
+        inputs: list[tuple[list[str], bytes | None]] = field(default_factory=list)
+
+        def run(self, argv: list[str], check: bool = False, **kw: Any) -> Completed:
+            self.inputs.append((list(argv), kw.get("input")))
+            return super().run(argv, check, **kw)
+
+        def owner(self) -> str:
+            return "1000:1000"
+
+        def makedirs(self, path: str) -> None:
+            pass
+
+    login = Recording({("sbatch", "--parsable"): (0, "41\n", "")})
+    placement = SlurmPlacement(login, partition="gpu", options={"time": "10"}, max_parallel=2)  # type: ignore[arg-type]
+    placement.settings = {"runtime": "docker"}
+    jobs = [replace(_job(tmp_path), run_id=f"r{i}", host_out=str(tmp_path / f"r{i}" / "out")) for i in range(3)]
+    placed = placement.start_array(jobs)
+    array_dir = "/home/u/.launcher/slurm/r0"
+    written = {a[-1]: d for a, d in login.inputs if d is not None}
+    assert written[f"{array_dir}/array.sh"] == host_script("slurm_array.sh").encode()
+    assert b"SBATCH" not in written[f"{array_dir}/array.sh"]
+    assert written[f"{array_dir}/tasks"] == b"".join(f"{tmp_path}/r{i}/task.sh".encode() + b"\0" for i in range(3))
+    sbatch = next(a for a, _ in login.inputs if a[0] == "sbatch")
+    assert sbatch == ["sbatch", "--parsable", "--job-name=launcher", "--array=0-2%2", "--partition=gpu", "--time=10",
+                      f"--output={array_dir}/task-%a.log", "--open-mode=append", f"{array_dir}/array.sh", array_dir]
+    assert [p["slurm"]["array_index"] for p in placed] == [0, 1, 2]
+
+
+def test_the_array_script_runs_the_task_of_its_index(tmp_path: Path) -> None:
+    from launcher.runs.slurm import ARRAY_TASKS
+
+    assert f'"$ARRAY_DIR/{ARRAY_TASKS}"' in host_script("slurm_array.sh")  # the name start_array writes
+    array_dir = tmp_path / "array dir"
+    array_dir.mkdir()
+    (array_dir / "array.sh").write_text(host_script("slurm_array.sh"))
+    tasks = []
+    for i in range(3):
+        run = tmp_path / f"run {i}"
+        run.mkdir()
+        (run / "task.sh").write_text(f'echo "task {i} in ${{0%/*}}"\n')
+        tasks.append(f"{run}/task.sh")
+    (array_dir / "tasks").write_bytes(b"".join(t.encode() + b"\0" for t in tasks))
+    for index in ("1", "2"):
+        done = subprocess.run(["bash", str(array_dir / "array.sh"), str(array_dir)], capture_output=True, text=True,
+                              check=False, env={**os.environ, "SLURM_ARRAY_TASK_ID": index})
+        assert (done.returncode, done.stdout) == (0, f"task {index} in {tmp_path}/run {index}\n"), done.stderr
+    done = subprocess.run(["bash", str(array_dir / "array.sh"), str(array_dir)], capture_output=True, text=True,
+                          check=False, env={**os.environ, "SLURM_ARRAY_TASK_ID": "3"})
+    assert done.returncode == 2 and "no task script" in done.stderr

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, NotRequired, Protocol, TypedDict
 
 from launcher.errors import TransferCut
 from launcher.hosts.scripts import text as host_script
@@ -25,8 +25,29 @@ from launcher.proc import CommandFailed, Completed, widen_pipe
 def write_atomic_argv(path: str, *, private: bool = False) -> list[str]:
     """A command that writes its stdin to path whole or not at all: into PATH.part, then renamed
     over path (its folder made first); private=True: readable by the user alone."""
-    umask = "umask 077 && " if private else ""
-    return ["sh", "-c", f'mkdir -p "$(dirname "$1")" && {umask}cat > "$1.part" && mv -f "$1.part" "$1"', "sh", path]
+    return ["sh", "-c", host_script("write_atomic.sh"), "sh", "1" if private else "0", path]
+
+
+class ListedEntry(TypedDict):
+    """One line of hosts/scripts/listdir.py's output (JSON): an entry under the listed directory."""
+
+    path: str
+    kind: str
+    size: NotRequired[int]
+    mtime_ns: NotRequired[int]
+    sha256: NotRequired[str]
+    target: NotRequired[str]
+
+
+class HostDescription(TypedDict):
+    """A host as launch.json's ``host`` and a fact sheet's ``host`` name it (``Host.describe``);
+    an SSH host adds where it is."""
+
+    name: str
+    kind: str
+    hostname: NotRequired[str]
+    user: NotRequired[str]
+    port: NotRequired[int]
 
 
 @dataclass(frozen=True)
@@ -39,7 +60,7 @@ class RemoteEntry:
     target: str | None = None
 
     @classmethod
-    def from_json(cls, rec: dict[str, Any]) -> RemoteEntry:
+    def from_json(cls, rec: ListedEntry) -> RemoteEntry:
         return cls(
             path=str(rec["path"]),
             kind=str(rec["kind"]),
@@ -197,7 +218,7 @@ class Host(ABC):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> HostDescription:
         return {"name": self.name, "kind": self.kind}
 
     def check(self, argv: Sequence[str], *, input: bytes | None = None, timeout: float | None = None) -> str:

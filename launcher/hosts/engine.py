@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypedDict, cast
 
 from launcher.errors import (
     BuildFailed,
@@ -71,6 +71,16 @@ def chain_ids(diff_ids: Sequence[str]) -> list[str]:
     for diff in diff_ids:
         out.append(diff if not out else "sha256:" + hashlib.sha256(f"{out[-1]} {diff}".encode()).hexdigest())
     return out
+
+
+class ContainerState(TypedDict):
+    """A container's state as `docker inspect --format '{{json .State}}'` gives it (the fields read)."""
+
+    Status: str  # created, running, exited, dead, ...
+    Running: bool
+    ExitCode: int
+    StartedAt: str
+    FinishedAt: str
 
 
 class Engine:
@@ -148,7 +158,7 @@ class Engine:
             return False
         self._unavailable(done)
 
-    def inspect_image(self, ref: str) -> dict[str, Any]:
+    def inspect_image(self, ref: str) -> dict[str, Any]:  # Docker's image JSON, its schema Docker's
         done = self._run("image", "inspect", "--format", "{{json .}}", ref)
         if done.returncode != 0:
             if "No such" in done.err or "no such" in done.err:
@@ -163,7 +173,7 @@ class Engine:
         flags = ["-a"] if intermediate else []
         return sorted(set(self._run("image", "ls", *flags, "-q", "--no-trunc", check=True).out.split()))
 
-    def labelled_images(self, label: str) -> list[dict[str, Any]]:
+    def labelled_images(self, label: str) -> list[dict[str, Any]]:  # the rows cache.engine_images reads
         """Every image carrying label (untagged and intermediate ones too): id, tags, size in bytes,
         creation time and labels, oldest first."""
         listed = self._run("image", "ls", "-a", "-q", "--no-trunc", "--filter", f"label={label}", check=True)
@@ -285,12 +295,12 @@ class Engine:
             self._run("rm", "-f", name)
             raise
 
-    def container_state(self, name: str) -> dict[str, Any] | None:
+    def container_state(self, name: str) -> ContainerState | None:
         done = self._run("inspect", "--format", "{{json .State}}", name)
         if done.returncode != 0:
             return None
-        state: dict[str, Any] = json.loads(done.out)
-        return state
+        state = json.loads(done.out)
+        return cast(ContainerState, state) if isinstance(state, dict) else None
 
     def container_image(self, name: str) -> str | None:
         """The ID of the image the container runs."""
@@ -359,13 +369,13 @@ def _errors() -> Any:
     return docker.errors
 
 
-def require() -> dict[str, Any]:
+def require() -> dict[str, Any]:  # Docker's `info`, its schema Docker's
     """The local engine's info (EngineUnavailable when none answers)."""
     info: dict[str, Any] = client().info()
     return info
 
 
-def inspect(ref: str) -> dict[str, Any]:
+def inspect(ref: str) -> dict[str, Any]:  # Docker's image JSON, its schema Docker's
     try:
         attrs: dict[str, Any] = client().api.inspect_image(ref)
         return attrs
@@ -421,7 +431,7 @@ def remove_unreferenced(image_ids: Iterable[str], *, launcher_only: bool = False
 
 
 def build(context: Path, *, dockerfile: str, tag: str | None, buildargs: Mapping[str, str],
-          labels: Mapping[str, str], nocache: bool) -> Iterator[dict[str, Any]]:
+          labels: Mapping[str, str], nocache: bool) -> Iterator[dict[str, Any]]:  # Docker's build events
     """Stream the local engine's build events; the last one carries {"aux": {"ID": ...}}.
 
     The build has no network: everything it installs comes from the wheelhouse.

@@ -3,14 +3,26 @@ launch record and read back from it, and opened into a :class:`~launcher.hosts.b
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from launcher.hosts.base import Host
 
-_PATHS = ("identity", "ssh_config", "known_hosts")
+
+class HostRecord(TypedDict):
+    """A host spec as launch.json keeps it (``host_options``): the SSH destination (None: the local
+    engine) and the SSH options that were given, paths as text."""
+
+    spec: str | None
+    identity: NotRequired[str]
+    port: NotRequired[int]
+    ssh_config: NotRequired[str]
+    known_hosts: NotRequired[str]
+
+
+def _path(value: str | None) -> Path | None:
+    return None if value is None else Path(value)
 
 
 @dataclass(frozen=True)
@@ -37,23 +49,27 @@ class HostSpec:
         """The same SSH options for another destination (an experiment spread over hosts)."""
         return replace(self, destination=destination)
 
-    def to_record(self) -> dict[str, Any]:
+    def to_record(self) -> HostRecord:
         """What a launch record keeps to reopen the host later (never the trust of a new key:
         a later command meets the key that was recorded then)."""
-        record: dict[str, Any] = {"spec": None if self.local else self.destination}
-        for key in ("identity", "port", "ssh_config", "known_hosts"):
-            value = getattr(self, key)
-            if value is not None:
-                record[key] = str(value) if isinstance(value, Path) else value
+        record: HostRecord = {"spec": None if self.local else self.destination}
+        if self.identity is not None:
+            record["identity"] = str(self.identity)
+        if self.port is not None:
+            record["port"] = self.port
+        if self.ssh_config is not None:
+            record["ssh_config"] = str(self.ssh_config)
+        if self.known_hosts is not None:
+            record["known_hosts"] = str(self.known_hosts)
         return record
 
     @classmethod
-    def from_record(cls, record: Mapping[str, Any] | None) -> HostSpec:
-        rec = dict(record or {})
-        kw: dict[str, Any] = {k: Path(rec[k]) for k in _PATHS if rec.get(k) is not None}
-        if rec.get("port") is not None:
-            kw["port"] = int(rec["port"])
-        return cls(destination=rec.get("spec"), **kw)
+    def from_record(cls, record: HostRecord | None) -> HostSpec:
+        rec: HostRecord = record or {"spec": None}
+        port = rec.get("port")
+        return cls(destination=rec.get("spec"), identity=_path(rec.get("identity")),
+                   port=None if port is None else int(port), ssh_config=_path(rec.get("ssh_config")),
+                   known_hosts=_path(rec.get("known_hosts")))
 
     def open(self, workspace_root: Path | None = None) -> Host:
         """Connect: the local engine (its run directories under workspace_root when given), or SSH."""

@@ -33,7 +33,7 @@ from launcher.errors import (
     TimedOut,
     UsageError,
 )
-from launcher.hosts.base import Host, PopenProcess
+from launcher.hosts.base import Host, HostDescription, PopenProcess
 from launcher.hosts.sshconfig import SSHTarget, resolve_target
 from launcher.proc import CommandFailed, Completed
 
@@ -210,66 +210,8 @@ class SSHHost(Host):
         if target.known_hosts.is_file():
             client.load_system_host_keys(str(target.known_hosts))
         client.set_missing_host_key_policy(_KnownHostsPolicy(target, trust_new_host))
-        where = f"{target.destination}:{target.port}"
-        sock: Any = None
-        if via is not None:
-            sock = via.forward(target.hostname, target.port)
-        elif target.proxy_command:
-            sock = paramiko.ProxyCommand(target.proxy_command)
-        try:
-            client.connect(
-                target.hostname,
-                port=target.port,
-                username=target.user,
-                key_filename=list(target.identities) or None,
-                look_for_keys=not target.identities,
-                allow_agent=True,
-                timeout=CONNECT_TIMEOUT_S,
-                banner_timeout=CONNECT_TIMEOUT_S,
-                auth_timeout=CONNECT_TIMEOUT_S,
-                sock=sock,
-            )
-        except LauncherError:
-            client.close()
-            raise
-        except paramiko.BadHostKeyException as exc:
-            client.close()
-            raise HostKeyRejected(
-                f"the host key of {known_hosts_name(target.hostname, target.port)} CHANGED: "
-                f"{target.known_hosts} has {fingerprint(exc.expected_key)}, the host offers "
-                f"{exc.key.get_name()} {fingerprint(exc.key)}",
-                "if the host was rebuilt on purpose, remove its old line with "
-                f"`ssh-keygen -R {known_hosts_name(target.hostname, target.port)} -f {target.known_hosts}`",
-            ) from None
-        except (paramiko.AuthenticationException, paramiko.PasswordRequiredException) as exc:
-            client.close()
-            keys = ", ".join(target.identities) or "the agent and default keys"
-            raise AuthFailed(
-                f"{where} refused the key ({keys}): {exc}",
-                "pass the right private key with --identity, or add it to the agent",
-            ) from None
-        except (OSError, EOFError, paramiko.SSHException) as exc:
-            client.close()
-            reason = str(exc) or type(exc).__name__
-            if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError | ConnectionRefusedError):
-                raise ConnectionRefused(
-                    f"{where} refused the connection: nothing listens on port {target.port}",
-                    "check the port (--port, or Port in ~/.ssh/config) and that sshd runs there",
-                ) from None
-            if isinstance(exc, TimeoutError | socket.timeout):
-                reason = f"no answer within {CONNECT_TIMEOUT_S:.0f} s"
-            raise HostUnreachable(
-                f"cannot reach {where}: {reason}",
-                "check the address and port (--port), and that sshd runs there",
-            ) from None
-        transport = client.get_transport()
-        assert transport is not None
-        transport.set_keepalive(keepalive_s)
-        # keepalives alone never fail a connection whose packets vanish: the kernel retries for
-        # about 15 minutes; a user timeout turns that into HostUnreachable after dead_peer_s
-        sock = transport.sock
-        if hasattr(socket, "TCP_USER_TIMEOUT") and isinstance(sock, socket.socket):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, dead_peer_s * 1000)
+        _open_client(client, target, via)
+        _keep_alive(client, keepalive_s, dead_peer_s)
         host = cls(target, client, use_openssh=use_openssh)
         host.keepalive_s = keepalive_s
         host.via = via
@@ -287,7 +229,7 @@ class SSHHost(Host):
                 "(AllowTcpForwarding)",
             ) from None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> HostDescription:
         t = self.target
         return {"name": self.name, "kind": self.kind, "hostname": t.hostname, "user": t.user, "port": t.port}
 
@@ -470,6 +412,79 @@ class SSHHost(Host):
         self._client.close()
         for hop in reversed(self._hops):
             hop.close()
+
+
+def _open_client(client: paramiko.SSHClient, target: SSHTarget, via: SSHHost | None) -> None:
+    """Connect client to target: through via's forwarded channel, the ProxyCommand, or directly.
+    A refusal closes the client and is raised as launcher's error for it."""
+    sock: Any = None
+    if via is not None:
+        sock = via.forward(target.hostname, target.port)
+    elif target.proxy_command:
+        sock = paramiko.ProxyCommand(target.proxy_command)
+    try:
+        client.connect(
+            target.hostname,
+            port=target.port,
+            username=target.user,
+            key_filename=list(target.identities) or None,
+            look_for_keys=not target.identities,
+            allow_agent=True,
+            timeout=CONNECT_TIMEOUT_S,
+            banner_timeout=CONNECT_TIMEOUT_S,
+            auth_timeout=CONNECT_TIMEOUT_S,
+            sock=sock,
+        )
+    except LauncherError:
+        client.close()
+        raise
+    except (paramiko.BadHostKeyException, paramiko.AuthenticationException, paramiko.PasswordRequiredException,
+            OSError, EOFError, paramiko.SSHException) as exc:
+        client.close()
+        raise _connect_error(exc, target) from None
+
+
+def _connect_error(exc: Exception, target: SSHTarget) -> LauncherError:
+    """What a failed connection to target raised, as launcher's error: a changed host key, a refused
+    key, a refused connection or a host that does not answer."""
+    where = f"{target.destination}:{target.port}"
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return HostKeyRejected(
+            f"the host key of {known_hosts_name(target.hostname, target.port)} CHANGED: "
+            f"{target.known_hosts} has {fingerprint(exc.expected_key)}, the host offers "
+            f"{exc.key.get_name()} {fingerprint(exc.key)}",
+            "if the host was rebuilt on purpose, remove its old line with "
+            f"`ssh-keygen -R {known_hosts_name(target.hostname, target.port)} -f {target.known_hosts}`",
+        )
+    if isinstance(exc, paramiko.AuthenticationException | paramiko.PasswordRequiredException):
+        keys = ", ".join(target.identities) or "the agent and default keys"
+        return AuthFailed(
+            f"{where} refused the key ({keys}): {exc}",
+            "pass the right private key with --identity, or add it to the agent",
+        )
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError | ConnectionRefusedError):
+        return ConnectionRefused(
+            f"{where} refused the connection: nothing listens on port {target.port}",
+            "check the port (--port, or Port in ~/.ssh/config) and that sshd runs there",
+        )
+    reason = str(exc) or type(exc).__name__
+    if isinstance(exc, TimeoutError | socket.timeout):
+        reason = f"no answer within {CONNECT_TIMEOUT_S:.0f} s"
+    return HostUnreachable(
+        f"cannot reach {where}: {reason}",
+        "check the address and port (--port), and that sshd runs there",
+    )
+
+
+def _keep_alive(client: paramiko.SSHClient, keepalive_s: int, dead_peer_s: int) -> None:
+    """Keepalives every keepalive_s; keepalives alone never fail a connection whose packets vanish (the
+    kernel retries for about 15 minutes): a user timeout turns that into HostUnreachable after dead_peer_s."""
+    transport = client.get_transport()
+    assert transport is not None
+    transport.set_keepalive(keepalive_s)
+    sock = transport.sock
+    if hasattr(socket, "TCP_USER_TIMEOUT") and isinstance(sock, socket.socket):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, dead_peer_s * 1000)
 
 
 def probe(hostname: str, port: int, timeout: float = 3.0) -> bool:

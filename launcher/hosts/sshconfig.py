@@ -88,7 +88,7 @@ def resolve_target(
         texts.append(config_text(own_ssh_config()))  # launcher's VM aliases: first, so they win
     if config_path.is_file():
         texts.append(config_text(config_path))
-    conf: dict[str, Any] = {}
+    conf: dict[str, Any] = {}  # paramiko's lookup: a str, or a list for identityfile, by option name
     if texts:
         conf = dict(paramiko.SSHConfig.from_text("\n".join(texts)).lookup(alias))
     jump = str(conf.get("proxyjump") or "").strip()

@@ -6,19 +6,66 @@ slurm` records, and the --slurm-opt values a run passes to sbatch. Runs on it: r
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import NotRequired, TypedDict, cast
 
 from launcher.errors import NoScheduler, SchedulerDown, UsageError
 from launcher.hosts.base import Host
 from launcher.hosts.scripts import text as host_script
 
 SETTINGS_FILE = "cluster.json"
-RUNTIMES = ("docker", "pyxis")
+DOCKER_RUNTIME = "docker"  # each node's Docker engine runs the task's container (the default)
+PYXIS_RUNTIME = "pyxis"  # srun --container-image, through Pyxis/enroot
+RUNTIMES = (DOCKER_RUNTIME, PYXIS_RUNTIME)
+
+
+class ClusterSettings(TypedDict, total=False):
+    """The cluster's settings, ``~/.launcher/cluster.json`` on its shared filesystem: the registry the
+    nodes pull from and the container runtime, each absent until provision records it."""
+
+    registry: str
+    runtime: str  # one of RUNTIMES; "docker" when absent
+
+
+class PartitionFacts(TypedDict):
+    """A partition as sinfo lists it."""
+
+    name: str
+    default: bool
+    state: str
+    nodes: int | None
+    time_limit: str
+
+
+class NodeFacts(TypedDict):
+    """A compute node: sinfo's view, then what node_probe.sh saw on it (not probed while down or drained)."""
+
+    name: str
+    cpus: int | None
+    memory_mb: int | None
+    gpus: str
+    state: str
+    docker: str | None  # the engine's version; None where there is none or it was not probed
+    nvidia_runtime: NotRequired[bool]
+    enroot: NotRequired[bool]
+    reaches_registry: NotRequired[bool]  # only where a registry was probed
+    probe_error: NotRequired[str]
+
+
+class ClusterFacts(TypedDict):
+    """The cluster's fact sheet (``cluster_facts``), the ``cluster`` of `provision --scheduler slurm`'s output."""
+
+    slurm_version: str
+    partitions: list[PartitionFacts]
+    nodes: list[NodeFacts]
+    pyxis: bool
+    shared_area: str
+    registry: str | None
+    settings: ClusterSettings
 
 
 def parse_slurm_opts(items: Sequence[str]) -> dict[str, str]:
-    """--slurm-opt KEY=VALUE (repeatable) -> {KEY: VALUE}; each becomes `#SBATCH --KEY=VALUE`."""
+    """--slurm-opt KEY=VALUE (repeatable) -> {KEY: VALUE}; each becomes sbatch's `--KEY=VALUE`."""
     out: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -31,7 +78,7 @@ def parse_slurm_opts(items: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def read_settings(login: Host) -> dict[str, Any]:
+def read_settings(login: Host) -> ClusterSettings:
     """The cluster's settings, kept on its shared filesystem so every client of the cluster sees them:
     {"registry": ADDRESS the nodes pull from, "runtime": "docker" | "pyxis"}."""
     text = login.read_text(login.area(SETTINGS_FILE)) or ""
@@ -39,11 +86,13 @@ def read_settings(login: Host) -> dict[str, Any]:
         data = json.loads(text) if text.strip() else {}
     except ValueError:
         data = {}
-    return data if isinstance(data, dict) else {}
+    if not isinstance(data, dict) or not all(isinstance(data.get(k, ""), str) for k in ("registry", "runtime")):
+        return {}
+    return cast(ClusterSettings, data)
 
 
-def write_settings(login: Host, settings: Mapping[str, Any]) -> None:
-    text = json.dumps(dict(settings), indent=2, sort_keys=True) + "\n"
+def write_settings(login: Host, settings: ClusterSettings) -> None:
+    text = json.dumps(settings, indent=2, sort_keys=True) + "\n"
     login.write_atomic(login.area(SETTINGS_FILE), text.encode())
 
 
@@ -64,23 +113,23 @@ def require_slurm(login: Host) -> None:
         )
 
 
-def cluster_facts(login: Host, *, registry: str | None = None) -> dict[str, Any]:
+def cluster_facts(login: Host, *, registry: str | None = None) -> ClusterFacts:
     """The cluster's fact sheet, from its login node: Slurm version, partitions, nodes (CPUs, memory,
     GPUs, state), and for each node, from a one-task job on it, its Docker engine, Pyxis/enroot and
     whether it reaches the registry (the one given, else the one in the cluster's settings)."""
     require_slurm(login)  # the same refusals as a run: no sbatch, no controller
     version = login.run(["sinfo", "--version"], check=False).out.strip()
-    parts = []
+    parts: list[PartitionFacts] = []
     for line in login.run(["sinfo", "-h", "-o", "%P|%a|%D|%l"], check=False).out.splitlines():
         name, avail, count, limit = ([*line.split("|"), "", "", "", ""])[:4]
         parts.append({"name": name.rstrip("*"), "default": name.endswith("*"), "state": avail,
                       "nodes": int(count) if count.isdigit() else None, "time_limit": limit})
-    nodes: dict[str, dict[str, Any]] = {}
+    nodes: dict[str, NodeFacts] = {}
     for line in login.run(["sinfo", "-h", "-N", "-o", "%N|%c|%m|%G|%t"], check=False).out.splitlines():
         name, cpus, mem, gres, state = ([*line.split("|"), "", "", "", "", ""])[:5]
         nodes.setdefault(name, {"name": name, "cpus": int(cpus) if cpus.isdigit() else None,
                                 "memory_mb": int(mem) if mem.isdigit() else None,
-                                "gpus": "" if gres in ("(null)", "") else gres, "state": state})
+                                "gpus": "" if gres in ("(null)", "") else gres, "state": state, "docker": None})
     settings = read_settings(login)
     registry = registry or settings.get("registry")
     probe = ["sh", "-c", host_script("node_probe.sh"), "sh"]
@@ -106,12 +155,12 @@ def cluster_facts(login: Host, *, registry: str | None = None) -> dict[str, Any]
             "shared_area": login.area(), "registry": registry, "settings": settings}
 
 
-def configure(login: Host, facts: Mapping[str, Any], *, registry: str | None, runtime: str | None) -> dict[str, Any]:
+def configure(login: Host, facts: ClusterFacts, *, registry: str | None, runtime: str | None) -> ClusterSettings:
     """Record the cluster's registry and container runtime in its settings, once every node that can
     run work was seen to reach the registry. registry "none" forgets it (the shared filesystem again)."""
     from launcher.errors import RegistryUnavailable
 
-    settings = dict(facts.get("settings") or {})
+    settings = facts["settings"].copy()
     if registry == "none":
         settings.pop("registry", None)
     elif registry:
@@ -127,10 +176,10 @@ def configure(login: Host, facts: Mapping[str, Any], *, registry: str | None, ru
     if runtime:
         if runtime not in RUNTIMES:
             raise UsageError(f"unknown container runtime {runtime!r}", f"use one of: {', '.join(RUNTIMES)}")
-        if runtime == "pyxis" and not facts.get("pyxis"):
+        if runtime == PYXIS_RUNTIME and not facts.get("pyxis"):
             raise UsageError("the cluster's srun has no --container-image (no Pyxis plugin)",
                              "keep --container-runtime docker")
-        if runtime == "pyxis" and not settings.get("registry"):
+        if runtime == PYXIS_RUNTIME and not settings.get("registry"):
             raise UsageError("Pyxis runs images from a registry; this cluster has none set",
                              "give --registry ADDRESS with --container-runtime pyxis")
         settings["runtime"] = runtime

@@ -23,15 +23,15 @@ image pinned by digest instead.
 from __future__ import annotations
 
 import json
-import shlex
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, cast
 
 from launcher.errors import (
     CommandFailed,
+    Corrupt,
     SlurmRefused,
     UnknownPartition,
     UsageError,
@@ -40,10 +40,13 @@ from launcher.hosts.base import Host
 from launcher.hosts.hostspec import HostSpec
 from launcher.hosts.scripts import text as host_script
 from launcher.progress import NullReporter, Reporter
-from launcher.runs.cluster import RUNTIMES, read_settings, require_slurm
+from launcher.runs.cluster import DOCKER_RUNTIME, PYXIS_RUNTIME, RUNTIMES, ClusterSettings, read_settings, require_slurm
 from launcher.runs.container import ContainerJob, docker_run_argv, mounts, runtime_argv
 from launcher.runs.placement import ListedRun, Placement, RunState
 from launcher.runs.ship import SHIP_REPO, ShipResult, push_to_registry, save_to_archive
+
+if TYPE_CHECKING:
+    from launcher.hosts.provision import HostFacts
 
 JOB_NAME = "launcher"
 # the files the task script (hosts/scripts/slurm_task.sh) writes into the run's folder, by these names
@@ -51,9 +54,68 @@ TASK_FILE = "task.json"
 NODE_FACTS = "node-facts.txt"
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING")
 SHARED_VIA = "shared"  # --ship-via shared: the image archive on the shared filesystem, even with a registry set
+REGISTRY_VIA = "registry"  # the image source of tasks that pull from the cluster's registry by digest
+SLURM_AREA = "slurm"  # launcher's area on the login node for job arrays: one folder per array, and JOBS
+JOBS = "jobs"  # under SLURM_AREA: a file per submitted job ID naming its array's folder
+RUNS_TABLE = "runs.txt"  # in an array's folder: "INDEX RUN_ID" per task
 TASK_ARGS = "task.args"  # the task script's values, NUL-separated (hosts/scripts/slurm_task.sh reads them)
+TASK_SCRIPT = "task.sh"  # hosts/scripts/slurm_task.sh, written into each run's folder
+ARRAY_SCRIPT = "array.sh"  # hosts/scripts/slurm_array.sh, written into the array's folder and given to sbatch
+ARRAY_TASKS = "tasks"  # the task script of each array index, NUL-separated (slurm_array.sh reads them)
 # sacct states of a task that ended without writing task.json (killed before or outside its script)
 CANCELLED_STATES = ("CANCELLED", "PREEMPTED", "REVOKED", "DEADLINE")
+
+
+class ImageSource(TypedDict):
+    """Where a job array's tasks get the image (launch.json's ``placement.image_source``):
+    a registry, pulled by digest, or the archive on the shared filesystem."""
+
+    kind: str  # REGISTRY_VIA or SHARED_VIA
+    registry: NotRequired[str]  # the rest: kind REGISTRY_VIA only
+    ref: NotRequired[str]  # REGISTRY/REPO@DIGEST
+    image_id: NotRequired[str]
+
+
+class SlurmJob(TypedDict):
+    """A replicate's task of its job array, launch.json's ``slurm`` (written by ``start_array``)."""
+
+    job_id: str
+    array_index: int
+    array_size: int
+    log: str  # the task's stdout and stderr, in the array's folder
+    run_dir: str  # where the task writes task.json and the node's facts
+
+
+class TaskResult(TypedDict):
+    """The run folder's task.json, written by hosts/scripts/slurm_task.sh when its task ends."""
+
+    exit_code: int
+    status: str
+    node: str
+    job_id: str
+    array_index: str
+    partition: str
+    image_ran: str
+    error: str
+    ended_at: str
+
+
+class NoFacts(TypedDict):
+    """The fact sheet of a node that wrote none: {}."""
+
+
+class SlurmRunInfo(TypedDict):
+    """What a replicate's manifest records of its Slurm task (``RunState.info``, the manifest's placement)."""
+
+    kind: str
+    job_id: str | None
+    array_index: int | str | None  # the launch record's number; task.json's text once the task wrote it
+    partition: str | None
+    image_source: ImageSource
+    runtime: str
+    node: NotRequired[str | None]
+    error: NotRequired[str | None]
+    node_facts: NotRequired[HostFacts | NoFacts]
 
 
 def pyxis_image(ref: str) -> str:
@@ -77,7 +139,8 @@ def pyxis_srun_argv(job: ContainerJob, ref: str) -> list[str]:
 
 
 class SlurmPlacement(Placement):
-    """Replicates as a Slurm job array, each task a container on its node's Docker engine."""
+    """Replicates as a Slurm job array, each task a container on its node's Docker engine. The launch
+    records and values of the Placement interface keep the types placement.py gives them."""
 
     kind = "slurm"
     parallel = True
@@ -88,21 +151,22 @@ class SlurmPlacement(Placement):
         self.partition = partition
         self.options = dict(options or {})
         self.max_parallel = max_parallel
-        self.settings: dict[str, Any] = {}
-        # where the tasks get the image: {"kind": "registry", "ref": REG/REPO@DIGEST} or {"kind": "shared"}
-        self.image_source: dict[str, Any] = {"kind": SHARED_VIA}
+        self.settings: ClusterSettings = {}
+        self.image_source: ImageSource = {"kind": SHARED_VIA}  # where the tasks get the image
 
     @classmethod
     def reopen(cls, host: Host, host_spec: HostSpec, record: Mapping[str, Any]) -> Placement:
         placement = cls(host, host_spec, partition=record.get("partition"), options=record.get("options") or {},
                         max_parallel=record.get("max_parallel"))
-        placement.image_source = dict(record.get("image_source") or {"kind": SHARED_VIA})
-        placement.settings = {"runtime": record.get("runtime") or "docker"}
+        source = record.get("image_source")
+        placement.image_source = cast(ImageSource, dict(source)) if isinstance(source, Mapping) and isinstance(
+            source.get("kind"), str) else {"kind": SHARED_VIA}
+        placement.settings = {"runtime": str(record.get("runtime") or DOCKER_RUNTIME)}
         return placement
 
     @property
     def runtime(self) -> str:
-        return str(self.settings.get("runtime") or "docker")
+        return str(self.settings.get("runtime") or DOCKER_RUNTIME)
 
     def record(self) -> dict[str, Any]:
         return {"kind": self.kind, "partition": self.partition, "options": self.options,
@@ -126,8 +190,9 @@ class SlurmPlacement(Placement):
         if self.options or self.max_parallel:
             self._test_submit(gpu)
 
-    def _header_options(self, n: int, gpu: bool) -> list[str]:
-        """The sbatch options of an n-task array (without output paths): array, partition, GPUs, --slurm-opt."""
+    def _sbatch_options(self, n: int, gpu: bool) -> list[str]:
+        """The sbatch options of an n-task array (without output paths), on its command line:
+        array, partition, GPUs, --slurm-opt."""
         limit = f"%{self.max_parallel}" if self.max_parallel else ""
         opts = [f"--job-name={JOB_NAME}", f"--array=0-{n - 1}{limit}"]
         if self.partition:
@@ -139,7 +204,7 @@ class SlurmPlacement(Placement):
 
     def _test_submit(self, gpu: bool) -> None:
         """Let sbatch judge the --slurm-opt values before anything is shipped (`--test-only` submits nothing)."""
-        done = self.host.run(["sbatch", "--test-only", *self._header_options(1, gpu),
+        done = self.host.run(["sbatch", "--test-only", *self._sbatch_options(1, gpu),
                               "--output=/dev/null", "--wrap=true"], check=False)
         if done.returncode != 0:
             raise SlurmRefused(
@@ -156,8 +221,8 @@ class SlurmPlacement(Placement):
              cache_dir: Path) -> ShipResult:
         registry = None if via == SHARED_VIA else (via or self.settings.get("registry"))
         if registry:
-            return self._ship_to_registry(str(image["id"]), str(registry), reporter)
-        if self.runtime == "pyxis":
+            return self._ship_to_registry(str(image["id"]), registry, reporter)
+        if self.runtime == PYXIS_RUNTIME:
             raise UsageError("Pyxis runs images from a registry; this cluster has none set",
                              "run `launcher provision --scheduler slurm --registry ADDRESS`, or give --ship-via")
         self.image_source = {"kind": SHARED_VIA}
@@ -179,7 +244,7 @@ class SlurmPlacement(Placement):
             digest = push_to_registry(image_id, registry)
         finally:
             task.close()
-        self.image_source = {"kind": "registry", "registry": registry, "ref": f"{registry}/{SHIP_REPO}@{digest}",
+        self.image_source = {"kind": REGISTRY_VIA, "registry": registry, "ref": f"{registry}/{SHIP_REPO}@{digest}",
                              "image_id": image_id}
         return ShipResult(image_id=image_id, skipped=False, seconds=time.monotonic() - started)
 
@@ -190,16 +255,16 @@ class SlurmPlacement(Placement):
     def _task_args(self, job: ContainerJob, owner: str | None) -> bytes:
         """The values of the task script (hosts/scripts/slurm_task.sh, written as task.sh) for one
         job, NUL-separated as it reads them from task.args: nothing of them is written into code."""
-        if self.runtime == "pyxis":
+        if self.runtime == PYXIS_RUNTIME:
             # the secrets stay in their file, exported on the node from there (never in task.args)
             exported = {**job.env, **job.user_env}
             exports = [f"{k}={v}" for k, v in sorted(exported.items())]
-            command = pyxis_srun_argv(job, str(self.image_source["ref"]))
+            command = pyxis_srun_argv(job, self.image_source["ref"])
         else:
             exports = []
             command = docker_run_argv(replace(job, owner=owner), detach=False)
-        if self.image_source.get("kind") == "registry":
-            source_kind, source = "registry", str(self.image_source["ref"])
+        if self.image_source.get("kind") == REGISTRY_VIA:
+            source_kind, source = REGISTRY_VIA, self.image_source["ref"]
         else:
             source_kind, source = SHARED_VIA, self.image_archive(job.image_id)
         fields = [self.runtime, job.image_id, job.name, job.env_file or "", source_kind, source,
@@ -210,55 +275,57 @@ class SlurmPlacement(Placement):
         """Submit the jobs as one array: task i runs jobs[i]. Returns each job's launch fields."""
         owner = self.host.owner()  # the same user runs the tasks on every node; it gets the outputs
         key = jobs[0].run_id
-        array_dir = self.host.area("slurm", key)
+        array_dir = self.host.area(SLURM_AREA, key)
         self.host.makedirs(array_dir)
         jobs = [self.write_secrets(job) for job in jobs]  # read on the node when the task runs, then removed
         run_dirs = [job.run_dir for job in jobs]
         for job, run_dir in zip(jobs, run_dirs, strict=True):
             self._write(f"{run_dir}/{TASK_ARGS}", self._task_args(job, owner))
-            self._write(f"{run_dir}/task.sh", host_script("slurm_task.sh"))
-        opts = [*self._header_options(len(jobs), any(job.gpu for job in jobs)),
+            self._write(f"{run_dir}/{TASK_SCRIPT}", host_script("slurm_task.sh"))
+        self._write(f"{array_dir}/{ARRAY_TASKS}", b"".join(f"{d}/{TASK_SCRIPT}".encode() + b"\0" for d in run_dirs))
+        self._write(f"{array_dir}/{ARRAY_SCRIPT}", host_script("slurm_array.sh"))
+        self._write(f"{array_dir}/{RUNS_TABLE}", "".join(f"{i} {job.run_id}\n" for i, job in enumerate(jobs)))
+        opts = [*self._sbatch_options(len(jobs), any(job.gpu for job in jobs)),
                 f"--output={array_dir}/task-%a.log", "--open-mode=append"]
-        header = ["#!/bin/bash", *(f"#SBATCH {opt}" for opt in opts)]
-        tasks = " ".join(shlex.quote(f"{d}/task.sh") for d in run_dirs)
-        body = [f"TASKS=({tasks})", 'exec bash "${TASKS[${SLURM_ARRAY_TASK_ID:-0}]}"', ""]
-        self._write(f"{array_dir}/array.sh", "\n".join(header + body))
-        self._write(f"{array_dir}/runs.txt", "".join(f"{i} {job.run_id}\n" for i, job in enumerate(jobs)))
-        done = self.host.run(["sbatch", "--parsable", f"{array_dir}/array.sh"], check=False)
+        done = self.host.run(["sbatch", "--parsable", *opts, f"{array_dir}/{ARRAY_SCRIPT}", array_dir], check=False)
         job_id = done.out.strip().split(";")[0]
         if done.returncode != 0 or not job_id.isdigit():
             raise SlurmRefused(f"sbatch refused the job array on {self.name}: {done.last_error_line()}",
                                "check the partition and --slurm-opt values against the cluster's limits")
-        self._write(self.host.area("slurm", "jobs", job_id), key + "\n")
-        return [{"container": job.name,
-                 "slurm": {"job_id": job_id, "array_index": i, "array_size": len(jobs),
-                           "log": f"{array_dir}/task-{i}.log", "run_dir": run_dirs[i]}}
-                for i, job in enumerate(jobs)]
+        self._write(self.host.area(SLURM_AREA, JOBS, job_id), key + "\n")
+        placed: list[SlurmJob] = [{"job_id": job_id, "array_index": i, "array_size": len(jobs),
+                                   "log": f"{array_dir}/task-{i}.log", "run_dir": run_dir}
+                                  for i, run_dir in enumerate(run_dirs)]
+        return [{"container": job.name, "slurm": slurm} for job, slurm in zip(jobs, placed, strict=True)]
 
     def _write(self, path: str, data: str | bytes) -> None:
         self.host.write_atomic(path, data.encode() if isinstance(data, str) else data)
 
     # -- watching and collecting
     @staticmethod
-    def _slurm(launch: Mapping[str, Any]) -> Mapping[str, Any]:
+    def _slurm(launch: Mapping[str, Any]) -> SlurmJob:
         rec = launch.get("slurm")
         if not isinstance(rec, Mapping):
             raise UsageError(f"run {launch.get('run_id')} has no Slurm job in its launch record",
                              "it was not started on a cluster")
-        return rec
+        missing = [k for k in ("job_id", "array_index", "log", "run_dir") if k not in rec]
+        if missing:
+            raise Corrupt(f"run {launch.get('run_id')}'s launch record names its Slurm job without "
+                          f"{', '.join(missing)}", "the run's launch.json was changed by hand; stop the job with "
+                          "scancel on the login node")
+        return cast(SlurmJob, rec)
 
-    def _task(self, launch: Mapping[str, Any]) -> dict[str, Any] | None:
-        text = self.host.read_text(f"{self._slurm(launch)['run_dir']}/{TASK_FILE}")
+    def _task(self, s: SlurmJob) -> TaskResult | None:
+        text = self.host.read_text(f"{s['run_dir']}/{TASK_FILE}")
         if not text:
             return None
         try:
             rec = json.loads(text)
         except ValueError:
             return None
-        return rec if isinstance(rec, dict) else None
+        return cast(TaskResult, rec) if isinstance(rec, dict) else None
 
-    def _queued(self, launch: Mapping[str, Any]) -> str | None:
-        s = self._slurm(launch)
+    def _queued(self, s: SlurmJob) -> str | None:
         done = self.host.run(["squeue", "-h", "-j", f"{s['job_id']}_{s['array_index']}", "-o", "%T"], check=False)
         states = [x for x in done.out.split() if x]
         if not states:  # squeue names a pending array by its job id alone until tasks split off
@@ -270,28 +337,33 @@ class SlurmPlacement(Placement):
         return states[0] if states else None
 
     def state(self, launch: Mapping[str, Any]) -> RunState | None:
-        task = self._task(launch)
+        s = self._slurm(launch)
+        task = self._task(s)
         if task is None:
-            queued = self._queued(launch)
+            queued = self._queued(s)
             if queued in ACTIVE:
                 return RunState(running=True, ended=False)
-            task = self._task(launch)  # it may have ended between the two reads
+            task = self._task(s)  # it may have ended between the two reads
         if task is None:
-            return self._ended_unseen(launch)
-        facts_text = self.host.read_text(f"{self._slurm(launch)['run_dir']}/{NODE_FACTS}") or ""
-        from launcher.hosts.provision import parse_facts
-
-        info = {"kind": self.kind, **self._slurm_info(launch),
-                **{k: task.get(k) for k in ("node", "job_id", "array_index", "partition", "error")},
-                "node_facts": parse_facts(facts_text) if facts_text.strip() else {}}
+            return self._ended_unseen(s)
+        info = self._slurm_info(s)
+        info.update({"node": task.get("node"), "job_id": task.get("job_id"), "array_index": task.get("array_index"),
+                     "partition": task.get("partition"), "error": task.get("error")})
+        info["node_facts"] = self._node_facts(s)
         code = task.get("exit_code")
         return RunState(running=False, ended=True, exit_code=int(code) if isinstance(code, int) else None,
                         finished_at=task.get("ended_at"), status=str(task.get("status") or "") or None,
                         image_ran=task.get("image_ran") or None, info=info)
 
-    def accounting(self, launch: Mapping[str, Any]) -> dict[str, str] | None:
+    def _node_facts(self, s: SlurmJob) -> HostFacts | NoFacts:
+        """The fact sheet the task wrote of its node ({} where it wrote none)."""
+        facts_text = self.host.read_text(f"{s['run_dir']}/{NODE_FACTS}") or ""
+        from launcher.hosts.provision import parse_facts
+
+        return parse_facts(facts_text) if facts_text.strip() else {}
+
+    def accounting(self, s: SlurmJob) -> dict[str, str] | None:
         """What sacct says of the task (state, exit code, node), or None where the cluster keeps no accounting."""
-        s = self._slurm(launch)
         done = self.host.run(["sacct", "-n", "-P", "-X", "-j", f"{s['job_id']}_{s['array_index']}",
                               "-o", "State,ExitCode,NodeList"], check=False)
         rows = [line.split("|") for line in done.out.splitlines() if line.count("|") >= 2]
@@ -300,27 +372,26 @@ class SlurmPlacement(Placement):
         state, code, node = rows[-1][:3]
         return {"state": state.strip(), "exit_code": code.strip(), "node": node.strip()}
 
-    def _ended_unseen(self, launch: Mapping[str, Any]) -> RunState:
+    def _ended_unseen(self, s: SlurmJob) -> RunState:
         """A task that left the queue without writing task.json: killed before its script ran, or with its node.
         sacct says which where the cluster keeps accounting; without it the replicate counts as cancelled."""
-        info: dict[str, Any] = {"kind": self.kind, **self._slurm_info(launch)}
-        acct = self.accounting(launch)
+        info = self._slurm_info(s)
+        acct = self.accounting(s)
         if acct is None:
             info["error"] = ("left the queue before it ran (cancelled, or lost with its node; this cluster keeps "
                              "no accounting, so sacct cannot say which)")
             return RunState(running=False, ended=True, exit_code=None, status="cancelled", info=info)
         state = acct["state"].split()[0] if acct["state"] else "UNKNOWN"
-        info.update(node=acct["node"] if acct["node"] not in ("", "None assigned") else None,
-                    error=f"Slurm says {acct['state'] or 'nothing'} (exit {acct['exit_code'] or '?'}) "
-                          "and the task wrote no result")
+        info.update({"node": acct["node"] if acct["node"] not in ("", "None assigned") else None,
+                     "error": f"Slurm says {acct['state'] or 'nothing'} (exit {acct['exit_code'] or '?'}) "
+                              "and the task wrote no result"})
         status = "cancelled" if state in CANCELLED_STATES else "failed"
         code, _, _sig = acct["exit_code"].partition(":")
         return RunState(running=False, ended=True, exit_code=int(code) if code.isdigit() and status == "failed"
                         else None, status=status, info=info)
 
-    def _slurm_info(self, launch: Mapping[str, Any]) -> dict[str, Any]:
-        s = self._slurm(launch)
-        return {"job_id": s["job_id"], "array_index": s["array_index"], "partition": self.partition,
+    def _slurm_info(self, s: SlurmJob) -> SlurmRunInfo:
+        return {"kind": self.kind, "job_id": s["job_id"], "array_index": s["array_index"], "partition": self.partition,
                 "image_source": self.image_source, "runtime": self.runtime}
 
     def logs(self, launch: Mapping[str, Any], *, follow: bool = False) -> Iterator[str]:
@@ -356,9 +427,9 @@ class SlurmPlacement(Placement):
         return self.state(launch)
 
     def _array_runs(self, job_id: str) -> dict[str, str]:
-        """Array index -> run id of a job array this launcher submitted (from its runs.txt)."""
-        key = (self.host.read_text(self.host.area("slurm", "jobs", job_id)) or "").strip()
-        table = (self.host.read_text(self.host.area("slurm", key, "runs.txt")) or "") if key else ""
+        """Array index -> run id of a job array this launcher submitted (from its RUNS_TABLE)."""
+        key = (self.host.read_text(self.host.area(SLURM_AREA, JOBS, job_id)) or "").strip()
+        table = (self.host.read_text(self.host.area(SLURM_AREA, key, RUNS_TABLE)) or "") if key else ""
         return dict(row.split(" ", 1) for row in table.splitlines() if " " in row)
 
     def stopped_with(self, launch: Mapping[str, Any]) -> list[str]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any
 
 from launcher.errors import UsageError
 from launcher.hosts.base import Host
@@ -35,7 +34,7 @@ def provision(open_host: Callable[[], AbstractContextManager[Host]], request: Pr
                          "provision each node by its own --host, or drop them")
     registry = request.registry
     with open_host() as h:
-        facts: dict[str, Any] = cluster_facts(h, registry=None if registry == "none" else registry)
+        facts = cluster_facts(h, registry=None if registry == "none" else registry)
         if registry or request.runtime:
             facts["settings"] = configure(h, facts, registry=registry, runtime=request.runtime)
     usable = [n for n in facts["nodes"] if n.get("docker")]

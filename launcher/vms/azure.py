@@ -9,9 +9,9 @@ import logging
 import os
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypedDict
 
 from launcher.errors import (
     AuthFailed,
@@ -73,8 +73,32 @@ class VmInfo:
     age_s: int | None
     user: str | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> VmRecord:
+        return {"name": self.name, "group": self.group, "state": self.state, "size": self.size,
+                "region": self.region, "address": self.address, "created": self.created, "age_s": self.age_s,
+                "user": self.user}
+
+
+class VmRecord(TypedDict):
+    """A VM as `vm ls --json` and `vm up --json` list it (``VmInfo.to_dict``)."""
+
+    name: str
+    group: str
+    state: str
+    size: str | None
+    region: str
+    address: str | None
+    created: str | None
+    age_s: int | None
+    user: str | None
+
+
+class _ClientOptions(TypedDict, total=False):
+    """Keyword arguments of the SDK's management clients."""
+
+    polling_interval: int
+    base_url: str
+    credential_scopes: list[str]
 
 
 def _error_of(exc: Exception) -> tuple[str, str]:
@@ -190,7 +214,7 @@ def credential() -> Any:
     from azure.core.exceptions import ClientAuthenticationError
     from azure.identity import DefaultAzureCredential
 
-    kw: dict[str, Any] = {"disable_instance_discovery": True} if _custom_authority() else {}
+    kw: dict[str, bool] = {"disable_instance_discovery": True} if _custom_authority() else {}
     chain = DefaultAzureCredential(**kw)
     failures: list[tuple[str, Exception]] = []
     chain.credentials = tuple(_Watched(c, failures) for c in chain.credentials)
@@ -241,7 +265,7 @@ class AzureCloud:
         from azure.mgmt.resource.resources import ResourceManagementClient
 
         self.subscription = subscription
-        kw: dict[str, Any] = {"polling_interval": POLL_S}
+        kw: _ClientOptions = {"polling_interval": POLL_S}
         if endpoint:
             kw["base_url"] = endpoint
             kw["credential_scopes"] = [ARM_SCOPE]

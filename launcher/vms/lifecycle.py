@@ -20,8 +20,8 @@ from launcher.errors import (
 from launcher.hosts import sshconfig
 from launcher.progress import NullReporter, Reporter
 from launcher.vms import aliases, cloudinit
-from launcher.vms.azure import AzureCloud, VmInfo
-from launcher.vms.vmspec import VmSpec, check_name, group_name, parse_cidr, plan, subscription_of
+from launcher.vms.azure import AzureCloud, VmInfo, VmRecord
+from launcher.vms.vmspec import PlanStep, VmSpec, check_name, group_name, parse_cidr, plan, subscription_of
 
 ADDRESS_URL_ENV = "LAUNCHER_MY_ADDRESS_URL"  # where the caller's public address is asked
 ADDRESS_URL = "https://api.ipify.org"
@@ -45,17 +45,23 @@ def my_address(url: str | None = None) -> str:
                               "give the address or network SSH may come from with --ssh-from CIDR") from None
 
 
+class VmRow(VmRecord):
+    """A VM as `vm ls` lists it: with whether launcher's SSH config has its alias."""
+
+    alias: bool
+
+
 @dataclass
 class UpResult:
     spec: VmSpec
-    steps: list[dict[str, Any]]
+    steps: list[PlanStep]
     dry_run: bool
     ssh_from: str | None = None
     vm: VmInfo | None = None
     host_key_fingerprint: str | None = None
     ready: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:  # a command's result data (Result.data)
         s = self.spec
         return {
             "name": s.name, "group": s.group, "size": s.size, "region": s.region, "image": s.image.urn,
@@ -132,14 +138,9 @@ def wait_ready(name: str, timeout_s: float, reporter: Reporter | None = None, in
         raise
 
 
-def ls(subscription: str | None, connect: CloudFactory = AzureCloud.connect) -> list[dict[str, Any]]:
+def ls(subscription: str | None, connect: CloudFactory = AzureCloud.connect) -> list[VmRow]:
     cloud = connect(subscription_of(subscription))
-    rows = []
-    for vm in cloud.list():
-        row = vm.to_dict()
-        row["alias"] = aliases.lookup(vm.name) is not None
-        rows.append(row)
-    return rows
+    return [{**vm.to_dict(), "alias": aliases.lookup(vm.name) is not None} for vm in cloud.list()]
 
 
 @dataclass

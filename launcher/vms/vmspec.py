@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from launcher.errors import NotFound, UsageError
 
@@ -194,11 +194,19 @@ class Names:
                    schedule=f"shutdown-computevm-{name}")
 
 
-def plan(spec: VmSpec, ssh_from: str | None = None) -> list[dict[str, Any]]:
+class PlanStep(TypedDict):
+    """A resource `vm up` makes, as its plan (and `vm up --json`'s ``plan``) lists it."""
+
+    kind: str
+    name: str
+    detail: str
+
+
+def plan(spec: VmSpec, ssh_from: str | None = None) -> list[PlanStep]:
     """The resources `vm up` makes, in order: what a dry run prints and what the cloud layer creates."""
     n = Names.of(spec.name)
     source = ssh_from or spec.ssh_from or "your address (found when the VM is made)"
-    steps: list[dict[str, Any]] = [
+    steps: list[PlanStep] = [
         {"kind": "resource group", "name": n.group, "detail": f"{spec.region}, tagged {TAG_OWNER}=vm"},
         {"kind": "network security group", "name": n.nsg, "detail": f"inbound SSH (TCP 22) only from {source}"},
         {"kind": "virtual network", "name": n.vnet, "detail": f"10.0.0.0/16, subnet {n.subnet} 10.0.0.0/24"},
