@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from launcher.attest import dsse, schema
 from launcher.attest import statement as st
@@ -18,11 +18,15 @@ from launcher.attest.signers import Checked, Trust
 from launcher.errors import Corrupt, DigestMismatch, NotFound, UnknownSigner
 from launcher.hashing import sha256_bytes, sha256_file
 
+P = TypeVar("P")
+
 
 @dataclass
 class Verified:
     path: Path
-    statement: dict[str, Any]
+    # a statement of any predicate type: its predicate is free-form JSON, checked by schema.py where launcher
+    # knows the type (provenance, verification summary)
+    statement: st.Statement[dict[str, Any]]
     signatures: list[Checked]
     envelope_sha256: str
     statement_sha256: str
@@ -32,17 +36,17 @@ class Verified:
 
     @property
     def predicate_type(self) -> str:
-        return str(self.statement.get("predicateType"))
+        return self.statement["predicateType"]
 
     @property
     def signers(self) -> list[str]:
         return [c.signer or c.keyid for c in self.signatures if c.outcome == "good"]
 
     def to_dict(self) -> dict[str, Any]:
-        pred = self.statement.get("predicate") or {}
+        pred = self.statement["predicate"]
         out: dict[str, Any] = {
             "file": str(self.path), "valid": True, "predicate_type": self.predicate_type,
-            "subjects": len(self.statement.get("subject") or []), "envelope_sha256": self.envelope_sha256,
+            "subjects": len(self.statement["subject"]), "envelope_sha256": self.envelope_sha256,
             "statement_sha256": self.statement_sha256, "signatures": [c.to_dict() for c in self.signatures],
             "run_dir": str(self.run_dir) if self.run_dir else None, "files_checked": self.files_checked,
         }
@@ -68,7 +72,7 @@ class Verified:
         return line
 
 
-def check_files(statement: dict[str, Any], run_dir: Path, source: str) -> int:
+def check_files(statement: st.Statement[P], run_dir: Path, source: str) -> int:
     """Every subject (and a provenance's byproducts) against the file of that name under run_dir."""
     wanted = st.subject_digests(statement)
     wrong: list[str] = []
@@ -104,8 +108,9 @@ def open_signed(path: Path, trust: Trust) -> Verified:
         raise Corrupt(f"{path} carries a {envelope.payload_type!r} payload, not an in-toto statement",
                       "give an envelope `launcher attest` or `launcher reproduce` wrote")
     checked = dsse.verify(envelope, trust, str(path))
-    statement = st.decode(envelope.payload, str(path))
-    schema.check(statement, str(path))
+    decoded = st.decode(envelope.payload, str(path))
+    schema.check(decoded, str(path))
+    statement = cast("st.Statement[dict[str, Any]]", decoded)  # its form checked just above
     return Verified(path, statement, checked, sha256_bytes(raw), sha256_bytes(envelope.payload))
 
 
