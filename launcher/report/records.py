@@ -6,7 +6,7 @@ floats are written as null (stats.nan_to_null), hence ``float | None`` where a v
 
 from __future__ import annotations
 
-from typing import Any, NotRequired, TypedDict
+from typing import NotRequired, TypedDict
 
 REPORT_FILE = "report.json"  # reports/<name>/report.json: a ReportDoc
 
@@ -144,6 +144,22 @@ class StepsStrip(TypedDict):
     layers: list[LayerAgreement]
 
 
+class FirstDifference(TypedDict):
+    """Where two models first differ (as launcher.verify writes it)."""
+
+    layer: str
+    array: str
+
+
+class GroupCheck(TypedDict):
+    """One check of a group's runs against its first (as launcher.verify.verdicts writes it)."""
+
+    all_same: bool | None  # None: no run besides the reference could be checked
+    checked: int
+    of: int
+    differing: list[str]
+
+
 class ComparedRun(TypedDict):
     """report.json comparisons[group].runs[]: a replicate as `verify checksums` judged it."""
 
@@ -151,7 +167,7 @@ class ComparedRun(TypedDict):
     status: str
     classification: str
     line: str
-    first_difference: dict[str, Any] | None  # verify's record of the first differing array, passed through
+    first_difference: FirstDifference | None
     steps: StepsStrip | None
 
 
@@ -160,7 +176,7 @@ class Comparison(TypedDict):
 
     verdict: str
     reference: str
-    checks: dict[str, dict[str, Any]]  # verify's checks (launcher.verify.verdicts), passed through
+    checks: dict[str, GroupCheck]  # models, initial_weights, data, batches, metrics
     runs: list[ComparedRun]
 
 
