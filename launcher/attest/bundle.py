@@ -38,7 +38,7 @@ from launcher.images import pins as images
 from launcher.images.build import env_content_of
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.manifest import Manifest, load_manifest, read_json_object
-from launcher.runs.rundir import RunDir
+from launcher.runs.rundir import MANIFEST, RunDir
 from launcher.runs.store import resolve_run
 from launcher.runtime import code as codedigest
 from launcher.verify.verdicts import check_integrity
@@ -46,6 +46,9 @@ from launcher.workspace import Workspace
 
 ENVELOPE = "bundle.dsse.json"
 KEY_LEN = 16
+# The bundle's folders (see above); a reproduction's workspace has the same runs/ folder.
+RUNS_DIR = "runs"
+IMAGES_DIR = "images"
 
 
 class GitFacts(TypedDict):
@@ -154,7 +157,7 @@ def stage_image(ws: Workspace, m: Manifest, staged: Staged, tmp: Path) -> tuple[
                        f"({ws.cache_dir}/images)", "bundle on the machine that built it, or build the same inputs "
                        f"again here (`launcher build --variant {m.image.get('variant')}`)")
     key, variant = key_of(image_id), str(m.image.get("variant"))
-    prefix = f"images/{key}"
+    prefix = f"{IMAGES_DIR}/{key}"
     facts = _image_facts(ws, m, built)
     recipes = tmp / prefix / "recipes"
     if not recipes.is_dir():
@@ -224,7 +227,7 @@ def stage_data(m: Manifest, staged: Staged) -> str | None:
     if found.digest != source["digest"]:
         raise Corrupt(f"run {m.run_id}: the dataset in {local} changed since the run ({found.digest[7:19]}, "
                       f"sent {str(source['digest'])[7:19]})", "bundle without --with-data, or restore the data")
-    prefix = f"runs/{m.run_id}/data"
+    prefix = f"{RUNS_DIR}/{m.run_id}/data"
     for rel in sorted(found.files):
         staged.add(f"{prefix}/{rel}", found.root / rel)
     return prefix
@@ -268,9 +271,9 @@ def make_bundle(ws: Workspace, refs: Sequence[str], out: Path, signer: Signer | 
             attest_run(m.run_dir, signer, ws.cache_dir)
             key, facts = stage_image(ws, m, staged, tmp)
             predicate["images"][key] = facts
-            code = stage_code(ws, m, staged, f"images/{key}")
-            prefix = f"runs/{m.run_id}"
-            staged.add(f"{prefix}/manifest.json", m.path)
+            code = stage_code(ws, m, staged, f"{IMAGES_DIR}/{key}")
+            prefix = f"{RUNS_DIR}/{m.run_id}"
+            staged.add(f"{prefix}/{MANIFEST}", m.path)
             staged.add(f"{prefix}/{ATTESTATION_DIR}/{ENVELOPE_FILE}", m.run_dir / ATTESTATION_DIR / ENVELOPE_FILE)
             for art in m.artifacts:
                 staged.add(f"{prefix}/{art.path}", m.file(art.path))

@@ -35,6 +35,7 @@ from launcher.images.imagerecord import BuiltImage
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.manifest import Manifest, load_manifest
 from launcher.runs.store import resolve_run
+from launcher.verify.differences import DATASET as DATASET_FINGERPRINT
 from launcher.workspace import Workspace
 
 BUILD_TYPE = f"{st.URI}:run:v1"
@@ -148,10 +149,10 @@ def _dep(name: str, digest: Any, **annotations: Any) -> st.ResourceDescriptor | 
 
 def _dataset_read(m: Manifest) -> str | None:
     """The dataset's fingerprint as the code loaded it (fingerprints/dataset.json), where recorded."""
-    if m.artifact("outputs/fingerprints/dataset.json") is None:
+    if m.artifact(DATASET_FINGERPRINT) is None:
         return None
     try:
-        return _digest(json.loads(m.file("outputs/fingerprints/dataset.json").read_text()).get("digest"))
+        return _digest(json.loads(m.file(DATASET_FINGERPRINT).read_text()).get("digest"))
     except (OSError, ValueError, AttributeError):
         return None
 

@@ -26,6 +26,7 @@ from typing import Any, NotRequired, TypedDict
 from launcher import proc
 from launcher.attest import dsse
 from launcher.attest import statement as st
+from launcher.attest.bundle import RUNS_DIR
 from launcher.attest.provenance import ATTESTATION_DIR, attest_run
 from launcher.attest.signers import Signer, Trust
 from launcher.attest.summary import ENVELOPE_FILE, STATEMENT_FILE, OutputResult, summary
@@ -140,7 +141,7 @@ def _workspace(opened: OpenedBundle, run: OpenedRun, into: Path, cache_dir: Path
     variant = str(run.image_facts["variant"])
     if not (into / "lockfiles" / f"{variant}.in").is_file():  # a variant is a .in and a Dockerfile
         (into / "lockfiles" / f"{variant}.in").write_text(f"# locked in {variant}.txt (from a bundle)\n")
-    (into / "runs").mkdir()
+    (into / RUNS_DIR).mkdir()
     return Workspace.at(into, cache_dir)
 
 

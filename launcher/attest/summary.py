@@ -22,9 +22,12 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import NotRequired, TypedDict
 
+from launcher.attest import provenance as prov
 from launcher.attest import schema
 from launcher.attest import statement as st
+from launcher.attest.bundle import RUNS_DIR
 from launcher.attest.check import Verified
+from launcher.attest.provenance import ATTESTATION_DIR
 
 POLICY = f"{st.URI}:policy:reproduce:v1"
 OTHER_IMAGE = "LAUNCHER_OTHER_IMAGE"
@@ -103,15 +106,15 @@ def summary(original: Verified, original_run: str, reproduction: SignedProvenanc
         if got and got["sha256"]:
             notes["reproducedSha256"] = got["sha256"].removeprefix("sha256:")
         subjects.append(st.descriptor(name, digest, annotations=notes))
-    base = f"runs/{original_run}/attestation"
+    base = f"{RUNS_DIR}/{original_run}/{ATTESTATION_DIR}"
     predicate: VerificationSummary = {
         "verifier": {"id": verifier_id()},
         "timeVerified": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "resourceUri": f"{st.URI}:run:{original_run}",
         "policy": {"uri": POLICY},
         "inputAttestations": [
-            {"uri": f"{base}/provenance.dsse.json", "digest": st.digest_set(original.envelope_sha256)},
-            {"uri": f"{base}/provenance.json", "digest": st.digest_set(original.statement_sha256)},
+            {"uri": f"{base}/{prov.ENVELOPE_FILE}", "digest": st.digest_set(original.envelope_sha256)},
+            {"uri": f"{base}/{prov.STATEMENT_FILE}", "digest": st.digest_set(original.statement_sha256)},
             {"uri": reproduction["uri"], "digest": st.digest_set(reproduction["envelope_sha256"])},
         ],
         "verificationResult": "PASSED" if verdict == "identical" else "FAILED",

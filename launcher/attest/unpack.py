@@ -21,7 +21,7 @@ from typing import Any, cast
 from launcher.attest import provenance as prov
 from launcher.attest import schema
 from launcher.attest import statement as st
-from launcher.attest.bundle import ENVELOPE, BundlePredicate, ImageFacts
+from launcher.attest.bundle import ENVELOPE, IMAGES_DIR, RUNS_DIR, BundlePredicate, ImageFacts
 from launcher.attest.check import Verified, check_files, open_signed
 from launcher.attest.signers import Trust
 from launcher.errors import Corrupt, DigestMismatch, UnsafePath
@@ -57,7 +57,7 @@ class OpenedBundle:
         return _bundle_predicate(self.bundle, self.path)
 
     def image_dir(self, key: str) -> Path:
-        return self.root / "images" / key
+        return self.root / IMAGES_DIR / key
 
     def to_dict(self) -> dict[str, Any]:
         return {"bundle": str(self.path), "files": len(self.bundle.statement["subject"]) + 1,
@@ -188,7 +188,7 @@ def open_bundle(path: Path, trust: Trust, into: Path, reporter: Reporter | None 
     runs: list[OpenedRun] = []
     for entry in pred["runs"]:
         rid = entry["runId"]
-        folder = into / "runs" / rid
+        folder = into / RUNS_DIR / rid
         verified = open_signed(folder / prov.ATTESTATION_DIR / prov.ENVELOPE_FILE, trust)
         if verified.predicate_type != st.PROVENANCE_TYPE:
             raise Corrupt(f"{path}: run {rid}'s statement is not a provenance statement", "make the bundle again")
@@ -199,7 +199,7 @@ def open_bundle(path: Path, trust: Trust, into: Path, reporter: Reporter | None 
                         _inside(into, entry.get("code")), _inside(into, entry.get("base")),
                         _inside(into, entry.get("data")))
         _need(run.manifest.run_id == rid, rid, "the manifest")
-        _check_dependencies(run, into / "images" / run.image)
+        _check_dependencies(run, into / IMAGES_DIR / run.image)
         runs.append(run)
     if not runs:
         raise Corrupt(f"{path} holds no run", "make it with `launcher bundle RUN...`")

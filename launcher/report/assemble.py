@@ -59,7 +59,8 @@ from launcher.report.stats import (
 )
 from launcher.runs.manifest import Manifest
 from launcher.runs.store import group_runs
-from launcher.verify.differences import read_metrics
+from launcher.verify.differences import CANONICAL_MODEL, read_metrics
+from launcher.verify.differences import LAYERS as LAYERS_DOC
 from launcher.verify.stepdiff import steps_strip
 from launcher.verify.verdicts import verify_checksums
 from launcher.workspace import Workspace
@@ -84,8 +85,6 @@ __all__ = [
 ]
 
 SCHEMA = "launcher.report.assemble/v1"
-CANONICAL_MODEL = "outputs/model/canonical.npz"
-LAYERS_DOC = "outputs/weights/layers.json"
 # Colours per group, readable on white and for the common colour-vision deficiencies.
 PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
 

@@ -14,6 +14,7 @@ from typing import Any, TypedDict, TypeVar
 from launcher.errors import Corrupt, LauncherError, MissingExtra
 from launcher.progress import Reporter
 from launcher.runs.manifest import Manifest
+from launcher.verify.differences import METRICS
 from launcher.workspace import Workspace
 
 MLFLOW = "mlflow"
@@ -50,7 +51,7 @@ def metric_points(m: Manifest) -> list[Point]:
     index): those steps continue after the previous fit's, so one curve never goes back.
     Values that are not numbers are left out.
     """
-    path = m.file("outputs/metrics.jsonl")
+    path = m.file(METRICS)
     if not path.is_file():
         return []
     points: list[Point] = []
