@@ -21,10 +21,10 @@ import hashlib
 import io
 import tarfile
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypedDict
 
 from launcher import __version__
 from launcher.attest import dsse
@@ -38,7 +38,7 @@ from launcher.images import pins as images
 from launcher.images.build import env_content_of
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.manifest import Manifest, load_manifest, read_json_object
-from launcher.runs.rundir import RunDir
+from launcher.runs.rundir import MANIFEST, RunDir
 from launcher.runs.store import resolve_run
 from launcher.runtime import code as codedigest
 from launcher.verify.verdicts import check_integrity
@@ -46,6 +46,57 @@ from launcher.workspace import Workspace
 
 ENVELOPE = "bundle.dsse.json"
 KEY_LEN = 16
+# The bundle's folders (see above); a reproduction's workspace has the same runs/ folder.
+RUNS_DIR = "runs"
+IMAGES_DIR = "images"
+
+
+class GitFacts(TypedDict):
+    commit: str
+    dirty: bool
+
+
+class ImageFacts(TypedDict):
+    """What the bundle says of an image (predicate.images[key]): its build inputs, from its labels."""
+
+    variant: str
+    imageId: str | None  # the image the run recorded (its project layer's, where it had one)
+    variantImageId: str
+    baseRef: str | None
+    baseDigest: str | None
+    git: GitFacts
+    epoch: int
+    runtimeDigest: str | None
+    lockSha256: str | None
+    recipesDigest: str | None
+    envContent: str | None
+    launcherVersion: str | None
+    project: dict[str, Any] | None  # the manifest's image.project record (launcher.runs.manifest), as recorded
+
+
+class BundledRun(TypedDict):
+    """predicate.runs[]: a run and where its parts are in the bundle (None: not carried)."""
+
+    runId: str
+    image: str  # a key of predicate.images (images/<key>/)
+    code: str | None
+    base: str | None
+    data: str | None
+
+
+class BaseRef(TypedDict):
+    ref: str | None
+
+
+class BundlePredicate(TypedDict):
+    """The predicate of a bundle's signed statement (bundle.dsse.json), urn:launcher:bundle:v1."""
+
+    launcherVersion: str
+    runs: list[BundledRun]
+    images: dict[str, ImageFacts]
+    bases: dict[str, BaseRef]
+    withData: bool
+    withBase: bool
 
 
 def key_of(digest: str) -> str:
@@ -77,7 +128,7 @@ def variant_image_id(m: Manifest) -> str:
     return str((project or {}).get("variant_image_id") or m.image.get("id") or "")
 
 
-def _image_facts(ws: Workspace, m: Manifest, built: imagerecord.BuiltImage) -> dict[str, Any]:
+def _image_facts(ws: Workspace, m: Manifest, built: imagerecord.BuiltImage) -> ImageFacts:
     variant = str(m.image.get("variant"))
     commit, dirty = built.git
     return {"variant": variant, "imageId": m.image.get("id"), "variantImageId": built.image_id,
@@ -97,7 +148,7 @@ def _pin_text(ws: Workspace, variant: str, ref: str) -> bytes:
     return images.ImagesLock({variant: pin}).render().encode()
 
 
-def stage_image(ws: Workspace, m: Manifest, staged: Staged, tmp: Path) -> tuple[str, dict[str, Any]]:
+def stage_image(ws: Workspace, m: Manifest, staged: Staged, tmp: Path) -> tuple[str, ImageFacts]:
     """The image's inputs, each checked against the image the run used; (key, facts)."""
     image_id = variant_image_id(m)
     built = imagerecord.find(ws.cache_dir, image_id)
@@ -106,7 +157,7 @@ def stage_image(ws: Workspace, m: Manifest, staged: Staged, tmp: Path) -> tuple[
                        f"({ws.cache_dir}/images)", "bundle on the machine that built it, or build the same inputs "
                        f"again here (`launcher build --variant {m.image.get('variant')}`)")
     key, variant = key_of(image_id), str(m.image.get("variant"))
-    prefix = f"images/{key}"
+    prefix = f"{IMAGES_DIR}/{key}"
     facts = _image_facts(ws, m, built)
     recipes = tmp / prefix / "recipes"
     if not recipes.is_dir():
@@ -145,6 +196,7 @@ def stage_code(ws: Workspace, m: Manifest, staged: Staged, image_prefix: str) ->
                           "prune the cache (`launcher cache prune`) and build again")
         return None
     launch = read_json_object(RunDir(m.run_dir).launch_file)
+    # launch.json's code record (launcher.runs), as the launch wrote it
     code: dict[str, Any] = launch["code"] if isinstance(launch.get("code"), dict) else {}
     snapshot = Path(str(code.get("local") or ws.cache_dir / "code" / digest.removeprefix("sha256:")))
     if not snapshot.is_dir() or codedigest.code_digest(snapshot) != digest:
@@ -175,7 +227,7 @@ def stage_data(m: Manifest, staged: Staged) -> str | None:
     if found.digest != source["digest"]:
         raise Corrupt(f"run {m.run_id}: the dataset in {local} changed since the run ({found.digest[7:19]}, "
                       f"sent {str(source['digest'])[7:19]})", "bundle without --with-data, or restore the data")
-    prefix = f"runs/{m.run_id}/data"
+    prefix = f"{RUNS_DIR}/{m.run_id}/data"
     for rel in sorted(found.files):
         staged.add(f"{prefix}/{rel}", found.root / rel)
     return prefix
@@ -211,17 +263,17 @@ def make_bundle(ws: Workspace, refs: Sequence[str], out: Path, signer: Signer | 
     rep = reporter or NullReporter()
     with tempfile.TemporaryDirectory(prefix="launcher-bundle-") as tmp_name:
         tmp, staged = Path(tmp_name), Staged()
-        predicate: dict[str, Any] = {"launcherVersion": __version__, "runs": [], "images": {}, "bases": {},
-                                     "withData": with_data, "withBase": not without_base}
+        predicate: BundlePredicate = {"launcherVersion": __version__, "runs": [], "images": {}, "bases": {},
+                                      "withData": with_data, "withBase": not without_base}
         for ref in refs:
             m = load_manifest(resolve_run(ws, ref))
             check_integrity([m], rep)
             attest_run(m.run_dir, signer, ws.cache_dir)
             key, facts = stage_image(ws, m, staged, tmp)
             predicate["images"][key] = facts
-            code = stage_code(ws, m, staged, f"images/{key}")
-            prefix = f"runs/{m.run_id}"
-            staged.add(f"{prefix}/manifest.json", m.path)
+            code = stage_code(ws, m, staged, f"{IMAGES_DIR}/{key}")
+            prefix = f"{RUNS_DIR}/{m.run_id}"
+            staged.add(f"{prefix}/{MANIFEST}", m.path)
             staged.add(f"{prefix}/{ATTESTATION_DIR}/{ENVELOPE_FILE}", m.run_dir / ATTESTATION_DIR / ENVELOPE_FILE)
             for art in m.artifacts:
                 staged.add(f"{prefix}/{art.path}", m.file(art.path))
@@ -243,7 +295,7 @@ def make_bundle(ws: Workspace, refs: Sequence[str], out: Path, signer: Signer | 
         return _seal(staged, predicate, out, signer, rep)
 
 
-def _seal(staged: Staged, predicate: dict[str, Any], out: Path, signer: Signer, rep: Reporter) -> BundleOutcome:
+def _seal(staged: Staged, predicate: BundlePredicate, out: Path, signer: Signer, rep: Reporter) -> BundleOutcome:
     task = rep.task("hashing the bundle's files", total=len(staged.files))
     digests: dict[str, str] = {}
     for name, path in sorted(staged.files.items()):
@@ -266,7 +318,7 @@ def _seal(staged: Staged, predicate: dict[str, Any], out: Path, signer: Signer, 
 class _Hashing(io.RawIOBase):
     """A file's read() that hashes what it hands on, so what went into the tar is what was signed."""
 
-    def __init__(self, raw: IO[bytes], on_bytes: Any) -> None:
+    def __init__(self, raw: IO[bytes], on_bytes: Callable[[int], object]) -> None:
         super().__init__()
         self.raw, self.h, self.on_bytes = raw, hashlib.sha256(), on_bytes
 
@@ -285,7 +337,7 @@ def _info(name: str, size: int, executable: bool) -> tarfile.TarInfo:
 
 
 def write_tar(out: Path, files: dict[str, Path], digests: dict[str, str], envelope: bytes,
-              on_bytes: Any = lambda n: None) -> None:
+              on_bytes: Callable[[int], object] = lambda n: None) -> None:
     """The tar, atomically: names sorted, owner root, dates 0, modes 0644 or 0755 (the executable bit kept)."""
     with atomic_path(out) as tmp, tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
         for name in sorted([*files, ENVELOPE]):

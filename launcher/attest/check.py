@@ -8,9 +8,10 @@ given the run's folder, every subject's (and byproduct's) sha256 (42 DIGEST_MISM
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict, TypeVar, cast
 
 from launcher.attest import dsse, schema
 from launcher.attest import statement as st
@@ -18,11 +19,42 @@ from launcher.attest.signers import Checked, Trust
 from launcher.errors import Corrupt, DigestMismatch, NotFound, UnknownSigner
 from launcher.hashing import sha256_bytes, sha256_file
 
+P = TypeVar("P")
+
+
+def _at(value: object, *keys: str) -> object:
+    """value[k1][k2]... through JSON objects; None where one is missing or not an object."""
+    for key in keys:
+        value = value.get(key) if isinstance(value, Mapping) else None
+    return value
+
+
+class VerifiedRecord(TypedDict):
+    """`launcher attest verify`'s JSON result for a statement."""
+
+    file: str
+    valid: bool
+    predicate_type: str
+    subjects: int
+    envelope_sha256: str
+    statement_sha256: str
+    signatures: list[dict[str, str]]
+    run_dir: str | None
+    files_checked: int
+    run_id: NotRequired[object]  # provenance: runDetails.metadata.invocationId
+    builder: NotRequired[object]  # provenance: runDetails.builder.id
+    verification_result: NotRequired[object]  # a verification summary's fields from here on
+    verified_levels: NotRequired[object]
+    verifier: NotRequired[object]
+    resource: NotRequired[object]
+
 
 @dataclass
 class Verified:
     path: Path
-    statement: dict[str, Any]
+    # a statement of any predicate type: its predicate is read through isinstance checks (schema.py checks
+    # the types launcher knows: provenance, verification summary)
+    statement: st.Statement[object]
     signatures: list[Checked]
     envelope_sha256: str
     statement_sha256: str
@@ -32,29 +64,33 @@ class Verified:
 
     @property
     def predicate_type(self) -> str:
-        return str(self.statement.get("predicateType"))
+        return self.statement["predicateType"]
 
     @property
     def signers(self) -> list[str]:
         return [c.signer or c.keyid for c in self.signatures if c.outcome == "good"]
 
-    def to_dict(self) -> dict[str, Any]:
-        pred = self.statement.get("predicate") or {}
-        out: dict[str, Any] = {
+    def record(self) -> VerifiedRecord:
+        pred = self.statement["predicate"]
+        out: VerifiedRecord = {
             "file": str(self.path), "valid": True, "predicate_type": self.predicate_type,
-            "subjects": len(self.statement.get("subject") or []), "envelope_sha256": self.envelope_sha256,
+            "subjects": len(self.statement["subject"]), "envelope_sha256": self.envelope_sha256,
             "statement_sha256": self.statement_sha256, "signatures": [c.to_dict() for c in self.signatures],
             "run_dir": str(self.run_dir) if self.run_dir else None, "files_checked": self.files_checked,
         }
         if self.predicate_type == st.PROVENANCE_TYPE:
-            out["run_id"] = ((pred.get("runDetails") or {}).get("metadata") or {}).get("invocationId")
-            out["builder"] = ((pred.get("runDetails") or {}).get("builder") or {}).get("id")
+            out["run_id"] = _at(pred, "runDetails", "metadata", "invocationId")
+            out["builder"] = _at(pred, "runDetails", "builder", "id")
         elif self.predicate_type == st.VSA_TYPE:
-            out["verification_result"] = pred.get("verificationResult")
-            out["verified_levels"] = pred.get("verifiedLevels")
-            out["verifier"] = (pred.get("verifier") or {}).get("id")
-            out["resource"] = pred.get("resourceUri")
+            out["verification_result"] = _at(pred, "verificationResult")
+            out["verified_levels"] = _at(pred, "verifiedLevels")
+            out["verifier"] = _at(pred, "verifier", "id")
+            out["resource"] = _at(pred, "resourceUri")
         return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """record() as the CLI's Result takes it (a plain dict)."""
+        return dict(self.record())
 
     def summary_line(self) -> str:
         kind = {st.PROVENANCE_TYPE: "provenance", st.VSA_TYPE: "verification summary"}.get(self.predicate_type,
@@ -62,13 +98,15 @@ class Verified:
         line = f"valid: {self.path.name} is a {kind} statement signed by {', '.join(self.signers)}"
         if self.predicate_type == st.VSA_TYPE:
             pred = self.statement["predicate"]
-            line += f" ({pred['verificationResult']}: {', '.join(pred.get('verifiedLevels') or []) or 'no level'})"
+            levels = _at(pred, "verifiedLevels")
+            named = ", ".join(str(x) for x in levels) if isinstance(levels, list) else ""
+            line += f" ({_at(pred, 'verificationResult')}: {named or 'no level'})"
         if self.run_dir is not None:
             line += f"; all {self.files_checked} files it names match {self.run_dir}"
         return line
 
 
-def check_files(statement: dict[str, Any], run_dir: Path, source: str) -> int:
+def check_files(statement: st.Statement[P], run_dir: Path, source: str) -> int:
     """Every subject (and a provenance's byproducts) against the file of that name under run_dir."""
     wanted = st.subject_digests(statement)
     wrong: list[str] = []
@@ -104,8 +142,9 @@ def open_signed(path: Path, trust: Trust) -> Verified:
         raise Corrupt(f"{path} carries a {envelope.payload_type!r} payload, not an in-toto statement",
                       "give an envelope `launcher attest` or `launcher reproduce` wrote")
     checked = dsse.verify(envelope, trust, str(path))
-    statement = st.decode(envelope.payload, str(path))
-    schema.check(statement, str(path))
+    decoded = st.decode(envelope.payload, str(path))
+    schema.check(decoded, str(path))
+    statement = cast("st.Statement[object]", decoded)  # its form checked just above
     return Verified(path, statement, checked, sha256_bytes(raw), sha256_bytes(envelope.payload))
 
 

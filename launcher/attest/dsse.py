@@ -17,7 +17,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from launcher.attest.signers import Checked, Signer, Trust
 from launcher.errors import BadSignature, Corrupt, UnknownSigner
@@ -29,13 +29,26 @@ def pae(payload_type: str, payload: bytes) -> bytes:
     return b"DSSEv1 %d %b %d %b" % (len(kind), kind, len(payload), payload)
 
 
+class SignatureJSON(TypedDict):
+    keyid: str
+    sig: str  # base64
+
+
+class EnvelopeJSON(TypedDict):
+    """A DSSE envelope as written (*.dsse.json)."""
+
+    payloadType: str
+    payload: str  # base64
+    signatures: list[SignatureJSON]
+
+
 @dataclass(frozen=True)
 class Envelope:
     payload_type: str
     payload: bytes
     signatures: tuple[tuple[str, bytes], ...]  # (keyid, sig)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> EnvelopeJSON:
         return {"payloadType": self.payload_type, "payload": base64.b64encode(self.payload).decode(),
                 "signatures": [{"keyid": k, "sig": base64.b64encode(s).decode()} for k, s in self.signatures]}
 

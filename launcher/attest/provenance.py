@@ -19,10 +19,10 @@ paths and sha256s) and whose predicate is SLSA Provenance v1, mapped from what l
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict, cast
 
 from launcher import __version__
 from launcher.attest import dsse, schema
@@ -35,6 +35,7 @@ from launcher.images.imagerecord import BuiltImage
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.manifest import Manifest, load_manifest
 from launcher.runs.store import resolve_run
+from launcher.verify.differences import DATASET as DATASET_FINGERPRINT
 from launcher.workspace import Workspace
 
 BUILD_TYPE = f"{st.URI}:run:v1"
@@ -57,6 +58,80 @@ DATASET = "dataset"
 DATASET_READ = "dataset as read"
 
 
+class DeterminismParameters(TypedDict):
+    profile: str | None
+    threads: int | None
+
+
+class ExternalParameters(TypedDict):
+    """buildDefinition.externalParameters: what the run was asked to do."""
+
+    code: str
+    recipe: str
+    entry: str | None
+    codeSource: str | None
+    variant: str | None
+    params: dict[str, Any]  # the user's recipe params: free-form JSON
+    seed: int | None
+    determinism: DeterminismParameters
+    args: list[str]
+    env: list[str]  # the names of the user's variables (never their values)
+
+
+class InternalParameters(TypedDict):
+    """buildDefinition.internalParameters: what launcher added."""
+
+    injectedEnv: dict[str, str]
+    launcherVersion: str
+    probes: dict[str, Any] | None  # the manifest's probe record, as the run wrote it
+
+
+class BuildDefinition(TypedDict):
+    buildType: str
+    externalParameters: ExternalParameters
+    internalParameters: InternalParameters
+    resolvedDependencies: list[st.ResourceDescriptor]
+
+
+class Builder(TypedDict):
+    id: str
+    version: dict[str, str]
+    builderDependencies: NotRequired[list[st.ResourceDescriptor]]
+
+
+class BuildMetadata(TypedDict):
+    invocationId: str
+    startedOn: str
+    finishedOn: NotRequired[str]
+
+
+class RunDetails(TypedDict):
+    builder: Builder
+    metadata: BuildMetadata
+    byproducts: list[st.ResourceDescriptor]
+
+
+class ProvenancePredicate(TypedDict):
+    """The SLSA Provenance v1 predicate of runs/<id>/attestation/provenance.json."""
+
+    buildDefinition: BuildDefinition
+    runDetails: RunDetails
+
+
+Provenance = st.Statement[ProvenancePredicate]
+
+
+class AttestedRecord(TypedDict):
+    """One run of `launcher attest`'s JSON result."""
+
+    run_id: str
+    statement: str
+    envelope: str | None
+    subjects: int
+    statement_sha256: str
+    keyids: list[str]
+
+
 def attestation_dir(run_dir: Path) -> Path:
     return run_dir / ATTESTATION_DIR
 
@@ -66,7 +141,7 @@ def _digest(value: Any) -> str | None:
     return text if text.startswith("sha256:") and len(text) == 71 else None
 
 
-def _dep(name: str, digest: Any, **annotations: Any) -> dict[str, Any] | None:
+def _dep(name: str, digest: Any, **annotations: Any) -> st.ResourceDescriptor | None:
     d = _digest(digest)
     notes = {k: v for k, v in annotations.items() if v not in (None, "", [], {})}
     return st.descriptor(name, d, annotations=notes) if d else None
@@ -74,18 +149,19 @@ def _dep(name: str, digest: Any, **annotations: Any) -> dict[str, Any] | None:
 
 def _dataset_read(m: Manifest) -> str | None:
     """The dataset's fingerprint as the code loaded it (fingerprints/dataset.json), where recorded."""
-    if m.artifact("outputs/fingerprints/dataset.json") is None:
+    if m.artifact(DATASET_FINGERPRINT) is None:
         return None
     try:
-        return _digest(json.loads(m.file("outputs/fingerprints/dataset.json").read_text()).get("digest"))
+        return _digest(json.loads(m.file(DATASET_FINGERPRINT).read_text()).get("digest"))
     except (OSError, ValueError, AttributeError):
         return None
 
 
-def resolved_dependencies(m: Manifest, image: BuiltImage | None) -> list[dict[str, Any]]:
+def resolved_dependencies(m: Manifest, image: BuiltImage | None) -> list[st.ResourceDescriptor]:
     rec, img = m.recipe, m.image
-    project: dict[str, Any] = img["project"] if isinstance(img.get("project"), dict) else {}
-    source: dict[str, Any] = m.data["data_source"] if isinstance(m.data.get("data_source"), dict) else {}
+    # the manifest's image.project and data_source records (launcher.runs.manifest)
+    project: Mapping[str, Any] = img["project"] if isinstance(img.get("project"), dict) else {}
+    source: Mapping[str, Any] = m.data["data_source"] if isinstance(m.data.get("data_source"), dict) else {}
     folder = project.get("folder")
     found = [
         _dep(CODE, rec.get("tree_digest"), code=m.code_name, source=rec.get("code_source"), entry=rec.get("entry"),
@@ -113,10 +189,27 @@ def builder_id(m: Manifest) -> str:
     return f"{st.URI}:{placement}:{m.host.get('kind') or 'local'}:{m.host.get('name') or 'local'}"
 
 
-def _host_facts(m: Manifest) -> dict[str, Any]:
+class HostFacts(TypedDict, total=False):
+    """The host's facts a provenance names (runDetails.builder.builderDependencies' annotations): those known."""
+
+    os: str
+    kernel: str
+    arch: str
+    cpu_model: str
+    cpu_cores: int
+    ram_bytes: int
+    docker: str
+    nvidia_driver: str
+    gpus: list[str | None]
+
+
+_HOST_FACTS = ("os", "kernel", "arch", "cpu_model", "cpu_cores", "ram_bytes")
+
+
+def _host_facts(m: Manifest) -> HostFacts:
     facts = m.host.get("facts") or {}
-    keep = ("os", "kernel", "arch", "cpu_model", "cpu_cores", "ram_bytes")
-    out: dict[str, Any] = {k: facts[k] for k in keep if facts.get(k) is not None}
+    # the facts' values as the host reported them (manifest.json host.facts), kept as they are
+    out = cast(HostFacts, {k: facts[k] for k in _HOST_FACTS if facts.get(k) is not None})
     docker = facts.get("docker") or {}
     if docker.get("server_version"):
         out["docker"] = docker["server_version"]
@@ -132,42 +225,49 @@ def _env_names(m: Manifest) -> list[str]:
     return sorted(env) if isinstance(env, dict) else []
 
 
-def predicate(m: Manifest, image: BuiltImage | None) -> dict[str, Any]:
+def _launcher_version(m: Manifest) -> str:
+    """The launcher that built the run's image (this one where the manifest does not say)."""
+    return str(m.image.get("launcher_version") or __version__)
+
+
+def _build_definition(m: Manifest, image: BuiltImage | None) -> BuildDefinition:
     rec, det = m.recipe, m.determinism
-    facts = _host_facts(m)
-    byproducts = [st.descriptor(a.path, a.sha256) for a in m.artifacts if a.path.startswith(BYPRODUCT_PREFIX)]
-    byproducts.append(st.descriptor(m.path.name, sha256_file(m.path)))
     return {
-        "buildDefinition": {
-            "buildType": BUILD_TYPE,
-            "externalParameters": {
-                "code": m.code_name, "recipe": m.recipe_name, "entry": rec.get("entry"),
-                "codeSource": rec.get("code_source"), "variant": m.image.get("variant"),
-                "params": dict(m.params), "seed": m.seed,
-                "determinism": {"profile": det.get("profile"), "threads": det.get("threads")},
-                "args": list(rec.get("args") or []), "env": _env_names(m),
-            },
-            "internalParameters": {
-                "injectedEnv": dict(det.get("env") or {}),
-                "launcherVersion": str(m.image.get("launcher_version") or __version__),
-                "probes": m.data.get("probes"),
-            },
-            "resolvedDependencies": resolved_dependencies(m, image),
+        "buildType": BUILD_TYPE,
+        "externalParameters": {
+            "code": m.code_name, "recipe": m.recipe_name, "entry": rec.get("entry"),
+            "codeSource": rec.get("code_source"), "variant": m.image.get("variant"),
+            "params": dict(m.params), "seed": m.seed,
+            "determinism": {"profile": det.get("profile"), "threads": det.get("threads")},
+            "args": list(rec.get("args") or []), "env": _env_names(m),
         },
-        "runDetails": {
-            "builder": {
-                "id": builder_id(m),
-                "version": {"launcher": str(m.image.get("launcher_version") or __version__)},
-                **({"builderDependencies": [st.descriptor("host", annotations=facts)]} if facts else {}),
-            },
-            "metadata": {"invocationId": m.run_id, "startedOn": m.started_at,
-                         **({"finishedOn": str(m.data["ended_at"])} if m.data.get("ended_at") else {})},
-            "byproducts": byproducts,
+        "internalParameters": {
+            "injectedEnv": dict(det.get("env") or {}),
+            "launcherVersion": _launcher_version(m),
+            "probes": m.data.get("probes"),
         },
+        "resolvedDependencies": resolved_dependencies(m, image),
     }
 
 
-def provenance(m: Manifest, image: BuiltImage | None = None) -> dict[str, Any]:
+def _run_details(m: Manifest) -> RunDetails:
+    facts = _host_facts(m)
+    builder: Builder = {"id": builder_id(m), "version": {"launcher": _launcher_version(m)}}
+    if facts:
+        builder["builderDependencies"] = [st.descriptor("host", annotations=facts)]
+    metadata: BuildMetadata = {"invocationId": m.run_id, "startedOn": m.started_at}
+    if m.data.get("ended_at"):
+        metadata["finishedOn"] = str(m.data["ended_at"])
+    byproducts = [st.descriptor(a.path, a.sha256) for a in m.artifacts if a.path.startswith(BYPRODUCT_PREFIX)]
+    byproducts.append(st.descriptor(m.path.name, sha256_file(m.path)))
+    return {"builder": builder, "metadata": metadata, "byproducts": byproducts}
+
+
+def predicate(m: Manifest, image: BuiltImage | None) -> ProvenancePredicate:
+    return {"buildDefinition": _build_definition(m, image), "runDetails": _run_details(m)}
+
+
+def provenance(m: Manifest, image: BuiltImage | None = None) -> Provenance:
     """The statement of one finished run. Its subjects are every output but the logs (byproducts)."""
     if m.status != "succeeded":
         raise UsageError(f"run {m.run_id} {m.status} (exit {m.data.get('exit_code')}): a provenance statement "
@@ -190,7 +290,7 @@ class Attested:
     digest: str  # of the statement's bytes (the signed payload)
     keyids: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> AttestedRecord:
         return {"run_id": self.run_id, "statement": str(self.statement),
                 "envelope": str(self.envelope) if self.envelope else None, "subjects": self.subjects,
                 "statement_sha256": self.digest, "keyids": self.keyids}

@@ -21,14 +21,15 @@ import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from launcher import proc
 from launcher.attest import dsse
 from launcher.attest import statement as st
+from launcher.attest.bundle import RUNS_DIR
 from launcher.attest.provenance import ATTESTATION_DIR, attest_run
 from launcher.attest.signers import Signer, Trust
-from launcher.attest.summary import ENVELOPE_FILE, STATEMENT_FILE, summary
+from launcher.attest.summary import ENVELOPE_FILE, STATEMENT_FILE, OutputResult, summary
 from launcher.attest.unpack import OpenedBundle, OpenedRun, open_bundle
 from launcher.errors import ExitCode, NotFound, OtherImage, RunFailed, UsageError
 from launcher.hashing import atomic_write_bytes, sha256_file
@@ -39,6 +40,7 @@ from launcher.images import basearchive, imagerecord, registry
 from launcher.images.build import PACKAGE_DIR, build
 from launcher.images.tree import DEFAULT_EPOCH
 from launcher.progress import NullReporter, Reporter
+from launcher.runs.manifest import Manifest
 from launcher.runs.placement import Placement
 from launcher.runs.runspec import RunSpec
 from launcher.runs.userenv import secret_digest
@@ -51,6 +53,27 @@ BUNDLE_DIR = ".launcher/bundle"  # where the bundle is unpacked inside the repro
 _WORST = (ExitCode.OK, ExitCode.INCONCLUSIVE, ExitCode.NOT_REPRODUCIBLE)
 
 
+class ImageCheck(TypedDict):
+    """The rebuilt image against the recorded one (`launcher reproduce`'s JSON result: image)."""
+
+    recorded: str
+    rebuilt: str
+    same: bool
+    differs_in: NotRequired[str]
+
+
+class ReproductionRecord(TypedDict):
+    """One run of `launcher reproduce`'s JSON result."""
+
+    original: str
+    reproduced: str
+    verdict: str
+    exit_code: int
+    summary: str
+    verification: str
+    outputs: dict[str, OutputResult]
+
+
 @dataclass
 class Reproduction:
     original: str
@@ -59,9 +82,9 @@ class Reproduction:
     exit_code: ExitCode
     line: str
     summary_path: Path
-    results: dict[str, dict[str, Any]]
+    results: dict[str, OutputResult]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ReproductionRecord:
         return {"original": self.original, "reproduced": self.reproduced, "verdict": self.verdict,
                 "exit_code": int(self.exit_code), "summary": self.line, "verification": str(self.summary_path),
                 "outputs": self.results}
@@ -71,7 +94,7 @@ class Reproduction:
 class ReproduceOutcome:
     bundle: Path
     workspace: Path
-    image: dict[str, Any]
+    image: ImageCheck
     base: str
     runs: list[Reproduction] = field(default_factory=list)
     signed_by: list[str] = field(default_factory=list)
@@ -118,7 +141,7 @@ def _workspace(opened: OpenedBundle, run: OpenedRun, into: Path, cache_dir: Path
     variant = str(run.image_facts["variant"])
     if not (into / "lockfiles" / f"{variant}.in").is_file():  # a variant is a .in and a Dockerfile
         (into / "lockfiles" / f"{variant}.in").write_text(f"# locked in {variant}.txt (from a bundle)\n")
-    (into / "runs").mkdir()
+    (into / RUNS_DIR).mkdir()
     return Workspace.at(into, cache_dir)
 
 
@@ -181,13 +204,13 @@ def image_difference(recorded: bytes, rebuilt: bytes) -> str:
     return "; ".join(parts) or "the configs' other fields"
 
 
-def _image(ws: Workspace, run: OpenedRun, config: Path, allow_other_image: bool, rep: Reporter) -> dict[str, Any]:
+def _image(ws: Workspace, run: OpenedRun, config: Path, allow_other_image: bool, rep: Reporter) -> ImageCheck:
     facts = run.image_facts
     git = facts.get("git") or {}
     record = build(ws, str(facts["variant"]), git=(str(git.get("commit") or "unknown"), bool(git.get("dirty"))),
                    epoch=int(facts.get("epoch") or DEFAULT_EPOCH), reporter=rep)
     recorded = str(facts["variantImageId"])
-    out = {"recorded": recorded, "rebuilt": record.image_id, "same": record.image_id == recorded}
+    out: ImageCheck = {"recorded": recorded, "rebuilt": record.image_id, "same": record.image_id == recorded}
     if not out["same"]:
         rebuilt = imagerecord.find(ws.cache_dir, record.image_id)
         where = image_difference(config.read_bytes(), rebuilt.config) if rebuilt else "unknown parts"
@@ -224,12 +247,16 @@ def _code(run: OpenedRun, ws: Workspace) -> Path | None:
     return target
 
 
+def _record(m: Manifest, key: str) -> Mapping[str, Any]:
+    """One of the manifest's records (env, probes, trace: launcher.runs.manifest), {} where it has none."""
+    value = m.data.get(key)
+    return value if isinstance(value, dict) else {}
+
+
 def _spec(run: OpenedRun, code_dir: Path | None, data_from: Path | None, secret_env: Mapping[str, str]) -> RunSpec:
     m = run.manifest
     det = m.determinism
-    env: dict[str, Any] = m.data["env"] if isinstance(m.data.get("env"), dict) else {}
-    probes: dict[str, Any] = m.data["probes"] if isinstance(m.data.get("probes"), dict) else {}
-    trace: dict[str, Any] = m.data["trace"] if isinstance(m.data.get("trace"), dict) else {}
+    env, probes, trace = (_record(m, key) for key in ("env", "probes", "trace"))
     if code_dir is None:
         recipe, code = m.recipe_name, None
     elif m.recipe.get("identity"):
@@ -252,8 +279,9 @@ def _judge(ws: Workspace, run: OpenedRun, new_id: str, signer: Signer, other_ima
     report = verify_checksums(ws, [run.run_id, new_id])
     cells = {a.path: a.cells.get(new_id) or {} for a in report.artifacts}
     new = {a.path: a.sha256 for a in report.runs[-1].manifest.artifacts}
-    results = {path: {"status": cells.get(path, {}).get("status") or "missing", "sha256": new.get(path)}
-               for path in st.subject_digests(run.provenance.statement, byproducts=False)}
+    results: dict[str, OutputResult] = {
+        path: {"status": cells.get(path, {}).get("status") or "missing", "sha256": new.get(path)}
+        for path in st.subject_digests(run.provenance.statement, byproducts=False)}
     for rec in results.values():
         if rec["status"] == REFERENCE:
             rec["status"] = "identical"

@@ -4,13 +4,15 @@ ResourceDescriptor, SLSA Provenance v1 and SLSA Verification Summary (VSA) v1.
 Unknown fields are refused where the specifications' protobuf definitions have none (a
 ResourceDescriptor, the predicates' own objects), so a typo is not signed and verified unnoticed. The
 suite checks the same documents with the in-toto-attestation package's protobuf bindings.
+
+What is checked is JSON of unknown shape (someone's signed payload): every value is an ``object`` here
+until an isinstance check narrows it.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from launcher.attest.statement import PROVENANCE_TYPE, STATEMENT_TYPE, VSA_TYPE
 from launcher.errors import Corrupt
@@ -25,33 +27,33 @@ class _Bad(ValueError):
     pass
 
 
-def _obj(value: Any, where: str) -> Mapping[str, Any]:
+def _obj(value: object, where: str) -> Mapping[str, object]:
     if not isinstance(value, Mapping):
         raise _Bad(f"{where} is not an object")
     return value
 
 
-def _str(value: Any, where: str, *, required: bool = True) -> None:
+def _str(value: object, where: str, *, required: bool = True) -> None:
     if value is None and not required:
         return
     if not isinstance(value, str) or (required and not value):
         raise _Bad(f"{where} is not a non-empty string")
 
 
-def _keys(value: Mapping[str, Any], allowed: set[str], where: str) -> None:
+def _keys(value: Mapping[str, object], allowed: set[str], where: str) -> None:
     unknown = sorted(set(value) - allowed)
     if unknown:
         raise _Bad(f"{where} has unknown fields {', '.join(unknown)}")
 
 
-def _time(value: Any, where: str, *, required: bool = False) -> None:
+def _time(value: object, where: str, *, required: bool = False) -> None:
     if value is None and not required:
         return
     if not isinstance(value, str) or not _RFC3339.match(value):
         raise _Bad(f"{where} is not an RFC 3339 time (e.g. 2026-11-25T10:00:00Z)")
 
 
-def _digests(value: Any, where: str) -> None:
+def _digests(value: object, where: str) -> None:
     obj = _obj(value, where)
     for algo, hexpart in obj.items():
         if not isinstance(hexpart, str) or not hexpart:
@@ -62,7 +64,7 @@ def _digests(value: Any, where: str) -> None:
             raise _Bad(f"{where}.sha256 is not 64 hex digits")
 
 
-def descriptor(value: Any, where: str, *, need_digest: bool = False) -> None:
+def descriptor(value: object, where: str, *, need_digest: bool = False) -> None:
     obj = _obj(value, where)
     _keys(obj, _DESCRIPTOR_KEYS, where)
     if not any(obj.get(k) for k in ("name", "uri", "digest")):
@@ -77,7 +79,7 @@ def descriptor(value: Any, where: str, *, need_digest: bool = False) -> None:
         _obj(obj["annotations"], f"{where}.annotations")
 
 
-def _descriptors(value: Any, where: str) -> None:
+def _descriptors(value: object, where: str) -> None:
     if value is None:
         return
     if not isinstance(value, list):
@@ -86,7 +88,7 @@ def _descriptors(value: Any, where: str) -> None:
         descriptor(item, f"{where}[{i}]")
 
 
-def provenance(pred: Mapping[str, Any]) -> None:
+def provenance(pred: Mapping[str, object]) -> None:
     _keys(pred, {"buildDefinition", "runDetails"}, "predicate")
     build = _obj(pred.get("buildDefinition"), "predicate.buildDefinition")
     _keys(build, {"buildType", "externalParameters", "internalParameters", "resolvedDependencies"},
@@ -112,7 +114,7 @@ def provenance(pred: Mapping[str, Any]) -> None:
     _descriptors(run.get("byproducts"), "runDetails.byproducts")
 
 
-def verification_summary(pred: Mapping[str, Any]) -> None:
+def verification_summary(pred: Mapping[str, object]) -> None:
     _keys(pred, {"verifier", "timeVerified", "resourceUri", "policy", "inputAttestations", "verificationResult",
                  "verifiedLevels", "dependencyLevels", "slsaVersion"}, "predicate")
     verifier = _obj(pred.get("verifier"), "predicate.verifier")
@@ -139,13 +141,13 @@ def verification_summary(pred: Mapping[str, Any]) -> None:
     _str(pred.get("slsaVersion"), "predicate.slsaVersion", required=False)
 
 
-PREDICATES: dict[str, Callable[[Mapping[str, Any]], None]] = {
+PREDICATES: dict[str, Callable[[Mapping[str, object]], None]] = {
     PROVENANCE_TYPE: provenance,
     VSA_TYPE: verification_summary,
 }
 
 
-def problems(statement: Any) -> str | None:
+def problems(statement: object) -> str | None:
     """The first way statement breaks its schema, or None. A predicate type launcher does not know is
     checked only as far as the statement goes."""
     try:
@@ -168,7 +170,7 @@ def problems(statement: Any) -> str | None:
     return None
 
 
-def check(statement: Any, source: str) -> None:
+def check(statement: object, source: str) -> None:
     """Raise Corrupt naming the first schema problem of the statement read from source."""
     found = problems(statement)
     if found is not None:

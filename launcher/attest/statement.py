@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from pathlib import Path
-from typing import Any
+from typing import Any, Generic, NotRequired, TypedDict, TypeVar, cast
 
 from launcher.errors import Corrupt
 from launcher.hashing import hex_of, sha256_bytes
@@ -26,12 +25,39 @@ URI = "urn:launcher"
 BUNDLE_TYPE = f"{URI}:bundle:v1"
 
 
-def digest_set(digest: str) -> dict[str, str]:
+P = TypeVar("P")
+
+
+class DigestSet(TypedDict):
+    """in-toto's DigestSet as launcher writes it (a statement read may carry other algorithms too)."""
+
+    sha256: NotRequired[str]
+
+
+class ResourceDescriptor(TypedDict, total=False):
+    """An in-toto ResourceDescriptor: a subject, dependency or byproduct; only the fields given are written."""
+
+    name: str
+    uri: str
+    digest: DigestSet
+    annotations: dict[str, Any]  # free-form JSON by the spec (host facts, a dependency's path, packages, ...)
+
+
+class Statement(TypedDict, Generic[P]):
+    """An in-toto Statement v1 (provenance.json, verification.json, a bundle's statement), its predicate of type P."""
+
+    _type: str
+    subject: list[ResourceDescriptor]
+    predicateType: str
+    predicate: P
+
+
+def digest_set(digest: str) -> DigestSet:
     """``sha256:<hex>`` -> in-toto's ``{"sha256": "<hex>"}``."""
     return {"sha256": hex_of(digest)}
 
 
-def from_digest_set(value: Any) -> str | None:
+def from_digest_set(value: object) -> str | None:
     """in-toto's ``{"sha256": "<hex>"}`` -> ``sha256:<hex>`` (None without a sha256)."""
     if isinstance(value, Mapping) and isinstance(value.get("sha256"), str):
         return "sha256:" + str(value["sha256"])
@@ -39,9 +65,9 @@ def from_digest_set(value: Any) -> str | None:
 
 
 def descriptor(name: str | None = None, digest: str | None = None, *, uri: str | None = None,
-               annotations: Mapping[str, Any] | None = None) -> dict[str, Any]:
+               annotations: Mapping[str, Any] | None = None) -> ResourceDescriptor:
     """An in-toto ResourceDescriptor with only the fields given."""
-    out: dict[str, Any] = {}
+    out: ResourceDescriptor = {}
     if name is not None:
         out["name"] = name
     if uri is not None:
@@ -53,17 +79,18 @@ def descriptor(name: str | None = None, digest: str | None = None, *, uri: str |
     return out
 
 
-def make(subjects: Iterable[Mapping[str, Any]], predicate_type: str, predicate: Mapping[str, Any]) -> dict[str, Any]:
-    return {"_type": STATEMENT_TYPE, "subject": [dict(s) for s in subjects], "predicateType": predicate_type,
-            "predicate": dict(predicate)}
+def make(subjects: Iterable[ResourceDescriptor], predicate_type: str, predicate: P) -> Statement[P]:
+    return {"_type": STATEMENT_TYPE, "subject": list(subjects), "predicateType": predicate_type,
+            "predicate": predicate}
 
 
-def encode(statement: Mapping[str, Any]) -> bytes:
+def encode(statement: Statement[P]) -> bytes:
     """The statement's bytes as signed: JSON with sorted keys, so the same statement is the same payload."""
     return json.dumps(statement, sort_keys=True, indent=2, ensure_ascii=False).encode("utf-8") + b"\n"
 
 
 def decode(payload: bytes, source: str) -> dict[str, Any]:
+    """The JSON object of a signed payload, not yet checked against a schema (schema.check does)."""
     try:
         data = json.loads(payload.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
@@ -74,39 +101,39 @@ def decode(payload: bytes, source: str) -> dict[str, Any]:
     return data
 
 
-def statement_digest(statement: Mapping[str, Any]) -> str:
+def statement_digest(statement: Statement[P]) -> str:
     return sha256_bytes(encode(statement))
 
 
-def subject_digests(statement: Mapping[str, Any], *, byproducts: bool = True) -> dict[str, str]:
+def _byproducts(predicate: object) -> list[object]:
+    """A provenance predicate's runDetails.byproducts, read defensively (it may be someone else's)."""
+    run = predicate.get("runDetails") if isinstance(predicate, Mapping) else None
+    found = run.get("byproducts") if isinstance(run, Mapping) else None
+    return list(found) if isinstance(found, list) else []
+
+
+def subject_digests(statement: Statement[P], *, byproducts: bool = True) -> dict[str, str]:
     """name -> ``sha256:<hex>`` of every subject (and of a provenance's byproducts: they are files too)."""
     out: dict[str, str] = {}
-    entries = list(statement.get("subject") or [])
-    if byproducts and statement.get("predicateType") == PROVENANCE_TYPE:
-        entries += list(((statement.get("predicate") or {}).get("runDetails") or {}).get("byproducts") or [])
+    entries: list[object] = list(statement["subject"])
+    if byproducts and statement["predicateType"] == PROVENANCE_TYPE:
+        entries += _byproducts(statement["predicate"])
     for entry in entries:
-        digest = from_digest_set(entry.get("digest")) if isinstance(entry, Mapping) else None
-        if digest and isinstance(entry.get("name"), str):
-            out[entry["name"]] = digest
+        if not isinstance(entry, Mapping):
+            continue
+        digest, name = from_digest_set(entry.get("digest")), entry.get("name")
+        if digest and isinstance(name, str):
+            out[name] = digest
     return out
 
 
-def dependency(statement: Mapping[str, Any], name: str) -> dict[str, Any] | None:
+def dependency(statement: Statement[P], name: str) -> ResourceDescriptor | None:
     """A provenance statement's resolved dependency by name (launcher names them: code, image, ...)."""
-    build = (statement.get("predicate") or {}).get("buildDefinition") or {}
-    for dep in build.get("resolvedDependencies") or []:
+    pred = statement["predicate"]
+    build = pred.get("buildDefinition") if isinstance(pred, Mapping) else None
+    deps = build.get("resolvedDependencies") if isinstance(build, Mapping) else None
+    for dep in deps if isinstance(deps, list) else []:
         if isinstance(dep, Mapping) and dep.get("name") == name:
-            return dict(dep)
+            # checked as a descriptor by schema.check when the statement was read
+            return cast(ResourceDescriptor, dict(dep))
     return None
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise Corrupt(f"{path} is missing", "ask its author for it again") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise Corrupt(f"{path} is not a JSON document ({exc})", "ask its author for it again") from None
-    if not isinstance(data, dict):
-        raise Corrupt(f"{path} is not a JSON object", "ask its author for it again")
-    return data

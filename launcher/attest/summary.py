@@ -20,16 +20,66 @@ import getpass
 import socket
 from collections.abc import Mapping
 from datetime import datetime, timezone
-from typing import Any
+from typing import NotRequired, TypedDict
 
+from launcher.attest import provenance as prov
 from launcher.attest import schema
 from launcher.attest import statement as st
+from launcher.attest.bundle import RUNS_DIR
 from launcher.attest.check import Verified
+from launcher.attest.provenance import ATTESTATION_DIR
 
 POLICY = f"{st.URI}:policy:reproduce:v1"
 OTHER_IMAGE = "LAUNCHER_OTHER_IMAGE"
 STATEMENT_FILE = "verification.json"
 ENVELOPE_FILE = "verification.dsse.json"
+
+
+class VerifierId(TypedDict):
+    id: str
+
+
+class Policy(TypedDict):
+    uri: str
+
+
+class InputAttestation(TypedDict):
+    uri: str
+    digest: st.DigestSet
+
+
+class VerificationSummary(TypedDict):
+    """The SLSA VSA v1 predicate of runs/<id>/attestation/verification.json (a reproduction's verdict)."""
+
+    verifier: VerifierId
+    timeVerified: str
+    resourceUri: str
+    policy: Policy
+    inputAttestations: list[InputAttestation]
+    verificationResult: str
+    verifiedLevels: list[str]
+    slsaVersion: str
+
+
+class OutputResult(TypedDict):
+    """What the reproduction wrote for one of the original's outputs: verify's status and its sha256."""
+
+    status: str
+    sha256: str | None
+
+
+class SignedProvenance(TypedDict):
+    """Where the reproduction's own signed provenance is, and its envelope's sha256."""
+
+    uri: str
+    envelope_sha256: str
+
+
+class OutputNotes(TypedDict):
+    """A subject's annotations in a verification summary."""
+
+    result: str
+    reproducedSha256: NotRequired[str]
 
 
 def verifier_id() -> str:
@@ -44,27 +94,27 @@ def level(verdict: str) -> str:
     return "LAUNCHER_REPRODUCED_" + verdict.upper().replace("-", "_")
 
 
-def summary(original: Verified, original_run: str, reproduction: Mapping[str, str], verdict: str,
-            results: Mapping[str, Mapping[str, Any]], *, other_image: bool) -> dict[str, Any]:
+def summary(original: Verified, original_run: str, reproduction: SignedProvenance, verdict: str,
+            results: Mapping[str, OutputResult], *, other_image: bool) -> st.Statement[VerificationSummary]:
     """The VSA statement. original: the run's provenance as verified from the bundle; reproduction:
     {"uri", "envelope_sha256"} of the reproduction's own signed provenance; results: output name ->
     {"status", "sha256"} (the reproduction's digest, where it wrote that file)."""
     subjects = []
     for name, digest in sorted(st.subject_digests(original.statement, byproducts=False).items()):
-        got = results.get(name) or {}
-        notes: dict[str, Any] = {"result": str(got.get("status") or "missing")}
-        if got.get("sha256"):
-            notes["reproducedSha256"] = str(got["sha256"]).removeprefix("sha256:")
+        got = results.get(name)
+        notes: OutputNotes = {"result": str(got["status"] if got else "missing")}
+        if got and got["sha256"]:
+            notes["reproducedSha256"] = got["sha256"].removeprefix("sha256:")
         subjects.append(st.descriptor(name, digest, annotations=notes))
-    base = f"runs/{original_run}/attestation"
-    predicate = {
+    base = f"{RUNS_DIR}/{original_run}/{ATTESTATION_DIR}"
+    predicate: VerificationSummary = {
         "verifier": {"id": verifier_id()},
         "timeVerified": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "resourceUri": f"{st.URI}:run:{original_run}",
         "policy": {"uri": POLICY},
         "inputAttestations": [
-            {"uri": f"{base}/provenance.dsse.json", "digest": st.digest_set(original.envelope_sha256)},
-            {"uri": f"{base}/provenance.json", "digest": st.digest_set(original.statement_sha256)},
+            {"uri": f"{base}/{prov.ENVELOPE_FILE}", "digest": st.digest_set(original.envelope_sha256)},
+            {"uri": f"{base}/{prov.STATEMENT_FILE}", "digest": st.digest_set(original.statement_sha256)},
             {"uri": reproduction["uri"], "digest": st.digest_set(reproduction["envelope_sha256"])},
         ],
         "verificationResult": "PASSED" if verdict == "identical" else "FAILED",

@@ -16,12 +16,12 @@ import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, cast
 
 from launcher.attest import provenance as prov
 from launcher.attest import schema
 from launcher.attest import statement as st
-from launcher.attest.bundle import ENVELOPE
+from launcher.attest.bundle import ENVELOPE, IMAGES_DIR, RUNS_DIR, BundlePredicate, ImageFacts
 from launcher.attest.check import Verified, check_files, open_signed
 from launcher.attest.signers import Trust
 from launcher.errors import Corrupt, DigestMismatch, UnsafePath
@@ -39,7 +39,7 @@ class OpenedRun:
     manifest: Manifest
     provenance: Verified
     image: str  # the images/<key> folder's key
-    image_facts: dict[str, Any]
+    image_facts: ImageFacts
     code: Path | None  # the mounted code's folder (named as the run's project), None for a baked recipe
     base: Path | None
     data: Path | None
@@ -53,12 +53,11 @@ class OpenedBundle:
     runs: list[OpenedRun]
 
     @property
-    def predicate(self) -> dict[str, Any]:
-        pred: dict[str, Any] = self.bundle.statement["predicate"]
-        return pred
+    def predicate(self) -> BundlePredicate:
+        return _bundle_predicate(self.bundle, self.path)
 
     def image_dir(self, key: str) -> Path:
-        return self.root / "images" / key
+        return self.root / IMAGES_DIR / key
 
     def to_dict(self) -> dict[str, Any]:
         return {"bundle": str(self.path), "files": len(self.bundle.statement["subject"]) + 1,
@@ -155,6 +154,26 @@ def _check_dependencies(run: OpenedRun, image_dir: Path) -> None:
     _need(want(prov.IMAGE) == run.image_facts.get("imageId"), rid, "the image ID")
 
 
+def _bundle_predicate(bundle: Verified, path: Path) -> BundlePredicate:
+    """The bundle statement's predicate, once the fields open_bundle reads are there (runs naming images)."""
+    pred = bundle.statement["predicate"]
+    if not isinstance(pred, dict):
+        raise Corrupt(f"{path}: {ENVELOPE}'s predicate is not an object", "make it with `launcher bundle`")
+    runs, images = pred.get("runs") or [], pred.get("images")
+    ok = isinstance(runs, list) and isinstance(images, dict) and all(
+        isinstance(r, dict) and isinstance(r.get("runId"), str) and isinstance(images.get(r.get("image")), dict)
+        for r in runs)
+    if not ok:
+        raise Corrupt(f"{path}: {ENVELOPE} does not list its runs and their images as a bundle does",
+                      "make it with `launcher bundle`")
+    return cast(BundlePredicate, {**pred, "runs": runs})
+
+
+def _inside(root: Path, part: str | None) -> Path | None:
+    """A part of the bundle (its code, base, data) where the bundle carries it."""
+    return root / part if part else None
+
+
 def open_bundle(path: Path, trust: Trust, into: Path, reporter: Reporter | None = None) -> OpenedBundle:
     """Unpack and check the bundle at path into the folder into (see the module's text)."""
     found = extract(path, into, reporter)
@@ -165,23 +184,22 @@ def open_bundle(path: Path, trust: Trust, into: Path, reporter: Reporter | None 
         raise Corrupt(f"{path}: {ENVELOPE} is a {bundle.predicate_type} statement, not a bundle's",
                       "make it with `launcher bundle`")
     _check_listing(found, bundle, path)
-    pred = bundle.statement["predicate"]
+    pred = _bundle_predicate(bundle, path)
     runs: list[OpenedRun] = []
-    for entry in pred.get("runs") or []:
-        rid = str(entry["runId"])
-        folder = into / "runs" / rid
+    for entry in pred["runs"]:
+        rid = entry["runId"]
+        folder = into / RUNS_DIR / rid
         verified = open_signed(folder / prov.ATTESTATION_DIR / prov.ENVELOPE_FILE, trust)
         if verified.predicate_type != st.PROVENANCE_TYPE:
             raise Corrupt(f"{path}: run {rid}'s statement is not a provenance statement", "make the bundle again")
         schema.check(verified.statement, f"run {rid}'s provenance")
         check_files(verified.statement, folder, f"run {rid}'s signed provenance")
         run = OpenedRun(rid, folder, load_manifest(folder), verified, str(entry["image"]),
-                        dict(pred["images"][entry["image"]]),
-                        into / entry["code"] if entry.get("code") else None,
-                        into / entry["base"] if entry.get("base") else None,
-                        into / entry["data"] if entry.get("data") else None)
+                        pred["images"][entry["image"]],
+                        _inside(into, entry.get("code")), _inside(into, entry.get("base")),
+                        _inside(into, entry.get("data")))
         _need(run.manifest.run_id == rid, rid, "the manifest")
-        _check_dependencies(run, into / "images" / run.image)
+        _check_dependencies(run, into / IMAGES_DIR / run.image)
         runs.append(run)
     if not runs:
         raise Corrupt(f"{path} holds no run", "make it with `launcher bundle RUN...`")

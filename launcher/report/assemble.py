@@ -17,7 +17,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from launcher.errors import NotFound, UsageError
 from launcher.hashing import atomic_write_json, atomic_write_text
@@ -25,6 +25,20 @@ from launcher.progress import NullReporter, Reporter
 from launcher.report import probes as probe_section
 from launcher.report.figures import plot_differences, plot_metric, plot_weights
 from launcher.report.page import render_html
+from launcher.report.records import (
+    REPORT_FILE,
+    ComparedRun,
+    Comparison,
+    EpochDifferences,
+    GroupProbes,
+    LayerDivergence,
+    ReportDoc,
+    RunDifferences,
+    RunWeights,
+    SeedFixedSpread,
+    StepsStrip,
+    WeightDivergence,
+)
 from launcher.report.stats import (
     DIFFERENT_SEEDS,
     SAME_SEED,
@@ -45,7 +59,8 @@ from launcher.report.stats import (
 )
 from launcher.runs.manifest import Manifest
 from launcher.runs.store import group_runs
-from launcher.verify.differences import read_metrics
+from launcher.verify.differences import CANONICAL_MODEL, read_metrics
+from launcher.verify.differences import LAYERS as LAYERS_DOC
 from launcher.verify.stepdiff import steps_strip
 from launcher.verify.verdicts import verify_checksums
 from launcher.workspace import Workspace
@@ -70,8 +85,6 @@ __all__ = [
 ]
 
 SCHEMA = "launcher.report.assemble/v1"
-CANONICAL_MODEL = "outputs/model/canonical.npz"
-LAYERS_DOC = "outputs/weights/layers.json"
 # Colours per group, readable on white and for the common colour-vision deficiencies.
 PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
 
@@ -82,17 +95,22 @@ class Report:
     directory: Path
     groups: list[GroupStats]
     metrics: list[str]
-    spread: dict[str, Any] | None
+    spread: SeedFixedSpread | None
     plots: dict[str, str]
     notes: list[str]
-    comparisons: dict[str, dict[str, Any]] = field(default_factory=dict)
-    differences: dict[str, dict[str, Any]] = field(default_factory=dict)
-    weights: dict[str, dict[str, Any]] = field(default_factory=dict)
+    comparisons: dict[str, Comparison] = field(default_factory=dict)
+    differences: dict[str, EpochDifferences] = field(default_factory=dict)
+    weights: dict[str, WeightDivergence] = field(default_factory=dict)
     difference_plots: dict[str, str] = field(default_factory=dict)
     weights_plot: str | None = None
-    probes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    probes: dict[str, GroupProbes] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        """report.json's content as the CLI's Result takes it (a plain dict)."""
+        return dict(self.record())
+
+    def record(self) -> ReportDoc:
+        """What reports/<name>/report.json holds."""
         return {
             "schema": SCHEMA,
             "name": self.name,
@@ -148,11 +166,11 @@ def collect(ws: Workspace, groups: list[str]) -> tuple[list[GroupStats], list[st
 # ---------------------------------------------------------------- differences from the reference
 
 
-def epoch_differences(group: GroupStats, metrics: list[str]) -> dict[str, Any]:
+def epoch_differences(group: GroupStats, metrics: list[str]) -> EpochDifferences:
     """Each replicate's metric minus the group's first run's, epoch by epoch (epochs both have)."""
     ref = group.runs[0]
     ref_rows = {row["epoch"]: row for row in ref.epochs}
-    runs = []
+    runs: list[RunDifferences] = []
     for r in group.runs[1:]:
         rows = [(row["epoch"], row) for row in r.epochs if row["epoch"] in ref_rows]
         per_metric: dict[str, list[float | None]] = {}
@@ -186,11 +204,11 @@ def _by_layer(path: Path) -> dict[str, list[Any]]:
     return layers
 
 
-def _layer_divergence(name: str, ref: list[Any], other: list[Any] | None, same_digests: bool) -> dict[str, Any]:
+def _layer_divergence(name: str, ref: list[Any], other: list[Any] | None, same_digests: bool) -> LayerDivergence:
     import numpy as np
 
     elements = sum(int(a.size) for a in ref)
-    row: dict[str, Any] = {"layer": name, "status": "identical", "arrays": len(ref), "arrays_differing": 0,
+    row: LayerDivergence = {"layer": name, "status": "identical", "arrays": len(ref), "arrays_differing": 0,
                            "elements": elements, "elements_differing": 0, "max_abs_diff": 0.0, "rel_l2": 0.0}
     if same_digests:
         return row
@@ -218,7 +236,7 @@ def _layer_divergence(name: str, ref: list[Any], other: list[Any] | None, same_d
             "elements_differing": differing, "max_abs_diff": max_abs, "rel_l2": rel}
 
 
-def weight_divergence(group: GroupStats) -> dict[str, Any]:
+def weight_divergence(group: GroupStats) -> WeightDivergence:
     """Per replicate and layer: how far its final weights are from the group's first run's.
 
     Layers whose per-array digests (weights/layers.json) match are identical without reading
@@ -226,7 +244,7 @@ def weight_divergence(group: GroupStats) -> dict[str, Any]:
     the largest absolute difference and ||w - w_ref|| / ||w_ref|| (relative L2) over the layer.
     """
     ref = group.runs[0]
-    out: dict[str, Any] = {"reference": ref.run_id, "layers": [], "runs": [], "notes": []}
+    out: WeightDivergence = {"reference": ref.run_id, "layers": [], "runs": [], "notes": []}
     if ref.run_dir is None or not (ref.run_dir / CANONICAL_MODEL).is_file():
         out["notes"].append(f"the reference run {ref.run_id} has no {CANONICAL_MODEL}: no per-layer picture")
         return out
@@ -242,16 +260,17 @@ def weight_divergence(group: GroupStats) -> dict[str, Any]:
             out["layers"] = list(ref_layers)
         known = ref_digests is not None and digests is not None and list(ref_digests) == list(ref_layers)
         other_layers = None if known and digests == ref_digests else _by_layer(r.run_dir / CANONICAL_MODEL)
-        rows = []
+        rows: list[LayerDivergence] = []
         for name, arrays in ref_layers.items():
             same = known and digests is not None and digests.get(name) == (ref_digests or {}).get(name)
             other = None if other_layers is None else other_layers.get(name)
             rows.append(_layer_divergence(name, arrays, other, same))
-        out["runs"].append({"run_id": r.run_id, "layers": rows})
+        done: RunWeights = {"run_id": r.run_id, "layers": rows}
+        out["runs"].append(done)
     return out
 
 
-def compare_group(ws: Workspace, group: GroupStats, reporter: Reporter) -> dict[str, Any]:
+def compare_group(ws: Workspace, group: GroupStats, reporter: Reporter) -> Comparison:
     """The group's runs checked bit for bit against its first: models, data, batches all the same?"""
     # a group is what the user put in it: an edited copy run into it is compared, and the verdict says
     # the code differs (different scripts or recipes in one group were refused when the group was read)
@@ -259,14 +278,14 @@ def compare_group(ws: Workspace, group: GroupStats, reporter: Reporter) -> dict[
     data = report.to_dict()
     by_id = {r.manifest.run_id: r.manifest for r in report.runs}
     ref = by_id.get(data["reference"])
-    return {
-        "verdict": data["verdict"],
-        "reference": data["reference"],
-        "checks": data["checks"],
-        "runs": [{**{k: r[k] for k in ("run_id", "status", "classification", "line", "first_difference")},
-                  "steps": steps_strip(ref, by_id[r["run_id"]]) if ref is not None and r["run_id"] in by_id else None}
-                 for r in data["runs"][1:]],
-    }
+    runs: list[ComparedRun] = []
+    for r in data["runs"][1:]:
+        # the strip as launcher.verify.stepdiff builds it (records.StepsStrip)
+        steps = steps_strip(ref, by_id[r["run_id"]]) if ref is not None and r["run_id"] in by_id else None
+        runs.append({"run_id": r["run_id"], "status": r["status"], "classification": r["classification"],
+                     "line": r["line"], "first_difference": r["first_difference"],
+                     "steps": cast("StepsStrip | None", steps)})
+    return {"verdict": data["verdict"], "reference": data["reference"], "checks": data["checks"], "runs": runs}
 
 
 def _safe_name(text: str) -> str:
@@ -274,14 +293,9 @@ def _safe_name(text: str) -> str:
     return name[:120] or "report"
 
 
-def write_report(ws: Workspace, groups: list[str], name: str | None = None,
-                 reporter: Reporter | None = None) -> Report:
-    """Write reports/<name>/ (index.html, report.json, the PNG figures) for the groups given."""
-    rep = reporter or NullReporter()
-    stats, metrics = collect(ws, groups)
-    report_name = _safe_name(name or "+".join(g.name for g in stats))
-    directory = ws.reports / report_name
-    directory.mkdir(parents=True, exist_ok=True)
+def _spread_and_notes(stats: list[GroupStats], metrics: list[str]) -> tuple[SeedFixedSpread | None, list[str]]:
+    """The share of the spread, where one same-seed and one different-seeds group allow it, and what
+    the page should say about it."""
     same = next((g for g in stats if g.kind == SAME_SEED), None)
     diff = next((g for g in stats if g.kind == DIFFERENT_SEEDS), None)
     spread = seed_fixed_spread(same, diff, metrics) if same and diff else None
@@ -293,47 +307,81 @@ def write_report(ws: Workspace, groups: list[str], name: str | None = None,
         notes.append(f"the same-seed group {same.name} ran with determinism profile `off`, which passes no seed "
                      "to the recipe: unless the recipe seeds itself, both groups ran unseeded and the share "
                      "should be near 100%")
-    replicated = [g for g in stats if len(g.runs) >= 2]
-    differences = {g.name: epoch_differences(g, metrics) for g in replicated}
+    return spread, notes
+
+
+def _weights(replicated: list[GroupStats], notes: list[str], rep: Reporter) -> dict[str, WeightDivergence]:
     task = rep.task("comparing final weights per layer", total=len(replicated))
-    weights: dict[str, dict[str, Any]] = {}
+    weights: dict[str, WeightDivergence] = {}
     for g in replicated:
         weights[g.name] = weight_divergence(g)
         notes += weights[g.name]["notes"]
         task.advance()
     task.close()
-    plots: dict[str, str] = {}
-    difference_plots: dict[str, str] = {}
-    weights_plot: str | None = None
+    return weights
+
+
+@dataclass
+class _Plots:
+    metrics: dict[str, str] = field(default_factory=dict)
+    differences: dict[str, str] = field(default_factory=dict)
+    weights: str | None = None
+
+
+def _plots(directory: Path, stats: list[GroupStats], metrics: list[str], differences: dict[str, EpochDifferences],
+           weights: dict[str, WeightDivergence], notes: list[str], rep: Reporter) -> _Plots:
+    """The PNG figures, where matplotlib is installed (a note says why not otherwise)."""
+    plots = _Plots()
     try:
         import matplotlib  # noqa: F401 - only to know whether plots can be drawn
     except ImportError:
         notes.append("no plots: matplotlib is not installed (pip install 'launcher[report]')")
-    else:
-        task = rep.task("plotting", total=2 * len(metrics) + 1)
-        for m in metrics:
-            fname = f"metric-{_safe_name(m)}.png"
-            plot_metric(directory / fname, m, stats)
-            plots[m] = fname
-            task.advance()
-            if differences:
-                fname = f"difference-{_safe_name(m)}.png"
-                plot_differences(directory / fname, m, stats, differences)
-                difference_plots[m] = fname
-            task.advance()
-        if any(w["runs"] for w in weights.values()):
-            weights_plot = "weights-per-layer.png"
-            plot_weights(directory / weights_plot, stats, weights)
+        return plots
+    task = rep.task("plotting", total=2 * len(metrics) + 1)
+    for m in metrics:
+        fname = f"metric-{_safe_name(m)}.png"
+        plot_metric(directory / fname, m, stats)
+        plots.metrics[m] = fname
         task.advance()
-        task.close()
-    comparisons = {g.name: compare_group(ws, g, rep) for g in replicated}
-    probes: dict[str, dict[str, Any]] = {}
+        if differences:
+            fname = f"difference-{_safe_name(m)}.png"
+            plot_differences(directory / fname, m, stats, differences)
+            plots.differences[m] = fname
+        task.advance()
+    if any(w["runs"] for w in weights.values()):
+        plots.weights = "weights-per-layer.png"
+        plot_weights(directory / plots.weights, stats, weights)
+    task.advance()
+    task.close()
+    return plots
+
+
+def _probes(directory: Path, replicated: list[GroupStats]) -> dict[str, GroupProbes]:
+    probes: dict[str, GroupProbes] = {}
     for g in replicated:
         found = probe_section.group_probes(g, directory / f"probes-{_safe_name(g.name)}")
         if found is not None:
             probes[g.name] = found
-    report = Report(report_name, directory, stats, metrics, spread, plots, notes, comparisons, differences,
-                    weights, difference_plots, weights_plot, probes)
-    atomic_write_json(directory / "report.json", report.to_dict())
+    return probes
+
+
+def write_report(ws: Workspace, groups: list[str], name: str | None = None,
+                 reporter: Reporter | None = None) -> Report:
+    """Write reports/<name>/ (index.html, report.json, the PNG figures) for the groups given."""
+    rep = reporter or NullReporter()
+    stats, metrics = collect(ws, groups)
+    report_name = _safe_name(name or "+".join(g.name for g in stats))
+    directory = ws.reports / report_name
+    directory.mkdir(parents=True, exist_ok=True)
+    spread, notes = _spread_and_notes(stats, metrics)
+    replicated = [g for g in stats if len(g.runs) >= 2]
+    differences = {g.name: epoch_differences(g, metrics) for g in replicated}
+    weights = _weights(replicated, notes, rep)
+    plots = _plots(directory, stats, metrics, differences, weights, notes, rep)
+    comparisons = {g.name: compare_group(ws, g, rep) for g in replicated}
+    probes = _probes(directory, replicated)
+    report = Report(report_name, directory, stats, metrics, spread, plots.metrics, notes, comparisons, differences,
+                    weights, plots.differences, plots.weights, probes)
+    atomic_write_json(directory / REPORT_FILE, report.record())
     atomic_write_text(directory / "index.html", render_html(report))
     return report

@@ -9,11 +9,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypedDict, TypeVar
 
 from launcher.errors import Corrupt, LauncherError, MissingExtra
 from launcher.progress import Reporter
 from launcher.runs.manifest import Manifest
+from launcher.verify.differences import METRICS
 from launcher.workspace import Workspace
 
 MLFLOW = "mlflow"
@@ -50,7 +51,7 @@ def metric_points(m: Manifest) -> list[Point]:
     index): those steps continue after the previous fit's, so one curve never goes back.
     Values that are not numbers are left out.
     """
-    path = m.file("outputs/metrics.jsonl")
+    path = m.file(METRICS)
     if not path.is_file():
         return []
     points: list[Point] = []
@@ -93,6 +94,15 @@ def _param_text(value: Any) -> str:
     return text if len(text) <= MAX_PARAM_CHARS else text[:MAX_PARAM_CHARS - 1] + "…"
 
 
+T = TypeVar("T")
+
+
+class VerdictRecord(TypedDict):
+    verdict: str
+    run: str
+    line: str
+
+
 @dataclass(frozen=True)
 class Verdict:
     """The group's verdict from launcher.verify.verdicts, and this run's place in it."""
@@ -101,7 +111,7 @@ class Verdict:
     run: str  # reference | identical | differs | none
     line: str  # one line a person reads
 
-    def to_dict(self) -> dict[str, str]:
+    def to_dict(self) -> VerdictRecord:
         return {"verdict": self.verdict, "run": self.run, "line": self.line}
 
 
@@ -172,6 +182,23 @@ def run_tags(m: Manifest, verdict: Verdict) -> dict[str, str]:
 # ---------------------------------------------------------------- results
 
 
+class ExportedRunRecord(TypedDict):
+    """One run of `launcher export`'s JSON result."""
+
+    run_id: str
+    group: str
+    replicate: int
+    destination: str
+    metrics: list[str]
+    steps: int
+    points: int
+    params: int
+    tags: int
+    artifacts: int
+    verdict: VerdictRecord | None
+    replaced: bool
+
+
 @dataclass
 class ExportedRun:
     run_id: str
@@ -187,7 +214,7 @@ class ExportedRun:
     verdict: Verdict | None = None
     replaced: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ExportedRunRecord:
         return {"run_id": self.run_id, "group": self.group, "replicate": self.replicate,
                 "destination": self.destination, "metrics": self.metrics, "steps": self.steps,
                 "points": self.points, "params": self.params, "tags": self.tags, "artifacts": self.artifacts,
@@ -249,6 +276,6 @@ def millis(stamp: str | None) -> int | None:
     return int(when.timestamp() * 1000)
 
 
-def chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
+def chunks(items: list[T], size: int) -> Iterator[list[T]]:
     for i in range(0, len(items), size):
         yield items[i:i + size]

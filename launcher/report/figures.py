@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.hashing import atomic_path
+from launcher.report.records import EpochDifferences, WeightDivergence
 from launcher.report.stats import GroupStats, is_number
 
 
@@ -49,13 +50,13 @@ def plot_metric(path: Path, metric: str, groups: list[GroupStats]) -> None:
 
 
 def plot_differences(path: Path, metric: str, groups: list[GroupStats],
-                      differences: dict[str, dict[str, Any]]) -> None:
+                      differences: dict[str, EpochDifferences]) -> None:
     """One panel per group, each on its own scale: same-seed differences are often orders of
     magnitude smaller than different-seeds ones and would vanish on a shared axis."""
     from matplotlib.ticker import MaxNLocator
 
     plt = _pyplot()
-    shown = [g for g in groups if differences.get(g.name, {}).get("runs")]
+    shown = [g for g in groups if g.name in differences and differences[g.name]["runs"]]
     fig, axes = plt.subplots(max(1, len(shown)), 1, figsize=(7, 1.0 + 2.4 * max(1, len(shown))), dpi=110,
                              sharex=True, squeeze=False)
     try:
@@ -78,7 +79,7 @@ def plot_differences(path: Path, metric: str, groups: list[GroupStats],
         plt.close(fig)
 
 
-def plot_weights(path: Path, groups: list[GroupStats], weights: dict[str, dict[str, Any]]) -> None:
+def plot_weights(path: Path, groups: list[GroupStats], weights: dict[str, WeightDivergence]) -> None:
     """Per layer: each replicate's relative L2 distance from its reference (log scale, bit-identical
     layers on a floor line) above the share of the layer's elements that differ."""
     plt = _pyplot()

@@ -9,6 +9,16 @@ import statistics
 from typing import Any, Protocol
 
 from launcher.report import probes as probe_section
+from launcher.report.records import (
+    REPORT_FILE,
+    Comparison,
+    EpochDifferences,
+    GroupProbes,
+    LayerDivergence,
+    SeedFixedSpread,
+    StepsStrip,
+    WeightDivergence,
+)
 from launcher.report.stats import GroupStats, percent
 
 
@@ -18,15 +28,15 @@ class Report(Protocol):
     name: str
     groups: list[GroupStats]
     metrics: list[str]
-    spread: dict[str, Any] | None
+    spread: SeedFixedSpread | None
     plots: dict[str, str]
     notes: list[str]
-    comparisons: dict[str, dict[str, Any]]
-    differences: dict[str, dict[str, Any]]
-    weights: dict[str, dict[str, Any]]
+    comparisons: dict[str, Comparison]
+    differences: dict[str, EpochDifferences]
+    weights: dict[str, WeightDivergence]
     difference_plots: dict[str, str]
     weights_plot: str | None
-    probes: dict[str, dict[str, Any]]
+    probes: dict[str, GroupProbes]
 
 e = html.escape
 
@@ -49,7 +59,7 @@ def _fmt(x: Any) -> str:
 def render_html(report: Report) -> str:
     parts = [*_head(report), *_final_metrics(report), *_spread(report), *_figures(report), *_weights(report),
              *_comparisons(report), *probe_section.render(report.probes), *_runs(report)]
-    parts.append('<p>The same data: <a href="report.json">report.json</a>.</p></body></html>')
+    parts.append(f'<p>The same data: <a href="{REPORT_FILE}">{REPORT_FILE}</a>.</p></body></html>')
     return "\n".join(parts) + "\n"
 
 
@@ -137,7 +147,7 @@ def _weights(report: Report) -> list[str]:
     return parts
 
 
-def _weights_row(name: str, per_run: list[dict[str, Any]]) -> str:
+def _weights_row(name: str, per_run: list[LayerDivergence]) -> str:
     """One layer's row: how many runs differ there, and their relative L2 distances and largest difference."""
     rels = sorted(float(row["rel_l2"]) for row in per_run if row["rel_l2"] is not None)
     diffs = [float(row["max_abs_diff"]) for row in per_run if row["max_abs_diff"] is not None]
@@ -182,7 +192,7 @@ def _runs(report: Report) -> list[str]:
     return parts
 
 
-def _steps_html(steps: dict[str, Any] | None) -> str:
+def _steps_html(steps: StepsStrip | None) -> str:
     """The step fingerprints against the reference as a strip (green: the weights agree, red: they
     differ; a cell per step recorded in both runs), and the layers at the first red cell."""
     if not steps or not steps["strip"]:

@@ -23,6 +23,7 @@ import numpy as np
 
 from launcher.errors import LauncherError
 from launcher.hashing import atomic_write_bytes
+from launcher.report.records import Drawn, FlipRow, FlipTable, GroupProbes, Picture, ProbeRun
 from launcher.report.stats import GroupStats
 from launcher.runtime import pictures
 from launcher.verify.impact import PROBE_OUTPUTS, Tolerances, compare_probes, load_probe_outputs
@@ -52,7 +53,7 @@ def _images(run_dir: Path | None) -> np.ndarray | None:
 
 
 def _flip_table(ref_id: str, ref: dict[str, np.ndarray], others: list[tuple[str, dict[str, np.ndarray]]]
-                ) -> dict[str, Any]:
+                ) -> FlipTable:
     """Probe examples whose predicted class differs from the reference's in any run."""
     runs = [ref_id] + [rid for rid, _ in others]
     if "predicted" not in ref:
@@ -63,10 +64,10 @@ def _flip_table(ref_id: str, ref: dict[str, np.ndarray], others: list[tuple[str,
     for p in predicted:
         if p is not None:
             changed |= p != ref["predicted"]
-    rows = []
+    rows: list[FlipRow] = []
     for i in np.flatnonzero(changed):
         classes = [int(ref["predicted"][i])] + [None if p is None else int(p[i]) for p in predicted]
-        row: dict[str, Any] = {"probe": int(i), "index": int(ref["indices"][i]), "classes": classes,
+        row: FlipRow = {"probe": int(i), "index": int(ref["indices"][i]), "classes": classes,
                                "flipped_in": sum(c is not None and c != classes[0] for c in classes[1:])}
         if "labels" in ref:
             row["label"] = int(ref["labels"][i])
@@ -74,7 +75,7 @@ def _flip_table(ref_id: str, ref: dict[str, np.ndarray], others: list[tuple[str,
     return {"runs": runs, "rows": rows}
 
 
-def _draw(directory: Path, name: str, image: np.ndarray, a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
+def _draw(directory: Path, name: str, image: np.ndarray, a: np.ndarray, b: np.ndarray) -> Drawn:
     """The four panels of one probe, written as PNGs; their file names and the difference's scale."""
     diff = b.astype(np.float64) - a.astype(np.float64)
     scale = float(np.abs(diff).max())
@@ -93,7 +94,58 @@ def _draw(directory: Path, name: str, image: np.ndarray, a: np.ndarray, b: np.nd
     return {"files": files, "difference_scale": scale}
 
 
-def group_probes(group: GroupStats, directory: Path, tol: Tolerances | None = None) -> dict[str, Any] | None:
+_Outputs = dict[str, np.ndarray]  # a run's probe outputs by name (launcher.verify.impact.load_probe_outputs)
+# a heatmap change worth a picture: (rank, probe, run id, its outputs, mean |difference|)
+_Candidate = tuple[float, int, str, _Outputs, float]
+
+
+def _compared(ref: _Outputs, run_id: str, run: _Outputs, tol: Tolerances,
+              candidates: list[_Candidate]) -> tuple[ProbeRun, bool]:
+    """One run's row against the reference, and whether it is comparable; its most changed heatmaps
+    join the candidates for pictures."""
+    impact = compare_probes(ref, run, tol)
+    row: ProbeRun = {"run_id": run_id, "kind": impact.get("kind"), "line": impact["line"],
+                     "identical": impact.get("identical", False)}
+    if not impact.get("comparable", True):
+        return row, False
+    pred, heat = impact.get("predictions"), impact.get("heatmaps")
+    if pred is not None:
+        row["flips"] = pred["flips"]
+        row["max_prob_change"] = pred["max_prob_change"]
+    if heat is not None:
+        row["heatmap_max_abs_diff"] = heat["max_abs_diff"]
+        row["heatmap_mean_abs_diff"] = heat["mean_abs_diff"]
+        row["correlation_min"] = heat["correlation"]["min"]
+        row["overlap_min_iou"] = heat["overlap"]["min_iou"]
+        flipped = {f["probe"] for f in (pred or {}).get("flipped", [])}
+        for m in heat["most_changed"]:
+            candidates.append((m["mean_abs_diff"] + (1.0 if m["probe"] in flipped else 0.0), m["probe"],
+                               run_id, run, m["mean_abs_diff"]))
+    return row, True
+
+
+def _pictures(directory: Path, ref: _Outputs, images: np.ndarray, candidates: list[_Candidate]) -> list[Picture]:
+    """The probe images whose heatmaps changed most (PICTURED at most, one picture per probe)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for old in directory.glob("*.png"):  # pictures of an earlier report of this group
+        old.unlink()
+    seen: set[int] = set()
+    out: list[Picture] = []
+    for _, probe, run_id, run, mean_abs_diff in sorted(candidates, key=lambda c: (-c[0], c[1], c[2])):
+        if probe in seen or len(seen) >= PICTURED:
+            continue
+        seen.add(probe)
+        drawn = _draw(directory, f"{run_id}-probe{int(ref['indices'][probe])}", images[probe],
+                      ref["heatmaps"][probe], run["heatmaps"][probe])
+        out.append({
+            "probe": probe, "index": int(ref["indices"][probe]), "run_id": run_id, **drawn,
+            "mean_abs_diff": mean_abs_diff,
+            "classes": [int(ref["predicted"][probe]), int(run["predicted"][probe])] if "predicted" in ref else None,
+        })
+    return out
+
+
+def group_probes(group: GroupStats, directory: Path, tol: Tolerances | None = None) -> GroupProbes | None:
     """The group's probe comparison; pictures go to ``directory`` (a folder of the report). None when
     the reference run recorded no probes."""
     tol = tol or Tolerances()
@@ -101,31 +153,17 @@ def group_probes(group: GroupStats, directory: Path, tol: Tolerances | None = No
     ref = _outputs(ref_run.run_dir)
     if ref is None:
         return None
-    out: dict[str, Any] = {"reference": ref_run.run_id, "runs": [], "notes": [], "pictures": []}
-    others: list[tuple[str, dict[str, np.ndarray]]] = []
-    candidates: list[tuple[float, int, str, dict[str, np.ndarray], float]] = []
+    out: GroupProbes = {"reference": ref_run.run_id, "runs": [], "notes": [], "pictures": []}
+    others: list[tuple[str, _Outputs]] = []
+    candidates: list[_Candidate] = []
     for r in group.runs[1:]:
         run = _outputs(r.run_dir)
         if run is None:
             out["notes"].append(f"run {r.run_id} recorded no probe outputs: left out of the probe comparison")
             continue
-        impact = compare_probes(ref, run, tol)
-        row: dict[str, Any] = {"run_id": r.run_id, "kind": impact.get("kind"), "line": impact["line"],
-                               "identical": impact.get("identical", False)}
-        if not impact.get("comparable", True):
-            out["runs"].append(row)
-            continue
-        others.append((r.run_id, run))
-        pred, heat = impact.get("predictions"), impact.get("heatmaps")
-        if pred is not None:
-            row.update(flips=pred["flips"], max_prob_change=pred["max_prob_change"])
-        if heat is not None:
-            row.update(heatmap_max_abs_diff=heat["max_abs_diff"], heatmap_mean_abs_diff=heat["mean_abs_diff"],
-                       correlation_min=heat["correlation"]["min"], overlap_min_iou=heat["overlap"]["min_iou"])
-            flipped = {f["probe"] for f in (pred or {}).get("flipped", [])}
-            for m in heat["most_changed"]:
-                candidates.append((m["mean_abs_diff"] + (1.0 if m["probe"] in flipped else 0.0), m["probe"],
-                                   r.run_id, run, m["mean_abs_diff"]))
+        row, comparable = _compared(ref, r.run_id, run, tol, candidates)
+        if comparable:
+            others.append((r.run_id, run))
         out["runs"].append(row)
     out["flips"] = _flip_table(ref_run.run_id, ref, others)
     images = _images(ref_run.run_dir)
@@ -137,25 +175,11 @@ def group_probes(group: GroupStats, directory: Path, tol: Tolerances | None = No
         out["notes"].append(f"the reference run {ref_run.run_id} recorded no probe images ({PROBE_INPUTS}): "
                             "no pictures of the heatmaps")
         return out
-    directory.mkdir(parents=True, exist_ok=True)
-    for old in directory.glob("*.png"):  # pictures of an earlier report of this group
-        old.unlink()
-    seen: set[int] = set()
-    for _, probe, run_id, run, mean_abs_diff in sorted(candidates, key=lambda c: (-c[0], c[1], c[2])):
-        if probe in seen or len(seen) >= PICTURED:
-            continue
-        seen.add(probe)
-        drawn = _draw(directory, f"{run_id}-probe{int(ref['indices'][probe])}", images[probe],
-                      ref["heatmaps"][probe], run["heatmaps"][probe])
-        out["pictures"].append({
-            "probe": probe, "index": int(ref["indices"][probe]), "run_id": run_id, **drawn,
-            "mean_abs_diff": mean_abs_diff,
-            "classes": [int(ref["predicted"][probe]), int(run["predicted"][probe])] if "predicted" in ref else None,
-        })
+    out["pictures"] = _pictures(directory, ref, images, candidates)
     return out
 
 
-def render(probes: dict[str, dict[str, Any]]) -> list[str]:
+def render(probes: dict[str, GroupProbes]) -> list[str]:
     """The HTML of the probe section (empty when no group recorded probes)."""
     e = html.escape
     if not probes:
@@ -175,7 +199,7 @@ def render(probes: dict[str, dict[str, Any]]) -> list[str]:
             parts.append("<table><tr><th>run</th><th>impact</th><th>flips</th><th>max |Δp|</th>"
                          "<th>heatmap max |Δ|</th><th>heatmap mean |Δ|</th><th>lowest top-10% IoU</th></tr>"
                          f"{rows}</table>")
-        flips = p.get("flips") or {"rows": [], "runs": []}
+        flips: FlipTable = p.get("flips") or {"rows": [], "runs": []}
         if flips["rows"]:
             head = "".join(f"<th>{e(rid)}</th>" for rid in flips["runs"])
             body = "".join(

@@ -15,6 +15,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher.report.records import (
+    GroupRow,
+    MetricSpread,
+    RunRow,
+    SeedFixedSpread,
+    ShareNumbers,
+    ShareReading,
+    Summary,
+)
+
 CONFIDENCE = 0.95
 # "Tight": the interval of the standard-deviation share reaches no further than this factor on
 # either side of the estimate (80% -> 64%..100%).
@@ -32,6 +42,7 @@ class RunSeries:
     replicate: int
     seed: int | None
     status: str
+    # rows of outputs/metrics.jsonl as the user's code wrote them: free-form JSON (an "epoch", any metrics)
     epochs: list[dict[str, Any]]
     run_dir: Path | None = None
     profile: str | None = None
@@ -42,7 +53,7 @@ class RunSeries:
             return {}
         return {k: float(v) for k, v in self.epochs[-1].items() if k != "epoch" and is_number(v)}
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> RunRow:
         return {"run_id": self.run_id, "group": self.group, "replicate": self.replicate, "seed": self.seed,
                 "status": self.status, "epochs": len(self.epochs), "final": nan_to_null(self.final)}
 
@@ -53,13 +64,13 @@ class GroupStats:
     kind: str
     runs: list[RunSeries]
     colour: str
-    final: dict[str, dict[str, Any]] = field(default_factory=dict)
+    final: dict[str, Summary] = field(default_factory=dict)
 
     @property
     def seeds(self) -> list[int | None]:
         return sorted({r.seed for r in self.runs}, key=lambda s: (s is None, s or 0))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> GroupRow:
         return {"name": self.name, "kind": self.kind, "colour": self.colour, "seeds": self.seeds,
                 "runs": [r.run_id for r in self.runs], "final": nan_to_null(self.final)}
 
@@ -85,7 +96,7 @@ def group_kind(runs: list[RunSeries]) -> str:
     return SAME_SEED if len({r.seed for r in runs}) == 1 else DIFFERENT_SEEDS
 
 
-def describe(values: list[float]) -> dict[str, Any]:
+def describe(values: list[float]) -> Summary:
     finite = [v for v in values if math.isfinite(v)]
     return {
         "n": len(values),
@@ -203,12 +214,12 @@ def runs_to_exclude_all(stdev_ratio: float, confidence: float = CONFIDENCE) -> i
 
 
 def read_share(stdev_same: float | None, n_same: int, stdev_different: float | None, n_different: int,
-               confidence: float = CONFIDENCE) -> dict[str, Any]:
+               confidence: float = CONFIDENCE) -> ShareReading:
     """The share with its interval, and what it says: a finding, noise, or no share at all."""
     level = f"{100 * confidence:g}%"
-    out: dict[str, Any] = {"stdev_ratio": None, "variance_ratio": None, "stdev_ratio_interval": None,
-                           "variance_ratio_interval": None, "interval_factor": None,
-                           "runs_per_group_to_exclude_100": None}
+    out: ShareNumbers = {"stdev_ratio": None, "variance_ratio": None, "stdev_ratio_interval": None,
+                         "variance_ratio_interval": None, "interval_factor": None,
+                         "runs_per_group_to_exclude_100": None}
     runs = f"{n_same} and {n_different} runs"
     if stdev_same is None or stdev_different is None:
         return {**out, "status": "undefined",
@@ -223,9 +234,9 @@ def read_share(stdev_same: float | None, n_same: int, stdev_different: float | N
                            "determinism profile)"}
     ratio = stdev_same / stdev_different
     lo, hi = ratio_interval(stdev_same, n_same, stdev_different, n_different, confidence)
-    out.update(stdev_ratio=ratio, variance_ratio=ratio * ratio, stdev_ratio_interval=[lo, hi],
-               variance_ratio_interval=[lo * lo, hi * hi], interval_factor=math.sqrt(hi / lo) if lo > 0 else None,
-               runs_per_group_to_exclude_100=runs_to_exclude_all(ratio, confidence))
+    out = {"stdev_ratio": ratio, "variance_ratio": ratio * ratio, "stdev_ratio_interval": [lo, hi],
+           "variance_ratio_interval": [lo * lo, hi * hi], "interval_factor": math.sqrt(hi / lo) if lo > 0 else None,
+           "runs_per_group_to_exclude_100": runs_to_exclude_all(ratio, confidence)}
     interval = f"{level} interval {percent(lo)} to {percent(hi)}, {runs}"
     if ratio == 0:
         return {**out, "status": "identical",
@@ -249,14 +260,14 @@ def read_share(stdev_same: float | None, n_same: int, stdev_different: float | N
 
 
 def seed_fixed_spread(same: GroupStats, different: GroupStats, metrics: list[str],
-                      confidence: float = CONFIDENCE) -> dict[str, Any]:
+                      confidence: float = CONFIDENCE) -> SeedFixedSpread:
     """Per metric: stdev(same seed) / stdev(different seeds), the same for the variances, their
     confidence intervals and a reading; and how many runs per group would make the intervals tight."""
-    per_metric: dict[str, Any] = {}
+    per_metric: dict[str, MetricSpread] = {}
     sizes: set[tuple[int, int]] = set()
     for m in metrics:
-        fs, fd = same.final.get(m, {}), different.final.get(m, {})
-        s, d = fs.get("stdev"), fd.get("stdev")
+        fs, fd = same.final.get(m), different.final.get(m)
+        s, d = fs["stdev"] if fs else None, fd["stdev"] if fd else None
         n_s, n_d = _finite_count(fs), _finite_count(fd)
         if s is not None and d is not None:
             sizes.add((n_s, n_d))
@@ -278,8 +289,8 @@ def seed_fixed_spread(same: GroupStats, different: GroupStats, metrics: list[str
             "runs_per_group_for_tight": tight, "advice": advice, "metrics": per_metric}
 
 
-def _finite_count(summary: dict[str, Any]) -> int:
-    return sum(1 for v in summary.get("values") or [] if isinstance(v, float) and math.isfinite(v))
+def _finite_count(summary: Summary | None) -> int:
+    return sum(1 for v in (summary["values"] if summary else []) if isinstance(v, float) and math.isfinite(v))
 
 
 def percent(x: float | None) -> str:
