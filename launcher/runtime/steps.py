@@ -23,9 +23,12 @@ import os
 import warnings
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.runtime import fingerprints as fp
+
+if TYPE_CHECKING:
+    from launcher.runtime.records import StepRow
 
 STEPS = "fingerprints/steps.jsonl"
 ENV = "LAUNCHER_TRACE_EVERY"
@@ -77,7 +80,7 @@ class StepTrace:
         if self.off or self.last == self.step:
             return
         digests = layer_digests(layers())
-        row: dict[str, Any] = {"step": self.step, "digest": fp.digest_of(digests), "layers": digests}
+        row: StepRow = {"step": self.step, "digest": fp.digest_of(digests), "layers": digests}
         if epoch is not None:
             row["epoch"] = epoch
         number = _number(loss)
