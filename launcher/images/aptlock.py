@@ -14,7 +14,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import tomllib
 
@@ -179,10 +179,10 @@ def resolve(ws: Workspace, variant: str, packages: tuple[str, ...], reporter: Re
         task.close()
     answer = next((json.loads(ln[len(aptdriver.MARKER):]) for ln in done.out.splitlines()
                    if ln.startswith(aptdriver.MARKER)), None)
-    if answer is None:
+    if not isinstance(answer, dict) or not isinstance(answer.get("ok"), bool):
         raise LockFailed(f"resolving OS packages inside the base image {pin.ref} failed: {done.last_error_line()}",
                          "check that the base image runs python3 and apt-get (`docker run --rm IMAGE apt-get -v`)")
-    base, found, in_base = aptplan.plan(answer, requested, where)
+    base, found, in_base = aptplan.plan(cast(aptplan.AptAnswer, answer), requested, where)
     return SystemLock(pin.ref, base.debian, base.codename, base.architecture, requested, tuple(found),
                       tuple(in_base), base.sources, base.links)
 
