@@ -29,7 +29,6 @@ import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
 
@@ -235,17 +234,10 @@ def write_tar(out: IO[bytes], epoch: int, trees: Sequence[tuple[Path, str]], fil
 
 def compose_config(base_config: bytes, layer: ProjectLayer, labels: Mapping[str, str], epoch: int) -> bytes:
     """The run image's config with the project layer on top and its labels added."""
-    cfg: dict[str, Any] = json.loads(base_config)
-    inner = dict(cfg.get("config") or {})
-    inner["Labels"] = {**(inner.get("Labels") or {}), **labels}
-    cfg["config"] = inner
-    stamp = datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     what = f"{len(layer.packages)} packages ({layer.requirements_lock_sha256})"
     if layer.system_lock_sha256:
         what += f", {len(layer.system_packages)} OS packages ({layer.system_lock_sha256})"
-    cfg["history"] = [*cfg.get("history", []), {"created": stamp, "created_by": f"launcher: project layer, {what}"}]
-    cfg["rootfs"] = {"type": "layers", "diff_ids": [*cfg["rootfs"]["diff_ids"], layer.diff_id]}
-    return json.dumps(cfg, sort_keys=True, separators=(",", ":")).encode()
+    return recipelayer.add_top_layer(base_config, layer.diff_id, labels, epoch, f"launcher: project layer, {what}")
 
 
 def labels_of(layer: ProjectLayer) -> dict[str, str]:

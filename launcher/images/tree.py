@@ -22,13 +22,68 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, TypedDict, cast
+from typing import IO, NotRequired, TypedDict, cast
 
 from launcher.errors import BuildFailed
 from launcher.hosts import engine
 from launcher.images.layertar import BLOCK, Entry, rewrite_layer
 
 DEFAULT_EPOCH = 315532800  # 1980-01-01T00:00:00Z, the earliest date a zip entry can carry
+STAMP_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # every date an image launcher makes carries: the build epoch, in UTC
+
+
+def stamp(epoch: int) -> str:
+    """The epoch as an image config's date (``created``, each history entry's)."""
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime(STAMP_FORMAT)
+
+
+class RootFs(TypedDict):
+    type: str
+    diff_ids: list[str]
+
+
+class HistoryEntry(TypedDict, total=False):
+    """A step of an image's history; every key is optional in the image spec."""
+
+    created: str
+    created_by: str
+    comment: str
+    empty_layer: bool
+
+
+class ContainerConfig(TypedDict, total=False):
+    """An image config's ``config``: how a container of it starts; every key is optional in the
+    image spec (launcher reads the labels and clears the builder's Image and Hostname)."""
+
+    Labels: dict[str, str] | None
+    Env: list[str]
+    Cmd: list[str] | None
+    Entrypoint: list[str] | None
+    WorkingDir: str
+    User: str
+    Image: str
+    Hostname: str
+
+
+class ImageConfig(TypedDict):
+    """An image's config JSON (``images/configs/<id>.json``, whose sha256 is the image ID): the keys
+    launcher reads or rewrites; any other key the builder wrote is kept as it is."""
+
+    architecture: str
+    os: str
+    rootfs: RootFs
+    created: NotRequired[str]
+    config: NotRequired[ContainerConfig | None]
+    history: NotRequired[list[HistoryEntry]]
+    container: NotRequired[str]  # the builder's intermediate container: dropped by normalising
+    container_config: NotRequired[ContainerConfig]
+
+
+def config_bytes(config: ImageConfig) -> bytes:
+    """An image config as launcher writes it: canonical JSON, so equal configs, equal image IDs."""
+    return json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
 
 
 @dataclass
@@ -86,21 +141,19 @@ class Normalized:
     config: bytes = b""
 
 
-def _normalize_config(config: dict[str, Any], diff_ids: list[str], epoch: int) -> bytes:
-    from datetime import datetime, timezone
-
-    stamp = datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    cfg = dict(config)
+def _normalize_config(config: ImageConfig, diff_ids: list[str], epoch: int) -> bytes:
+    date = stamp(epoch)
+    cfg = config.copy()
     cfg.pop("container", None)
     cfg.pop("container_config", None)
-    cfg["created"] = stamp
-    inner = dict(cfg.get("config") or {})
+    cfg["created"] = date
+    inner = (cfg.get("config") or ContainerConfig()).copy()
     inner["Image"] = ""
     inner["Hostname"] = ""
     cfg["config"] = inner
-    cfg["history"] = [{**h, "created": stamp} for h in cfg.get("history", [])]
+    cfg["history"] = [{**h, "created": date} for h in cfg.get("history", [])]
     cfg["rootfs"] = {"type": "layers", "diff_ids": diff_ids}
-    return json.dumps(cfg, sort_keys=True, separators=(",", ":")).encode()
+    return config_bytes(cfg)
 
 
 def _layer_key(size: int, head: bytes) -> str:
