@@ -14,7 +14,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 import tomllib
 
@@ -99,6 +99,21 @@ class SystemLock:
         return "\n".join(lines) + "\n"
 
 
+class SystemLockRecord(TypedDict):
+    """`launcher lock`'s data for a project's OS packages (SystemLockResult.to_dict)."""
+
+    folder: str
+    path: str
+    changed: bool
+    sha256: str
+    base: str
+    debian: str
+    requested: list[str]
+    in_base: list[str]
+    packages: list[dict[str, str]]  # SystemLock.records(): name, version, architecture, sha256
+    debs: list[str]
+
+
 @dataclass(frozen=True)
 class SystemLockResult:
     folder: Path
@@ -108,7 +123,7 @@ class SystemLockResult:
     sha256: str  # of system.lock: what a run's manifest records as image.project.system_lock_sha256
     debs: tuple[Path, ...] = ()  # the verified .deb files in the cache, in the lock's order
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> SystemLockRecord:
         return {"folder": str(self.folder), "path": str(self.path), "changed": self.changed, "sha256": self.sha256,
                 "base": self.lock.base, "debian": self.lock.debian, "requested": list(self.lock.requested),
                 "in_base": list(self.lock.in_base), "packages": self.lock.records(),
