@@ -18,6 +18,8 @@ from typing import Any, TypedDict, cast
 
 import tomllib
 
+from launcher.config import FILE as PROJECT_FILE
+from launcher.config import PROJECT_TABLE
 from launcher.errors import BadConfig, BadRecipe, LockFailed, NotFound
 from launcher.hashing import atomic_write_text, sha256_file
 from launcher.images import aptdriver, aptplan, debs, pins
@@ -29,7 +31,6 @@ from launcher.runtime.systemspec import SystemSpecError, check_system, merge_pac
 from launcher.workspace import Workspace
 
 LOCK_FILE = "system.lock"
-PROJECT_FILE = "launcher.toml"
 LOCK_VERSION = 1
 RESOLVE_TIMEOUT_S = 900.0
 _HEAD = "# launcher system lock"
@@ -156,7 +157,7 @@ def declared(folder: Path) -> Declared:
     if project.is_file():
         try:
             data = tomllib.loads(project.read_text(encoding="utf-8"))
-            apt = check_system(data["system"]) if "system" in data else ()
+            apt = check_system(data[PROJECT_TABLE]) if PROJECT_TABLE in data else ()
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise BadConfig(f"{project} cannot be read as TOML: {exc}",
                             'write it as TOML, e.g. [system] then apt = ["tree"]') from None

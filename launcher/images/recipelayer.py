@@ -26,6 +26,7 @@ from launcher.hosts import engine
 from launcher.images import layertar
 from launcher.images import tree as imagetree
 from launcher.runtime import code as codedigest
+from launcher.runtime.recipespec import RECIPE_FILE
 
 IMAGE_RECIPES = "opt/launcher/recipes"
 
@@ -73,7 +74,7 @@ def recipe_digests(folder: Path) -> dict[str, str]:
     if not folder.is_dir():
         return {}
     return {p.name: codedigest.code_digest(p) for p in sorted(folder.iterdir())
-            if p.is_dir() and (p / "recipe.toml").is_file()}
+            if p.is_dir() and (p / RECIPE_FILE).is_file()}
 
 
 def write_layer(folder: Path, layer_cache: Path, epoch: int) -> RecipesLayer:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from launcher.runtime import fingerprints as fp
+from launcher.runtime.records import BATCHES, EXIT_JSON, METRICS, STEPS
 
 if TYPE_CHECKING:
     from launcher.runtime.records import CheckpointFile, CheckpointState, RngState
@@ -47,9 +48,9 @@ LATEST = f"{DIR}/latest.json"
 STATE = "state.json"
 RNG = "rng.json"
 # the files a run appends to while it trains: cut back to their size at the checkpoint on resume
-APPENDED = ("metrics.jsonl", "fingerprints/batches.jsonl", "fingerprints/steps.jsonl")
+APPENDED = (METRICS, BATCHES, STEPS)
 # what a run writes once training is over: removed on resume, written again at the end
-FINAL = ("model", "weights", "_launcher/exit.json")
+FINAL = ("model", "weights", EXIT_JSON)
 
 
 class NotResumable(Exception):
@@ -90,7 +91,7 @@ def prepare_resume(out: Path) -> Resume:
     if found is None:
         raise NotResumable(f"{out} has no checkpoint ({LATEST}): the run stopped before its first one")
     folder, state = found
-    exit_json = out / "_launcher/exit.json"
+    exit_json = out / EXIT_JSON
     if exit_json.is_file():
         try:
             if json.loads(exit_json.read_text()).get("exit_code") == 0:

@@ -26,6 +26,7 @@ from launcher.runtime import fingerprints as fp
 from launcher.runtime import frameworks, importwatch, seedcalls
 from launcher.runtime.frameworks import DETERMINISTIC, Framework
 from launcher.runtime.record import Recorder, recorder
+from launcher.runtime.records import RUNTIME_JSON
 
 if TYPE_CHECKING:
     from launcher.runtime.records import Applied, Determinism, RuntimeDocument
@@ -128,7 +129,7 @@ class Runtime:
         }
 
     def write(self) -> None:
-        fp.write_json(self.rec.path("_launcher/runtime.json"), self.document())
+        fp.write_json(self.rec.path(RUNTIME_JSON), self.document())
 
     def framework_imported(self, name: str, apply: Callable[[], Applied]) -> None:
         """A framework was just imported: apply the profile to it and record what was applied. A

@@ -14,6 +14,16 @@ from typing import TYPE_CHECKING, SupportsFloat, cast
 
 from launcher.runtime import checkpoint, optrace, steps
 from launcher.runtime import fingerprints as fp
+from launcher.runtime.records import (
+    ARRAYS_JSON,
+    BATCHES,
+    CANONICAL_MODEL,
+    DATASET_JSON,
+    INITIAL_WEIGHTS,
+    LAYERS_JSON,
+    METRICS,
+    STEPS,
+)
 
 if TYPE_CHECKING:
     from launcher.runtime.records import (
@@ -76,7 +86,7 @@ class Recorder:
     def trace(self) -> steps.StepTrace:
         """The run's step fingerprints (launcher.runtime.steps), set by LAUNCHER_TRACE_EVERY."""
         if self._trace is None:
-            self._trace = steps.from_env(self.path(steps.STEPS))
+            self._trace = steps.from_env(self.path(STEPS))
         return self._trace
 
     @property
@@ -91,7 +101,7 @@ class Recorder:
         """The run's checkpoints (launcher.runtime.checkpoint), set by LAUNCHER_CHECKPOINT_EVERY and LAUNCHER_RESUME."""
         if self._checkpoints is None:
             self._checkpoints = checkpoint.Checkpoints.from_env(self.out)
-            if self._checkpoints.resume and self.path("fingerprints/initial_weights.json").is_file():
+            if self._checkpoints.resume and self.path(INITIAL_WEIGHTS).is_file():
                 self.initial_recorded = True  # the first segment recorded the weights before training
         return self._checkpoints
 
@@ -115,9 +125,9 @@ class Recorder:
         ``fingerprints/arrays.json`` beside it.
         """
         doc = fp.arrays_fingerprint(arrays)
-        dataset_json = self.path("fingerprints/dataset.json")
+        dataset_json = self.path(DATASET_JSON)
         if dataset_json.exists() and json.loads(dataset_json.read_text()).get("kind") == "files":
-            fp.write_json(self.path("fingerprints/arrays.json"), doc)
+            fp.write_json(self.path(ARRAYS_JSON), doc)
             return doc
         fp.write_json(dataset_json, doc)
         if check and self.expected is not None:
@@ -130,19 +140,19 @@ class Recorder:
         """The exact arrays one fit() trains on (after any validation split), before shuffling."""
         name = "train_data.json" if self.fits <= 1 else f"train_data.{self.fits - 1}.json"
         fp.write_json(self.path(f"fingerprints/{name}"), fp.arrays_fingerprint(arrays))
-        if not self.path("fingerprints/dataset.json").exists():
-            fp.write_json(self.path("fingerprints/dataset.json"), fp.arrays_fingerprint(arrays))
+        if not self.path(DATASET_JSON).exists():
+            fp.write_json(self.path(DATASET_JSON), fp.arrays_fingerprint(arrays))
 
     # weights -----------------------------------------------------------------------------------
     def record_initial_weights(self, layers: fp.Layers) -> None:
         if self.initial_recorded:
             return
-        fp.write_json(self.path("fingerprints/initial_weights.json"), fp.weights_fingerprint(layers))
+        fp.write_json(self.path(INITIAL_WEIGHTS), fp.weights_fingerprint(layers))
         self.initial_recorded = True
 
     def record_final(self, layers: fp.Layers) -> None:
-        fp.write_json(self.path("weights/layers.json"), fp.layers_document(layers))
-        fp.write_atomic(self.path("model/canonical.npz"), fp.canonical_npz_bytes(layers))
+        fp.write_json(self.path(LAYERS_JSON), fp.layers_document(layers))
+        fp.write_atomic(self.path(CANONICAL_MODEL), fp.canonical_npz_bytes(layers))
 
     # epochs ------------------------------------------------------------------------------------
     def record_batches(self, epoch: int, batch_digests: list[str] | None, reason: str = "") -> None:
@@ -152,7 +162,7 @@ class Recorder:
             rec = fp.epoch_record(epoch, batch_digests)
         if self.fits > 1:
             rec["fit"] = self.fits - 1
-        fp.append_jsonl(self.path("fingerprints/batches.jsonl"), rec)
+        fp.append_jsonl(self.path(BATCHES), rec)
 
     def record_metrics(self, epoch: int, metrics: Mapping[str, SupportsFloat | str]) -> None:
         rec: MetricsLine = {"epoch": epoch}
@@ -163,7 +173,7 @@ class Recorder:
                 rec[key] = str(value)
         if self.fits > 1:
             rec["fit"] = self.fits - 1
-        fp.append_jsonl(self.path("metrics.jsonl"), rec)
+        fp.append_jsonl(self.path(METRICS), rec)
         self.metric_epochs += 1
 
 

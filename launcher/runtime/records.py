@@ -16,6 +16,18 @@ if TYPE_CHECKING:
 
     from numpy.typing import ArrayLike
 
+# the files the runtime writes, relative to the outputs folder
+RUNTIME_JSON = "_launcher/runtime.json"
+EXIT_JSON = "_launcher/exit.json"
+DATASET_JSON = "fingerprints/dataset.json"
+ARRAYS_JSON = "fingerprints/arrays.json"
+INITIAL_WEIGHTS = "fingerprints/initial_weights.json"
+BATCHES = "fingerprints/batches.jsonl"
+STEPS = "fingerprints/steps.jsonl"
+METRICS = "metrics.jsonl"
+LAYERS_JSON = "weights/layers.json"
+CANONICAL_MODEL = "model/canonical.npz"
+
 # a JSON value as json.loads gives it: a plain script's params are any JSON the user passes
 JsonValue = str | int | float | bool | None | list["JsonValue"] | dict[str, "JsonValue"]
 

@@ -27,11 +27,12 @@ from launcher.runtime import explain as explainmod
 from launcher.runtime import fingerprints as fp
 from launcher.runtime import recipespec as recipe_spec
 from launcher.runtime.record import EXIT_BAD_DATA, EXIT_BAD_RECIPE, EXIT_NOT_RESUMABLE, EXIT_USAGE, expected_mismatch
+from launcher.runtime.records import DATASET_JSON, EXIT_JSON, METRICS, RUNTIME_JSON
 
 if TYPE_CHECKING:
     from launcher.runtime.records import JsonValue
 
-PREVIOUS_RUN = ("_launcher", "fingerprints", "metrics.jsonl", "model", "weights")
+PREVIOUS_RUN = ("_launcher", "fingerprints", METRICS, "model", "weights")
 LAUNCHER_ROOT = Path(launcher.__file__).resolve().parent.parent
 LIB_DIR = "_lib"  # the shared recipe library: a folder beside the recipes, not a recipe
 IMAGE_LIB = Path("/opt/launcher/recipes") / LIB_DIR  # the one baked into an image
@@ -186,7 +187,7 @@ def _data_env(args: argparse.Namespace, dataset: recipe_spec.DatasetSpec | None,
             raise RunError(f"--data was given but {dataset.param}={dataset.name} selects built-in data; "
                            f"choose a files dataset with --param {dataset.param}=...", EXIT_USAGE)
         doc = fp.files_fingerprint(data)
-        fp.write_json(args.out / "fingerprints/dataset.json", doc)
+        fp.write_json(args.out / DATASET_JSON, doc)
         tee.say(f"dataset {data}: {len(doc['entries'])} files, {doc['digest']}")
         if dataset is not None:
             problem = expected_mismatch(dataset.as_dict(), doc, str(data))
@@ -357,12 +358,12 @@ def run(args: argparse.Namespace) -> int:
             tee.say(f"error: {exc}")
             rc = exc.code
         finally:
-            if not (out / "_launcher/runtime.json").exists():
-                fp.write_json(out / "_launcher/runtime.json", {
+            if not (out / RUNTIME_JSON).exists():
+                fp.write_json(out / RUNTIME_JSON, {
                     "profile": os.environ.get("LAUNCHER_PROFILE", "off"), "framework": None,
                     "python": {"version": platform.python_version()},
                     "note": "the recipe's interpreter did not start"})
-            fp.write_json(out / "_launcher/exit.json",
+            fp.write_json(out / EXIT_JSON,
                           {"exit_code": rc, "started_at": started, "ended_at": _now()})
         tee.say(f"exit code {rc}")
     hand_over(out, os.environ.get("LAUNCHER_OWNER", ""))

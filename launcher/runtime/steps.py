@@ -26,11 +26,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from launcher.runtime import fingerprints as fp
+from launcher.runtime.records import STEPS as STEPS  # where the rows go (defined with the runtime's other files)
 
 if TYPE_CHECKING:
     from launcher.runtime.records import StepRow
 
-STEPS = "fingerprints/steps.jsonl"
 ENV = "LAUNCHER_TRACE_EVERY"
 EPOCH = "epoch"
 OFF = "off"
