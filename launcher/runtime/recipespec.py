@@ -418,7 +418,7 @@ def _check_probes(path: Path, raw: Any) -> ProbeSpec:
 
 def parse_spec(path: Path, data: dict[str, Any], folder: Path) -> RecipeSpec:
     """Validate the parsed table of a recipe.toml (at ``path``) of the recipe in ``folder``."""
-    # data stays dict[str, Any]: any TOML the user wrote, each key checked below before it is used
+    # data stays a plain dict of Any: any TOML the user wrote, each key checked below before it is used
     unknown = sorted(set(data) - TOP_KEYS)
     _need(not unknown, path, f"unknown key (known: {', '.join(sorted(TOP_KEYS))})",
           unknown[0] if unknown else None)
