@@ -32,13 +32,50 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from launcher.hashing import sha256_file
 from launcher.images.lock import HASH
 
 AREAS = ("images", "blobs", "builds", "wheels", "debs", "code", "bootstrap", "registry", "layer-keys")
 ORPHAN_AGE_S = 3600.0
+
+
+class AreaRecord(TypedDict):
+    """An area in `launcher cache`'s data."""
+
+    name: str
+    path: str
+    files: int
+    bytes: int
+
+
+class EngineImageRecord(TypedDict):
+    """An engine image in `launcher cache`'s data."""
+
+    id: str
+    tags: list[str]
+    bytes: int
+    created: str
+    kind: str
+    variant: str
+    dangling: bool
+
+
+class RemovalRecord(TypedDict):
+    path: str
+    bytes: int
+    why: str
+
+
+class PruneRecord(TypedDict):
+    """`launcher cache prune`'s data: what was (or, dry, would be) removed, and the images kept."""
+
+    dry_run: bool
+    removed: list[RemovalRecord]
+    removed_files: int
+    removed_bytes: int
+    kept_images: list[str]
 
 
 @dataclass
@@ -48,7 +85,7 @@ class Area:
     files: int
     bytes: int
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> AreaRecord:
         return {"name": self.name, "path": str(self.path), "files": self.files, "bytes": self.bytes}
 
 
@@ -75,12 +112,12 @@ class EngineImage:
     kind: str  # image (recipes included) | environment (the Dockerfile's part)
     variant: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> EngineImageRecord:
         return {"id": self.id, "tags": self.tags, "bytes": self.bytes, "created": self.created,
                 "kind": self.kind, "variant": self.variant, "dangling": not self.tags}
 
 
-def engine_images(rows: Iterable[dict[str, Any]]) -> list[EngineImage]:
+def engine_images(rows: Iterable[dict[str, Any]]) -> list[EngineImage]:  # Engine.labelled_images' own rows
     """launcher's images among the engine's (rows as Engine.labelled_images gives them)."""
     out = []
     for r in rows:
@@ -109,7 +146,7 @@ class Removal:
     bytes: int
     why: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> RemovalRecord:
         return {"path": str(self.path), "bytes": self.bytes, "why": self.why}
 
 
@@ -123,7 +160,7 @@ class PruneResult:
     def bytes(self) -> int:
         return sum(r.bytes for r in self.removed)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> PruneRecord:
         return {
             "dry_run": self.dry_run,
             "removed": [r.to_dict() for r in self.removed],
@@ -166,17 +203,42 @@ def prune(
 ) -> PruneResult:
     """Remove what nothing live needs. engine_has(image_id) says whether the engine has an image;
     wheels_allowed, when given, is the set of sha256 hex digests whose wheels are kept."""
-    now = time.time() if now is None else now
+    plan = _Plan(time.time() if now is None else now)
     result = PruneResult(dry_run=dry_run)
-    plan: list[Removal] = []
+    live_layers = _plan_images(cache_dir / "images", engine_has, plan, result.kept_images)
+    _plan_blobs(cache_dir / "blobs", engine_has, live_layers, plan)
+    _plan_builds(cache_dir / "builds", engine_has, plan)
+    if wheels_allowed is not None:
+        for wheel in sorted((cache_dir / "wheels").glob("*")):
+            if wheel.is_file() and sha256_file(wheel).removeprefix("sha256:") not in wheels_allowed:
+                plan.drop(wheel, "no lockfile of this workspace names it")
+    _plan_partials(cache_dir, plan)
+    for r in plan.removals:
+        if not dry_run:
+            r.path.unlink(missing_ok=True)
+        result.removed.append(r)
+    return result
 
-    def drop(path: Path, why: str) -> None:
+
+@dataclass
+class _Plan:
+    """What a prune removes, in the order found; files older than ORPHAN_AGE_S at ``now`` are old."""
+
+    now: float
+    removals: list[Removal] = field(default_factory=list)
+
+    def drop(self, path: Path, why: str) -> None:
         try:
-            plan.append(Removal(path, path.stat().st_size, why))
+            self.removals.append(Removal(path, path.stat().st_size, why))
         except FileNotFoundError:
             pass
 
-    images = cache_dir / "images"
+    def old(self, path: Path) -> bool:
+        return _old(path, self.now)
+
+
+def _plan_images(images: Path, engine_has: Callable[[str], bool], plan: _Plan, kept: list[str]) -> set[str]:
+    """The cached images' configs and layers the engine no longer needs; the layers still live."""
     live_layers: set[str] = set()
     dead_layers: set[str] = set()
     for config in sorted((images / "configs").glob("*.json")):
@@ -184,58 +246,55 @@ def prune(
         layers = _image_layers(config)
         if layers is not None and engine_has(image_id):
             live_layers.update(layers)
-            result.kept_images.append(image_id)
+            kept.append(image_id)
         else:
             dead_layers.update(layers or [])
-            drop(config, "the Docker engine no longer has this image" if layers is not None else "unreadable")
+            plan.drop(config, "the Docker engine no longer has this image" if layers is not None else "unreadable")
     for layer in sorted((images / "layers").glob("*")):
         diff = layer.name.removesuffix(".tar")
         if not layer.is_file() or diff in live_layers:
             continue
         if diff in dead_layers:
-            drop(layer, "only images the engine no longer has use it")
-        elif _old(layer, now):  # named by no image: a young one may belong to a build under way
-            drop(layer, "no cached image uses it")
+            plan.drop(layer, "only images the engine no longer has use it")
+        elif plan.old(layer):  # named by no image: a young one may belong to a build under way
+            plan.drop(layer, "no cached image uses it")
+    return live_layers
 
-    blob_dir = cache_dir / "blobs"
+
+def _plan_blobs(blob_dir: Path, engine_has: Callable[[str], bool], live_layers: set[str], plan: _Plan) -> None:
+    """The gzip blobs (and their images' configs) of layers no image the engine has uses."""
     live_blobs = set(live_layers)
     for config in sorted((blob_dir / "configs").glob("*.json")):
         layers = _image_layers(config)
         if layers is not None and engine_has("sha256:" + config.stem):
             live_blobs.update(layers)
         else:
-            drop(config, "the Docker engine no longer has this image" if layers is not None else "unreadable")
+            plan.drop(config, "the Docker engine no longer has this image" if layers is not None else "unreadable")
     for blob in sorted(blob_dir.glob("*.tar.gz")):
         diff = blob.name.removesuffix(".tar.gz")
-        if diff not in live_blobs and _old(blob, now):
-            drop(blob, "no image the Docker engine has uses this layer")
-            drop(blob.with_name(blob.name + ".sha256"), "its blob goes")
+        if diff not in live_blobs and plan.old(blob):
+            plan.drop(blob, "no image the Docker engine has uses this layer")
+            plan.drop(blob.with_name(blob.name + ".sha256"), "its blob goes")
 
-    builds = cache_dir / "builds"
+
+def _plan_builds(builds: Path, engine_has: Callable[[str], bool], plan: _Plan) -> None:
+    """Build records (and their trees) whose image the engine no longer has."""
     for record in sorted(builds.glob("*.json")):
         try:
             image_id = str(json.loads(record.read_text())["image_id"])
         except (OSError, ValueError, KeyError, TypeError):
-            if _old(record, now):
-                drop(record, "unreadable")
+            if plan.old(record):
+                plan.drop(record, "unreadable")
             continue
         if not engine_has(image_id):
-            drop(record, "the Docker engine no longer has its image")
-            drop(record.with_suffix(".tree.json.gz"), "the Docker engine no longer has its image")
+            plan.drop(record, "the Docker engine no longer has its image")
+            plan.drop(record.with_suffix(".tree.json.gz"), "the Docker engine no longer has its image")
 
-    if wheels_allowed is not None:
-        for wheel in sorted((cache_dir / "wheels").glob("*")):
-            if wheel.is_file() and sha256_file(wheel).removeprefix("sha256:") not in wheels_allowed:
-                drop(wheel, "no lockfile of this workspace names it")
 
+def _plan_partials(cache_dir: Path, plan: _Plan) -> None:
+    """Files an interrupted write left (not in the registry's storage, which is never pruned)."""
     for partial in sorted(cache_dir.rglob("*.partial")):
-        if partial.is_file() and _old(partial, now) and not partial.is_relative_to(cache_dir / "registry"):
-            if all(r.path != partial for r in plan):
-                drop(partial, "left by an interrupted write")
-
-    for r in plan:
-        if not dry_run:
-            r.path.unlink(missing_ok=True)
-        result.removed.append(r)
-    return result
+        if partial.is_file() and plan.old(partial) and not partial.is_relative_to(cache_dir / "registry"):
+            if all(r.path != partial for r in plan.removals):
+                plan.drop(partial, "left by an interrupted write")
 

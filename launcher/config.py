@@ -24,7 +24,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import tomllib
 
@@ -35,6 +35,9 @@ from launcher.workspace import VARIANTS, Workspace
 FILE = "launcher.toml"
 PROJECT_TABLE = "system"  # a project's OS packages, when the workspace is also the project (images/aptlock.py)
 TABLE = "defaults"
+
+
+SettingValue = str | int | None  # a host, variant, profile or path; a thread count; None: no built-in default
 
 
 class _Bad(ValueError):
@@ -83,8 +86,8 @@ class Setting:
     key: str  # in [defaults]
     env: str
     param: str  # the command-line parameter it is the default of
-    builtin: Any
-    check: Callable[[Any, Workspace | None], Any]
+    builtin: SettingValue
+    check: Callable[[Any, Workspace | None], str | int]
     help: str
 
 
@@ -103,14 +106,26 @@ SETTINGS: tuple[Setting, ...] = (
 )
 
 
+class ValueRecord(TypedDict):
+    """One setting as `launcher config` lists it: its value, where it came from, how to set it."""
+
+    key: str
+    value: SettingValue
+    source: str
+    origin: str
+    env: str
+    option: str
+    help: str
+
+
 @dataclass(frozen=True)
 class Value:
     setting: Setting
-    value: Any
+    value: SettingValue
     source: str  # environment | file | built-in
     origin: str  # LAUNCHER_HOST, /ws/launcher.toml, or "launcher"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ValueRecord:
         return {"key": self.setting.key, "value": self.value, "source": self.source, "origin": self.origin,
                 "env": self.setting.env, "option": "--" + self.setting.param.replace("_", "-"),
                 "help": self.setting.help}
@@ -121,18 +136,18 @@ class Config:
     file: Path | None  # the workspace's launcher.toml, whether or not it exists (None outside a workspace)
     values: tuple[Value, ...]
 
-    def defaults(self) -> dict[str, Any]:
+    def defaults(self) -> dict[str, SettingValue]:
         """Parameter name -> the default it gets, for the settings set in the environment or the file."""
         return {v.setting.param: v.value for v in self.values if v.source != "built-in"}
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:  # the `config` command's Result data (a plain dict, as Result holds)
         return {"file": str(self.file) if self.file else None,
                 "file_exists": bool(self.file and self.file.is_file()),
                 "precedence": ["command line", "environment", "file", "built-in"],
                 "settings": [v.to_dict() for v in self.values]}
 
 
-def read_file(path: Path, ws: Workspace | None) -> dict[str, Any]:
+def read_file(path: Path, ws: Workspace | None) -> dict[str, str | int]:
     """The checked settings of a launcher.toml, by key; BadConfig names the file, the key and the fix."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -150,7 +165,7 @@ def read_file(path: Path, ws: Workspace | None) -> dict[str, Any]:
     table = data.get(TABLE, {})
     if not isinstance(table, dict):
         raise BadConfig(f"{path}: {TABLE} is not a table", f"write [{TABLE}] on a line of its own, then key = value")
-    out: dict[str, Any] = {}
+    out: dict[str, str | int] = {}
     for key, raw in table.items():
         setting = known.get(key)
         if setting is None:

@@ -14,10 +14,12 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import tomllib
 
+from launcher.config import FILE as PROJECT_FILE
+from launcher.config import PROJECT_TABLE
 from launcher.errors import BadConfig, BadRecipe, LockFailed, NotFound
 from launcher.hashing import atomic_write_text, sha256_file
 from launcher.images import aptdriver, aptplan, debs, pins
@@ -29,7 +31,6 @@ from launcher.runtime.systemspec import SystemSpecError, check_system, merge_pac
 from launcher.workspace import Workspace
 
 LOCK_FILE = "system.lock"
-PROJECT_FILE = "launcher.toml"
 LOCK_VERSION = 1
 RESOLVE_TIMEOUT_S = 900.0
 _HEAD = "# launcher system lock"
@@ -99,6 +100,21 @@ class SystemLock:
         return "\n".join(lines) + "\n"
 
 
+class SystemLockRecord(TypedDict):
+    """`launcher lock`'s data for a project's OS packages (SystemLockResult.to_dict)."""
+
+    folder: str
+    path: str
+    changed: bool
+    sha256: str
+    base: str
+    debian: str
+    requested: list[str]
+    in_base: list[str]
+    packages: list[dict[str, str]]  # SystemLock.records(): name, version, architecture, sha256
+    debs: list[str]
+
+
 @dataclass(frozen=True)
 class SystemLockResult:
     folder: Path
@@ -108,7 +124,7 @@ class SystemLockResult:
     sha256: str  # of system.lock: what a run's manifest records as image.project.system_lock_sha256
     debs: tuple[Path, ...] = ()  # the verified .deb files in the cache, in the lock's order
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> SystemLockRecord:
         return {"folder": str(self.folder), "path": str(self.path), "changed": self.changed, "sha256": self.sha256,
                 "base": self.lock.base, "debian": self.lock.debian, "requested": list(self.lock.requested),
                 "in_base": list(self.lock.in_base), "packages": self.lock.records(),
@@ -141,7 +157,7 @@ def declared(folder: Path) -> Declared:
     if project.is_file():
         try:
             data = tomllib.loads(project.read_text(encoding="utf-8"))
-            apt = check_system(data["system"]) if "system" in data else ()
+            apt = check_system(data[PROJECT_TABLE]) if PROJECT_TABLE in data else ()
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise BadConfig(f"{project} cannot be read as TOML: {exc}",
                             'write it as TOML, e.g. [system] then apt = ["tree"]') from None
@@ -179,10 +195,10 @@ def resolve(ws: Workspace, variant: str, packages: tuple[str, ...], reporter: Re
         task.close()
     answer = next((json.loads(ln[len(aptdriver.MARKER):]) for ln in done.out.splitlines()
                    if ln.startswith(aptdriver.MARKER)), None)
-    if answer is None:
+    if not isinstance(answer, dict) or not isinstance(answer.get("ok"), bool):
         raise LockFailed(f"resolving OS packages inside the base image {pin.ref} failed: {done.last_error_line()}",
                          "check that the base image runs python3 and apt-get (`docker run --rm IMAGE apt-get -v`)")
-    base, found, in_base = aptplan.plan(answer, requested, where)
+    base, found, in_base = aptplan.plan(cast(aptplan.AptAnswer, answer), requested, where)
     return SystemLock(pin.ref, base.debian, base.codename, base.architecture, requested, tuple(found),
                       tuple(in_base), base.sources, base.links)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import NotRequired, TypedDict
 from urllib.parse import unquote
 
 from launcher.errors import LockFailed, plain_text
@@ -20,6 +20,24 @@ SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 _E = re.compile(r"^E: (.*)$", re.M)
 _UPDATE_FAILED = re.compile(r"^(?:Err:\d+ .*\n\s+(?P<why>.+)|W: Failed to fetch \S+\s+(?P<why2>.+))$", re.M)
 
+
+
+class AptAnswer(TypedDict):
+    """The apt driver's answer (images/aptdriver.py, after its MARKER): the base's facts, and the
+    output of each apt stage run, up to the one that failed (``stage``) or all of them (``ok``)."""
+
+    ok: bool
+    os_release: str
+    debian_version: str
+    links: dict[str, str]  # a merged /usr's top-level links: bin -> usr/bin, ...
+    arch: str
+    update: str
+    stage: NotRequired[str]  # update, simulate, uris or show: the one that failed
+    sources: NotRequired[str]
+    simulate: NotRequired[str]
+    uris: NotRequired[str]
+    show: NotRequired[str]
+    installed: NotRequired[str]
 
 @dataclass(frozen=True)
 class DebPackage:
@@ -58,7 +76,7 @@ class BaseFacts:
         return f"Debian {self.debian} ({self.codename or 'unknown'}, {self.architecture})"
 
 
-def facts(answer: dict[str, Any]) -> BaseFacts:
+def facts(answer: AptAnswer) -> BaseFacts:
     release = dict(re.findall(r'^([A-Z_]+)="?([^"\n]*)"?$', str(answer.get("os_release", "")), re.M))
     sources = tuple(sorted({ln.strip() for ln in str(answer.get("sources", "")).splitlines() if ln.strip()}))
     links = {str(k): str(v).strip("/") for k, v in dict(answer.get("links") or {}).items()}
@@ -86,7 +104,7 @@ def apt_reason(output: str) -> str:
     return reason[:600]
 
 
-def failure(answer: dict[str, Any], requested: tuple[str, ...], where: str, base: BaseFacts) -> LockFailed:
+def failure(answer: AptAnswer, requested: tuple[str, ...], where: str, base: BaseFacts) -> LockFailed:
     """The error of a resolution that did not succeed, naming the package apt could not find."""
     unreachable = update_failure(answer)
     fix_names = f"fix the name or version in {where} (`apt-cache search WORD` in the base image lists names)"
@@ -114,7 +132,7 @@ def failure(answer: dict[str, Any], requested: tuple[str, ...], where: str, base
                       f"{apt_reason(output)}", f"change the packages or pins in {where}")
 
 
-def update_failure(answer: dict[str, Any]) -> str | None:
+def update_failure(answer: AptAnswer) -> str | None:
     """Why apt-get update could not fetch the indexes (it exits 0 after mere warnings), or None."""
     text = plain_text(str(answer.get("update", "")))
     m = _UPDATE_FAILED.search(text)
@@ -134,7 +152,7 @@ def _inst(text: str, native: str) -> tuple[list[tuple[str, str, str, str | None]
     return installs, REMV.findall(text)
 
 
-def plan(answer: dict[str, Any], requested: tuple[str, ...], where: str) -> tuple[BaseFacts, list[DebPackage],
+def plan(answer: AptAnswer, requested: tuple[str, ...], where: str) -> tuple[BaseFacts, list[DebPackage],
                                                                                  list[str]]:
     """The base's facts, the .debs (sorted by name) and the requested packages the base already has
     ("NAME=VERSION"), from a successful driver answer. Every planned package must appear, with the same

@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from launcher import __version__, proc
 from launcher.errors import BuildFailed, Corrupt, ImageOutOfDate, NotFound
@@ -33,6 +33,21 @@ STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)")
 STEP_IMAGE = re.compile(r"^---> ([0-9a-f]{12,64})$")
 
 
+class BuildExtra(TypedDict, total=False):
+    """A build record's ``extra``: what a later build or check compares; a record written before a
+    key existed lacks it (readers fall back: a full rebuild, the default epoch)."""
+
+    recipes_digest: str
+    runtime_digest: str
+    recipes: dict[str, str]  # recipe folder -> its digest
+    env_content: str
+    env_image_id: str
+    parts: dict[str, str]  # dockerfile, lock, base, runtime, recipes -> digest (Inputs.parts)
+    epoch: int
+    files: int
+    tree: dict[str, str]  # in memory only, after a build: the image's tree (saved beside the record)
+
+
 @dataclass
 class BuildRecord:
     variant: str
@@ -47,9 +62,9 @@ class BuildRecord:
     seconds: float
     noop: bool = False
     record_version: int = RECORD_VERSION
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: BuildExtra = field(default_factory=BuildExtra)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:  # the record as written: a plain dict, which `build`'s data extends
         data = asdict(self)
         data.pop("noop")
         return data
@@ -248,7 +263,7 @@ def build(ws: Workspace, variant: str = "cpu", *, nocache: bool = False, force: 
     result = BuildRecord(
         variant=variant, image_id=image_id, tag=out_tag, content=inputs.content, base=inputs.pin.ref,
         lock_sha256=inputs.lock_sha256, tree_digest=imagetree.lines_digest(tree), labels={**env.labels, **labels},
-        built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), seconds=round(time.monotonic() - started, 2),
+        built_at=time.strftime(imagetree.STAMP_FORMAT, time.gmtime()), seconds=round(time.monotonic() - started, 2),
         extra={"recipes_digest": inputs.recipes_digest, "runtime_digest": inputs.runtime_digest,
                "recipes": layer.digests, "env_content": inputs.env_content, "env_image_id": env.image_id,
                "parts": inputs.parts(), "epoch": epoch, "files": len(tree)},
@@ -406,15 +421,16 @@ def ensure_current(ws: Workspace, variant: str, *, recipes: bool = True, allow_b
     return build(ws, variant, find_links=find_links, ca_bundle=ca_bundle, reporter=rep)
 
 
-def _ensure_base(pin: images.BasePin) -> dict[str, Any]:
+def _ensure_base(pin: images.BasePin) -> None:
+    """The pinned base in the local engine, pulled when it is not there; NotFound when it cannot be."""
     if engine.image_exists(pin.ref):
-        return engine.inspect(pin.ref)
+        return
     pulled = engine.local().pull(pin.ref)
     if pulled.returncode != 0:
         raise NotFound(f"base image {pin.ref} cannot be pulled: {pulled.last_error_line()}",
                        "check the digest exists in its registry, or pin a reachable base with "
                        "`launcher base bootstrap --start-registry`")
-    return engine.inspect(pin.ref)
+    engine.inspect(pin.ref)  # raises when the pulled image cannot be read
 
 
 @dataclass

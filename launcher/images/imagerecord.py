@@ -17,7 +17,6 @@ import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 from launcher.errors import Corrupt
 from launcher.images import tree as imagetree
@@ -33,8 +32,8 @@ class BuiltImage:
     recipes_layer: Path | None  # the last layer's tar in the cache, when it is there
 
     @property
-    def data(self) -> dict[str, Any]:
-        data: dict[str, Any] = json.loads(self.config)
+    def data(self) -> imagetree.ImageConfig:
+        data: imagetree.ImageConfig = json.loads(self.config)  # its sha256 is the image ID: launcher wrote it
         return data
 
     @property
@@ -59,7 +58,7 @@ class BuiltImage:
         history = self.data.get("history") or []
         stamp = str(history[-1].get("created", "")) if history else ""
         try:
-            return calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ"))
+            return calendar.timegm(time.strptime(stamp, imagetree.STAMP_FORMAT))
         except ValueError:
             return imagetree.DEFAULT_EPOCH
 

@@ -13,7 +13,7 @@ import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict, cast
 
 from launcher.errors import (
     EngineUnavailable,
@@ -240,6 +240,21 @@ def lock_variant(ws: Workspace, variant: str, *, upgrade: bool = False, upgrade_
     return LockResult(variant, out, changed, len(reqs), sha256_file(out), f"CPython {python} {plat}", pin.ref)
 
 
+class LockAnswer(TypedDict):
+    """The lock driver's answer (images/lockdriver.py, after its MARKER on stdout): the base's
+    interpreter and platform, and the lock's text or the stage that failed with its output."""
+
+    python: str
+    implementation: str
+    machine: str
+    system: str
+    ok: bool
+    lock: NotRequired[str]
+    stage: NotRequired[str]  # venv, install or compile
+    output: NotRequired[str]
+    diagnosis: NotRequired[str]  # pip's own account of a conflict the compile met
+
+
 def compile_argv(rel_in: str, rel_out: str, upgrade: bool, upgrade_packages: Sequence[str] = ()) -> list[str]:
     """pip-compile's arguments for a hashed lock that names no index, folder or host of this machine."""
     argv = ["--quiet", "--no-header", "--generate-hashes", "--allow-unsafe", "--strip-extras", "--no-emit-index-url",
@@ -253,7 +268,7 @@ def compile_argv(rel_in: str, rel_out: str, upgrade: bool, upgrade_packages: Seq
 
 def compile_in_base(eng: Engine, pin: images.BasePin, files: dict[str, str], argv: list[str], output: str, *,
                     find_links: Sequence[Path] = (), ca_text: str | None = None, diagnose: list[str] | None = None,
-                    task: Any = None) -> dict[str, Any]:
+                    task: Any = None) -> LockAnswer:
     """Run pip-compile (argv, paths relative to a copy of `files` under lockfiles/) in a container of the
     pinned base by its own interpreter; the driver's answer (ok and the lock, or the stage that failed).
     The find_links folders are mounted read-only and added to argv; diagnose: pip's arguments to run
@@ -276,12 +291,12 @@ def compile_in_base(eng: Engine, pin: images.BasePin, files: dict[str, str], arg
     return _answer(done, pin)
 
 
-def explain_failure(answer: dict[str, Any], src: str, pin: images.BasePin, ca_path: Path | None) -> LockFailed:
+def explain_failure(answer: LockAnswer, src: str, pin: images.BasePin, ca_path: Path | None) -> LockFailed:
     """The one-line error for a failed answer of compile_in_base (TLS, venv, install or resolution)."""
     return _failure(answer, src, pin, ca_path)
 
 
-def check_target(answer: dict[str, Any], pin: images.BasePin) -> tuple[str, str]:
+def check_target(answer: LockAnswer, pin: images.BasePin) -> tuple[str, str]:
     """The interpreter and platform an answer was resolved by (PinMismatch when not images.lock's)."""
     return _check_target(answer, pin)
 
@@ -290,11 +305,12 @@ def _driver_source() -> str:
     return (Path(__file__).parent / "lockdriver.py").read_text()
 
 
-def _answer(done: Completed, pin: images.BasePin) -> dict[str, Any]:
+def _answer(done: Completed, pin: images.BasePin) -> LockAnswer:
     for line in done.out.splitlines():
         if line.startswith(lockdriver.MARKER):
-            answer: dict[str, Any] = json.loads(line[len(lockdriver.MARKER):])
-            return answer
+            answer = json.loads(line[len(lockdriver.MARKER):])
+            if isinstance(answer, dict) and isinstance(answer.get("ok"), bool):
+                return cast(LockAnswer, answer)
     reason = done.last_error_line() or f"exit status {done.returncode}"
     if "python3" in reason and ("not found" in reason or "no such file" in reason.lower()):
         raise LockFailed(f"the base image {pin.ref} has no python3 ({reason})",
@@ -303,7 +319,7 @@ def _answer(done: Completed, pin: images.BasePin) -> dict[str, Any]:
                      "check that the base image runs (`docker run --rm IMAGE python3 -V`)")
 
 
-def _failure(answer: dict[str, Any], src: str, pin: images.BasePin, ca_path: Path | None) -> LockFailed:
+def _failure(answer: LockAnswer, src: str, pin: images.BasePin, ca_path: Path | None) -> LockFailed:
     output = plain_text(str(answer.get("output", "")))
     reason = _pip_reason(output)
     tls = "CERTIFICATE_VERIFY_FAILED" in output or "SSLError" in output or "SSL:" in output
@@ -325,7 +341,7 @@ def _failure(answer: dict[str, Any], src: str, pin: images.BasePin, ca_path: Pat
                       "fix the requirement in the .in file (name, version range) or check the index")
 
 
-def _check_target(answer: dict[str, Any], pin: images.BasePin) -> tuple[str, str]:
+def _check_target(answer: LockAnswer, pin: images.BasePin) -> tuple[str, str]:
     """The interpreter and platform the lock was resolved by; they must be what images.lock says."""
     python = str(answer["python"])
     machine = str(answer["machine"]).lower()

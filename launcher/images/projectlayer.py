@@ -29,9 +29,8 @@ import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal, TypedDict
 
 from launcher.errors import BuildFailed, NotFound
 from launcher.hashing import atomic_path, atomic_write_bytes, atomic_write_json, sha256_bytes
@@ -64,6 +63,26 @@ class SystemPart:
     # .deb gives them (setuid bits and owners kept); a path without one gets the canonical mode, owner root
 
 
+class LayerExtra(TypedDict, total=False):
+    """A project layer's ``extra`` (kept in its memo file): where the image's pip put packages
+    (None: no wheels were installed, only OS packages)."""
+
+    purelib: str | None
+
+
+class InstallAnswer(TypedDict):
+    """The project driver's answer (images/projectdriver.py, ANSWER in its output tar)."""
+
+    ok: bool
+    output: str  # pip's output, its end
+    purelib: str  # the image's site-packages
+    python: str
+
+
+class _ExtractOptions(TypedDict, total=False):
+    filter: Literal["data"]  # Python's safe extraction, where this Python has it
+
+
 @dataclass(frozen=True)
 class ProjectLayer:
     diff_id: str
@@ -74,7 +93,7 @@ class ProjectLayer:
     system_packages: tuple[str, ...] = ()
     built: bool = True  # False: found in the cache
     seconds: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: LayerExtra = field(default_factory=LayerExtra)
 
 
 def layer_key(lock_sha: str | None, image_id: str, system_sha: str | None) -> str:
@@ -163,10 +182,10 @@ def install(image_id: str, pin: images.BasePin, stage: Path, into: Path, count: 
         tar = tarfile.open(fileobj=io.BytesIO(done.stdout), mode="r:")
         first = tar.next()
         stream = tar.extractfile(first) if first is not None and first.name == projectdriver.ANSWER else None
-        answer: dict[str, Any] = json.loads(stream.read()) if stream is not None else {}
+        answer: InstallAnswer | None = json.loads(stream.read()) if stream is not None else None
     except (tarfile.TarError, ValueError):
-        answer = {}
-    if not answer:
+        answer = None
+    if not isinstance(answer, dict) or not answer:
         raise BuildFailed(f"installing the project's wheels in the image failed: {done.last_error_line()}",
                           "check that the image has python and pip (`docker run --rm IMAGE python -m pip -V`)")
     if not answer.get("ok"):
@@ -176,7 +195,7 @@ def install(image_id: str, pin: images.BasePin, stage: Path, into: Path, count: 
                           "lock the project again (`launcher lock PROJECT_FOLDER`); a wheel that needs another "
                           "Python or platform than the image's cannot be installed there")
     members = [m for m in tar.getmembers() if m.name == "site-packages" or m.name.startswith("site-packages/")]
-    extra: dict[str, Any] = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+    extra: _ExtractOptions = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
     tar.extractall(into.parent, members=members, **extra)  # noqa: S202 - members checked by the data filter
     return str(answer["purelib"])
 
@@ -235,17 +254,10 @@ def write_tar(out: IO[bytes], epoch: int, trees: Sequence[tuple[Path, str]], fil
 
 def compose_config(base_config: bytes, layer: ProjectLayer, labels: Mapping[str, str], epoch: int) -> bytes:
     """The run image's config with the project layer on top and its labels added."""
-    cfg: dict[str, Any] = json.loads(base_config)
-    inner = dict(cfg.get("config") or {})
-    inner["Labels"] = {**(inner.get("Labels") or {}), **labels}
-    cfg["config"] = inner
-    stamp = datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     what = f"{len(layer.packages)} packages ({layer.requirements_lock_sha256})"
     if layer.system_lock_sha256:
         what += f", {len(layer.system_packages)} OS packages ({layer.system_lock_sha256})"
-    cfg["history"] = [*cfg.get("history", []), {"created": stamp, "created_by": f"launcher: project layer, {what}"}]
-    cfg["rootfs"] = {"type": "layers", "diff_ids": [*cfg["rootfs"]["diff_ids"], layer.diff_id]}
-    return json.dumps(cfg, sort_keys=True, separators=(",", ":")).encode()
+    return recipelayer.add_top_layer(base_config, layer.diff_id, labels, epoch, f"launcher: project layer, {what}")
 
 
 def labels_of(layer: ProjectLayer) -> dict[str, str]:

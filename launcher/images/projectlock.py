@@ -15,7 +15,6 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import tomllib
 
@@ -331,7 +330,7 @@ def conflict(output: str, diagnosis: str, source: str, variant: str,
                       "another --variant whose lock fits")
 
 
-def _failure(answer: dict[str, Any], req: Requirements, variant: str, held: Sequence[LockedRequirement],
+def _failure(answer: lock.LockAnswer, req: Requirements, variant: str, held: Sequence[LockedRequirement],
              pin: images.BasePin, ca_path: Path | None, dropped: Sequence[str]) -> LockFailed:
     output = str(answer.get("output", ""))
     found = conflict(output, str(answer.get("diagnosis", "")), req.source.name, variant, held)

@@ -17,9 +17,8 @@ import json
 import tarfile
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from launcher.errors import BuildFailed
 from launcher.hashing import atomic_path
@@ -27,6 +26,7 @@ from launcher.hosts import engine
 from launcher.images import layertar
 from launcher.images import tree as imagetree
 from launcher.runtime import code as codedigest
+from launcher.runtime.recipespec import RECIPE_FILE
 
 IMAGE_RECIPES = "opt/launcher/recipes"
 
@@ -74,7 +74,7 @@ def recipe_digests(folder: Path) -> dict[str, str]:
     if not folder.is_dir():
         return {}
     return {p.name: codedigest.code_digest(p) for p in sorted(folder.iterdir())
-            if p.is_dir() and (p / "recipe.toml").is_file()}
+            if p.is_dir() and (p / RECIPE_FILE).is_file()}
 
 
 def write_layer(folder: Path, layer_cache: Path, epoch: int) -> RecipesLayer:
@@ -94,15 +94,19 @@ def write_layer(folder: Path, layer_cache: Path, epoch: int) -> RecipesLayer:
 def compose_config(env_config: bytes, layer: RecipesLayer, labels: Mapping[str, str], epoch: int,
                    recipes_digest: str) -> bytes:
     """The environment image's config with the recipes layer and the final labels added."""
-    cfg: dict[str, Any] = json.loads(env_config)
-    inner = dict(cfg.get("config") or {})
+    created_by = f"launcher: recipes/ -> /{IMAGE_RECIPES}/ ({recipes_digest})"
+    return add_top_layer(env_config, layer.diff_id, labels, epoch, created_by)
+
+
+def add_top_layer(config: bytes, diff_id: str, labels: Mapping[str, str], epoch: int, created_by: str) -> bytes:
+    """An image config with one more layer on top: its diff ID, a history entry dated epoch, labels added."""
+    cfg: imagetree.ImageConfig = json.loads(config)
+    inner = (cfg.get("config") or imagetree.ContainerConfig()).copy()
     inner["Labels"] = {**(inner.get("Labels") or {}), **labels}
     cfg["config"] = inner
-    stamp = datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    cfg["history"] = [*cfg.get("history", []),
-                      {"created": stamp, "created_by": f"launcher: recipes/ -> /{IMAGE_RECIPES}/ ({recipes_digest})"}]
-    cfg["rootfs"] = {"type": "layers", "diff_ids": [*cfg["rootfs"]["diff_ids"], layer.diff_id]}
-    return json.dumps(cfg, sort_keys=True, separators=(",", ":")).encode()
+    cfg["history"] = [*cfg.get("history", []), {"created": imagetree.stamp(epoch), "created_by": created_by}]
+    cfg["rootfs"] = {"type": "layers", "diff_ids": [*cfg["rootfs"]["diff_ids"], diff_id]}
+    return imagetree.config_bytes(cfg)
 
 
 def image_id_of(config: bytes) -> str:

@@ -22,13 +22,68 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, NotRequired, TypedDict, cast
 
 from launcher.errors import BuildFailed
 from launcher.hosts import engine
 from launcher.images.layertar import BLOCK, Entry, rewrite_layer
 
 DEFAULT_EPOCH = 315532800  # 1980-01-01T00:00:00Z, the earliest date a zip entry can carry
+STAMP_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # every date an image launcher makes carries: the build epoch, in UTC
+
+
+def stamp(epoch: int) -> str:
+    """The epoch as an image config's date (``created``, each history entry's)."""
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime(STAMP_FORMAT)
+
+
+class RootFs(TypedDict):
+    type: str
+    diff_ids: list[str]
+
+
+class HistoryEntry(TypedDict, total=False):
+    """A step of an image's history; every key is optional in the image spec."""
+
+    created: str
+    created_by: str
+    comment: str
+    empty_layer: bool
+
+
+class ContainerConfig(TypedDict, total=False):
+    """An image config's ``config``: how a container of it starts; every key is optional in the
+    image spec (launcher reads the labels and clears the builder's Image and Hostname)."""
+
+    Labels: dict[str, str] | None
+    Env: list[str]
+    Cmd: list[str] | None
+    Entrypoint: list[str] | None
+    WorkingDir: str
+    User: str
+    Image: str
+    Hostname: str
+
+
+class ImageConfig(TypedDict):
+    """An image's config JSON (``images/configs/<id>.json``, whose sha256 is the image ID): the keys
+    launcher reads or rewrites; any other key the builder wrote is kept as it is."""
+
+    architecture: str
+    os: str
+    rootfs: RootFs
+    created: NotRequired[str]
+    config: NotRequired[ContainerConfig | None]
+    history: NotRequired[list[HistoryEntry]]
+    container: NotRequired[str]  # the builder's intermediate container: dropped by normalising
+    container_config: NotRequired[ContainerConfig]
+
+
+def config_bytes(config: ImageConfig) -> bytes:
+    """An image config as launcher writes it: canonical JSON, so equal configs, equal image IDs."""
+    return json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
 
 
 @dataclass
@@ -86,21 +141,19 @@ class Normalized:
     config: bytes = b""
 
 
-def _normalize_config(config: dict[str, Any], diff_ids: list[str], epoch: int) -> bytes:
-    from datetime import datetime, timezone
-
-    stamp = datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    cfg = dict(config)
+def _normalize_config(config: ImageConfig, diff_ids: list[str], epoch: int) -> bytes:
+    date = stamp(epoch)
+    cfg = config.copy()
     cfg.pop("container", None)
     cfg.pop("container_config", None)
-    cfg["created"] = stamp
-    inner = dict(cfg.get("config") or {})
+    cfg["created"] = date
+    inner = (cfg.get("config") or ContainerConfig()).copy()
     inner["Image"] = ""
     inner["Hostname"] = ""
     cfg["config"] = inner
-    cfg["history"] = [{**h, "created": stamp} for h in cfg.get("history", [])]
+    cfg["history"] = [{**h, "created": date} for h in cfg.get("history", [])]
     cfg["rootfs"] = {"type": "layers", "diff_ids": diff_ids}
-    return json.dumps(cfg, sort_keys=True, separators=(",", ":")).encode()
+    return config_bytes(cfg)
 
 
 def _layer_key(size: int, head: bytes) -> str:
@@ -202,82 +255,116 @@ def normalize(image: str, *, tag: str, base_keys: set[str] | None = None, epoch:
     loader = local.load() if load else None
     # Without load (a verification), only the digests are wanted: the bytes go nowhere.
     out = cast(IO[bytes], loader.stdin if loader is not None else _Discard())
-    layers: dict[str, tuple[list[Entry], str]] = {}
-    manifest: list[dict[str, Any]] = []
-    configs: dict[str, bytes] = {}
-    keys = base_keys or set()
     try:
-        with tarfile.open(fileobj=save.stdout, mode="r|") as tar:
-            for member in tar:
-                stream = tar.extractfile(member) if member.isfile() else None
-                if stream is None:
-                    continue
-                if member.name.endswith("/layer.tar"):
-                    head = stream.read(HEAD)
-                    is_base = _layer_key(member.size, head) in keys
-                    out.write(_member(member.name, member.size))
-                    written = 0
-                    keep = None if is_base or layer_cache is None else tempfile.NamedTemporaryFile(
-                        dir=_mkdir(layer_cache / "layers"), prefix=".", suffix=".partial", delete=False)
-
-                    def sink(b: bytes, keep: IO[bytes] | None = keep) -> None:
-                        nonlocal written
-                        written += len(b)
-                        out.write(b)
-                        if keep is not None:
-                            keep.write(b)
-
-                    try:
-                        entries, _d_in, d_out = rewrite_layer(cast(IO[bytes], _Prefixed(head, stream)), sink, epoch,
-                                                              clamp=not is_base)
-                    except BaseException:
-                        if keep is not None:
-                            keep.close()
-                            Path(keep.name).unlink(missing_ok=True)
-                        raise
-                    if keep is not None and layer_cache is not None:
-                        keep.close()
-                        Path(keep.name).replace(layer_cache / "layers" / f"{d_out.removeprefix('sha256:')}.tar")
-                    if written != member.size:
-                        raise BuildFailed(f"normalising layer {member.name} changed its size",
-                                          "report this with the image's Dockerfile")
-                    out.write(b"\0" * (-written % BLOCK))
-                    layers[member.name] = (entries, d_out)
-                elif member.name == "manifest.json":
-                    manifest = json.loads(stream.read())
-                elif member.name.endswith(".json") and "/" not in member.name:
-                    configs[member.name] = stream.read()
+        saved = _Saved(out, base_keys or set(), epoch, layer_cache)
+        saved.read(save.stdout)
         if save.wait() != 0:
             err = save.stderr_text()
             raise BuildFailed(f"docker save {image} failed: {err.strip()[:200]}", "check the Docker engine")
-        if len(manifest) != 1:
-            raise BuildFailed(f"docker save {image} gave {len(manifest)} images", "save exactly one image")
-        order = manifest[0]["Layers"]
-        tree = Tree()
-        for name in order:
-            tree.apply_layer(layers[name][0])
-        cfg_bytes = _normalize_config(json.loads(configs[manifest[0]["Config"]]),
-                                      [layers[name][1] for name in order], epoch)
-        image_id = "sha256:" + hashlib.sha256(cfg_bytes).hexdigest()
-        if layer_cache is not None:
-            (_mkdir(layer_cache / "configs") / f"{image_id[7:]}.json").write_bytes(cfg_bytes)
-        man = json.dumps([{"Config": f"{image_id[7:]}.json", "RepoTags": [tag], "Layers": order}]).encode()
-        for name, data in ((f"{image_id[7:]}.json", cfg_bytes), ("manifest.json", man)):
-            out.write(_member(name, len(data)))
-            out.write(data + b"\0" * (-len(data) % BLOCK))
-        out.write(b"\0" * (2 * BLOCK))
-        out.close()
+        if len(saved.manifest) != 1:
+            raise BuildFailed(f"docker save {image} gave {len(saved.manifest)} images", "save exactly one image")
+        normalized = saved.normalized()
+        saved.write_tail(normalized.image_id, normalized.config, tag)
     except BrokenPipeError:
         pass
     finally:
         save.kill()  # only if still running
     if loader is None:
-        return Normalized(image_id=image_id, tree_digest=tree.digest(), tree=tree.lines(), config=cfg_bytes)
+        return normalized
     err = loader.stderr_text()
     if loader.wait() != 0:
         raise BuildFailed(f"docker load of the normalised image failed: {err.strip()[:300]}",
                           "check the Docker engine's disk space")
-    return Normalized(image_id=image_id, tree_digest=tree.digest(), tree=tree.lines(), config=cfg_bytes)
+    return normalized
+
+
+class SaveManifestEntry(TypedDict):
+    """An image of a `docker save` archive's manifest.json."""
+
+    Config: str
+    RepoTags: list[str] | None
+    Layers: list[str]
+
+
+class _Saved:
+    """One pass over a `docker save` stream, rewritten to out as it is read: each layer's headers
+    normalised (kept in the layer cache when given), its manifest and configs gathered."""
+
+    def __init__(self, out: IO[bytes], keys: set[str], epoch: int, layer_cache: Path | None) -> None:
+        self.out, self.keys, self.epoch, self.layer_cache = out, keys, epoch, layer_cache
+        self.layers: dict[str, tuple[list[Entry], str]] = {}  # member name -> (entries, diff ID after)
+        self.manifest: list[SaveManifestEntry] = []
+        self.configs: dict[str, bytes] = {}
+
+    def read(self, stream: IO[bytes]) -> None:
+        with tarfile.open(fileobj=stream, mode="r|") as tar:
+            for member in tar:
+                data = tar.extractfile(member) if member.isfile() else None
+                if data is None:
+                    continue
+                if member.name.endswith("/layer.tar"):
+                    self.layers[member.name] = self._layer(member, data)
+                elif member.name == "manifest.json":
+                    self.manifest = json.loads(data.read())
+                elif member.name.endswith(".json") and "/" not in member.name:
+                    self.configs[member.name] = data.read()
+
+    def _layer(self, member: tarfile.TarInfo, stream: IO[bytes]) -> tuple[list[Entry], str]:
+        """One layer rewritten to out (a base layer's dates left as they are); its entries and diff ID."""
+        out, layer_cache = self.out, self.layer_cache
+        head = stream.read(HEAD)
+        is_base = _layer_key(member.size, head) in self.keys
+        out.write(_member(member.name, member.size))
+        written = 0
+        keep = None if is_base or layer_cache is None else tempfile.NamedTemporaryFile(
+            dir=_mkdir(layer_cache / "layers"), prefix=".", suffix=".partial", delete=False)
+
+        def sink(b: bytes, keep: IO[bytes] | None = keep) -> None:
+            nonlocal written
+            written += len(b)
+            out.write(b)
+            if keep is not None:
+                keep.write(b)
+
+        try:
+            entries, _d_in, d_out = rewrite_layer(cast(IO[bytes], _Prefixed(head, stream)), sink, self.epoch,
+                                                  clamp=not is_base)
+        except BaseException:
+            if keep is not None:
+                keep.close()
+                Path(keep.name).unlink(missing_ok=True)
+            raise
+        if keep is not None and layer_cache is not None:
+            keep.close()
+            Path(keep.name).replace(layer_cache / "layers" / f"{d_out.removeprefix('sha256:')}.tar")
+        if written != member.size:
+            raise BuildFailed(f"normalising layer {member.name} changed its size",
+                              "report this with the image's Dockerfile")
+        out.write(b"\0" * (-written % BLOCK))
+        return entries, d_out
+
+    def normalized(self) -> Normalized:
+        """The image's tree and normalised config (kept in the layer cache when given)."""
+        order = self.manifest[0]["Layers"]
+        tree = Tree()
+        for name in order:
+            tree.apply_layer(self.layers[name][0])
+        cfg_bytes = _normalize_config(json.loads(self.configs[self.manifest[0]["Config"]]),
+                                      [self.layers[name][1] for name in order], self.epoch)
+        image_id = "sha256:" + hashlib.sha256(cfg_bytes).hexdigest()
+        if self.layer_cache is not None:
+            (_mkdir(self.layer_cache / "configs") / f"{image_id[7:]}.json").write_bytes(cfg_bytes)
+        return Normalized(image_id=image_id, tree_digest=tree.digest(), tree=tree.lines(), config=cfg_bytes)
+
+    def write_tail(self, image_id: str, cfg_bytes: bytes, tag: str) -> None:
+        """The normalised config and the manifest naming it as tag, then the archive's end."""
+        man = json.dumps([{"Config": f"{image_id[7:]}.json", "RepoTags": [tag],
+                           "Layers": self.manifest[0]["Layers"]}]).encode()
+        for name, data in ((f"{image_id[7:]}.json", cfg_bytes), ("manifest.json", man)):
+            self.out.write(_member(name, len(data)))
+            self.out.write(data + b"\0" * (-len(data) % BLOCK))
+        self.out.write(b"\0" * (2 * BLOCK))
+        self.out.close()
 
 
 def write_load_archive(out: IO[bytes], image_id: str, config: bytes, files: list[Path | None], *,

@@ -20,18 +20,23 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, SupportsFloat
 
 from launcher.runtime import fingerprints as fp
 from launcher.runtime.record import BadData, recorder
+
+if TYPE_CHECKING:
+    from launcher.runtime.records import NamedArrays
 
 __all__ = ["BadData", "checkpoint", "data_dir", "jax_layers", "out_dir", "params", "profile", "record_dataset",
            "record_epoch", "record_initial_weights", "resume_point", "save_final", "seed", "threads", "torch_generator",
            "torch_layers"]
 
 
+# the user's params are any JSON (recipe.toml's defaults, --param, a plain script's --params), read by
+# the user's own code: Any, so that a script need not narrow each value it reads
 def params(defaults: dict[str, Any] | None = None) -> dict[str, Any]:
     merged = dict(defaults or {})
     merged.update(json.loads(os.environ.get("LAUNCHER_PARAMS", "{}")))
@@ -61,7 +66,7 @@ def threads() -> int | None:
     return int(raw) if raw else None
 
 
-def record_dataset(arrays: dict[str, Any]) -> str:
+def record_dataset(arrays: NamedArrays) -> str:
     """Fingerprint a dataset held in arrays; raises BadData if recipe.toml expects another one."""
     return str(recorder().record_dataset_arrays(arrays)["digest"])
 
@@ -82,7 +87,7 @@ def record_initial_weights(layers: fp.Layers) -> None:
     recorder().record_initial_weights(layers)
 
 
-def record_epoch(epoch: int, batches: Sequence[Any], metrics: dict[str, Any]) -> None:
+def record_epoch(epoch: int, batches: Sequence[Any], metrics: Mapping[str, SupportsFloat | str]) -> None:
     """One epoch: the sample IDs of each batch in the order trained, and the epoch's metrics."""
     rec = recorder()
     rec.record_batches(epoch, [fp.batch_digest(ids) for ids in batches])

@@ -31,9 +31,15 @@ import random
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from launcher.runtime import fingerprints as fp
+from launcher.runtime.records import BATCHES, EXIT_JSON, METRICS, STEPS
+
+if TYPE_CHECKING:
+    from launcher.runtime.records import CheckpointFile, CheckpointState, RngState
+
+Resume = tuple[Path, "CheckpointState"]  # a checkpoint's folder and its state.json
 
 ENV_EVERY = "LAUNCHER_CHECKPOINT_EVERY"
 ENV_RESUME = "LAUNCHER_RESUME"
@@ -42,9 +48,9 @@ LATEST = f"{DIR}/latest.json"
 STATE = "state.json"
 RNG = "rng.json"
 # the files a run appends to while it trains: cut back to their size at the checkpoint on resume
-APPENDED = ("metrics.jsonl", "fingerprints/batches.jsonl", "fingerprints/steps.jsonl")
+APPENDED = (METRICS, BATCHES, STEPS)
 # what a run writes once training is over: removed on resume, written again at the end
-FINAL = ("model", "weights", "_launcher/exit.json")
+FINAL = ("model", "weights", EXIT_JSON)
 
 
 class NotResumable(Exception):
@@ -65,7 +71,7 @@ def checkpoint_name(epochs_done: int) -> str:
     return f"epoch-{epochs_done:04d}"
 
 
-def read_latest(out: Path) -> tuple[Path, dict[str, Any]] | None:
+def read_latest(out: Path) -> Resume | None:
     """The latest checkpoint's folder and state, or None when there is none."""
     try:
         pointer = json.loads((out / LATEST).read_text())
@@ -73,17 +79,19 @@ def read_latest(out: Path) -> tuple[Path, dict[str, Any]] | None:
         state = json.loads((folder / STATE).read_text())
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return (folder, state) if isinstance(state, dict) else None
+    if not isinstance(state, dict) or not all(isinstance(state.get(k), int) for k in ("epoch", "next_epoch", "step")):
+        return None
+    return folder, cast("CheckpointState", state)
 
 
-def prepare_resume(out: Path) -> tuple[Path, dict[str, Any]]:
+def prepare_resume(out: Path) -> Resume:
     """Put the outputs folder back as it was at the latest checkpoint: the appended files cut back
     to their size then, what the run writes at its end removed. Raises NotResumable."""
     found = read_latest(out)
     if found is None:
         raise NotResumable(f"{out} has no checkpoint ({LATEST}): the run stopped before its first one")
     folder, state = found
-    exit_json = out / "_launcher/exit.json"
+    exit_json = out / EXIT_JSON
     if exit_json.is_file():
         try:
             if json.loads(exit_json.read_text()).get("exit_code") == 0:
@@ -110,9 +118,9 @@ def prepare_resume(out: Path) -> tuple[Path, dict[str, Any]]:
     return folder, state
 
 
-def python_numpy_state() -> dict[str, Any]:
+def python_numpy_state() -> RngState:
     version, internal, gauss = random.getstate()
-    doc: dict[str, Any] = {"python": [version, list(internal), gauss]}
+    doc: RngState = {"python": [version, list(internal), gauss]}
     try:
         import numpy as np
     except ImportError:
@@ -122,7 +130,7 @@ def python_numpy_state() -> dict[str, Any]:
     return doc
 
 
-def restore_python_numpy(doc: dict[str, Any]) -> None:
+def restore_python_numpy(doc: RngState) -> None:
     version, internal, gauss = doc["python"]
     random.setstate((version, tuple(internal), gauss))
     if "numpy" in doc:
@@ -140,8 +148,8 @@ class Checkpoints:
         self.every = every
         self.resume = resume
         self.engaged = False  # a framework's checkpointing was set up (fit() on Keras, the api on PyTorch)
-        self.restored: dict[str, Any] | None = None  # the state resumed from, once restored
-        self._resume_from: tuple[Path, dict[str, Any]] | None = None
+        self.restored: CheckpointState | None = None  # the state resumed from, once restored
+        self._resume_from: Resume | None = None
 
     @classmethod
     def from_env(cls, out: Path) -> Checkpoints:
@@ -155,7 +163,7 @@ class Checkpoints:
     def active(self) -> bool:
         return self.every is not None or self.resume
 
-    def resume_from(self) -> tuple[Path, dict[str, Any]] | None:
+    def resume_from(self) -> Resume | None:
         """The checkpoint to restore (the runner has put the outputs back to it), or None when not resuming."""
         if not self.resume:
             return None
@@ -181,13 +189,15 @@ class Checkpoints:
         save(tmp)
         fp.write_json(tmp / RNG, python_numpy_state())
         sizes = {rel: (self.out / rel).stat().st_size for rel in APPENDED if (self.out / rel).is_file()}
-        fp.write_json(tmp / STATE, {"epoch": epoch, "next_epoch": epoch + 1, "step": step,
-                                    "framework": framework, "files": sizes})
+        state: CheckpointState = {"epoch": epoch, "next_epoch": epoch + 1, "step": step, "framework": framework,
+                                  "files": sizes}
+        fp.write_json(tmp / STATE, state)
         final = root / name
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        fp.write_atomic(self.out / LATEST, (json.dumps({"name": name}, sort_keys=True) + "\n").encode())
+        pointer: CheckpointFile = {"name": name}
+        fp.write_atomic(self.out / LATEST, (json.dumps(pointer, sort_keys=True) + "\n").encode())
         for old in root.iterdir():
             if old.is_dir() and old.name != name:
                 shutil.rmtree(old, ignore_errors=True)

@@ -30,11 +30,35 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from launcher.runtime import fingerprints as fp
 from launcher.runtime import pictures, probes
 from launcher.runtime.record import EXIT_BAD_DATA, EXIT_USAGE, BadRecipe
+
+
+class FileDigest(TypedDict):
+    path: str
+    sha256: str
+
+
+class ExplainDocument(TypedDict):
+    """``explain.json``: the model and image explained, the predicted class and its Grad-CAM map."""
+
+    model: FileDigest
+    image: FileDigest
+    input_shape: list[int]
+    input_range: list[float]
+    layer: str
+    layer_chosen: Literal["declared", "automatic"]
+    outputs: list[float]
+    probabilities: list[float]
+    probabilities_read_as: str
+    predicted: int
+    probability: float
+    heatmap_shape: list[int]
+    heatmap: list[list[float]]
+
 
 # launcher.errors.ExitCode's values for the failures below.
 EXIT_NOT_FOUND = 11
@@ -160,7 +184,7 @@ def choose_layer(model: Any, name: str | None) -> Any:
 
 
 def explain(model_path: Path, image_path: Path, out: Path, layer_name: str | None,
-            input_range: tuple[float, float]) -> dict[str, Any]:
+            input_range: tuple[float, float]) -> ExplainDocument:
     """Compute and write explain.json, heatmap.png and overlay.png into out; the document."""
     import numpy as np
 
@@ -174,7 +198,7 @@ def explain(model_path: Path, image_path: Path, out: Path, layer_name: str | Non
     probs, how = probes.probabilities(computed["outputs"])
     predicted = int(probs[0].argmax())
     heat = computed["heatmaps"][0]
-    doc: dict[str, Any] = {
+    doc: ExplainDocument = {
         "model": {"path": str(model_path), "sha256": fp.sha256_file(model_path)},
         "image": {"path": str(image_path), "sha256": fp.sha256_file(image_path)},
         "input_shape": [int(v) for v in x.shape[1:]],

@@ -13,7 +13,21 @@ import os
 import zipfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from launcher.runtime.records import (
+        ArrayEntry,
+        ArraysFingerprint,
+        EpochBatches,
+        FilesFingerprint,
+        JsonlLine,
+        LayerArray,
+        LayerEntry,
+        LayersDocument,
+        NamedArrays,
+        WeightsFingerprint,
+    )
 
 CHUNK = 1 << 20
 ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
@@ -51,7 +65,7 @@ def write_json(path: Path, data: Any) -> None:
     write_atomic(path, canonical_json(data).encode())
 
 
-def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+def append_jsonl(path: Path, record: JsonlLine) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n")
@@ -78,7 +92,7 @@ def array_digest(value: Any) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def files_fingerprint(root: Path, exclude: Iterable[str] = ("__pycache__",)) -> dict[str, Any]:
+def files_fingerprint(root: Path, exclude: Iterable[str] = ("__pycache__",)) -> FilesFingerprint:
     """Every regular file under root (links followed), by relative path; mtimes play no part."""
     skip = set(exclude)
     entries: dict[str, str] = {}
@@ -92,23 +106,23 @@ def files_fingerprint(root: Path, exclude: Iterable[str] = ("__pycache__",)) -> 
     return {"digest": digest_of(entries), "kind": "files", "entries": entries}
 
 
-def arrays_fingerprint(arrays: dict[str, Any]) -> dict[str, Any]:
-    entries: dict[str, Any] = {}
+def arrays_fingerprint(arrays: NamedArrays) -> ArraysFingerprint:
+    entries: dict[str, ArrayEntry] = {}
     for name in sorted(arrays):
         a = as_array(arrays[name])
         entries[name] = {"sha256": array_digest(a), "shape": list(a.shape), "dtype": a.dtype.str}
     return {"digest": digest_of(entries), "kind": "arrays", "entries": entries}
 
 
-def weights_fingerprint(layers: Layers) -> dict[str, Any]:
+def weights_fingerprint(layers: Layers) -> WeightsFingerprint:
     arrays = {f"{name}/{i}": array_digest(a) for name, values in layers for i, a in enumerate(values)}
     return {"digest": digest_of(arrays), "arrays": arrays}
 
 
-def layers_document(layers: Layers) -> dict[str, Any]:
-    out = []
+def layers_document(layers: Layers) -> LayersDocument:
+    out: list[LayerEntry] = []
     for name, values in layers:
-        items = []
+        items: list[LayerArray] = []
         for i, value in enumerate(values):
             a = as_array(value)
             items.append({"index": i, "shape": list(a.shape), "dtype": a.dtype.str,
@@ -126,12 +140,12 @@ def canonical_npz_bytes(layers: Layers) -> bytes:
                         for i, value in enumerate(values)})
 
 
-def arrays_npz_bytes(arrays: dict[str, Any]) -> bytes:
+def arrays_npz_bytes(arrays: NamedArrays) -> bytes:
     """Named arrays as a canonical .npz (``NAME.npy`` entries, stored, sorted, dates fixed)."""
     return _stored_npz({f"{name}.npy": value for name, value in arrays.items()})
 
 
-def _stored_npz(arrays: dict[str, Any]) -> bytes:
+def _stored_npz(arrays: NamedArrays) -> bytes:
     import numpy as np
 
     entries: list[tuple[str, bytes]] = []
@@ -166,5 +180,5 @@ def batch_digest(sample_ids: Any) -> str:
     return array_digest(np.asarray(sample_ids, dtype="<i8"))
 
 
-def epoch_record(epoch: int, batches: list[str]) -> dict[str, Any]:
+def epoch_record(epoch: int, batches: list[str]) -> EpochBatches:
     return {"epoch": epoch, "digest": digest_of(batches), "batches": batches}

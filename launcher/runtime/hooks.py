@@ -20,12 +20,16 @@ import random
 import sys
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.runtime import fingerprints as fp
 from launcher.runtime import frameworks, importwatch, seedcalls
 from launcher.runtime.frameworks import DETERMINISTIC, Framework
 from launcher.runtime.record import Recorder, recorder
+from launcher.runtime.records import RUNTIME_JSON
+
+if TYPE_CHECKING:
+    from launcher.runtime.records import Applied, Determinism, RuntimeDocument
 
 SEEDED = (*DETERMINISTIC, "seeded")
 # the variables runtime.json keeps: launcher's, the profile's common ones, and every framework's
@@ -40,9 +44,9 @@ def settings() -> tuple[str, int | None, int | None]:
     return profile, int(seed) if seed else None, int(threads) if threads else None
 
 
-def _seed_python_numpy(seed: int) -> dict[str, Any]:
+def _seed_python_numpy(seed: int) -> dict[str, int]:
     random.seed(seed)
-    applied: dict[str, Any] = {"python_random": seed}
+    applied = {"python_random": seed}
     if importlib.util.find_spec("numpy") is not None:
         import numpy as np
 
@@ -64,7 +68,7 @@ def _importer() -> str | None:
     return None
 
 
-def _applied_phrase(info: dict[str, Any], rt: Runtime) -> str:
+def _applied_phrase(info: Applied, rt: Runtime) -> str:
     """What the profile did to a framework, in a few words for the log."""
     if rt.profile not in SEEDED:
         return f"profile {rt.profile}, nothing applied"
@@ -82,12 +86,12 @@ class Runtime:
 
     def __init__(self, profile: str, seed: int | None, threads: int | None, rec: Recorder) -> None:
         self.profile, self.seed, self.threads, self.rec = profile, seed, threads, rec
-        self.seeded: dict[str, Any] = {}
+        self.seeded: dict[str, int] = {}  # what launcher seeded itself: python_random, numpy
         self.frameworks: list[str] = []
-        self.applied: dict[str, dict[str, Any]] = {}
+        self.applied: dict[str, Applied] = {}
         self.seed_calls = seedcalls.SeedCalls()
 
-    def determinism(self) -> dict[str, Any]:
+    def determinism(self) -> Determinism:
         """Whether the profile was in force on the code that ran, and why (or why not)."""
         if self.profile not in SEEDED:
             return {"in_force": False, "reason": f"profile {self.profile}: nothing was seeded or made deterministic"}
@@ -104,7 +108,7 @@ class Runtime:
                     "op determinism off"}
         return {"in_force": True, "reason": f"{self.profile} profile applied to {', '.join(self.frameworks)}"}
 
-    def document(self) -> dict[str, Any]:
+    def document(self) -> RuntimeDocument:
         first = self.applied.get(self.frameworks[0]) if self.frameworks else None
         return {
             "profile": self.profile,
@@ -125,9 +129,9 @@ class Runtime:
         }
 
     def write(self) -> None:
-        fp.write_json(self.rec.path("_launcher/runtime.json"), self.document())
+        fp.write_json(self.rec.path(RUNTIME_JSON), self.document())
 
-    def framework_imported(self, name: str, apply: Callable[[], dict[str, Any]]) -> None:
+    def framework_imported(self, name: str, apply: Callable[[], Applied]) -> None:
         """A framework was just imported: apply the profile to it and record what was applied. A
         failure to apply is recorded and printed, and the run goes on without the guarantee."""
         if name in self.applied:

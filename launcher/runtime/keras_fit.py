@@ -22,14 +22,33 @@ import inspect
 import json
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from launcher.runtime import fingerprints as fp
 from launcher.runtime import optrace
 from launcher.runtime import probes as probemod
 from launcher.runtime.record import Recorder
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+    from launcher.runtime.checkpoint import Resume
+
+Logs = Mapping[str, float] | None  # what Keras hands a callback: each metric's value so far
+
+
+class FitArguments(TypedDict):
+    """The arguments of fit() launcher reads (bound to fit()'s signature, defaults applied); the
+    values are the user's data and settings as given."""
+
+    x: Any
+    y: Any
+    sample_weight: Any
+    validation_data: Any
+    validation_split: float | None
+    steps_per_epoch: int | None
 
 TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"  # where Keras 3 keeps TFEpochIterator
 KERAS_STATE = "keras.npz"  # a checkpoint's Keras part (launcher.runtime.checkpoint)
@@ -189,7 +208,7 @@ def _iterations(model: Any) -> int | None:
 
 
 def _recorder_callback(keras: Any, rec: Recorder, tap: BatchTap,
-                       resume: tuple[Path, dict[str, Any]] | None = None) -> Any:
+                       resume: Resume | None = None) -> Any:
     trace = rec.trace
     points = rec.checkpoints
 
@@ -197,16 +216,16 @@ def _recorder_callback(keras: Any, rec: Recorder, tap: BatchTap,
         def layers(self) -> fp.Layers:
             return keras_layers(self.model)
 
-        def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        def on_train_begin(self, logs: Logs = None) -> None:
             rec.record_initial_weights(keras_layers(self.model))
             if resume is not None:
                 restore(keras, self.model, resume, rec, tap)
             trace.start(self.layers)
 
-        def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        def on_epoch_begin(self, epoch: int, logs: Logs = None) -> None:
             tap.epoch_begins(epoch)
 
-        def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        def on_epoch_end(self, epoch: int, logs: Logs = None) -> None:
             batches, why = tap.epoch_batches(epoch)
             rec.record_batches(epoch, batches, why)
             rec.record_metrics(epoch, dict(logs or {}))
@@ -219,7 +238,7 @@ def _recorder_callback(keras: Any, rec: Recorder, tap: BatchTap,
     class LauncherStepRecorder(LauncherRecorder):
         """With --trace-every N: also a row every N optimizer steps (the batch hook costs a little)."""
 
-        def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        def on_train_batch_end(self, batch: int, logs: Logs = None) -> None:
             step = _iterations(self.model)
             if step is not None:
                 trace.stepped(step, self.layers, loss=(logs or {}).get("loss"))
@@ -231,12 +250,12 @@ def _optrace_callback(keras: Any, ops: optrace.KerasOps) -> Any:
     """On a diverge re-execution: which step the training function computes (its taps read it)."""
 
     class LauncherOpTrace(keras.callbacks.Callback):  # type: ignore[misc]
-        def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        def on_train_batch_begin(self, batch: int, logs: Logs = None) -> None:
             done = _iterations(self.model)
             if done is not None:
                 ops.trace.begin(done + 1)
 
-        def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        def on_train_batch_end(self, batch: int, logs: Logs = None) -> None:
             ops.trace.end()
 
     return LauncherOpTrace()
@@ -261,7 +280,7 @@ def _trace_ops(keras: Any, tf: Any, rec: Recorder, model: Any) -> Any:
 
 # ---------------------------------------------------------------- checkpoints
 
-def _state_arrays(keras: Any, model: Any) -> dict[str, Any]:
+def _state_arrays(keras: Any, model: Any) -> dict[str, NDArray[Any]]:
     """Everything training changes, by position: the model's variables (weights, and the dropout
     layers' seed generator states), the optimizer's (its step, learning rate and slots), and Keras'
     global seed generator where one exists."""
@@ -287,7 +306,7 @@ def save_state(keras: Any, model: Any, folder: Path) -> None:
     fp.write_atomic(folder / KERAS_STATE, fp.arrays_npz_bytes(_state_arrays(keras, model)))
 
 
-def restore(keras: Any, model: Any, resume: tuple[Path, dict[str, Any]], rec: Recorder, tap: BatchTap) -> None:
+def restore(keras: Any, model: Any, resume: Resume, rec: Recorder, tap: BatchTap) -> None:
     """Put the state of the checkpoint back (see _state_arrays), after fit() built the model and optimizer."""
     import numpy as np
 
@@ -319,7 +338,7 @@ def restore(keras: Any, model: Any, resume: tuple[Path, dict[str, Any]], rec: Re
           flush=True)
 
 
-def _refusal(a: dict[str, Any], named: dict[str, list[Any]] | None, fits: int) -> str | None:
+def _refusal(a: FitArguments, named: dict[str, list[Any]] | None, fits: int) -> str | None:
     """Why this fit() cannot be checkpointed and resumed bit for bit, or None."""
     if fits > 1:
         return "the script calls fit() more than once; launcher checkpoints a script with one fit()"
@@ -341,7 +360,7 @@ def _save_final(rec: Recorder, model: Any) -> None:
             print(f"launcher: could not write model/{name}: {type(exc).__name__}: {exc}", flush=True)
 
 
-def _train_and_validation(a: dict[str, Any]) -> tuple[dict[str, list[Any]] | None, Any]:
+def _train_and_validation(a: FitArguments) -> tuple[dict[str, list[Any]] | None, Any]:
     """The arrays fit() trains on (after Keras' own validation split: the last samples), by name,
     and its validation data; read from the arguments, nothing passed on changed."""
     validation = a["validation_data"]
@@ -375,8 +394,9 @@ def install(keras: Any, tf: Any, rec: Recorder) -> Callable[..., Any]:
         given = sig.bind(self, *args, **kwargs)
         full = sig.bind(self, *args, **kwargs)
         full.apply_defaults()
-        a = dict(full.arguments)
-        a.update(a.pop("kwargs", {}) or {})
+        bound = dict(full.arguments)
+        bound.update(bound.pop("kwargs", {}) or {})
+        a = cast(FitArguments, bound)  # fit()'s own parameters: every key is there, defaults applied
         rec.fits += 1
         named, validation = _train_and_validation(a)
         if named is not None:

@@ -23,9 +23,14 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.runtime import fingerprints as fp
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+    from launcher.runtime.records import OpRow
 
 ENV = "LAUNCHER_OPTRACE"
 OPS = "optrace/ops.jsonl"
@@ -51,7 +56,7 @@ class OpTrace:
         self.lo, self.hi = window
         self.current: int | None = None
         self.order = 0
-        self.arrays: dict[str, Any] = {}
+        self.arrays: dict[str, NDArray[Any]] = {}  # the traced step's small arrays, by OpRow.array
         self.lock = threading.Lock()  # Keras' taps may run on TensorFlow's threads
 
     def begin(self, step: int) -> None:
@@ -69,7 +74,7 @@ class OpTrace:
             if self.current is None:
                 return
             key = f"{self.order:05d}"
-            row: dict[str, Any] = {"step": self.current, "order": self.order, "kind": kind, "name": name,
+            row: OpRow = {"step": self.current, "order": self.order, "kind": kind, "name": name,
                                    "digest": digest, "shape": list(a.shape), "dtype": a.dtype.str}
             if a.size <= MAX_ELEMENTS:
                 self.arrays[key] = a

@@ -27,15 +27,67 @@ before it: the final convolutional feature map, before the model flattens or poo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from launcher.runtime import fingerprints as fp
+from launcher.runtime.probespec import ProbeSpec
 from launcher.runtime.record import BadData, BadRecipe, Recorder
+
+if TYPE_CHECKING:
+    from typing import NotRequired
+
+    from numpy.typing import NDArray
+
+    from launcher.runtime.records import ArraysFingerprint, ProbeConfig
 
 OUTPUTS = "probes/outputs.npz"
 INPUTS = "probes/inputs.npz"
 DOCUMENT = "probes/probes.json"
 BATCH = 32  # fixed: the probes' numbers may depend on the batch they are computed in
+
+
+class Computed(TypedDict):
+    """What :func:`compute` gives: the model's outputs, and the Grad-CAM maps where a layer was given."""
+
+    outputs: NDArray[Any]
+    heatmaps: NotRequired[NDArray[Any]]
+
+
+class GradCam(TypedDict):
+    """probes.json's ``gradcam``: the layer (None: no maps), or why the maps were skipped."""
+
+    layer: str | None
+    skipped: NotRequired[str]
+    chosen: NotRequired[Literal["declared", "automatic"]]
+    shape: NotRequired[list[int]]
+
+
+class Unrecorded(TypedDict):
+    """``probes/probes.json`` when no probes were recorded: why."""
+
+    recorded: Literal[False]
+    reason: str
+    config: ProbeConfig | None
+
+
+class ProbesDocument(TypedDict):
+    """``probes/probes.json``: which examples, how the outputs were read, the Grad-CAM layer, and
+    the digest of outputs.npz."""
+
+    recorded: Literal[True]
+    split: str
+    count: int
+    requested: int
+    indices: list[int]
+    digest: str
+    inputs: ArraysFingerprint
+    config: ProbeConfig
+    classes: int | None
+    probabilities: NotRequired[str]
+    accuracy: NotRequired[float]
+    gradcam: GradCam
+    input_range: NotRequired[list[float]]
+    outputs_sha256: str
 
 
 @dataclass
@@ -44,7 +96,7 @@ class ProbeSet:
     x: Any
     y: Any | None
     digest: str  # of the probe inputs (x, and y where given)
-    inputs: dict[str, Any]  # their fingerprint document
+    inputs: ArraysFingerprint  # their fingerprint document
     requested: int
 
 
@@ -60,7 +112,7 @@ def validation_arrays(validation_data: Any) -> tuple[Any, Any | None] | None:
     return None
 
 
-def select(config: dict[str, Any], x: Any, y: Any | None) -> ProbeSet:
+def select(config: ProbeConfig, x: Any, y: Any | None) -> ProbeSet:
     """The declared examples of the split; BadData when they are not there or not the expected ones."""
     import numpy as np
 
@@ -182,7 +234,7 @@ def _feature_model(tf: Any, model: Any, layer: Any) -> Any:
     return tf.keras.Model(model.inputs, [layer.output, model.outputs[0]])
 
 
-def compute(model: Any, x: Any, layer: Any | None) -> dict[str, Any]:
+def compute(model: Any, x: Any, layer: Any | None) -> Computed:
     """The model's outputs on x, in batches of BATCH, and Grad-CAM maps of the predicted class at
     ``layer`` (none when ``layer`` is None). The class score is taken before the model's final
     softmax or sigmoid where it ends in one (as the Grad-CAM paper does, and free of the float32
@@ -223,14 +275,15 @@ def compute(model: Any, x: Any, layer: Any | None) -> dict[str, Any]:
     finally:
         if squash is not None:
             squash.activation = act
-    result = {"outputs": np.concatenate(outs).astype(np.float32)}
+    result: Computed = {"outputs": np.concatenate(outs).astype(np.float32)}
     if maps:
         result["heatmaps"] = np.concatenate(maps)
     return result
 
 
 def _unrecorded(rec: Recorder, reason: str) -> None:
-    fp.write_json(rec.path(DOCUMENT), {"recorded": False, "reason": reason, "config": rec.probes})
+    doc: Unrecorded = {"recorded": False, "reason": reason, "config": rec.probes}
+    fp.write_json(rec.path(DOCUMENT), doc)
 
 
 def capture(rec: Recorder, validation_data: Any, model: Any = None) -> ProbeSet | None:
@@ -251,14 +304,16 @@ def capture(rec: Recorder, validation_data: Any, model: Any = None) -> ProbeSet 
     return select(rec.probes, *arrays)
 
 
-def record(rec: Recorder, model: Any, probes: ProbeSet) -> dict[str, Any]:
-    """After training: the model's outputs (and heatmaps) on the probe set, written canonically."""
-    config = rec.probes or {}
+def record(rec: Recorder, model: Any, probes: ProbeSet) -> ProbesDocument | None:
+    """After training: the model's outputs (and heatmaps) on the probe set, written canonically;
+    None (and probes.json saying why) when the model is not one the probes fit."""
+    # capture() made the probe set from rec.probes; its defaults where a caller gave none
+    config = rec.probes if rec.probes is not None else ProbeSpec().as_dict()
     if len(getattr(model, "outputs", None) or []) != 1 or len(getattr(model, "inputs", None) or []) != 1:
         _unrecorded(rec, "the model does not have exactly one input and one output")
-        return {}
+        return None
     out_rank = len(model.outputs[0].shape)
-    gradcam: dict[str, Any] = {"layer": None}
+    gradcam: GradCam = {"layer": None}
     layer = None
     if config.get("gradcam", True):
         if out_rank != 2 or len(probes.x.shape) != 4:
@@ -268,13 +323,16 @@ def record(rec: Recorder, model: Any, probes: ProbeSet) -> dict[str, Any]:
             if layer is None:
                 gradcam["skipped"] = "the model has no convolutional feature map"
             else:
-                gradcam.update(layer=layer.name, chosen="declared" if config.get("layer") else "automatic")
+                gradcam["layer"] = layer.name
+                gradcam["chosen"] = "declared" if config.get("layer") else "automatic"
     computed = compute(model, probes.x, layer)
-    arrays: dict[str, Any] = {"indices": probes.indices, "outputs": computed["outputs"]}
-    doc: dict[str, Any] = {"recorded": True, "split": config.get("split", "validation"),
+    arrays: dict[str, NDArray[Any]] = {"indices": probes.indices, "outputs": computed["outputs"]}
+    doc: ProbesDocument = {"recorded": True, "split": config.get("split", "validation"),
                            "count": len(probes.indices), "requested": probes.requested,
                            "indices": [int(i) for i in probes.indices], "digest": probes.digest,
-                           "inputs": probes.inputs, "config": config}
+                           "inputs": probes.inputs, "config": config,
+                           "classes": None,  # not a classifier: the raw outputs only
+                           "gradcam": gradcam, "outputs_sha256": ""}  # the digest once outputs.npz is made
     if out_rank == 2:
         import numpy as np
 
@@ -285,13 +343,11 @@ def record(rec: Recorder, model: Any, probes: ProbeSet) -> dict[str, Any]:
         if labels is not None:
             arrays["labels"] = labels
             doc["accuracy"] = float(np.mean(labels == arrays["predicted"]))
-        doc.update(classes=int(probs.shape[1]), probabilities=how)
-    else:
-        doc["classes"] = None  # not a classifier: the raw outputs only
+        doc["classes"] = int(probs.shape[1])
+        doc["probabilities"] = how
     if "heatmaps" in computed:
         arrays["heatmaps"] = computed["heatmaps"]
         gradcam["shape"] = list(computed["heatmaps"].shape[1:])
-    doc["gradcam"] = gradcam
     if len(probes.x.shape) == 4 and probes.x.shape[-1] in (1, 3, 4) and len(probes.x):
         import numpy as np
 

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from launcher.runtime.records import ProbeConfig
 
 PROBE_KEYS = frozenset({"split", "count", "indices", "gradcam", "layer", "fingerprint"})
 PROBE_SPLITS = ("validation",)
@@ -43,7 +46,7 @@ class ProbeSpec:
     layer: str | None = None
     fingerprint: str | None = None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> ProbeConfig:
         return {"split": self.split, "count": self.count, "indices": list(self.indices), "gradcam": self.gradcam,
                 "layer": self.layer, "fingerprint": self.fingerprint}
 
@@ -90,7 +93,10 @@ def _number(text: str) -> int | str:
         return text
 
 
-def _value(key: str, text: str) -> Any:
+OptionValue = int | str | bool | list[int | str]  # a --probes KEY=VALUE's value, as the table would hold it
+
+
+def _value(key: str, text: str) -> OptionValue:
     """KEY=VALUE's value as the table would hold it; a value of the wrong kind stays text, so the
     table's check refuses it with the table's words."""
     text = text.strip()
@@ -115,7 +121,7 @@ def parse_option(spec: str) -> ProbeSpec | None:
         n = _number(text)
         _need(isinstance(n, int), f"{text!r} is neither off, a whole number nor KEY=VALUE pairs")
         return check_probes({"count": n})
-    raw: dict[str, Any] = {}
+    raw: dict[str, OptionValue] = {}
     for item in text.split(","):
         key, eq, value = item.partition("=")
         key = key.strip()

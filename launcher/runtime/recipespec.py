@@ -67,12 +67,16 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from launcher.runtime.probespec import ProbeError, ProbeSpec, check_probes
 from launcher.runtime.systemspec import SystemSpecError, check_system
+
+if TYPE_CHECKING:
+    from launcher.runtime.records import DatasetRecord, JsonValue, ProbeConfig
 
 try:
     import tomllib
@@ -134,6 +138,40 @@ def type_name(value: Any) -> str:
 
 def _text(value: ParamValue) -> str:
     return value if isinstance(value, str) else json.dumps(value)
+
+
+class ParamRecord(TypedDict):
+    """A param as `launcher recipes show` lists it (ParamSpec.as_dict)."""
+
+    name: str
+    type: str
+    default: ParamValue
+    choices: list[ParamValue]
+    min: int | float | None
+    max: int | float | None
+    also: list[str]
+    help: str
+    from_datasets: bool
+    allowed: str
+
+
+class RecipeRecord(TypedDict):
+    """A recipe as `launcher recipes show` lists it (RecipeSpec.as_dict)."""
+
+    name: str
+    path: str
+    framework: str
+    entry: str
+    description: str
+    params: dict[str, ParamValue]
+    datasets: list[DatasetRecord]
+    outputs: list[str]
+    adhoc: bool
+    volatile: list[str]
+    variant: str | None
+    probes: ProbeConfig | None
+    apt: list[str]
+    param_specs: dict[str, ParamRecord]
 
 
 @dataclass(frozen=True)
@@ -218,7 +256,7 @@ class ParamSpec:
             raise ParamError(recipe, self, value, "is out of range")
         return typed
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> ParamRecord:
         return {"name": self.name, "type": self.type, "default": self.default, "choices": list(self.choices),
                 "min": self.min, "max": self.max, "also": list(self.also), "help": self.help,
                 "from_datasets": self.from_datasets, "allowed": self.allowed()}
@@ -234,7 +272,7 @@ class DatasetSpec:
     files: dict[str, str] = field(default_factory=dict)
     description: str = ""
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> DatasetRecord:
         return {"name": self.name, "param": self.param, "source": self.source, "format": self.format,
                 "fingerprint": self.fingerprint, "files": dict(self.files), "description": self.description}
 
@@ -260,7 +298,7 @@ class RecipeSpec:
     def entry_path(self) -> Path:
         return self.path if self.adhoc else self.path / self.entry
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> RecipeRecord:
         return {"name": self.name, "path": str(self.path), "framework": self.framework, "entry": self.entry,
                 "description": self.description, "params": dict(self.params),
                 "datasets": [d.as_dict() for d in self.datasets], "outputs": list(self.outputs),
@@ -380,6 +418,7 @@ def _check_probes(path: Path, raw: Any) -> ProbeSpec:
 
 def parse_spec(path: Path, data: dict[str, Any], folder: Path) -> RecipeSpec:
     """Validate the parsed table of a recipe.toml (at ``path``) of the recipe in ``folder``."""
+    # data stays a plain dict of Any: any TOML the user wrote, each key checked below before it is used
     unknown = sorted(set(data) - TOP_KEYS)
     _need(not unknown, path, f"unknown key (known: {', '.join(sorted(TOP_KEYS))})",
           unknown[0] if unknown else None)
@@ -456,7 +495,7 @@ def check_value(spec: RecipeSpec, key: str, value: Any) -> ParamValue:
     return ps.convert(value, spec.name)
 
 
-def merge_params(spec: RecipeSpec, given: dict[str, Any]) -> dict[str, Any]:
+def merge_params(spec: RecipeSpec, given: Mapping[str, JsonValue]) -> dict[str, JsonValue]:
     """Defaults overridden by ``given``; an ad-hoc script takes any params, a recipe only its own,
     each checked against its declared type and allowed values (SpecError, ParamError)."""
     if not spec.adhoc:
@@ -464,18 +503,18 @@ def merge_params(spec: RecipeSpec, given: dict[str, Any]) -> dict[str, Any]:
         if unknown:
             known = ", ".join(sorted(spec.params))
             raise SpecError(spec.path / RECIPE_FILE, f"unknown param (known: {known})", unknown[0])
-    merged: dict[str, Any] = dict(spec.params)
+    merged: dict[str, JsonValue] = dict(spec.params)
     for key, value in given.items():
         merged[key] = value if spec.adhoc else check_value(spec, key, value)
     return merged
 
 
-def select_dataset(spec: RecipeSpec, params: dict[str, Any]) -> DatasetSpec | None:
+def select_dataset(spec: RecipeSpec, params: Mapping[str, JsonValue]) -> DatasetSpec | None:
     for ds in spec.datasets:
         if str(params.get(ds.param)) == ds.name:
             return ds
     return None
 
 
-def params_json(params: dict[str, Any]) -> str:
+def params_json(params: Mapping[str, JsonValue]) -> str:
     return json.dumps(params, sort_keys=True, separators=(",", ":"))

@@ -8,11 +8,34 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, SupportsFloat, cast
 
 from launcher.runtime import checkpoint, optrace, steps
 from launcher.runtime import fingerprints as fp
+from launcher.runtime.records import (
+    ARRAYS_JSON,
+    BATCHES,
+    CANONICAL_MODEL,
+    DATASET_JSON,
+    INITIAL_WEIGHTS,
+    LAYERS_JSON,
+    METRICS,
+    STEPS,
+)
+
+if TYPE_CHECKING:
+    from launcher.runtime.records import (
+        ArraysFingerprint,
+        CheckpointState,
+        DataFingerprint,
+        DatasetRecord,
+        EpochBatches,
+        MetricsLine,
+        NamedArrays,
+        ProbeConfig,
+    )
 
 # Exit codes the runtime uses for its own failures; they mirror launcher.errors.ExitCode,
 # which is not copied into images.
@@ -31,8 +54,8 @@ class BadRecipe(Exception):
 
 
 class Recorder:
-    def __init__(self, out: Path, expected: dict[str, Any] | None = None, seed: int | None = None,
-                 probes: dict[str, Any] | None = None) -> None:
+    def __init__(self, out: Path, expected: DatasetRecord | None = None, seed: int | None = None,
+                 probes: ProbeConfig | None = None) -> None:
         self.out = out
         self.expected = expected
         self.seed = seed
@@ -52,8 +75,9 @@ class Recorder:
         raw = os.environ.get("LAUNCHER_DATASET")
         seed = os.environ.get("LAUNCHER_SEED")
         probes = os.environ.get("LAUNCHER_PROBES")
-        return cls(out, json.loads(raw) if raw else None, int(seed) if seed else None,
-                   json.loads(probes) if probes else None)
+        # both written by the runner from the checked recipe (DatasetSpec.as_dict, ProbeSpec.as_dict)
+        return cls(out, cast("DatasetRecord", json.loads(raw)) if raw else None, int(seed) if seed else None,
+                   cast("ProbeConfig", json.loads(probes)) if probes else None)
 
     def path(self, rel: str) -> Path:
         return self.out / rel
@@ -62,7 +86,7 @@ class Recorder:
     def trace(self) -> steps.StepTrace:
         """The run's step fingerprints (launcher.runtime.steps), set by LAUNCHER_TRACE_EVERY."""
         if self._trace is None:
-            self._trace = steps.from_env(self.path(steps.STEPS))
+            self._trace = steps.from_env(self.path(STEPS))
         return self._trace
 
     @property
@@ -77,11 +101,11 @@ class Recorder:
         """The run's checkpoints (launcher.runtime.checkpoint), set by LAUNCHER_CHECKPOINT_EVERY and LAUNCHER_RESUME."""
         if self._checkpoints is None:
             self._checkpoints = checkpoint.Checkpoints.from_env(self.out)
-            if self._checkpoints.resume and self.path("fingerprints/initial_weights.json").is_file():
+            if self._checkpoints.resume and self.path(INITIAL_WEIGHTS).is_file():
                 self.initial_recorded = True  # the first segment recorded the weights before training
         return self._checkpoints
 
-    def resumed_at(self, state: dict[str, Any]) -> None:
+    def resumed_at(self, state: CheckpointState) -> None:
         """Training goes on from a checkpoint: the step trace continues at its step and epoch."""
         trace = self.trace
         trace.step = trace.last = int(state["step"])
@@ -94,16 +118,16 @@ class Recorder:
             self.torch_steps.boundary(epoch)
 
     # dataset -----------------------------------------------------------------------------------
-    def record_dataset_arrays(self, arrays: dict[str, Any], *, check: bool = True) -> dict[str, Any]:
+    def record_dataset_arrays(self, arrays: NamedArrays, *, check: bool = True) -> ArraysFingerprint:
         """Fingerprint the arrays a recipe built; checked against the recipe's expected fingerprint.
 
         When the run read files (``--data``), those are the dataset: the arrays go to
         ``fingerprints/arrays.json`` beside it.
         """
         doc = fp.arrays_fingerprint(arrays)
-        dataset_json = self.path("fingerprints/dataset.json")
+        dataset_json = self.path(DATASET_JSON)
         if dataset_json.exists() and json.loads(dataset_json.read_text()).get("kind") == "files":
-            fp.write_json(self.path("fingerprints/arrays.json"), doc)
+            fp.write_json(self.path(ARRAYS_JSON), doc)
             return doc
         fp.write_json(dataset_json, doc)
         if check and self.expected is not None:
@@ -112,36 +136,36 @@ class Recorder:
                 raise BadData(problem)
         return doc
 
-    def record_train_data(self, arrays: dict[str, Any]) -> None:
+    def record_train_data(self, arrays: NamedArrays) -> None:
         """The exact arrays one fit() trains on (after any validation split), before shuffling."""
         name = "train_data.json" if self.fits <= 1 else f"train_data.{self.fits - 1}.json"
         fp.write_json(self.path(f"fingerprints/{name}"), fp.arrays_fingerprint(arrays))
-        if not self.path("fingerprints/dataset.json").exists():
-            fp.write_json(self.path("fingerprints/dataset.json"), fp.arrays_fingerprint(arrays))
+        if not self.path(DATASET_JSON).exists():
+            fp.write_json(self.path(DATASET_JSON), fp.arrays_fingerprint(arrays))
 
     # weights -----------------------------------------------------------------------------------
     def record_initial_weights(self, layers: fp.Layers) -> None:
         if self.initial_recorded:
             return
-        fp.write_json(self.path("fingerprints/initial_weights.json"), fp.weights_fingerprint(layers))
+        fp.write_json(self.path(INITIAL_WEIGHTS), fp.weights_fingerprint(layers))
         self.initial_recorded = True
 
     def record_final(self, layers: fp.Layers) -> None:
-        fp.write_json(self.path("weights/layers.json"), fp.layers_document(layers))
-        fp.write_atomic(self.path("model/canonical.npz"), fp.canonical_npz_bytes(layers))
+        fp.write_json(self.path(LAYERS_JSON), fp.layers_document(layers))
+        fp.write_atomic(self.path(CANONICAL_MODEL), fp.canonical_npz_bytes(layers))
 
     # epochs ------------------------------------------------------------------------------------
     def record_batches(self, epoch: int, batch_digests: list[str] | None, reason: str = "") -> None:
         if batch_digests is None:
-            rec: dict[str, Any] = {"epoch": epoch, "digest": None, "batches": [], "unrecorded": reason}
+            rec: EpochBatches = {"epoch": epoch, "digest": None, "batches": [], "unrecorded": reason}
         else:
             rec = fp.epoch_record(epoch, batch_digests)
         if self.fits > 1:
             rec["fit"] = self.fits - 1
-        fp.append_jsonl(self.path("fingerprints/batches.jsonl"), rec)
+        fp.append_jsonl(self.path(BATCHES), rec)
 
-    def record_metrics(self, epoch: int, metrics: dict[str, Any]) -> None:
-        rec: dict[str, Any] = {"epoch": epoch}
+    def record_metrics(self, epoch: int, metrics: Mapping[str, SupportsFloat | str]) -> None:
+        rec: MetricsLine = {"epoch": epoch}
         for key, value in metrics.items():
             try:
                 rec[key] = float(value)
@@ -149,11 +173,11 @@ class Recorder:
                 rec[key] = str(value)
         if self.fits > 1:
             rec["fit"] = self.fits - 1
-        fp.append_jsonl(self.path("metrics.jsonl"), rec)
+        fp.append_jsonl(self.path(METRICS), rec)
         self.metric_epochs += 1
 
 
-def expected_mismatch(expected: dict[str, Any], doc: dict[str, Any], where: str) -> str | None:
+def expected_mismatch(expected: DatasetRecord, doc: DataFingerprint, where: str) -> str | None:
     """None when the fingerprint matches the recipe's dataset entry, else a line naming what differs."""
     name = expected.get("name", "?")
     entries = doc.get("entries", {})

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import launcher
 from launcher.runtime import checkpoint, probespec, workdir
@@ -27,8 +27,12 @@ from launcher.runtime import explain as explainmod
 from launcher.runtime import fingerprints as fp
 from launcher.runtime import recipespec as recipe_spec
 from launcher.runtime.record import EXIT_BAD_DATA, EXIT_BAD_RECIPE, EXIT_NOT_RESUMABLE, EXIT_USAGE, expected_mismatch
+from launcher.runtime.records import DATASET_JSON, EXIT_JSON, METRICS, RUNTIME_JSON
 
-PREVIOUS_RUN = ("_launcher", "fingerprints", "metrics.jsonl", "model", "weights")
+if TYPE_CHECKING:
+    from launcher.runtime.records import JsonValue
+
+PREVIOUS_RUN = ("_launcher", "fingerprints", METRICS, "model", "weights")
 LAUNCHER_ROOT = Path(launcher.__file__).resolve().parent.parent
 LIB_DIR = "_lib"  # the shared recipe library: a folder beside the recipes, not a recipe
 IMAGE_LIB = Path("/opt/launcher/recipes") / LIB_DIR  # the one baked into an image
@@ -112,35 +116,69 @@ def host_profile_env(profile: str, seed: int | None, threads: int | None) -> dic
 
 def prepare(args: argparse.Namespace, tee: Tee) -> tuple[recipe_spec.RecipeSpec, dict[str, str]]:
     """The recipe to run and the environment for its interpreter; raises RunError."""
-    try:
-        given = json.loads(args.params)
-    except json.JSONDecodeError as exc:
-        raise RunError(f"--params is not JSON: {exc}", EXIT_USAGE) from None
-    if not isinstance(given, dict):
-        raise RunError("--params must be a JSON object", EXIT_USAGE)
+    given = _given_params(args)
     probes_given = given_probes(args)
-    try:
-        if args.recipe is not None:
-            spec = recipe_spec.load_spec(args.recipe.resolve())
-        else:
-            script = args.script.resolve()
-            if not script.is_file():
-                raise RunError(f"no script at {script}", EXIT_USAGE)
-            spec = recipe_spec.adhoc_spec(script, framework="auto")
-    except recipe_spec.SpecError as exc:
-        raise RunError(str(exc), EXIT_BAD_RECIPE) from None
-    try:
-        params = recipe_spec.merge_params(spec, given)
-    except recipe_spec.SpecError as exc:
-        raise RunError(str(exc), EXIT_USAGE) from None
-    except recipe_spec.ParamError as exc:
-        raise RunError(f"{exc}; fix: give {exc.param.name} one of the allowed values in --params", EXIT_USAGE) from None
+    spec = _load_recipe(args)
+    params = _merged_params(spec, given)
     lib = recipe_lib(spec, args.lib)
     record_code(spec, args, tee, lib)
     dataset = recipe_spec.select_dataset(spec, params)
     env = dict(os.environ)
     if args.profile is not None:
         env.update(host_profile_env(args.profile, args.seed, args.threads))
+    _data_env(args, dataset, env, tee)
+    _probes_env(args, spec, probes_given, env, tee)
+    env.update({
+        "LAUNCHER_OUT": str(args.out.resolve()),
+        "LAUNCHER_PARAMS": recipe_spec.params_json(params),
+        "LAUNCHER_RECIPE": spec.name,
+        "LAUNCHER_FRAMEWORK": spec.framework,
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(LAUNCHER_ROOT), str(lib or ""), env.get("PYTHONPATH", ""))
+                                      if p),
+    })
+    _announce(args, spec, params, env, tee)
+    return spec, env
+
+
+def _given_params(args: argparse.Namespace) -> dict[str, JsonValue]:
+    """--params as a JSON object; raises RunError."""
+    try:
+        given = json.loads(args.params)
+    except json.JSONDecodeError as exc:
+        raise RunError(f"--params is not JSON: {exc}", EXIT_USAGE) from None
+    if not isinstance(given, dict):
+        raise RunError("--params must be a JSON object", EXIT_USAGE)
+    return given
+
+
+def _load_recipe(args: argparse.Namespace) -> recipe_spec.RecipeSpec:
+    """The recipe folder's spec, or a plain script's ad-hoc one; raises RunError."""
+    try:
+        if args.recipe is not None:
+            return recipe_spec.load_spec(args.recipe.resolve())
+        script = args.script.resolve()
+        if not script.is_file():
+            raise RunError(f"no script at {script}", EXIT_USAGE)
+        return recipe_spec.adhoc_spec(script, framework="auto")
+    except recipe_spec.SpecError as exc:
+        raise RunError(str(exc), EXIT_BAD_RECIPE) from None
+
+
+def _merged_params(spec: recipe_spec.RecipeSpec, given: dict[str, JsonValue]) -> dict[str, JsonValue]:
+    """The recipe's defaults overridden by --params, each checked; raises RunError."""
+    try:
+        return recipe_spec.merge_params(spec, given)
+    except recipe_spec.SpecError as exc:
+        raise RunError(str(exc), EXIT_USAGE) from None
+    except recipe_spec.ParamError as exc:
+        raise RunError(f"{exc}; fix: give {exc.param.name} one of the allowed values in --params", EXIT_USAGE) from None
+
+
+def _data_env(args: argparse.Namespace, dataset: recipe_spec.DatasetSpec | None, env: dict[str, str],
+              tee: Tee) -> None:
+    """--data fingerprinted and checked against the selected dataset; LAUNCHER_DATA and
+    LAUNCHER_DATASET set in env. Raises RunError."""
     if args.data is not None:
         data = args.data.resolve()
         if not data.is_dir():
@@ -149,7 +187,7 @@ def prepare(args: argparse.Namespace, tee: Tee) -> tuple[recipe_spec.RecipeSpec,
             raise RunError(f"--data was given but {dataset.param}={dataset.name} selects built-in data; "
                            f"choose a files dataset with --param {dataset.param}=...", EXIT_USAGE)
         doc = fp.files_fingerprint(data)
-        fp.write_json(args.out / "fingerprints/dataset.json", doc)
+        fp.write_json(args.out / DATASET_JSON, doc)
         tee.say(f"dataset {data}: {len(doc['entries'])} files, {doc['digest']}")
         if dataset is not None:
             problem = expected_mismatch(dataset.as_dict(), doc, str(data))
@@ -161,6 +199,11 @@ def prepare(args: argparse.Namespace, tee: Tee) -> tuple[recipe_spec.RecipeSpec,
                        "but no --data folder was given", EXIT_BAD_DATA)
     if dataset is not None:
         env["LAUNCHER_DATASET"] = json.dumps(dataset.as_dict(), sort_keys=True)
+
+
+def _probes_env(args: argparse.Namespace, spec: recipe_spec.RecipeSpec, probes_given: probespec.ProbeSpec | None,
+                env: dict[str, str], tee: Tee) -> None:
+    """LAUNCHER_PROBES: --probes, else the recipe's [probes] (none with --no-probes)."""
     probes = probes_given if (probes_given is not None or args.no_probes) else spec.probes
     if probes is not None:
         env["LAUNCHER_PROBES"] = json.dumps(probes.as_dict(), sort_keys=True)
@@ -169,15 +212,11 @@ def prepare(args: argparse.Namespace, tee: Tee) -> tuple[recipe_spec.RecipeSpec,
     if args.no_probes or probes_given is not None:
         tee.say("probes: off (--no-probes)" if probes is None else
                 f"probes: {json.dumps(probes.as_dict(), sort_keys=True)} (--probes)")
-    env.update({
-        "LAUNCHER_OUT": str(args.out.resolve()),
-        "LAUNCHER_PARAMS": recipe_spec.params_json(params),
-        "LAUNCHER_RECIPE": spec.name,
-        "LAUNCHER_FRAMEWORK": spec.framework,
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join(p for p in (str(LAUNCHER_ROOT), str(lib or ""), env.get("PYTHONPATH", ""))
-                                      if p),
-    })
+
+
+def _announce(args: argparse.Namespace, spec: recipe_spec.RecipeSpec, params: dict[str, JsonValue],
+              env: dict[str, str], tee: Tee) -> None:
+    """What runs, with which params, arguments and profile, for the log."""
     tee.say(f"script {spec.entry}: the profile reaches TensorFlow/Keras, PyTorch or JAX when its code imports them"
             if spec.adhoc else
             f"recipe {spec.name} ({spec.framework}), params {recipe_spec.params_json(params)}")
@@ -186,7 +225,6 @@ def prepare(args: argparse.Namespace, tee: Tee) -> tuple[recipe_spec.RecipeSpec,
         tee.say("script arguments: " + " ".join(script_args))
     tee.say(f"profile {env.get('LAUNCHER_PROFILE', 'off')}, seed {env.get('LAUNCHER_SEED', '-')}, "
             f"threads {env.get('LAUNCHER_THREADS', '-')}")
-    return spec, env
 
 
 def given_probes(args: argparse.Namespace) -> probespec.ProbeSpec | None:
@@ -320,12 +358,12 @@ def run(args: argparse.Namespace) -> int:
             tee.say(f"error: {exc}")
             rc = exc.code
         finally:
-            if not (out / "_launcher/runtime.json").exists():
-                fp.write_json(out / "_launcher/runtime.json", {
+            if not (out / RUNTIME_JSON).exists():
+                fp.write_json(out / RUNTIME_JSON, {
                     "profile": os.environ.get("LAUNCHER_PROFILE", "off"), "framework": None,
                     "python": {"version": platform.python_version()},
                     "note": "the recipe's interpreter did not start"})
-            fp.write_json(out / "_launcher/exit.json",
+            fp.write_json(out / EXIT_JSON,
                           {"exit_code": rc, "started_at": started, "ended_at": _now()})
         tee.say(f"exit code {rc}")
     hand_over(out, os.environ.get("LAUNCHER_OWNER", ""))

@@ -13,7 +13,10 @@ import functools
 import threading
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from launcher.runtime.records import SeedCall
 
 # module -> (attribute path inside it, the name a call is listed under): Python's and NumPy's here,
 # each framework's in its module (launcher.runtime.frameworks); a module's functions are wrapped when
@@ -36,7 +39,7 @@ class SeedCalls:
     LISTED = 50  # a script that reseeds in a loop is listed by its first calls and counted
 
     def __init__(self) -> None:
-        self.calls: list[dict[str, Any]] = []
+        self.calls: list[SeedCall] = []
         self.count = 0
         self._depth = threading.local()
 

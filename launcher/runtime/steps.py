@@ -23,11 +23,14 @@ import os
 import warnings
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.runtime import fingerprints as fp
+from launcher.runtime.records import STEPS as STEPS  # where the rows go (defined with the runtime's other files)
 
-STEPS = "fingerprints/steps.jsonl"
+if TYPE_CHECKING:
+    from launcher.runtime.records import StepRow
+
 ENV = "LAUNCHER_TRACE_EVERY"
 EPOCH = "epoch"
 OFF = "off"
@@ -77,7 +80,7 @@ class StepTrace:
         if self.off or self.last == self.step:
             return
         digests = layer_digests(layers())
-        row: dict[str, Any] = {"step": self.step, "digest": fp.digest_of(digests), "layers": digests}
+        row: StepRow = {"step": self.step, "digest": fp.digest_of(digests), "layers": digests}
         if epoch is not None:
             row["epoch"] = epoch
         number = _number(loss)

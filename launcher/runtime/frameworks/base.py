@@ -16,10 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from launcher.runtime.records import Applied
 
 # apply(module, profile, seed, threads) -> what was applied, recorded in runtime.json `applied`
-Apply = Callable[[Any, str, "int | None", "int | None"], dict[str, Any]]
+Apply = Callable[[Any, str, "int | None", "int | None"], "Applied"]
 # hook(runtime, module): recording installed when a module is imported (the runtime is hooks.Runtime)
 Hook = Callable[[Any, Any], None]
 # a module's seeding functions: (attribute path inside it, the name a call is listed under)

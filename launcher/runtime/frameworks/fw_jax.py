@@ -6,17 +6,20 @@ parameters (:func:`layers`, through ``launcher.runtime.api.jax_layers``)."""
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.runtime import fingerprints as fp
 from launcher.runtime.frameworks.base import DETERMINISTIC, Framework
 
+if TYPE_CHECKING:
+    from launcher.runtime.records import Applied
+
 DETERMINISTIC_FLAG = "--xla_gpu_deterministic_ops=true"
 
 
-def apply(jax: Any, profile: str, seed: int | None, threads: int | None) -> dict[str, Any]:
+def apply(jax: Any, profile: str, seed: int | None, threads: int | None) -> Applied:
     flags = os.environ.get("XLA_FLAGS", "")
-    info: dict[str, Any] = {"name": "jax", "version": getattr(jax, "__version__", None),
+    info: Applied = {"name": "jax", "version": getattr(jax, "__version__", None),
                             "xla_flags": os.environ.get("XLA_FLAGS"),
                             "deterministic_ops": profile in DETERMINISTIC and DETERMINISTIC_FLAG in flags}
     info["seeded"] = ["python", "numpy"] if seed is not None else []

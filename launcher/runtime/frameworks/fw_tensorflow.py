@@ -12,12 +12,13 @@ from launcher.runtime.frameworks.base import DETERMINISTIC, Framework
 
 if TYPE_CHECKING:
     from launcher.runtime.record import Recorder
+    from launcher.runtime.records import Applied
 
 
-def apply_tensorflow(tf: Any, profile: str, seed: int | None, threads: int | None) -> dict[str, Any]:
+def apply_tensorflow(tf: Any, profile: str, seed: int | None, threads: int | None) -> Applied:
     """The profile on TensorFlow, just imported (before its context starts): the global seed, op
     determinism, the thread pools. Keras' own part is :func:`apply_keras`."""
-    info: dict[str, Any] = {"name": "tensorflow", "version": tf.__version__}
+    info: Applied = {"name": "tensorflow", "version": tf.__version__}
     if seed is not None:
         tf.random.set_seed(seed)
         info["seeded"] = ["python", "numpy", "tensorflow"]
@@ -44,11 +45,11 @@ def apply_tensorflow(tf: Any, profile: str, seed: int | None, threads: int | Non
     return info
 
 
-def apply_keras(keras: Any, rec: Recorder) -> dict[str, Any]:
+def apply_keras(keras: Any, rec: Recorder) -> Applied:
     """Keras, just imported: its version and backend, and on TensorFlow the recording of fit()
     (launcher.runtime.keras_fit), which watches training and changes nothing of it."""
     backend = keras.backend.backend() if hasattr(keras, "backend") else None
-    info: dict[str, Any] = {"version": getattr(keras, "__version__", None), "backend": backend}
+    info: Applied = {"version": getattr(keras, "__version__", None), "backend": backend}
     if backend == "tensorflow":
         import tensorflow as tf
 

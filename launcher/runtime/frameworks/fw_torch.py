@@ -12,11 +12,12 @@ from launcher.runtime.frameworks.base import DETERMINISTIC, Framework
 
 if TYPE_CHECKING:
     from launcher.runtime.record import Recorder
+    from launcher.runtime.records import Applied
 
 
-def apply_torch(torch: Any, profile: str, seed: int | None, threads: int | None) -> dict[str, Any]:
+def apply_torch(torch: Any, profile: str, seed: int | None, threads: int | None) -> Applied:
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    info: dict[str, Any] = {"name": "torch", "version": torch.__version__, "cuda": torch.version.cuda,
+    info: Applied = {"name": "torch", "version": torch.__version__, "cuda": torch.version.cuda,
                             "cudnn": cudnn}
     if seed is not None:
         torch.manual_seed(seed)  # seeds CPU and every CUDA device

@@ -1,0 +1,263 @@
+"""The records the runtime writes under the outputs folder, as typed JSON documents.
+
+Each TypedDict names the file (or the line of a ``.jsonl`` file) it describes; the bytes on disk
+are those of the plain dict, written canonically by :mod:`launcher.runtime.fingerprints`. The
+runtime runs on the image's Python: ``NotRequired`` and numpy's types are read by the type
+checker only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
+
+if TYPE_CHECKING:
+    from typing import NotRequired
+
+    from numpy.typing import ArrayLike
+
+# the files the runtime writes, relative to the outputs folder
+RUNTIME_JSON = "_launcher/runtime.json"
+EXIT_JSON = "_launcher/exit.json"
+DATASET_JSON = "fingerprints/dataset.json"
+ARRAYS_JSON = "fingerprints/arrays.json"
+INITIAL_WEIGHTS = "fingerprints/initial_weights.json"
+BATCHES = "fingerprints/batches.jsonl"
+STEPS = "fingerprints/steps.jsonl"
+METRICS = "metrics.jsonl"
+LAYERS_JSON = "weights/layers.json"
+CANONICAL_MODEL = "model/canonical.npz"
+
+# a JSON value as json.loads gives it: a plain script's params are any JSON the user passes
+JsonValue = str | int | float | bool | None | list["JsonValue"] | dict[str, "JsonValue"]
+
+# name -> an array, a framework's tensor or anything numpy.asarray reads (fingerprints.as_array)
+NamedArrays = Mapping[str, "ArrayLike"]
+
+
+class DatasetRecord(TypedDict):
+    """A dataset of recipe.toml (DatasetSpec.as_dict): in `recipes show`, and the runtime's
+    ``LAUNCHER_DATASET``, against which the data a run reads is checked."""
+
+    name: str
+    param: str
+    source: str
+    format: str
+    fingerprint: str | None
+    files: dict[str, str]
+    description: str
+
+
+class ProbeConfig(TypedDict):
+    """A probe set as JSON (ProbeSpec.as_dict): the runtime's ``LAUNCHER_PROBES`` and ``--probes``,
+    probes.json's ``config``, a launch record's probes."""
+
+    split: str
+    count: int
+    indices: list[int]
+    gradcam: bool
+    layer: str | None
+    fingerprint: str | None
+
+
+class ArrayEntry(TypedDict):
+    """One array of an arrays fingerprint: its digest (fingerprints.array_digest), shape and dtype."""
+
+    sha256: str
+    shape: list[int]
+    dtype: str
+
+
+class FilesFingerprint(TypedDict):
+    """``fingerprints/dataset.json`` of a run that read files (``--data``): relative path -> sha256."""
+
+    digest: str
+    kind: Literal["files"]
+    entries: dict[str, str]
+
+
+class ArraysFingerprint(TypedDict):
+    """``fingerprints/dataset.json``, ``arrays.json``, ``train_data*.json`` of arrays; probes' inputs."""
+
+    digest: str
+    kind: Literal["arrays"]
+    entries: dict[str, ArrayEntry]
+
+
+DataFingerprint = FilesFingerprint | ArraysFingerprint
+
+
+class WeightsFingerprint(TypedDict):
+    """``fingerprints/initial_weights.json``: ``layer/i`` -> the array's digest."""
+
+    digest: str
+    arrays: dict[str, str]
+
+
+class LayerArray(TypedDict):
+    index: int
+    shape: list[int]
+    dtype: str
+    sha256: str
+
+
+class LayerEntry(TypedDict):
+    name: str
+    arrays: list[LayerArray]
+
+
+class LayersDocument(TypedDict):
+    """``weights/layers.json``: the final weights, layer by layer in model order."""
+
+    layers: list[LayerEntry]
+    digest: str
+
+
+class EpochBatches(TypedDict):
+    """A line of ``fingerprints/batches.jsonl``: one epoch's batches by content (or why not)."""
+
+    epoch: int
+    digest: str | None
+    batches: list[str]
+    unrecorded: NotRequired[str]
+    fit: NotRequired[int]  # the fit() call, from the second one on
+
+
+# a line of metrics.jsonl: "epoch" (and "fit" from the second fit() on) and the script's own metric
+# names, each a number or, where it is none, its text
+MetricsLine = dict[str, float | str]
+
+
+class StepRow(TypedDict):
+    """A line of ``fingerprints/steps.jsonl``: the weights at an optimizer step, layer by layer."""
+
+    step: int
+    digest: str
+    layers: dict[str, str]
+    epoch: NotRequired[int]
+    loss: NotRequired[float]
+
+
+class OpRow(TypedDict):
+    """A line of the operation trace (optrace.OPS): one operation of a traced step."""
+
+    step: int
+    order: int
+    kind: str
+    name: str
+    digest: str
+    shape: list[int]
+    dtype: str
+    array: NotRequired[str]  # its key in the step's .npz, when small enough to keep
+
+
+JsonlLine = EpochBatches | MetricsLine | StepRow | OpRow  # what fingerprints.append_jsonl writes
+
+
+class CheckpointFile(TypedDict):
+    """``checkpoints/latest.json``: the folder of the latest checkpoint."""
+
+    name: str
+
+
+class CheckpointState(TypedDict):
+    """``checkpoints/epoch-NNNN/state.json``: where training stands, and the appended files' sizes."""
+
+    epoch: int
+    next_epoch: int
+    step: int
+    framework: str
+    files: dict[str, int]
+
+
+class RngState(TypedDict):
+    """``checkpoints/epoch-NNNN/rng.json``: ``random.getstate()`` and ``numpy.random.get_state()``
+    as JSON arrays of mixed items (version, words, gauss / kind, keys, pos, has_gauss, cached)."""
+
+    python: list[Any]
+    numpy: NotRequired[list[Any]]
+
+
+class Determinism(TypedDict):
+    """runtime.json's ``determinism``: whether the profile was in force, and why (or why not)."""
+
+    in_force: bool
+    reason: str
+
+
+class SeedCall(TypedDict):
+    """One of runtime.json's ``seed_calls``: a seeding call of the code itself."""
+
+    api: str
+    seed: int | str | None  # the seed, its repr where it is not an int
+
+
+class Threads(TypedDict):
+    intra_op: int
+    inter_op: int
+
+
+class CudnnFlags(TypedDict):
+    deterministic: bool
+    benchmark: bool
+
+
+class Applied(TypedDict, total=False):
+    """runtime.json's ``applied[name]``: what the profile did to one framework. Each framework
+    records its own keys (see frameworks/fw_*.py); ``error`` replaces them when applying failed."""
+
+    name: str
+    version: str | None
+    error: str
+    imported_by: str
+    seeded: list[str]
+    threads: Threads
+    devices: list[str]
+    cuda: str | None
+    cudnn: str | int | None
+    # TensorFlow
+    op_determinism: str | None
+    build: dict[str, str]
+    keras: str | None  # Keras' version, recorded on TensorFlow's entry
+    # Keras (its own entry)
+    backend: str | None
+    fit_recorded: bool
+    # PyTorch
+    deterministic_algorithms: bool
+    cudnn_flags: CudnnFlags
+    # JAX
+    xla_flags: str | None
+    deterministic_ops: bool
+    note: str
+    jaxlib: str | None
+
+
+class PythonInfo(TypedDict):
+    version: str
+    implementation: str
+    executable: str
+
+
+class PlatformInfo(TypedDict):
+    system: str
+    machine: str
+    release: str
+    cpu_count: int | None
+
+
+class RuntimeDocument(TypedDict):
+    """``_launcher/runtime.json``: the profile, what was imported and applied, the code's own seeds."""
+
+    profile: str
+    seed: int | None
+    threads: int | None
+    seeded: dict[str, int]
+    framework: Applied | None
+    frameworks: list[str]
+    applied: dict[str, Applied]
+    seed_calls: list[SeedCall]
+    seed_calls_total: int
+    determinism: Determinism
+    python: PythonInfo
+    platform: PlatformInfo
+    env: dict[str, str]
