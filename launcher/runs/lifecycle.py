@@ -15,11 +15,11 @@ import json
 import re
 import secrets
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from launcher.errors import CommandFailed, Corrupt, ExitCode, LauncherError, NotFound, UnsafePath, UsageError
 from launcher.hashing import atomic_write_json
@@ -69,6 +69,9 @@ from launcher.runtime.optrace import ENV as OPTRACE_ENV
 from launcher.runtime.steps import ENV as TRACE_ENV
 from launcher.runtime.steps import EPOCH
 from launcher.workspace import Workspace
+
+if TYPE_CHECKING:
+    from launcher.hosts.provision import HostFacts
 
 LogSink = Callable[[str], None]
 
@@ -136,7 +139,7 @@ def start_run(
     reporter: Reporter | None = None,
     *,
     host_spec: HostSpec | None = None,
-    facts: Mapping[str, Any] | None = None,
+    facts: HostFacts | None = None,
     recipe: Recipe | None = None,
     cache_dir: Path | None = None,
     prepared: bool = False,
@@ -246,7 +249,7 @@ def _launch(
     placement: Placement,
     reporter: Reporter | None,
     *,
-    facts: Mapping[str, Any] | None,
+    facts: HostFacts | None,
     recipe: Recipe | None,
     cache_dir: Path | None,
     prepared: bool = False,
@@ -296,7 +299,7 @@ def _launch(
         "data": data,
         "data_source": spec.data_source or ({"kind": "host", "path": data} if data else None),
         "variant": spec.variant,
-        "facts": dict(facts or {}),
+        "facts": facts if facts is not None else {},
         "ship": shipped.to_dict(),
         "launched_at": utc_now(),
     }
@@ -490,7 +493,7 @@ def run_recipe(
     seeds: Sequence[int | None] = (),
     on_log: LogSink | None = None,
     host_spec: HostSpec | None = None,
-    facts: Mapping[str, Any] | None = None,
+    facts: HostFacts | None = None,
     cache_dir: Path | None = None,
     poll_s: float = 1.0,
     prepared: bool = False,

@@ -9,9 +9,16 @@ cases) are ``NotRequired``.
 
 from __future__ import annotations
 
-from typing import Any, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from launcher.runtime.recipespec import ParamValue
+
+if TYPE_CHECKING:
+    from launcher.hosts.base import HostDescription
+    from launcher.hosts.hostspec import HostRecord
+    from launcher.hosts.provision import HostFacts
+    from launcher.runs.slurm import NoFacts
+    from launcher.runtime.records import ProbeConfig
 
 
 class GitState(TypedDict, total=False):
@@ -92,7 +99,7 @@ class ProbesRecord(TypedDict):
 
     source: str  # "option" | "recipe" | "none"
     option: NotRequired[str]  # --probes as given
-    config: dict[str, Any] | None  # ProbeSpec.as_dict(), owned by launcher.runtime.probespec
+    config: ProbeConfig | None  # ProbeSpec.as_dict(), owned by launcher.runtime.probespec
 
 
 class TraceRecord(TypedDict):
@@ -170,8 +177,8 @@ class LaunchRecord(TypedDict):
     run_id: str
     group: str
     replicate: NotRequired[int]
-    host: dict[str, Any]  # Host.describe(), owned by launcher.hosts (its keys differ by kind of host)
-    host_options: NotRequired[dict[str, Any]]  # HostSpec.to_record(), owned by launcher.hosts.hostspec
+    host: HostDescription  # Host.describe(), owned by launcher.hosts (an SSH host adds where it is)
+    host_options: NotRequired[HostRecord]  # HostSpec.to_record(), owned by launcher.hosts.hostspec
     placement: NotRequired[dict[str, Any]]  # Placement.record(): its "kind" and what the target adds
     container: NotRequired[str]
     remote_dir: str
@@ -188,7 +195,7 @@ class LaunchRecord(TypedDict):
     data: NotRequired[str | None]
     data_source: NotRequired[DataSource | None]
     variant: NotRequired[str]
-    facts: NotRequired[dict[str, Any]]  # the host's fact sheet (launcher.hosts.provision): free-form probes
+    facts: NotRequired[HostFacts | NoFacts]  # the host's fact sheet (launcher.hosts.provision), {} if none was read
     ship: NotRequired[ShipRecord]
     launched_at: str
     # what the target adds once it started the run (Placement.start), or why it could not
