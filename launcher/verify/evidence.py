@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from launcher.runs import rundir
 from launcher.runs.manifest import Manifest
@@ -113,13 +113,21 @@ _DETERMINISM_FIX = {
 }
 
 
+class DeterminismRecord(TypedDict):
+    """A run's determinism as written in verify's JSON (``evidence.determinism.runs``)."""
+
+    in_force: bool
+    reason: str
+    cause: str
+
+
 @dataclass(frozen=True)
 class Determinism:
     in_force: bool
     reason: str
     cause: str  # one of the CAUSE_* above
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> DeterminismRecord:
         return {"in_force": self.in_force, "reason": self.reason, "cause": self.cause}
 
 
@@ -162,6 +170,28 @@ def determinism_of(m: Manifest) -> Determinism:
 
 # ---------------------------------------------------------------- evidence per kind
 
+class KindSummary(TypedDict):
+    """One kind of file in verify's JSON (``evidence.kinds``): how many, how many compared, and the outcome."""
+
+    files: int
+    compared: int
+    identical: int
+    differs: int
+    unreadable: int
+    ignored: int
+    outcome: str  # one of the OUTCOME_* below
+    training: bool  # the kind is something training produced
+
+
+class Inconclusive(TypedDict):
+    """Why runs that agree prove nothing, with the fix (``inconclusive`` in verify's JSON)."""
+
+    reason: str  # no-evidence | determinism
+    line: str
+    fix: str
+    runs: NotRequired[list[str]]  # determinism: the runs it was not in force in
+
+
 OUTCOME_IDENTICAL = "identical"
 OUTCOME_DIFFERS = "differs"
 OUTCOME_PARTLY = "partly compared"
@@ -180,9 +210,9 @@ class RowOutcome:
     fix: str | None = None
 
 
-def kinds_summary(rows: Sequence[RowOutcome], alone: bool = False) -> dict[str, dict[str, Any]]:
+def kinds_summary(rows: Sequence[RowOutcome], alone: bool = False) -> dict[str, KindSummary]:
     """Per kind, in KINDS order: how many files, how many were compared, and the kind's outcome."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, KindSummary] = {}
     for kind in KINDS:
         mine = [r for r in rows if r.kind == kind]
         if not mine:
@@ -197,8 +227,9 @@ def kinds_summary(rows: Sequence[RowOutcome], alone: bool = False) -> dict[str, 
             outcome = OUTCOME_NOT_COMPARED
         else:
             outcome = OUTCOME_IDENTICAL if compared == len(mine) - count["ignored"] else OUTCOME_PARTLY
-        out[kind] = {"files": len(mine), "compared": compared, **count, "outcome": outcome,
-                     "training": kind in TRAINING_KINDS}
+        out[kind] = {"files": len(mine), "compared": compared, "identical": count["identical"],
+                     "differs": count["differs"], "unreadable": count["unreadable"], "ignored": count["ignored"],
+                     "outcome": outcome, "training": kind in TRAINING_KINDS}
     return out
 
 
@@ -212,7 +243,7 @@ def _names(rows: Sequence[RowOutcome], limit: int = 3) -> str:
     return ", ".join(names) + (f" and {len(rows) - limit} more" if len(rows) > limit else "")
 
 
-def evidence_reason(rows: Sequence[RowOutcome], alone: bool = False) -> dict[str, Any] | None:
+def evidence_reason(rows: Sequence[RowOutcome], alone: bool = False) -> Inconclusive | None:
     """Why nothing training produced was compared (or, alone, held), with the one fix; None when something was."""
     training = [r for r in rows if r.kind in TRAINING_KINDS]
     if any(r.outcome in ("identical", "differs", "alone") for r in training):
@@ -235,7 +266,7 @@ def evidence_reason(rows: Sequence[RowOutcome], alone: bool = False) -> dict[str
     return {"reason": "no-evidence", "line": line, "fix": fix}
 
 
-def determinism_reason(runs: Mapping[str, Determinism]) -> dict[str, Any] | None:
+def determinism_reason(runs: Mapping[str, Determinism]) -> Inconclusive | None:
     """Why the runs' agreement does not prove determinism, with the fix; None when it was in force in all."""
     off = {rid: d for rid, d in runs.items() if not d.in_force}
     if not off:
