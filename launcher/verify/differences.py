@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NotRequired, TypedDict, cast
+from typing import Any, NotRequired, TypedDict, TypeVar, cast
 
 from launcher.errors import Corrupt, LauncherError
 from launcher.runs.manifest import Manifest
@@ -189,6 +189,21 @@ class Consistency(TypedDict):
     native: NativeCheck | None
 
 
+class BatchRow(TypedDict):
+    """One row of ``outputs/fingerprints/batches.jsonl`` (launcher.runtime.record): an epoch's batch order."""
+
+    epoch: int
+    digest: str | None
+    batches: list[str]  # each batch's digest, in order
+    unrecorded: NotRequired[str]  # why the order could not be recorded (then no batches)
+    fit: NotRequired[int]  # the second fit() of a recipe on: 1, 2, ...
+
+
+# A row of ``outputs/metrics.jsonl`` (launcher.runtime.record): "epoch" (and "fit") as integers, each
+# metric by the script's own name as a float (or, what could not be one, its str).
+MetricsRow = dict[str, float | str]
+
+
 class WeightsFingerprint(TypedDict, total=False):
     """``outputs/fingerprints/initial_weights.json`` (launcher.runtime.fingerprints), as read here."""
 
@@ -220,9 +235,15 @@ def _read_json(path: Path) -> Any:  # any JSON document; the callers check its s
         raise Corrupt(f"{path} is not valid JSON ({exc})", "re-pull the run (`launcher pull RUN`)") from exc
 
 
-def read_metrics(m: Manifest) -> list[dict[str, Any]] | None:
-    """The run's metrics.jsonl rows (free-form: the metric names are the script's own); None without it."""
-    return _read_jsonl(m.file(METRICS))
+def read_metrics(m: Manifest) -> list[MetricsRow] | None:
+    """The run's metrics.jsonl rows (JSON objects; the metric names are the script's own); None without it."""
+    return cast("list[MetricsRow] | None", _read_jsonl(m.file(METRICS)))
+
+
+def _read_batches(m: Manifest) -> list[BatchRow] | None:
+    """The run's batches.jsonl rows, those with an integer epoch; None without it."""
+    rows = _read_jsonl(m.file(BATCHES))
+    return None if rows is None else [cast(BatchRow, r) for r in rows if isinstance(r.get("epoch"), int)]
 
 
 def explain_model(ref: Manifest, run: Manifest) -> ModelExplanation | None:
@@ -280,10 +301,12 @@ def explain_data(ref: Manifest, run: Manifest) -> DataExplanation | None:
     }
 
 
-def _by_epoch(rows: list[dict[str, Any]]) -> dict[tuple[int, int], dict[str, Any]]:
-    """Rows (free-form JSON lines) keyed by (fit, epoch): a recipe that calls fit() twice numbers
-    its epochs from 0 again."""
-    out: dict[tuple[int, int], dict[str, Any]] = {}
+_Row = TypeVar("_Row", BatchRow, MetricsRow)
+
+
+def _by_epoch(rows: list[_Row]) -> dict[tuple[int, int], _Row]:
+    """Rows keyed by (fit, epoch): a recipe that calls fit() twice numbers its epochs from 0 again."""
+    out: dict[tuple[int, int], _Row] = {}
     for row in rows:
         e, fit = row.get("epoch"), row.get("fit", 0)
         if isinstance(e, int) and isinstance(fit, int):
@@ -300,7 +323,7 @@ def _where(key: tuple[int, int]) -> Where:
 
 
 def explain_batches(ref: Manifest, run: Manifest) -> BatchesExplanation | None:
-    a, b = _read_jsonl(ref.file(BATCHES)), _read_jsonl(run.file(BATCHES))
+    a, b = _read_batches(ref), _read_batches(run)
     if a is None or b is None:
         return None
     by_a, by_b = _by_epoch(a), _by_epoch(b)
@@ -311,7 +334,7 @@ def explain_batches(ref: Manifest, run: Manifest) -> BatchesExplanation | None:
     for key in sorted(set(by_a) | set(by_b)):
         ra, rb = by_a.get(key), by_b.get(key)
         if (ra and "unrecorded" in ra) or (rb and "unrecorded" in rb):
-            unrecorded.append(str((ra or {}).get("unrecorded") or (rb or {}).get("unrecorded")))
+            unrecorded.append(str((ra.get("unrecorded") if ra else None) or (rb.get("unrecorded") if rb else None)))
             continue
         compared += 1
         if ra is not None and rb is not None and ra.get("digest") == rb.get("digest") \
@@ -319,8 +342,8 @@ def explain_batches(ref: Manifest, run: Manifest) -> BatchesExplanation | None:
             continue
         differing.append(key[1])
         if first is None:
-            ba = (ra or {}).get("batches") or []
-            bb = (rb or {}).get("batches") or []
+            ba = (ra.get("batches") if ra else None) or []
+            bb = (rb.get("batches") if rb else None) or []
             pairs = enumerate(zip(ba, bb, strict=False))
             idx = next((i for i, (x, y) in pairs if x != y), min(len(ba), len(bb)))
             first = _where(key)
@@ -337,7 +360,7 @@ def explain_batches(ref: Manifest, run: Manifest) -> BatchesExplanation | None:
     return out
 
 
-def _metric_names(rows: list[dict[str, Any]]) -> list[str]:  # metrics.jsonl rows, free-form
+def _metric_names(rows: list[MetricsRow]) -> list[str]:
     names: list[str] = []
     for row in rows:
         for k, v in row.items():
@@ -346,7 +369,7 @@ def _metric_names(rows: list[dict[str, Any]]) -> list[str]:  # metrics.jsonl row
     return names
 
 
-def _metric_deltas(ra: dict[str, Any], rb: dict[str, Any], names: list[str]) -> dict[str, MetricDelta]:
+def _metric_deltas(ra: MetricsRow, rb: MetricsRow, names: list[str]) -> dict[str, MetricDelta]:
     """The metrics that differ between two metrics.jsonl rows of one epoch."""
     deltas = {k: _delta(ra.get(k), rb.get(k)) for k in names}
     return {k: v for k, v in deltas.items() if v is not None}
