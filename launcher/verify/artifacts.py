@@ -21,6 +21,7 @@ from launcher.runs import rundir
 from launcher.runs.manifest import Manifest
 from launcher.verify.content import ContentDiff, compare_files, compare_savedmodel, savedmodel_root, unreadable
 from launcher.verify.contentlogs import ContentRecord
+from launcher.verify.contenttf import SAVEDMODEL
 from launcher.verify.differences import (
     DIFFERS,
     IDENTICAL,
@@ -31,7 +32,7 @@ from launcher.verify.differences import (
     UNREADABLE,
     DifferingFile,
 )
-from launcher.verify.evidence import RowOutcome, classify, matches
+from launcher.verify.evidence import ROW_ALONE, RowOutcome, classify, matches
 from launcher.verify.stepdiff import STEPS
 from launcher.workspace import Workspace
 
@@ -188,17 +189,17 @@ class ArtifactRow:
     def outcome(self, reference: str, alone: bool = False) -> RowOutcome:
         """The row as evidence: compared identical, differs, unreadable (why, fix), ignored, or held alone."""
         if not self.checked:
-            return RowOutcome(self.path, self.kind, "ignored", IGNORED_WHY.get(self.ignored_by or "", "left out"))
+            return RowOutcome(self.path, self.kind, IGNORED, IGNORED_WHY.get(self.ignored_by or "", "left out"))
         if alone:
-            return RowOutcome(self.path, self.kind, "alone")
+            return RowOutcome(self.path, self.kind, ROW_ALONE)
         others = [c for rid, c in self.cells.items() if rid != reference]
         if any(c["status"] in (DIFFERS, MISSING) for c in others):
-            return RowOutcome(self.path, self.kind, "differs")
+            return RowOutcome(self.path, self.kind, DIFFERS)
         bad = next((c for c in others if c["status"] == UNREADABLE), None)
         if bad is not None:
             content = bad.get("content") or {}
-            return RowOutcome(self.path, self.kind, "unreadable", content.get("unreadable"), content.get("fix"))
-        return RowOutcome(self.path, self.kind, "identical")
+            return RowOutcome(self.path, self.kind, UNREADABLE, content.get("unreadable"), content.get("fix"))
+        return RowOutcome(self.path, self.kind, IDENTICAL)
 
 
 def _content(ref: Manifest, run: Manifest, ref_path: str, run_path: str,
@@ -211,7 +212,7 @@ def _content(ref: Manifest, run: Manifest, ref_path: str, run_path: str,
             try:
                 savedmodels[(root_a, root_b)] = compare_savedmodel(root_a, root_b)
             except (LauncherError, OSError, ValueError) as exc:
-                savedmodels[(root_a, root_b)] = unreadable("savedmodel", exc)
+                savedmodels[(root_a, root_b)] = unreadable(SAVEDMODEL, exc)
         return savedmodels[(root_a, root_b)]
     return compare_files(a, b, ref_path)
 
