@@ -61,7 +61,8 @@ def _zip_volatile(a: Path, b: Path) -> list[str]:
 
 
 def _h5_content(handle: Any) -> dict[str, Any]:
-    """Every dataset (path -> array) and attribute (path@name -> value) of an HDF5 file."""
+    """Every dataset (path -> array) and attribute (path@name -> value) of an HDF5 file (an attribute's
+    value is whatever the file holds: a number, a string, decoded JSON, an array)."""
     h5py = import_h5py()
     out: dict[str, Any] = {}
 

@@ -451,7 +451,8 @@ def _flatten(prefix: str, value: object, out: dict[str, Any]) -> None:
 
 
 def environment_view(m: Manifest) -> dict[str, Any]:
-    """The manifest fields that can explain a difference, flattened to dotted keys."""
+    """The manifest fields that can explain a difference, flattened to dotted keys (their values
+    as the manifest holds them: any JSON value)."""
     flat: dict[str, Any] = {}
     for key in ("recipe", "image", "determinism", "host", "runtime", "params"):
         if key in m.data:
