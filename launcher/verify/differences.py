@@ -13,7 +13,7 @@ from launcher.errors import Corrupt, LauncherError
 from launcher.runs.manifest import Manifest
 from launcher.verify.contentlogs import ContentRecord
 from launcher.verify.formats import native_saves
-from launcher.verify.impact import ProbeImpact, Tolerances, explain_impact, with_impact
+from launcher.verify.impact import ProbeImpact, Tolerances, explain_impact
 from launcher.verify.jsonlines import read_jsonl as _read_jsonl
 from launcher.verify.modeldiff import (
     ArrayDiffRecord,
@@ -593,6 +593,13 @@ def _nondeterminism(model: ModelExplanation | None, initial: InitialWeightsExpla
             "line": ("differs with the same environment and seed: nondeterminism in training" if seeded
                      else "differs with the same environment and no fixed seed (profile off?): "
                      "nondeterminism expected") + detail}
+
+
+def with_impact(classification: Classification, impact: ProbeImpact | None) -> Classification:
+    """The classification with the impact's kind and phrase added to its line."""
+    if impact is None:
+        return classification
+    return {**classification, "impact": impact.get("kind"), "line": f"{classification['line']}; {impact['line']}"}
 
 
 def _file_phrase(f: DifferingFile) -> str:

@@ -27,15 +27,12 @@ import zipfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
 from launcher.errors import Corrupt, UsageError
 from launcher.runs.manifest import Manifest
-
-if TYPE_CHECKING:  # differences imports this module
-    from launcher.verify.differences import Classification
 
 PROBE_OUTPUTS = "outputs/probes/outputs.npz"
 PROBE_DOCUMENT = "outputs/probes/probes.json"
@@ -339,13 +336,6 @@ def explain_impact(ref: Manifest, run: Manifest, tol: Tolerances | None = None) 
                             tol)
     impact["source"] = PROBE_OUTPUTS
     return impact
-
-
-def with_impact(classification: Classification, impact: ProbeImpact | None) -> Classification:
-    """The classification with the impact's kind and phrase added to its line."""
-    if impact is None:
-        return classification
-    return {**classification, "impact": impact.get("kind"), "line": f"{classification['line']}; {impact['line']}"}
 
 
 def impact_lines(impact: ProbeImpact) -> list[str]:
