@@ -33,9 +33,11 @@ import numpy as np
 
 from launcher.errors import Corrupt, UsageError
 from launcher.runs.manifest import Manifest
+from launcher.runs.rundir import OUTPUTS
+from launcher.runtime import probes as runtime_probes
 
-PROBE_OUTPUTS = "outputs/probes/outputs.npz"
-PROBE_DOCUMENT = "outputs/probes/probes.json"
+PROBE_OUTPUTS = f"{OUTPUTS}/{runtime_probes.OUTPUTS}"  # the runtime's probe outputs, from the run folder
+PROBE_DOCUMENT = f"{OUTPUTS}/{runtime_probes.DOCUMENT}"
 
 AGREE = "agree"  # the bits differ, but predictions and explanations agree within tolerance
 PREDICTIONS = "predictions"  # a prediction flips, or a probability moves beyond the tolerance

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, NotRequired, TypedDict, cast
 
 from launcher.errors import Corrupt
+from launcher.runtime.optrace import OPS
 
-OPS = "optrace/ops.jsonl"
 _KIND_RANK = {"input": 0, "output": 0, "grad": 1}
 
 Key = tuple[str, str, int]  # (kind, layer or weight name, occurrence within the step)

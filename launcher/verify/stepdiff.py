@@ -7,9 +7,11 @@ from collections.abc import Mapping
 from typing import Any, NotRequired, TypedDict, cast
 
 from launcher.runs.manifest import Manifest
+from launcher.runs.rundir import OUTPUTS
+from launcher.runtime import steps as runtime_steps
 from launcher.verify.jsonlines import read_jsonl
 
-STEPS = "outputs/fingerprints/steps.jsonl"
+STEPS = f"{OUTPUTS}/{runtime_steps.STEPS}"  # the runtime's step fingerprints, from the run folder
 
 
 class StepRow(TypedDict):
