@@ -3,6 +3,7 @@ declared, every required key there, every value of its declared type, through th
 
 from __future__ import annotations
 
+import json
 import types
 import typing
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from runfactory import flip_bit, make_workspace, pair
 
 from launcher.verify.impact import ProbeImpact, Tolerances, probe_impact
+from launcher.verify.opdiff import OPS, OpDifference, compare_traces
 from launcher.verify.verdicts import VerdictRecord, verify_checksums
 from launcher.workspace import Workspace
 
@@ -110,3 +112,19 @@ def test_a_probe_impact_is_its_record() -> None:
     for impact in (probe_impact(ref, run), probe_impact(ref, dict(ref)), probe_impact(ref, other_probes),
                    probe_impact(ref, run, Tolerances(heatmap=1.0))):
         assert conforms(impact, ProbeImpact) == [], impact
+
+
+def _trace(out: Path, digests: list[str]) -> Path:
+    (out / OPS).parent.mkdir(parents=True)
+    names = ["fc1", "fc1", "fc1.weight"]
+    rows = [{"step": 3, "order": i, "kind": kind, "name": name, "digest": d, "shape": [2], "dtype": "<f4"}
+            for i, (kind, name, d) in enumerate(zip(("input", "output", "grad"), names, digests, strict=True))]
+    (out / OPS).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return out
+
+
+def test_an_op_trace_diff_is_its_record(tmp_path: Path) -> None:
+    a = _trace(tmp_path / "a", ["i", "o", "g"])
+    for name, digests in (("same", ["i", "o", "g"]), ("output", ["i", "x", "g"]), ("grad", ["i", "o", "x"])):
+        d = compare_traces(a, _trace(tmp_path / name, digests))
+        assert d["found"] is (name != "same") and conforms(d, OpDifference) == [], d
