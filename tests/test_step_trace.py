@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from runfactory import adopt_outputs, make_workspace, pair
 from test_runtime_torch import REPO, torch_python
+from test_verify_records import conforms
 from typer.testing import CliRunner
 
 from launcher.cli import app
@@ -27,7 +28,7 @@ from launcher.runs.determinism import profile_env
 from launcher.runs.manifest import load_manifest
 from launcher.runs.runspec import trace_option
 from launcher.runtime import steps
-from launcher.verify.stepdiff import explain_steps
+from launcher.verify.stepdiff import StepsDiff, StepsStrip, explain_steps, steps_strip
 from launcher.verify.verdicts import verify_checksums
 from launcher.workspace import Workspace
 
@@ -148,6 +149,8 @@ def test_verify_says_where_two_runs_part(tmp_path: Path) -> None:
                      (30, {"conv": "y", "dense": "z"})])
     got = explain_steps(load_manifest(a), load_manifest(b))
     assert got is not None
+    assert conforms(got, StepsDiff) == []
+    assert conforms(steps_strip(load_manifest(a), load_manifest(b)), StepsStrip) == []
     assert (got["same"], got["steps_compared"], got["agree_until"], got["parts_by"]) == (False, 4, 10, 20)
     assert got["layers_differing"] == ["dense"] and got["first_layer"] == "dense" and got["layers_total"] == 2
     report = verify_checksums(ws, [a.name, b.name])
@@ -273,7 +276,7 @@ torch.save(model.state_dict(), "model.pt")
 
 def test_a_thread_count_taking_effect_after_step_4_is_traced_to_the_norm_layer_on_step_5(tmp_path: Path) -> None:
     from launcher.runtime.optrace import ENV as OPTRACE
-    from launcher.verify.opdiff import first_difference, op_phrase
+    from launcher.verify.opdiff import OpDifference, first_difference, op_phrase
 
     script = tmp_path / "code" / "main.py"
     script.parent.mkdir()
@@ -296,6 +299,7 @@ def test_a_thread_count_taking_effect_after_step_4_is_traced_to_the_norm_layer_o
     assert step3[6:] == [("input", "Net"), ("output", "Net"), ("grad", "fc2.bias"), ("grad", "fc2.weight"),
                          ("grad", "fc1.bias"), ("grad", "fc1.weight")]  # the whole model last; backward's order
     d = first_difference(outs[0], outs[1])
+    assert conforms(d, OpDifference) == []
     assert d["found"] and (d["step"], d["kind"], d["name"], d["input_agrees"]) == (5, "output", "norm", True), d
     assert d["size"]["differing"] > 0 and 0 < d["size"]["max_abs_diff"] < 1e-3
     assert "step 5: the output of norm differs first while its input agrees" in op_phrase(d)

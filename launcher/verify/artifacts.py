@@ -14,12 +14,14 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict, cast
 
 from launcher.errors import LauncherError
 from launcher.runs import rundir
 from launcher.runs.manifest import Manifest
 from launcher.verify.content import ContentDiff, compare_files, compare_savedmodel, savedmodel_root, unreadable
+from launcher.verify.contentlogs import ContentRecord
+from launcher.verify.contenttf import SAVEDMODEL
 from launcher.verify.differences import (
     DIFFERS,
     IDENTICAL,
@@ -28,8 +30,10 @@ from launcher.verify.differences import (
     MISSING,
     REFERENCE,
     UNREADABLE,
+    DifferingFile,
 )
-from launcher.verify.evidence import RowOutcome, classify, matches
+from launcher.verify.evidence import ROW_ALONE, RowOutcome, classify, matches
+from launcher.verify.stepdiff import STEPS
 from launcher.workspace import Workspace
 
 # Who left a file out of the comparison.
@@ -47,7 +51,7 @@ IGNORED_BY_OPTION = "--ignore"
 VOLATILE = (
     "outputs/_launcher/*",
     "outputs/logs/train.log",
-    "outputs/fingerprints/steps.jsonl",
+    STEPS,
     "outputs/checkpoints/*",
     rundir.LAUNCH,
 )
@@ -131,33 +135,71 @@ def pairing_keys(m: Manifest) -> dict[str, str]:
     return keys
 
 
+class Cell(TypedDict):
+    """One run's file in an artifact row (``runs`` of an artifact in verify's JSON)."""
+
+    status: str  # reference | identical | identical-content | differs | missing | unreadable | ignored
+    sha256: str | None  # None: the run lacks the file
+    content: NotRequired[ContentRecord]  # compared by content
+    path: NotRequired[str]  # the run's own path, where it pairs under another name (times in names)
+
+
+class ArtifactRecord(TypedDict):
+    """One artifact row as written in verify's JSON (``artifacts``)."""
+
+    path: str
+    kind: str
+    checked: bool
+    ignored_by: str | None
+    reference_sha256: str | None
+    runs: dict[str, Cell]  # run id -> its cell
+
+
+class BytesOnlyGroup(TypedDict):
+    """Files identical in content whose bytes differ, of one format (``bytes_only`` in verify's JSON)."""
+
+    format: str
+    volatile: list[str]  # what differs in their bytes
+    paths: list[str]
+
+
+class IgnoredGroup(TypedDict):
+    """Files left out of the comparison by one who (``ignored`` in verify's JSON)."""
+
+    by: str
+    why: str
+    paths: list[str]
+    differ: list[str]  # those whose bytes differ in some run
+
+
 @dataclass
 class ArtifactRow:
     path: str
     checked: bool
     reference_sha256: str | None
-    cells: dict[str, dict[str, Any]]  # run id -> {"status", "sha256"[, "path", "content"]}
+    # run id -> its Cell; held as plain dicts because launcher.attest.reproduce reads them as such
+    cells: dict[str, dict[str, Any]]
     ignored_by: str | None = None
     kind: str = "other"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ArtifactRecord:
         return {"path": self.path, "kind": self.kind, "checked": self.checked, "ignored_by": self.ignored_by,
-                "reference_sha256": self.reference_sha256, "runs": self.cells}
+                "reference_sha256": self.reference_sha256, "runs": cast(dict[str, Cell], self.cells)}
 
     def outcome(self, reference: str, alone: bool = False) -> RowOutcome:
         """The row as evidence: compared identical, differs, unreadable (why, fix), ignored, or held alone."""
         if not self.checked:
-            return RowOutcome(self.path, self.kind, "ignored", IGNORED_WHY.get(self.ignored_by or "", "left out"))
+            return RowOutcome(self.path, self.kind, IGNORED, IGNORED_WHY.get(self.ignored_by or "", "left out"))
         if alone:
-            return RowOutcome(self.path, self.kind, "alone")
+            return RowOutcome(self.path, self.kind, ROW_ALONE)
         others = [c for rid, c in self.cells.items() if rid != reference]
         if any(c["status"] in (DIFFERS, MISSING) for c in others):
-            return RowOutcome(self.path, self.kind, "differs")
+            return RowOutcome(self.path, self.kind, DIFFERS)
         bad = next((c for c in others if c["status"] == UNREADABLE), None)
         if bad is not None:
             content = bad.get("content") or {}
-            return RowOutcome(self.path, self.kind, "unreadable", content.get("unreadable"), content.get("fix"))
-        return RowOutcome(self.path, self.kind, "identical")
+            return RowOutcome(self.path, self.kind, UNREADABLE, content.get("unreadable"), content.get("fix"))
+        return RowOutcome(self.path, self.kind, IDENTICAL)
 
 
 def _content(ref: Manifest, run: Manifest, ref_path: str, run_path: str,
@@ -170,16 +212,16 @@ def _content(ref: Manifest, run: Manifest, ref_path: str, run_path: str,
             try:
                 savedmodels[(root_a, root_b)] = compare_savedmodel(root_a, root_b)
             except (LauncherError, OSError, ValueError) as exc:
-                savedmodels[(root_a, root_b)] = unreadable("savedmodel", exc)
+                savedmodels[(root_a, root_b)] = unreadable(SAVEDMODEL, exc)
         return savedmodels[(root_a, root_b)]
     return compare_files(a, b, ref_path)
 
 
 def _cell(ref: Manifest, m: Manifest, ref_path: str | None, run_path: str | None, why: str | None,
-          savedmodels: dict[tuple[Path, Path], ContentDiff]) -> dict[str, Any]:
+          savedmodels: dict[tuple[Path, Path], ContentDiff]) -> Cell:
     ra = ref.artifact(ref_path) if ref_path else None
     a = m.artifact(run_path) if run_path else None
-    cell: dict[str, Any] = {"status": MISSING, "sha256": a.sha256 if a else None}
+    cell: Cell = {"status": MISSING, "sha256": a.sha256 if a else None}
     if a is None or ra is None or ref_path is None or run_path is None:
         return cell
     if a.sha256 == ra.sha256:
@@ -218,11 +260,11 @@ def compare_artifacts(ref: Manifest, runs: list[Manifest], recipe_globs: list[st
         ra = ref.artifact(ref_path) if ref_path else None
         path = ref_path or next(keyed[m.run_id][key] for m in runs if key in keyed[m.run_id])
         why = ignored_by(path, recipe_globs, ignore)
-        cells: dict[str, dict[str, Any]] = {ref.run_id: {"status": REFERENCE if ra else MISSING,
-                                                         "sha256": ra.sha256 if ra else None}}
+        first: Cell = {"status": REFERENCE if ra else MISSING, "sha256": ra.sha256 if ra else None}
+        cells: dict[str, dict[str, Any]] = {ref.run_id: dict(first)}
         for m in runs[1:]:
             run_path = keyed[m.run_id].get(key)
-            cells[m.run_id] = _cell(ref, m, ref_path, run_path, why, savedmodels)
+            cells[m.run_id] = dict(_cell(ref, m, ref_path, run_path, why, savedmodels))
             if run_path is not None and run_path != path:
                 cells[m.run_id]["path"] = run_path
             if why is None and cells[m.run_id]["status"] in (DIFFERS, MISSING):
@@ -234,20 +276,21 @@ def compare_artifacts(ref: Manifest, runs: list[Manifest], recipe_globs: list[st
 # ---------------------------------------------------------------- one explanation per kind
 
 
-def bytes_only_groups(files: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+def bytes_only_groups(files: Iterable[DifferingFile]) -> list[BytesOnlyGroup]:
     """Files identical in content, grouped by format: what differs in their bytes, said once per format."""
-    groups: dict[str, dict[str, Any]] = {}
+    groups: dict[str, BytesOnlyGroup] = {}
     for f in files:
-        content = f.get("content") or {}
-        fmt = str(content.get("format") or "bytes")
+        content = f.get("content")
+        fmt = str((content["format"] if content else None) or "bytes")
         group = groups.setdefault(fmt, {"format": fmt, "volatile": [], "paths": []})
-        group["volatile"] += [v for v in content.get("volatile") or [] if v not in group["volatile"]]
+        group["volatile"] += [v for v in (content["volatile"] if content else None) or []
+                              if v not in group["volatile"]]
         if f["path"] not in group["paths"]:
             group["paths"].append(f["path"])
     return list(groups.values())
 
 
-def bytes_only_phrases(files: Iterable[dict[str, Any]], limit: int = 3) -> list[str]:
+def bytes_only_phrases(files: Iterable[DifferingFile], limit: int = 3) -> list[str]:
     """One phrase per format, e.g. ``model.keras, ckpt/e1.keras and 2 more (zip entry dates, ...)``."""
     out = []
     for g in bytes_only_groups(files):
@@ -257,9 +300,9 @@ def bytes_only_phrases(files: Iterable[dict[str, Any]], limit: int = 3) -> list[
     return out
 
 
-def ignored_groups(rows: Iterable[ArtifactRow]) -> list[dict[str, Any]]:
+def ignored_groups(rows: Iterable[ArtifactRow]) -> list[IgnoredGroup]:
     """Files left out of the comparison, grouped by who left them out, with why said once per group."""
-    groups: dict[str, dict[str, Any]] = {}
+    groups: dict[str, IgnoredGroup] = {}
     for row in rows:
         if row.checked or row.ignored_by is None:
             continue

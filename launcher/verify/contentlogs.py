@@ -7,9 +7,9 @@ import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
-from launcher.verify.modeldiff import ModelDiff
+from launcher.verify.modeldiff import FirstDifference, ModelDiff
 
 # Fields of JSON and CSV logs that change on every run by nature: compared neither in JSON
 # objects (any depth) nor as CSV columns; a difference in them is listed as volatile bytes.
@@ -25,6 +25,20 @@ def volatile_field(name: str) -> bool:
     return low in VOLATILE_FIELDS or low.endswith(VOLATILE_FIELD_SUFFIXES)
 
 
+class ContentRecord(TypedDict):
+    """A content comparison as written in verify's JSON (an artifact cell's or a differing file's ``content``)."""
+
+    format: str
+    same: bool
+    volatile: list[str]
+    difference: str | None
+    first_difference: FirstDifference | None
+    arrays_differing: NotRequired[int]  # for a model whose arrays differ
+    arrays_total: NotRequired[int]
+    unreadable: NotRequired[str]  # only when the files could not be read
+    fix: NotRequired[str | None]
+
+
 @dataclass
 class ContentDiff:
     """The comparison of two files of one format."""
@@ -38,12 +52,12 @@ class ContentDiff:
     fix: str | None = None  # the one fix for unreadable, where launcher knows it
 
     @property
-    def first_difference(self) -> dict[str, str] | None:
+    def first_difference(self) -> FirstDifference | None:
         first = self.model.first_difference if self.model is not None else None
         return {"layer": first.layer, "array": first.array} if first else None
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"format": self.format, "same": self.same, "volatile": list(self.volatile),
+    def to_dict(self) -> ContentRecord:
+        out: ContentRecord = {"format": self.format, "same": self.same, "volatile": list(self.volatile),
                                "difference": self.difference, "first_difference": self.first_difference}
         if self.model is not None and not self.model.identical:
             out["arrays_differing"] = len(self.model.differing)

@@ -21,7 +21,14 @@ from launcher.verify.contentlogs import (
 )
 from launcher.verify.kerasweights import h5_arrays, import_h5py
 from launcher.verify.modeldiff import diff_arrays, diff_weights
-from launcher.verify.torchweights import TorchTensor, flatten_state, load_safetensors, open_torch_zip, read_safetensors
+from launcher.verify.torchweights import (
+    METADATA,
+    TorchTensor,
+    flatten_state,
+    load_safetensors,
+    open_torch_zip,
+    read_safetensors,
+)
 from launcher.verify.weights import WeightArray, Weights, is_canonical_npz, load_canonical, load_npy
 
 # ---------------------------------------------------------------- numpy
@@ -54,7 +61,8 @@ def _zip_volatile(a: Path, b: Path) -> list[str]:
 
 
 def _h5_content(handle: Any) -> dict[str, Any]:
-    """Every dataset (path -> array) and attribute (path@name -> value) of an HDF5 file."""
+    """Every dataset (path -> array) and attribute (path@name -> value) of an HDF5 file (an attribute's
+    value is whatever the file holds: a number, a string, decoded JSON, an array)."""
     h5py = import_h5py()
     out: dict[str, Any] = {}
 
@@ -213,10 +221,10 @@ def compare_safetensors(a: Path, b: Path) -> ContentDiff:
     model = diff_weights(load_safetensors(a), load_safetensors(b))
     ha, _ = read_safetensors(a)
     hb, _ = read_safetensors(b)
-    meta = first_json_difference(ha.get("__metadata__"), hb.get("__metadata__"))
+    meta = first_json_difference(ha.metadata, hb.metadata)
     if not model.identical:
         return model_result("safetensors", model, [])
     if meta:
-        return ContentDiff("safetensors", False, [], f"__metadata__ {meta}", model)
+        return ContentDiff("safetensors", False, [], f"{METADATA} {meta}", model)
     volatile = [] if same_bytes(a, b) else ["header layout (tensor order, padding)"]
     return ContentDiff("safetensors", True, volatile, None, model)

@@ -14,7 +14,9 @@ from launcher.verify.modeldiff import diff_weights
 from launcher.verify.weights import WeightArray, Weights
 
 SAVED_MODEL_PB = "saved_model.pb"
-SAVED_MODEL_UNCOMPARED = ("saved_model.pb", "fingerprint.pb")
+SAVED_MODEL_PBTXT = "saved_model.pbtxt"
+SAVED_MODEL_UNCOMPARED = (SAVED_MODEL_PB, "fingerprint.pb")
+SAVEDMODEL = "savedmodel"  # the format's name in a content diff
 
 
 # ---------------------------------------------------------------- protobuf wire format
@@ -232,7 +234,7 @@ def compare_savedmodel(a: Path, b: Path) -> ContentDiff:
     volatile = [f"{n} (not compared)" for n in SAVED_MODEL_UNCOMPARED
                 if (a / n).is_file() and (b / n).is_file() and not same_bytes(a / n, b / n)]
     if not model.identical:
-        return model_result("savedmodel", model, volatile)
+        return model_result(SAVEDMODEL, model, volatile)
     files_a = {p.relative_to(a).as_posix() for p in a.rglob("*") if p.is_file()}
     files_b = {p.relative_to(b).as_posix() for p in b.rglob("*") if p.is_file()}
     skip = set(SAVED_MODEL_UNCOMPARED)
@@ -240,13 +242,13 @@ def compare_savedmodel(a: Path, b: Path) -> ContentDiff:
         if rel in skip or rel.startswith("variables/"):
             continue
         if rel not in files_a or rel not in files_b:
-            return ContentDiff("savedmodel", False, volatile, f"{rel}: in one SavedModel only", model)
+            return ContentDiff(SAVEDMODEL, False, volatile, f"{rel}: in one SavedModel only", model)
         if not same_bytes(a / rel, b / rel):
-            return ContentDiff("savedmodel", False, volatile, f"{rel} differs", model)
+            return ContentDiff(SAVEDMODEL, False, volatile, f"{rel} differs", model)
     if (files_a & {f for f in files_a if f.startswith("variables/")}) and not all(
             same_bytes(a / f, b / f) for f in files_a if f.startswith("variables/") and f in files_b):
         volatile.append("variables bytes (tensor order or layout)")
-    return ContentDiff("savedmodel", True, volatile, None, model)
+    return ContentDiff(SAVEDMODEL, True, volatile, None, model)
 
 
 def savedmodel_root(path: Path, stop: Path) -> Path | None:

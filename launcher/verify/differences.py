@@ -7,15 +7,24 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict, TypeVar, cast
 
 from launcher.errors import Corrupt, LauncherError
 from launcher.runs.manifest import Manifest
+from launcher.verify.contentlogs import ContentRecord
 from launcher.verify.formats import native_saves
-from launcher.verify.impact import Tolerances, explain_impact, with_impact
+from launcher.verify.impact import ProbeImpact, Tolerances, explain_impact
 from launcher.verify.jsonlines import read_jsonl as _read_jsonl
-from launcher.verify.modeldiff import ModelDiff, Weights, diff_models, load_canonical, load_weights
-from launcher.verify.stepdiff import explain_steps, steps_phrase
+from launcher.verify.modeldiff import (
+    ArrayDiffRecord,
+    FirstDifference,
+    ModelDiff,
+    Weights,
+    diff_models,
+    load_canonical,
+    load_weights,
+)
+from launcher.verify.stepdiff import StepsDiff, steps_diff, steps_phrase
 
 # How an artifact of a run compares with the reference's.
 IDENTICAL = "identical"
@@ -41,6 +50,175 @@ BATCHES = "outputs/fingerprints/batches.jsonl"
 METRICS = "outputs/metrics.jsonl"
 
 
+# ---------------------------------------------------------------- records (verify's JSON: docs/verify-json.md)
+
+
+class ModelExplanation(TypedDict):
+    """An explanation's ``model``: the model diff of the first model file both runs hold, or why it failed."""
+
+    source: str  # the run-relative path diffed
+    error: NotRequired[str]  # the model could not be diffed: then none of the keys below
+    identical: NotRequired[bool]
+    arrays_total: NotRequired[int]
+    arrays_differing: NotRequired[int]
+    elements_total: NotRequired[int]
+    elements_differing: NotRequired[int]
+    first_difference: NotRequired[FirstDifference | None]
+    arrays: NotRequired[list[ArrayDiffRecord]]
+
+
+class InitialWeightsExplanation(TypedDict):
+    """An explanation's ``initial_weights``: the two runs' fingerprints of the weights before training."""
+
+    same: bool
+    reference_digest: str | None
+    digest: str | None
+    arrays_differing: int
+    first_difference: FirstDifference | None
+
+
+class DataExplanation(TypedDict):
+    """An explanation's ``data``: the two runs' dataset fingerprints."""
+
+    same: bool
+    reference_digest: str | None
+    digest: str | None
+    kind: str | None
+    entries_differing: list[str]  # the first 20
+
+
+class MetricDelta(TypedDict):
+    """How one metric differs at an epoch: the values as the script reported them (numbers, usually)."""
+
+    reference: object
+    run: object
+    abs_diff: NotRequired[float]  # when both are numbers
+
+
+class Where(TypedDict):
+    """A place in training: the epoch, the fit it belongs to (omitted for the first), and what is found there."""
+
+    epoch: int
+    fit: NotRequired[int]
+    batch: NotRequired[int]  # batches: the first batch that differs in the epoch
+    metrics: NotRequired[dict[str, MetricDelta]]  # metrics: name -> how it differs
+
+
+class BatchesExplanation(TypedDict):
+    """An explanation's ``batches``: the batch fingerprints epoch by epoch."""
+
+    same: bool | None  # None: the batch order could not be recorded, so nothing is known
+    epochs_compared: int
+    epochs_differing: list[int]
+    first_divergence: Where | None
+    unrecorded: NotRequired[list[str]]  # why the batch order was not recorded
+
+
+class EpochCounts(TypedDict):
+    reference: int
+    run: int
+
+
+class MetricsExplanation(TypedDict):
+    """An explanation's ``metrics``: metrics.jsonl epoch by epoch."""
+
+    same: bool
+    epochs_compared: int
+    epochs: EpochCounts
+    first_divergence: Where | None
+    final: Where | None
+
+
+class EnvironmentRow(TypedDict):
+    """One row of an explanation's ``environment``: a flattened manifest key whose value differs."""
+
+    key: str
+    category: str  # code | data | seed | params | hardware | software | info
+    reference: object  # the manifests' values (any JSON value; None where the key is absent)
+    run: object
+
+
+class Classification(TypedDict):
+    """An explanation's ``classification``: the one-line answer to why a run differs."""
+
+    kind: str  # one of the CLASS_* above
+    causes: list[str]
+    line: str
+    impact: NotRequired[str | None]  # the probe impact's kind, where both runs recorded probes
+
+
+class DifferingFile(TypedDict):
+    """One of an explanation's ``files``: a compared file that differs (or is missing) in the run."""
+
+    path: str
+    status: str  # differs | missing (identical-content for the files identical in content only)
+    content: ContentRecord | None
+    ignore: NotRequired[str]  # missing: the --ignore glob that leaves it out
+
+
+class Explanation(TypedDict):
+    """Where and why one run differs from the reference (``explanations`` in verify's JSON)."""
+
+    classification: Classification
+    model: ModelExplanation | None
+    initial_weights: InitialWeightsExplanation | None
+    data: DataExplanation | None
+    batches: BatchesExplanation | None
+    steps: StepsDiff | None
+    metrics: MetricsExplanation | None
+    environment: list[EnvironmentRow]
+    files: list[DifferingFile]
+    impact: ProbeImpact | None
+
+
+class LayersCheck(TypedDict):
+    arrays: int
+    ok: bool
+
+
+class NativeCheck(TypedDict):
+    source: str
+    ok: bool | None  # None: the native save could not be read (skipped)
+    skipped: NotRequired[str]
+
+
+class Consistency(TypedDict):
+    """One run checked against its own records (``consistency`` in verify's JSON); None where not recorded."""
+
+    layers: LayersCheck | None
+    native: NativeCheck | None
+
+
+class BatchRow(TypedDict):
+    """One row of ``outputs/fingerprints/batches.jsonl`` (launcher.runtime.record): an epoch's batch order."""
+
+    epoch: int
+    digest: str | None
+    batches: list[str]  # each batch's digest, in order
+    unrecorded: NotRequired[str]  # why the order could not be recorded (then no batches)
+    fit: NotRequired[int]  # the second fit() of a recipe on: 1, 2, ...
+
+
+# A row of ``outputs/metrics.jsonl`` (launcher.runtime.record): "epoch" (and "fit") as integers, each
+# metric by the script's own name as a float (or, what could not be one, its str).
+MetricsRow = dict[str, float | str]
+
+
+class WeightsFingerprint(TypedDict, total=False):
+    """``outputs/fingerprints/initial_weights.json`` (launcher.runtime.fingerprints), as read here."""
+
+    digest: str
+    arrays: dict[str, str]  # "layer/array" -> digest
+
+
+class DatasetFingerprint(TypedDict, total=False):
+    """``outputs/fingerprints/dataset.json`` (launcher.runtime.fingerprints), as read here."""
+
+    digest: str
+    kind: str
+    entries: dict[str, str]
+
+
 # ---------------------------------------------------------------- explanations
 
 
@@ -48,7 +226,7 @@ def repull_hint(m: Manifest) -> str:
     return f"the file changed after the pull; re-pull the run (`launcher pull {m.run_id}`)"
 
 
-def _read_json(path: Path) -> Any:
+def _read_json(path: Path) -> Any:  # any JSON document; the callers check its shape
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -57,28 +235,41 @@ def _read_json(path: Path) -> Any:
         raise Corrupt(f"{path} is not valid JSON ({exc})", "re-pull the run (`launcher pull RUN`)") from exc
 
 
-def read_metrics(m: Manifest) -> list[dict[str, Any]] | None:
-    return _read_jsonl(m.file(METRICS))
+def read_metrics(m: Manifest) -> list[MetricsRow] | None:
+    """The run's metrics.jsonl rows (JSON objects; the metric names are the script's own); None without it."""
+    return cast("list[MetricsRow] | None", _read_jsonl(m.file(METRICS)))
 
 
-def explain_model(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
+def _read_batches(m: Manifest) -> list[BatchRow] | None:
+    """The run's batches.jsonl rows, those with an integer epoch; None without it."""
+    rows = _read_jsonl(m.file(BATCHES))
+    return None if rows is None else [cast(BatchRow, r) for r in rows if isinstance(r.get("epoch"), int)]
+
+
+def explain_model(ref: Manifest, run: Manifest) -> ModelExplanation | None:
     for rel in (CANONICAL_MODEL, *native_saves()):
         if ref.artifact(rel) and run.artifact(rel):
             try:
                 diff: ModelDiff = diff_models(ref.file(rel), run.file(rel))
             except LauncherError as exc:
                 return {"source": rel, "error": exc.one_line()}
-            out = diff.to_dict()
-            out.pop("reference")
-            out.pop("other")
-            return {"source": rel, **out}
+            out = diff.to_dict()  # less the two paths: the explanation names the runs
+            return {"source": rel, "identical": out["identical"], "arrays_total": out["arrays_total"],
+                    "arrays_differing": out["arrays_differing"], "elements_total": out["elements_total"],
+                    "elements_differing": out["elements_differing"], "first_difference": out["first_difference"],
+                    "arrays": out["arrays"]}
     return None
 
 
-def explain_initial_weights(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
-    a, b = _read_json(ref.file(INITIAL_WEIGHTS)), _read_json(run.file(INITIAL_WEIGHTS))
-    if not isinstance(a, dict) or not isinstance(b, dict):
+def _digest(doc: WeightsFingerprint | DatasetFingerprint) -> str | None:
+    return doc.get("digest")
+
+
+def explain_initial_weights(ref: Manifest, run: Manifest) -> InitialWeightsExplanation | None:
+    da, db = _read_json(ref.file(INITIAL_WEIGHTS)), _read_json(run.file(INITIAL_WEIGHTS))
+    if not isinstance(da, dict) or not isinstance(db, dict):
         return None
+    a, b = cast(WeightsFingerprint, da), cast(WeightsFingerprint, db)
     arrays_a = a.get("arrays") or {}
     arrays_b = b.get("arrays") or {}
     differing = [k for k in arrays_a if arrays_a.get(k) != arrays_b.get(k)]
@@ -88,30 +279,34 @@ def explain_initial_weights(ref: Manifest, run: Manifest) -> dict[str, Any] | No
     layer, _, array = first.rpartition("/") if first else ("", "", "")
     return {
         "same": same,
-        "reference_digest": a.get("digest"), "digest": b.get("digest"),
+        "reference_digest": _digest(a), "digest": _digest(b),
         "arrays_differing": len(differing),
         "first_difference": {"layer": layer, "array": array} if first else None,
     }
 
 
-def explain_data(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
-    a, b = _read_json(ref.file(DATASET)), _read_json(run.file(DATASET))
-    if not isinstance(a, dict) or not isinstance(b, dict):
+def explain_data(ref: Manifest, run: Manifest) -> DataExplanation | None:
+    da, db = _read_json(ref.file(DATASET)), _read_json(run.file(DATASET))
+    if not isinstance(da, dict) or not isinstance(db, dict):
         return None
+    a, b = cast(DatasetFingerprint, da), cast(DatasetFingerprint, db)
     ea, eb = a.get("entries") or {}, b.get("entries") or {}
     differing = sorted(k for k in set(ea) | set(eb) if ea.get(k) != eb.get(k)) if isinstance(ea, dict) \
         and isinstance(eb, dict) else []
     return {
         "same": a.get("digest") == b.get("digest"),
-        "reference_digest": a.get("digest"), "digest": b.get("digest"),
+        "reference_digest": _digest(a), "digest": _digest(b),
         "kind": a.get("kind"),
         "entries_differing": differing[:20],
     }
 
 
-def _by_epoch(rows: list[dict[str, Any]]) -> dict[tuple[int, int], dict[str, Any]]:
+_Row = TypeVar("_Row", BatchRow, MetricsRow)
+
+
+def _by_epoch(rows: list[_Row]) -> dict[tuple[int, int], _Row]:
     """Rows keyed by (fit, epoch): a recipe that calls fit() twice numbers its epochs from 0 again."""
-    out: dict[tuple[int, int], dict[str, Any]] = {}
+    out: dict[tuple[int, int], _Row] = {}
     for row in rows:
         e, fit = row.get("epoch"), row.get("fit", 0)
         if isinstance(e, int) and isinstance(fit, int):
@@ -119,24 +314,27 @@ def _by_epoch(rows: list[dict[str, Any]]) -> dict[tuple[int, int], dict[str, Any
     return out
 
 
-def _where(key: tuple[int, int], **extra: Any) -> dict[str, Any]:
+def _where(key: tuple[int, int]) -> Where:
     fit, epoch = key
-    return {"epoch": epoch, **({"fit": fit} if fit else {}), **extra}
+    where: Where = {"epoch": epoch}
+    if fit:
+        where["fit"] = fit
+    return where
 
 
-def explain_batches(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
-    a, b = _read_jsonl(ref.file(BATCHES)), _read_jsonl(run.file(BATCHES))
+def explain_batches(ref: Manifest, run: Manifest) -> BatchesExplanation | None:
+    a, b = _read_batches(ref), _read_batches(run)
     if a is None or b is None:
         return None
     by_a, by_b = _by_epoch(a), _by_epoch(b)
     differing: list[int] = []
     unrecorded: list[str] = []
     compared = 0
-    first: dict[str, Any] | None = None
+    first: Where | None = None
     for key in sorted(set(by_a) | set(by_b)):
         ra, rb = by_a.get(key), by_b.get(key)
         if (ra and "unrecorded" in ra) or (rb and "unrecorded" in rb):
-            unrecorded.append(str((ra or {}).get("unrecorded") or (rb or {}).get("unrecorded")))
+            unrecorded.append(str((ra.get("unrecorded") if ra else None) or (rb.get("unrecorded") if rb else None)))
             continue
         compared += 1
         if ra is not None and rb is not None and ra.get("digest") == rb.get("digest") \
@@ -144,12 +342,13 @@ def explain_batches(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
             continue
         differing.append(key[1])
         if first is None:
-            ba = (ra or {}).get("batches") or []
-            bb = (rb or {}).get("batches") or []
+            ba = (ra.get("batches") if ra else None) or []
+            bb = (rb.get("batches") if rb else None) or []
             pairs = enumerate(zip(ba, bb, strict=False))
             idx = next((i for i, (x, y) in pairs if x != y), min(len(ba), len(bb)))
-            first = _where(key, batch=idx)
-    out: dict[str, Any] = {
+            first = _where(key)
+            first["batch"] = idx
+    out: BatchesExplanation = {
         # None: the batch order could not be recorded (e.g. a tf.data pipeline), so nothing is known.
         "same": (not differing) if compared else None,
         "epochs_compared": compared,
@@ -161,7 +360,7 @@ def explain_batches(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
     return out
 
 
-def _metric_names(rows: list[dict[str, Any]]) -> list[str]:
+def _metric_names(rows: list[MetricsRow]) -> list[str]:
     names: list[str] = []
     for row in rows:
         for k, v in row.items():
@@ -170,25 +369,31 @@ def _metric_names(rows: list[dict[str, Any]]) -> list[str]:
     return names
 
 
-def explain_metrics(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
+def _metric_deltas(ra: MetricsRow, rb: MetricsRow, names: list[str]) -> dict[str, MetricDelta]:
+    """The metrics that differ between two metrics.jsonl rows of one epoch."""
+    deltas = {k: _delta(ra.get(k), rb.get(k)) for k in names}
+    return {k: v for k, v in deltas.items() if v is not None}
+
+
+def explain_metrics(ref: Manifest, run: Manifest) -> MetricsExplanation | None:
     a, b = read_metrics(ref), read_metrics(run)
     if a is None or b is None:
         return None
     by_a, by_b = _by_epoch(a), _by_epoch(b)
     epochs = sorted(set(by_a) & set(by_b))
     names = _metric_names(a)
-    first: dict[str, Any] | None = None
+    first: Where | None = None
     for key in epochs:
-        deltas = {k: _delta(by_a[key].get(k), by_b[key].get(k)) for k in names}
-        deltas = {k: v for k, v in deltas.items() if v is not None}
+        deltas = _metric_deltas(by_a[key], by_b[key], names)
         if deltas:
-            first = _where(key, metrics=deltas)
+            first = _where(key)
+            first["metrics"] = deltas
             break
-    final = None
+    final: Where | None = None
     if epochs:
         last = epochs[-1]
-        deltas = {k: _delta(by_a[last].get(k), by_b[last].get(k)) for k in names}
-        final = _where(last, metrics={k: v for k, v in deltas.items() if v is not None})
+        final = _where(last)
+        final["metrics"] = _metric_deltas(by_a[last], by_b[last], names)
     return {
         "same": first is None and len(a) == len(b),
         "epochs_compared": len(epochs),
@@ -198,10 +403,10 @@ def explain_metrics(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
     }
 
 
-def _delta(x: Any, y: Any) -> dict[str, Any] | None:
+def _delta(x: object, y: object) -> MetricDelta | None:
     if x == y:
         return None
-    out: dict[str, Any] = {"reference": x, "run": y}
+    out: MetricDelta = {"reference": x, "run": y}
     if isinstance(x, (int, float)) and isinstance(y, (int, float)):
         out["abs_diff"] = abs(float(y) - float(x))
     return out
@@ -236,7 +441,8 @@ _VOLATILE_WORDS = ("time", "_at", "date", "uptime", "free", "avail", "load", "pi
                    "container", "run_id", "elapsed", "duration")
 
 
-def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
+# The flattened view holds the manifest's values as they are: any JSON value (a leaf, a list, {}).
+def _flatten(prefix: str, value: object, out: dict[str, Any]) -> None:
     if isinstance(value, Mapping) and value:
         for k in sorted(value):
             _flatten(f"{prefix}.{k}" if prefix else str(k), value[k], out)
@@ -245,7 +451,8 @@ def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
 
 
 def environment_view(m: Manifest) -> dict[str, Any]:
-    """The manifest fields that can explain a difference, flattened to dotted keys."""
+    """The manifest fields that can explain a difference, flattened to dotted keys (their values
+    as the manifest holds them: any JSON value)."""
     flat: dict[str, Any] = {}
     for key in ("recipe", "image", "determinism", "host", "runtime", "params"):
         if key in m.data:
@@ -281,9 +488,9 @@ def categorize(key: str) -> str:
     return "software"
 
 
-def environment_diff(ref: Manifest, run: Manifest) -> list[dict[str, Any]]:
+def environment_diff(ref: Manifest, run: Manifest) -> list[EnvironmentRow]:
     a, b = environment_view(ref), environment_view(run)
-    rows = []
+    rows: list[EnvironmentRow] = []
     for key in sorted(set(a) | set(b)):
         if a.get(key) != b.get(key):
             rows.append({"key": key, "category": categorize(key), "reference": a.get(key), "run": b.get(key)})
@@ -293,9 +500,9 @@ def environment_diff(ref: Manifest, run: Manifest) -> list[dict[str, Any]]:
 INPUT_CATEGORIES = ("code", "data", "seed", "params")
 
 
-def training_identical(model: Mapping[str, Any] | None, initial: Mapping[str, Any] | None,
-                       data: Mapping[str, Any] | None, batches: Mapping[str, Any] | None,
-                       metrics: Mapping[str, Any] | None, steps: Mapping[str, Any] | None = None) -> bool:
+def training_identical(model: ModelExplanation | None, initial: InitialWeightsExplanation | None,
+                       data: DataExplanation | None, batches: BatchesExplanation | None,
+                       metrics: MetricsExplanation | None, steps: StepsDiff | None = None) -> bool:
     """Every model array, fingerprint and metric recorded in both runs is identical (and some were)."""
     if model is None and metrics is None:
         return False
@@ -304,21 +511,18 @@ def training_identical(model: Mapping[str, Any] | None, initial: Mapping[str, An
     return all(part is None or part.get("same") is not False for part in (initial, data, batches, metrics, steps))
 
 
-def classify(identical: bool, env: list[dict[str, Any]], data: Mapping[str, Any] | None,
-             model: Mapping[str, Any] | None, initial: Mapping[str, Any] | None,
-             batches: Mapping[str, Any] | None, seeded: bool = True,
-             metrics: Mapping[str, Any] | None = None,
-             files: Sequence[Mapping[str, Any]] | None = None,
-             steps: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def classify(identical: bool, env: list[EnvironmentRow], data: DataExplanation | None,
+             model: ModelExplanation | None, initial: InitialWeightsExplanation | None,
+             batches: BatchesExplanation | None, seeded: bool = True,
+             metrics: MetricsExplanation | None = None,
+             files: Sequence[DifferingFile] | None = None,
+             steps: StepsDiff | None = None) -> Classification:
     """One line: identical; only other outputs differ; nondeterminism in training;
     environment-dependent; or an input change. Never nondeterminism when training was identical."""
     if identical:
         return {"kind": CLASS_IDENTICAL, "causes": [], "line": "identical"}
     if files is not None and training_identical(model, initial, data, batches, metrics, steps):
-        named = [_file_phrase(f) for f in files[:3]] + ([f"and {len(files) - 3} more"] if len(files) > 3 else [])
-        return {"kind": CLASS_OUTPUTS, "causes": ["outputs"],
-                "line": "training identical (every model array, fingerprint and metric); differs only in "
-                        f"other outputs: {', '.join(named) or 'none named'}"}
+        return _outputs_only(files)
     by_cat: dict[str, list[str]] = {}
     for row in env:
         by_cat.setdefault(row["category"], []).append(row["key"])
@@ -326,30 +530,54 @@ def classify(identical: bool, env: list[dict[str, Any]], data: Mapping[str, Any]
         by_cat.setdefault("data", []).insert(0, "dataset fingerprint")
     inputs = [c for c in INPUT_CATEGORIES if c in by_cat]
     if inputs:
-        parts = []
-        for c in inputs:
-            if c == "seed":
-                seed = next((r for r in env if r["key"] == "seed"), None)
-                parts.append(f"seed ({seed['reference']} -> {seed['run']})" if seed else "seed")
-            elif c == "data":
-                parts.append("data (" + ", ".join(by_cat["data"]) + ")")
-            elif c == "code":
-                parts.append("code (" + ", ".join(by_cat["code"]) + ")")
-            else:
-                names = ", ".join("script arguments" if k == "recipe.args" else k.removeprefix("params.")
-                                  for k in by_cat["params"])
-                parts.append(f"params ({names})")
-        return {"kind": CLASS_INPUT, "causes": inputs,
-                "line": "differs in " + ", ".join(parts) + ": an input change"}
+        return _input_change(inputs, by_cat, env)
+    if "hardware" in by_cat or "software" in by_cat:
+        return _environment(by_cat)
+    return _nondeterminism(model, initial, batches, steps, seeded)
+
+
+def _outputs_only(files: Sequence[DifferingFile]) -> Classification:
+    """Training was identical: only other outputs differ (the first three named)."""
+    named = [_file_phrase(f) for f in files[:3]] + ([f"and {len(files) - 3} more"] if len(files) > 3 else [])
+    return {"kind": CLASS_OUTPUTS, "causes": ["outputs"],
+            "line": "training identical (every model array, fingerprint and metric); differs only in "
+                    f"other outputs: {', '.join(named) or 'none named'}"}
+
+
+def _input_change(inputs: list[str], by_cat: dict[str, list[str]], env: list[EnvironmentRow]) -> Classification:
+    """An input differs (code, data, seed, params): each named with what changed."""
+    parts = []
+    for c in inputs:
+        if c == "seed":
+            seed = next((r for r in env if r["key"] == "seed"), None)
+            parts.append(f"seed ({seed['reference']} -> {seed['run']})" if seed else "seed")
+        elif c == "data":
+            parts.append("data (" + ", ".join(by_cat["data"]) + ")")
+        elif c == "code":
+            parts.append("code (" + ", ".join(by_cat["code"]) + ")")
+        else:
+            names = ", ".join("script arguments" if k == "recipe.args" else k.removeprefix("params.")
+                              for k in by_cat["params"])
+            parts.append(f"params ({names})")
+    return {"kind": CLASS_INPUT, "causes": inputs,
+            "line": "differs in " + ", ".join(parts) + ": an input change"}
+
+
+def _environment(by_cat: dict[str, list[str]]) -> Classification:
+    """The inputs agree and the hardware or software differs (hardware said first)."""
     if "hardware" in by_cat:
         keys = by_cat["hardware"][:3]
         causes = ["hardware", "software"] if "software" in by_cat else ["hardware"]
         return {"kind": CLASS_ENVIRONMENT, "causes": causes,
                 "line": f"differs on different hardware ({', '.join(keys)}): environment-dependent"}
-    if "software" in by_cat:
-        keys = by_cat["software"][:3]
-        return {"kind": CLASS_ENVIRONMENT, "causes": ["software"],
-                "line": f"differs in the software environment ({', '.join(keys)}): environment-dependent"}
+    keys = by_cat["software"][:3]
+    return {"kind": CLASS_ENVIRONMENT, "causes": ["software"],
+            "line": f"differs in the software environment ({', '.join(keys)}): environment-dependent"}
+
+
+def _nondeterminism(model: ModelExplanation | None, initial: InitialWeightsExplanation | None,
+                    batches: BatchesExplanation | None, steps: StepsDiff | None, seeded: bool) -> Classification:
+    """Nothing in the inputs or environment differs: training was not deterministic; where it shows."""
     where = []
     if initial is not None:
         where.append("initial weights " + ("identical" if initial.get("same") else "already differ"))
@@ -357,7 +585,7 @@ def classify(identical: bool, env: list[dict[str, Any]], data: Mapping[str, Any]
         where.append("batches " + ("identical" if batches["same"] else "differ"))
     if steps is not None and steps.get("same") is False:
         where.append(steps_phrase(steps))
-    first = (model or {}).get("first_difference")
+    first = model.get("first_difference") if model is not None else None
     if first:
         where.append(f"first differing layer {first['layer']} array {first['array']}")
     detail = f" ({'; '.join(where)})" if where else ""
@@ -367,7 +595,14 @@ def classify(identical: bool, env: list[dict[str, Any]], data: Mapping[str, Any]
                      "nondeterminism expected") + detail}
 
 
-def _file_phrase(f: Mapping[str, Any]) -> str:
+def with_impact(classification: Classification, impact: ProbeImpact | None) -> Classification:
+    """The classification with the impact's kind and phrase added to its line."""
+    if impact is None:
+        return classification
+    return {**classification, "impact": impact.get("kind"), "line": f"{classification['line']}; {impact['line']}"}
+
+
+def _file_phrase(f: DifferingFile) -> str:
     name = str(f["path"]).removeprefix("outputs/")
     content = f.get("content")
     if f.get("status") == MISSING:
@@ -378,15 +613,15 @@ def _file_phrase(f: Mapping[str, Any]) -> str:
     return f"{name} (bytes; format not compared by content)"
 
 
-def explain(ref: Manifest, run: Manifest, files: list[dict[str, Any]] | None = None,
-            tolerances: Tolerances | None = None) -> dict[str, Any]:
+def explain(ref: Manifest, run: Manifest, files: list[DifferingFile] | None = None,
+            tolerances: Tolerances | None = None) -> Explanation:
     """Where and why ``run`` differs from ``ref``, and, where both recorded probes, what the
     difference does to predictions and explanations (launcher.verify.impact)."""
     model = explain_model(ref, run)
     initial = explain_initial_weights(ref, run)
     data = explain_data(ref, run)
     batches = explain_batches(ref, run)
-    steps = explain_steps(ref, run)
+    steps = steps_diff(ref, run)
     metrics = explain_metrics(ref, run)
     env = environment_diff(ref, run)
     impact = explain_impact(ref, run, tolerances)
@@ -408,40 +643,57 @@ def _digest_arrays(weights: Weights) -> list[tuple[str, str, str]]:
     return [(a.layer, a.array, array_digest(a.value)) for a in weights]
 
 
-def check_consistency(m: Manifest) -> dict[str, Any]:
+def _inconsistent_hint(m: Manifest) -> str:
+    return ("the run's files were altered after training; re-pull the run (`launcher pull "
+            f"{m.run_id}`) if the host's copy is intact, or run it again")
+
+
+def check_consistency(m: Manifest) -> Consistency:
     """Cross-check one run's records of its final weights against each other.
 
     ``model/canonical.npz`` against ``weights/layers.json`` (the per-layer sha256 the runtime
     wrote at the end of training) and against the native save where it can be read. A
     mismatch means a file was altered after training: Corrupt (exit 13), naming the array.
     """
-    out: dict[str, Any] = {"layers": None, "native": None}
+    out: Consistency = {"layers": None, "native": None}
     if not m.artifact(CANONICAL_MODEL):
         return out
     canonical = _digest_arrays(load_canonical(m.file(CANONICAL_MODEL)))
-    hint = ("the run's files were altered after training; re-pull the run (`launcher pull "
-            f"{m.run_id}`) if the host's copy is intact, or run it again")
+    out["layers"] = _check_layers(m, canonical)
+    out["native"] = _check_native(m, canonical)
+    return out
+
+
+def _check_layers(m: Manifest, canonical: list[tuple[str, str, str]]) -> LayersCheck | None:
+    """The canonical weights against weights/layers.json; None when the run has no such record."""
     doc = _read_json(m.file(LAYERS)) if m.artifact(LAYERS) else None
-    if isinstance(doc, dict) and isinstance(doc.get("layers"), list):
-        recorded = [(str(layer.get("name")), str(arr.get("index")), str(arr.get("sha256")))
-                    for layer in doc["layers"] if isinstance(layer, dict)
-                    for arr in layer.get("arrays") or [] if isinstance(arr, dict)]
-        for (layer, array, got), rec in zip(canonical, recorded, strict=False):
-            if (layer, array, got) != rec:
-                raise Corrupt(f"run {m.run_id} is inconsistent: {CANONICAL_MODEL.removeprefix('outputs/')} layer "
-                              f"{layer} array {array} (sha256 {got[7:19]}…) does not match its per-layer digest in "
-                              f"weights/layers.json ({rec[0]}/{rec[1]} {rec[2][7:19]}…)", hint)
-        if len(canonical) != len(recorded):
-            raise Corrupt(f"run {m.run_id} is inconsistent: {len(canonical)} arrays in canonical.npz, "
-                          f"{len(recorded)} in weights/layers.json", hint)
-        out["layers"] = {"arrays": len(canonical), "ok": True}
+    if not (isinstance(doc, dict) and isinstance(doc.get("layers"), list)):
+        return None
+    hint = _inconsistent_hint(m)
+    recorded = [(str(layer.get("name")), str(arr.get("index")), str(arr.get("sha256")))
+                for layer in doc["layers"] if isinstance(layer, dict)
+                for arr in layer.get("arrays") or [] if isinstance(arr, dict)]
+    for (layer, array, got), rec in zip(canonical, recorded, strict=False):
+        if (layer, array, got) != rec:
+            raise Corrupt(f"run {m.run_id} is inconsistent: {CANONICAL_MODEL.removeprefix('outputs/')} layer "
+                          f"{layer} array {array} (sha256 {got[7:19]}…) does not match its per-layer digest in "
+                          f"weights/layers.json ({rec[0]}/{rec[1]} {rec[2][7:19]}…)", hint)
+    if len(canonical) != len(recorded):
+        raise Corrupt(f"run {m.run_id} is inconsistent: {len(canonical)} arrays in canonical.npz, "
+                      f"{len(recorded)} in weights/layers.json", hint)
+    return {"arrays": len(canonical), "ok": True}
+
+
+def _check_native(m: Manifest, canonical: list[tuple[str, str, str]]) -> NativeCheck | None:
+    """The canonical weights against the first native save that can be read (or the last that could not)."""
+    out: NativeCheck | None = None
     for rel in native_saves():
         if not m.artifact(rel):
             continue
         try:
             native = load_weights(m.file(rel))
         except LauncherError as exc:
-            out["native"] = {"source": rel, "ok": None, "skipped": exc.one_line()}
+            out = {"source": rel, "ok": None, "skipped": exc.one_line()}
             continue
         found = {d for _, _, d in _digest_arrays(native)}
         shapes = {(a.value.shape, a.value.dtype.str) for a in native}
@@ -454,8 +706,6 @@ def check_consistency(m: Manifest) -> dict[str, Any]:
             comparable = twin is not None or (wa.value.shape, wa.value.dtype.str) in shapes
             if comparable:
                 raise Corrupt(f"run {m.run_id} is inconsistent: canonical.npz layer {layer} array {array} is not "
-                              f"in its native save {rel.removeprefix('outputs/')}", hint)
-        out["native"] = {"source": rel, "ok": True}
-        break
+                              f"in its native save {rel.removeprefix('outputs/')}", _inconsistent_hint(m))
+        return {"source": rel, "ok": True}
     return out
-

@@ -14,10 +14,12 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from launcher.runs import rundir
 from launcher.runs.manifest import Manifest
+from launcher.verify.contenttf import SAVED_MODEL_PB, SAVED_MODEL_PBTXT
+from launcher.verify.differences import CANONICAL_MODEL, DIFFERS, IDENTICAL, IGNORED, LAYERS, UNREADABLE
 from launcher.verify.formats import model_suffixes
 
 KIND_NAMED = "named evidence"  # files matching `verify checksums --evidence GLOB`
@@ -35,7 +37,7 @@ TRAINING_KINDS = frozenset({KIND_NAMED, KIND_MODEL, KIND_CHECKPOINT, KIND_PREDIC
 
 _MODEL_SUFFIXES_UNCOMPARED = (".onnx",)  # models launcher compares by bytes only; the others: launcher.verify.formats
 _MODEL_FOLDERS = frozenset({"model", "models", "weights", "saved_model", "savedmodel"})
-_MODEL_FILES = frozenset({"outputs/model/canonical.npz", "outputs/weights/layers.json"})
+_MODEL_FILES = frozenset({CANONICAL_MODEL, LAYERS})
 _CHECKPOINT_WORDS = ("checkpoint", "ckpt")
 _TF_CHECKPOINT = re.compile(r"(\.index|\.data-\d+-of-\d+|\.ckpt)$|^checkpoint$")
 _PREDICTION_WORDS = ("prediction", "predict", "preds")
@@ -43,7 +45,7 @@ _TABLE_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl")
 _METRIC_WORDS = ("metric", "history", "result", "score", "eval", "loss", "acc", "stats", "progress", "log")
 _LOG_SUFFIXES = (".log", ".txt", ".out", ".err")
 _LOG_FOLDERS = frozenset({"logs", "log"})
-SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
+SAVED_MODEL_FILES = (SAVED_MODEL_PB, SAVED_MODEL_PBTXT)
 
 
 def matches(path: str, globs: Iterable[str]) -> bool:
@@ -113,13 +115,21 @@ _DETERMINISM_FIX = {
 }
 
 
+class DeterminismRecord(TypedDict):
+    """A run's determinism as written in verify's JSON (``evidence.determinism.runs``)."""
+
+    in_force: bool
+    reason: str
+    cause: str
+
+
 @dataclass(frozen=True)
 class Determinism:
     in_force: bool
     reason: str
     cause: str  # one of the CAUSE_* above
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> DeterminismRecord:
         return {"in_force": self.in_force, "reason": self.reason, "cause": self.cause}
 
 
@@ -162,6 +172,30 @@ def determinism_of(m: Manifest) -> Determinism:
 
 # ---------------------------------------------------------------- evidence per kind
 
+class KindSummary(TypedDict):
+    """One kind of file in verify's JSON (``evidence.kinds``): how many, how many compared, and the outcome."""
+
+    files: int
+    compared: int
+    identical: int
+    differs: int
+    unreadable: int
+    ignored: int
+    outcome: str  # one of the OUTCOME_* below
+    training: bool  # the kind is something training produced
+
+
+class Inconclusive(TypedDict):
+    """Why runs that agree prove nothing, with the fix (``inconclusive`` in verify's JSON)."""
+
+    reason: str  # no-evidence | determinism
+    line: str
+    fix: str
+    runs: NotRequired[list[str]]  # determinism: the runs it was not in force in
+
+
+ROW_ALONE = "alone"  # a row of a run checked alone: held, not compared
+
 OUTCOME_IDENTICAL = "identical"
 OUTCOME_DIFFERS = "differs"
 OUTCOME_PARTLY = "partly compared"
@@ -175,30 +209,31 @@ class RowOutcome:
 
     path: str
     kind: str
-    outcome: str  # identical | differs | unreadable | ignored | alone
+    outcome: str  # identical | differs | unreadable | ignored (the artifact statuses) | ROW_ALONE
     reason: str | None = None  # why it was not compared (unreadable or ignored)
     fix: str | None = None
 
 
-def kinds_summary(rows: Sequence[RowOutcome], alone: bool = False) -> dict[str, dict[str, Any]]:
+def kinds_summary(rows: Sequence[RowOutcome], alone: bool = False) -> dict[str, KindSummary]:
     """Per kind, in KINDS order: how many files, how many were compared, and the kind's outcome."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, KindSummary] = {}
     for kind in KINDS:
         mine = [r for r in rows if r.kind == kind]
         if not mine:
             continue
-        count = {o: sum(r.outcome == o for r in mine) for o in ("identical", "differs", "unreadable", "ignored")}
-        compared = count["identical"] + count["differs"]
+        count = {o: sum(r.outcome == o for r in mine) for o in (IDENTICAL, DIFFERS, UNREADABLE, IGNORED)}
+        compared = count[IDENTICAL] + count[DIFFERS]
         if alone:
             outcome = OUTCOME_ALONE
-        elif count["differs"]:
+        elif count[DIFFERS]:
             outcome = OUTCOME_DIFFERS
         elif not compared:
             outcome = OUTCOME_NOT_COMPARED
         else:
-            outcome = OUTCOME_IDENTICAL if compared == len(mine) - count["ignored"] else OUTCOME_PARTLY
-        out[kind] = {"files": len(mine), "compared": compared, **count, "outcome": outcome,
-                     "training": kind in TRAINING_KINDS}
+            outcome = OUTCOME_IDENTICAL if compared == len(mine) - count[IGNORED] else OUTCOME_PARTLY
+        out[kind] = {"files": len(mine), "compared": compared, "identical": count[IDENTICAL],
+                     "differs": count[DIFFERS], "unreadable": count[UNREADABLE], "ignored": count[IGNORED],
+                     "outcome": outcome, "training": kind in TRAINING_KINDS}
     return out
 
 
@@ -212,13 +247,13 @@ def _names(rows: Sequence[RowOutcome], limit: int = 3) -> str:
     return ", ".join(names) + (f" and {len(rows) - limit} more" if len(rows) > limit else "")
 
 
-def evidence_reason(rows: Sequence[RowOutcome], alone: bool = False) -> dict[str, Any] | None:
+def evidence_reason(rows: Sequence[RowOutcome], alone: bool = False) -> Inconclusive | None:
     """Why nothing training produced was compared (or, alone, held), with the one fix; None when something was."""
     training = [r for r in rows if r.kind in TRAINING_KINDS]
-    if any(r.outcome in ("identical", "differs", "alone") for r in training):
+    if any(r.outcome in (IDENTICAL, DIFFERS, ROW_ALONE) for r in training):
         return None
-    unreadable = [r for r in training if r.outcome == "unreadable"]
-    ignored = [r for r in training if r.outcome == "ignored"]
+    unreadable = [r for r in training if r.outcome == UNREADABLE]
+    ignored = [r for r in training if r.outcome == IGNORED]
     held = sorted({r.kind for r in rows}, key=KINDS.index)
     if unreadable:
         first = unreadable[0]
@@ -235,7 +270,7 @@ def evidence_reason(rows: Sequence[RowOutcome], alone: bool = False) -> dict[str
     return {"reason": "no-evidence", "line": line, "fix": fix}
 
 
-def determinism_reason(runs: Mapping[str, Determinism]) -> dict[str, Any] | None:
+def determinism_reason(runs: Mapping[str, Determinism]) -> Inconclusive | None:
     """Why the runs' agreement does not prove determinism, with the fix; None when it was in force in all."""
     off = {rid: d for rid, d in runs.items() if not d.in_force}
     if not off:

@@ -25,22 +25,107 @@ import json
 import math
 import zipfile
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
 from launcher.errors import Corrupt, UsageError
 from launcher.runs.manifest import Manifest
+from launcher.runs.rundir import OUTPUTS
+from launcher.runtime import probes as runtime_probes
 
-PROBE_OUTPUTS = "outputs/probes/outputs.npz"
-PROBE_DOCUMENT = "outputs/probes/probes.json"
+PROBE_OUTPUTS = f"{OUTPUTS}/{runtime_probes.OUTPUTS}"  # the runtime's probe outputs, from the run folder
+PROBE_DOCUMENT = f"{OUTPUTS}/{runtime_probes.DOCUMENT}"
 
 AGREE = "agree"  # the bits differ, but predictions and explanations agree within tolerance
 PREDICTIONS = "predictions"  # a prediction flips, or a probability moves beyond the tolerance
 EXPLANATIONS = "explanations"  # predictions agree; the heatmaps move beyond the tolerance
 MAX_LISTED = 20  # flips and most-changed probes listed by name
+
+
+class ToleranceRecord(TypedDict):
+    """:class:`Tolerances` as written in an impact's ``tolerances``."""
+
+    probability: float
+    heatmap: float
+    overlap: float
+    top: float
+
+
+class Flip(TypedDict):
+    """A probe whose predicted class flips: its position, the example's index, both classes, its label."""
+
+    probe: int
+    index: int
+    reference: int
+    run: int
+    label: NotRequired[int]
+
+
+class ProbePlace(TypedDict):
+    probe: int
+    index: int
+
+
+class Accuracy(TypedDict):
+    reference: float
+    run: float
+
+
+class PredictionsImpact(TypedDict):
+    """An impact's ``predictions``: flips and the largest probability change."""
+
+    flips: int
+    flipped: list[Flip]  # the first MAX_LISTED
+    max_prob_change: float
+    max_prob_change_at: ProbePlace | None
+    agree: bool
+    accuracy: NotRequired[Accuracy]  # with labels
+
+
+class Correlation(TypedDict):
+    min: float
+    mean: float
+
+
+class Overlap(TypedDict):
+    top: float
+    min_iou: float
+    mean_iou: float
+
+
+class ChangedProbe(TypedDict):
+    probe: int
+    mean_abs_diff: float
+    index: NotRequired[int]  # added by compare_probes, which knows the examples
+
+
+class HeatmapsImpact(TypedDict):
+    """An impact's ``heatmaps``: how far the Grad-CAM heatmaps move."""
+
+    shape: list[int]
+    max_abs_diff: float
+    mean_abs_diff: float
+    correlation: Correlation
+    overlap: Overlap
+    most_changed: list[ChangedProbe]
+    agree: bool
+
+
+class ProbeImpact(TypedDict):
+    """An explanation's ``impact``: what two runs' difference does to the probe set (verify's JSON, the report)."""
+
+    tolerances: ToleranceRecord
+    probes: int | None  # None: the probe sets differ by their recorded digest
+    comparable: bool
+    identical: NotRequired[bool]  # comparable only, as are predictions and heatmaps
+    predictions: NotRequired[PredictionsImpact | None]
+    heatmaps: NotRequired[HeatmapsImpact | None]
+    kind: str | None  # AGREE | PREDICTIONS | EXPLANATIONS; None: nothing to compare
+    line: str
+    source: NotRequired[str]  # the probe outputs' path, when read from runs
 
 
 @dataclass(frozen=True)
@@ -75,6 +160,9 @@ class Tolerances:
             out = replace(out, **{key: value})
         return out
 
+    def to_dict(self) -> ToleranceRecord:
+        return {"probability": self.probability, "heatmap": self.heatmap, "overlap": self.overlap, "top": self.top}
+
 
 def load_probe_outputs(path: Path) -> dict[str, np.ndarray]:
     try:
@@ -106,7 +194,7 @@ def overlap(a: np.ndarray, b: np.ndarray, top: float) -> float:
     return len(ra & rb) / len(ra | rb)
 
 
-def compare_heatmaps(a: np.ndarray, b: np.ndarray, tol: Tolerances) -> dict[str, Any]:
+def compare_heatmaps(a: np.ndarray, b: np.ndarray, tol: Tolerances) -> HeatmapsImpact:
     diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
     per_probe = diff.reshape(len(diff), -1).mean(axis=1) if len(diff) else np.zeros(0)
     corr = [_correlation(x, y) for x, y in zip(a, b, strict=True)]
@@ -124,58 +212,83 @@ def compare_heatmaps(a: np.ndarray, b: np.ndarray, tol: Tolerances) -> dict[str,
     }
 
 
-def compare_probes(ref: Mapping[str, np.ndarray], run: Mapping[str, np.ndarray],
-                   tol: Tolerances | None = None) -> dict[str, Any]:
+def _flip(i: int, indices: np.ndarray, pa: np.ndarray, pb: np.ndarray, labels: np.ndarray | None) -> Flip:
+    flip: Flip = {"probe": i, "index": int(indices[i]), "reference": int(pa[i]), "run": int(pb[i])}
+    if labels is not None:
+        flip["label"] = int(labels[i])
+    return flip
+
+
+def compare_predictions(ref: Mapping[str, np.ndarray], run: Mapping[str, np.ndarray],
+                        tol: Tolerances) -> PredictionsImpact | None:
+    """Flips and the largest probability change; None when the runs' probabilities cannot be compared."""
+    if not ("probabilities" in ref and "probabilities" in run
+            and ref["probabilities"].shape == run["probabilities"].shape):
+        return None
+    indices = ref["indices"]
+    pa, pb = ref["predicted"], run["predicted"]
+    flipped = np.flatnonzero(pa != pb)
+    dp = np.abs(ref["probabilities"].astype(np.float64) - run["probabilities"].astype(np.float64))
+    where = int(dp.max(axis=1).argmax()) if dp.size else 0
+    labels = ref.get("labels")
+    largest = float(dp.max()) if dp.size else 0.0
+    predictions: PredictionsImpact = {
+        "flips": len(flipped),
+        "flipped": [_flip(int(i), indices, pa, pb, labels) for i in flipped[:MAX_LISTED]],
+        "max_prob_change": largest,
+        "max_prob_change_at": {"probe": where, "index": int(indices[where])} if dp.size else None,
+        "agree": not len(flipped) and largest <= tol.probability,
+    }
+    if labels is not None:
+        predictions["accuracy"] = {"reference": float(np.mean(pa == labels)), "run": float(np.mean(pb == labels))}
+    return predictions
+
+
+def _impact_kind(predictions: PredictionsImpact | None, heat: HeatmapsImpact | None) -> str | None:
+    if predictions is not None and not predictions["agree"]:
+        return PREDICTIONS
+    if heat is not None and not heat["agree"]:
+        return EXPLANATIONS
+    if predictions is None and heat is None:
+        return None
+    return AGREE
+
+
+def probe_impact(ref: Mapping[str, np.ndarray], run: Mapping[str, np.ndarray],
+                 tol: Tolerances | None = None) -> ProbeImpact:
     """The impact of a run's difference on the probe set (both runs' outputs.npz, read)."""
     tol = tol or Tolerances()
-    out: dict[str, Any] = {"tolerances": asdict(tol), "probes": len(ref.get("indices", []))}
+    probes = len(ref.get("indices", []))
     if not np.array_equal(ref.get("indices", []), run.get("indices", [])):
-        return {**out, "comparable": False, "kind": None,
+        return {"tolerances": tol.to_dict(), "probes": probes, "comparable": False, "kind": None,
                 "line": "probe sets differ (other examples): predictions and explanations not compared"}
-    out["comparable"] = True
-    out["identical"] = set(ref) == set(run) and all(np.array_equal(ref[k], run[k]) for k in ref)
     indices = ref["indices"]
-    predictions = None
-    if "probabilities" in ref and "probabilities" in run and ref["probabilities"].shape == run["probabilities"].shape:
-        pa, pb = ref["predicted"], run["predicted"]
-        flipped = np.flatnonzero(pa != pb)
-        dp = np.abs(ref["probabilities"].astype(np.float64) - run["probabilities"].astype(np.float64))
-        where = int(dp.max(axis=1).argmax()) if dp.size else 0
-        labels = ref.get("labels")
-        predictions = {
-            "flips": len(flipped),
-            "flipped": [{"probe": int(i), "index": int(indices[i]), "reference": int(pa[i]), "run": int(pb[i]),
-                         **({"label": int(labels[i])} if labels is not None else {})} for i in flipped[:MAX_LISTED]],
-            "max_prob_change": float(dp.max()) if dp.size else 0.0,
-            "max_prob_change_at": {"probe": where, "index": int(indices[where])} if dp.size else None,
-            "agree": not len(flipped) and (float(dp.max()) if dp.size else 0.0) <= tol.probability,
-        }
-        if labels is not None:
-            predictions["accuracy"] = {"reference": float(np.mean(pa == labels)), "run": float(np.mean(pb == labels))}
-    out["predictions"] = predictions
+    predictions = compare_predictions(ref, run, tol)
     heat = None
     if "heatmaps" in ref and "heatmaps" in run and ref["heatmaps"].shape == run["heatmaps"].shape:
         heat = compare_heatmaps(ref["heatmaps"], run["heatmaps"], tol)
         for row in heat["most_changed"]:
             row["index"] = int(indices[row["probe"]])
-    out["heatmaps"] = heat
-    if predictions is not None and not predictions["agree"]:
-        out["kind"] = PREDICTIONS
-    elif heat is not None and not heat["agree"]:
-        out["kind"] = EXPLANATIONS
-    elif predictions is None and heat is None:
-        out["kind"] = None
-    else:
-        out["kind"] = AGREE
+    out: ProbeImpact = {
+        "tolerances": tol.to_dict(), "probes": probes, "comparable": True,
+        "identical": set(ref) == set(run) and all(np.array_equal(ref[k], run[k]) for k in ref),
+        "predictions": predictions, "heatmaps": heat, "kind": _impact_kind(predictions, heat), "line": "",
+    }
     out["line"] = impact_phrase(out)
     return out
+
+
+def compare_probes(ref: Mapping[str, np.ndarray], run: Mapping[str, np.ndarray],
+                   tol: Tolerances | None = None) -> dict[str, Any]:
+    """:func:`probe_impact` as a plain dict, for launcher.report.probes, which reads it as one."""
+    return dict(probe_impact(ref, run, tol))
 
 
 def _g(x: float) -> str:
     return f"{x:.3g}"
 
 
-def impact_phrase(impact: Mapping[str, Any]) -> str:
+def impact_phrase(impact: ProbeImpact) -> str:
     """One phrase for the classification line."""
     if not impact.get("comparable", True):
         return str(impact["line"])
@@ -212,29 +325,22 @@ def _probe_digest(m: Manifest) -> str | None:
     return doc.get("digest") if isinstance(doc, dict) else None
 
 
-def explain_impact(ref: Manifest, run: Manifest, tol: Tolerances | None = None) -> dict[str, Any] | None:
+def explain_impact(ref: Manifest, run: Manifest, tol: Tolerances | None = None) -> ProbeImpact | None:
     """The impact on the probe set of two runs' difference; None when either run recorded no probes."""
     if not (ref.artifact(PROBE_OUTPUTS) and run.artifact(PROBE_OUTPUTS)):
         return None
     da, db = _probe_digest(ref), _probe_digest(run)
     if da is not None and db is not None and da != db:
-        return {"probes": None, "comparable": False, "kind": None, "tolerances": asdict(tol or Tolerances()),
+        return {"probes": None, "comparable": False, "kind": None, "tolerances": (tol or Tolerances()).to_dict(),
                 "line": f"probe sets differ (inputs {da[7:19]}… vs {db[7:19]}…): predictions and explanations "
                         "not compared"}
-    impact = compare_probes(load_probe_outputs(ref.file(PROBE_OUTPUTS)), load_probe_outputs(run.file(PROBE_OUTPUTS)),
+    impact = probe_impact(load_probe_outputs(ref.file(PROBE_OUTPUTS)), load_probe_outputs(run.file(PROBE_OUTPUTS)),
                             tol)
     impact["source"] = PROBE_OUTPUTS
     return impact
 
 
-def with_impact(classification: dict[str, Any], impact: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The classification with the impact's kind and phrase added to its line."""
-    if impact is None:
-        return classification
-    return {**classification, "impact": impact.get("kind"), "line": f"{classification['line']}; {impact['line']}"}
-
-
-def impact_lines(impact: Mapping[str, Any]) -> list[str]:
+def impact_lines(impact: ProbeImpact) -> list[str]:
     """The impact as text lines for `launcher verify checksums`."""
     if not impact.get("comparable", True):
         return [f"probes: {impact['line']}"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 
@@ -68,6 +68,42 @@ SHAPE = "shape"  # shape or dtype differ: the elements cannot be compared
 MISSING = "missing"  # in one model only
 
 
+class FirstDifference(TypedDict):
+    """Where two models first differ: the layer and the array within it."""
+
+    layer: str
+    array: str
+
+
+class ArrayDiffRecord(TypedDict):
+    """One array of a model diff as written in verify's JSON (``arrays`` of a model diff)."""
+
+    layer: str
+    array: str
+    status: str  # identical | differs | shape | missing
+    shape: list[int] | None
+    other_shape: list[int] | None
+    dtype: str | None
+    total: int
+    differing: int
+    max_abs_diff: float | str | None  # "nan", "inf" as strings: JSON has no literal for them
+    max_rel_diff: float | str | None
+
+
+class ModelDiffRecord(TypedDict):
+    """A model diff as written in verify's JSON (``verify models``, an explanation's ``model``)."""
+
+    reference: str
+    other: str
+    identical: bool
+    arrays_total: int
+    arrays_differing: int
+    elements_total: int
+    elements_differing: int
+    first_difference: FirstDifference | None
+    arrays: list[ArrayDiffRecord]
+
+
 @dataclass(frozen=True)
 class ArrayDiff:
     layer: str
@@ -81,7 +117,7 @@ class ArrayDiff:
     max_abs_diff: float | None = None
     max_rel_diff: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ArrayDiffRecord:
         return {
             "layer": self.layer, "array": self.array, "status": self.status,
             "shape": list(self.shape) if self.shape is not None else None,
@@ -113,7 +149,7 @@ class ModelDiff:
     def exit_code(self) -> ExitCode:
         return verdict_exit_code(self.first_difference is None)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ModelDiffRecord:
         first = self.first_difference
         return {
             "reference": self.reference,

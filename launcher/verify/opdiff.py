@@ -11,22 +11,69 @@ from __future__ import annotations
 import io
 import json
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict, cast
 
 from launcher.errors import Corrupt
+from launcher.runtime.optrace import OPS
 
-OPS = "optrace/ops.jsonl"
 _KIND_RANK = {"input": 0, "output": 0, "grad": 1}
 
-Key = tuple[str, str, int]
+Key = tuple[str, str, int]  # (kind, layer or weight name, occurrence within the step)
+
+
+class OpRow(TypedDict):
+    """One row of ``optrace/ops.jsonl`` (launcher.runtime.optrace), as read here."""
+
+    step: int
+    order: int
+    kind: str  # input | output | grad
+    name: str
+    digest: str
+    array: NotRequired[str]  # the entry of step-SSSSSS.npz that holds the value, where it was kept
 
 
 @dataclass
 class StepOps:
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    by_key: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    """One step's operations: in the order recorded, each with its key, and by key."""
+
+    rows: list[tuple[Key, OpRow]] = field(default_factory=list)
+    by_key: dict[Key, OpRow] = field(default_factory=dict)
+
+
+class OpSize(TypedDict, total=False):
+    """How large the first difference is: the shapes where they differ, else the element counts and sizes."""
+
+    shape: list[int]
+    other_shape: list[int]
+    dtype: str
+    other_dtype: str
+    elements: int
+    differing: int
+    max_abs_diff: float
+    max_abs: float
+
+
+class OpDifference(TypedDict):
+    """Two traces compared (`launcher diverge`'s ``first_difference``): where they first differ, or
+    (``found`` False) how much agreed."""
+
+    found: bool
+    step: NotRequired[int]
+    kind: NotRequired[str]
+    name: NotRequired[str]
+    occurrence: NotRequired[int]
+    input_agrees: NotRequired[bool | None]  # output: whether the layer's input agrees (None: not traced)
+    forward_agrees: NotRequired[bool | None]  # grad: True (the forward pass agreed); else None
+    missing: NotRequired[bool]  # the run lacks the operation
+    size: NotRequired[OpSize | None]
+    ops_in_step: NotRequired[int]
+    ops_differing_in_step: NotRequired[int]
+    steps_traced: list[int]
+    ops_compared: int
+    steps_only_in_one: NotRequired[list[int]]
 
 
 def read_ops(outputs: Path) -> dict[int, StepOps]:
@@ -40,20 +87,20 @@ def read_ops(outputs: Path) -> dict[int, StepOps]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            doc = json.loads(line)
         except json.JSONDecodeError as exc:
             raise Corrupt(f"{path}: line {n} is not valid JSON ({exc.msg})", "run `launcher diverge` again") from exc
-        step, kind, name = int(row["step"]), str(row["kind"]), str(row["name"])
+        step, kind, name = int(doc["step"]), str(doc["kind"]), str(doc["name"])
+        row = cast(OpRow, doc)
         count = seen.get((step, kind, name), 0)
         seen[(step, kind, name)] = count + 1
         ops = steps.setdefault(step, StepOps())
-        row["_key"] = (kind, name, count)
-        ops.rows.append(row)
+        ops.rows.append(((kind, name, count), row))
         ops.by_key[(kind, name, count)] = row
     return steps
 
 
-def _array(outputs: Path, step: int, row: dict[str, Any] | None) -> Any:
+def _array(outputs: Path, step: int, row: OpRow | None) -> Any:  # a numpy array, or None
     import numpy as np
 
     if row is None or "array" not in row:
@@ -66,7 +113,7 @@ def _array(outputs: Path, step: int, row: dict[str, Any] | None) -> Any:
         return None
 
 
-def _size(a: Any, b: Any) -> dict[str, Any] | None:
+def _size(a: Any, b: Any) -> OpSize | None:  # two numpy arrays (or None)
     import numpy as np
 
     if a is None or b is None:
@@ -82,40 +129,56 @@ def _size(a: Any, b: Any) -> dict[str, Any] | None:
             "max_abs": float(np.abs(x).max()) if x.size else 0.0}
 
 
-def first_difference(ref: Path, run: Path) -> dict[str, Any]:
+def _found(ref: Path, run: Path, step: int, key: Key, row: OpRow, a: StepOps, b: StepOps) -> OpDifference:
+    """The first differing operation of a step: whether its input agreed, and how large the difference is."""
+    kind, name, occurrence = key
+    other = b.by_key.get(key)
+    inp = None
+    if kind == "output":
+        pair_key = ("input", name, occurrence)
+        ia, ib = a.by_key.get(pair_key), b.by_key.get(pair_key)
+        inp = None if ia is None or ib is None else ia["digest"] == ib["digest"]
+    forward_agrees = kind == "grad"
+    differing = 0
+    for k, v in a.by_key.items():
+        twin = b.by_key.get(k)
+        differing += (twin["digest"] if twin is not None else None) != v["digest"]
+    return {"found": True, "step": step, "kind": kind, "name": name, "occurrence": occurrence,
+            "input_agrees": inp, "forward_agrees": forward_agrees or None,
+            "missing": other is None,
+            "size": _size(_array(ref, step, row), _array(run, step, other)),
+            "ops_in_step": len(a.rows), "ops_differing_in_step": differing,
+            "steps_traced": [], "ops_compared": 0}
+
+
+def compare_traces(ref: Path, run: Path) -> OpDifference:
     """Compare two runs' outputs folders' traces. ``found`` False when every traced op agrees."""
     a, b = read_ops(ref), read_ops(run)
     common = sorted(set(a) & set(b))
     compared = 0
     for step in common:
-        rows = sorted(a[step].rows, key=lambda r: (_KIND_RANK.get(str(r["kind"]), 2), int(r["order"])))
-        for row in rows:
-            key = row["_key"]
+        rows = sorted(a[step].rows, key=lambda kr: (_KIND_RANK.get(str(kr[1]["kind"]), 2), int(kr[1]["order"])))
+        for key, row in rows:
             other = b[step].by_key.get(key)
             compared += 1
             if other is not None and other["digest"] == row["digest"]:
                 continue
-            kind, name, occurrence = key
-            inp = None
-            if kind == "output":
-                pair_key = ("input", name, occurrence)
-                ia, ib = a[step].by_key.get(pair_key), b[step].by_key.get(pair_key)
-                inp = None if ia is None or ib is None else ia["digest"] == ib["digest"]
-            forward_agrees = kind == "grad"
-            differing = sum(1 for k, v in a[step].by_key.items()
-                            if (b[step].by_key.get(k) or {}).get("digest") != v["digest"])
-            return {"found": True, "step": step, "kind": kind, "name": name, "occurrence": occurrence,
-                    "input_agrees": inp, "forward_agrees": forward_agrees or None,
-                    "missing": other is None,
-                    "size": _size(_array(ref, step, row), _array(run, step, other)),
-                    "ops_in_step": len(a[step].rows), "ops_differing_in_step": differing,
-                    "steps_traced": common, "ops_compared": compared}
+            found = _found(ref, run, step, key, row, a[step], b[step])
+            found["steps_traced"], found["ops_compared"] = common, compared
+            return found
     return {"found": False, "steps_traced": common, "ops_compared": compared,
             "steps_only_in_one": sorted(set(a) ^ set(b))}
 
 
-def op_phrase(d: dict[str, Any]) -> str:
-    """One line: where the traces first differ (or that they agree)."""
+def first_difference(ref: Path, run: Path) -> dict[str, Any]:
+    """:func:`compare_traces` as a plain dict, for runs/diverge.py, which holds it as one."""
+    return dict(compare_traces(ref, run))
+
+
+def op_phrase(d: Mapping[str, Any]) -> str:
+    """One line: where the traces first differ (or that they agree).
+
+    ``d`` is an :class:`OpDifference`; typed as a mapping because runs/diverge.py holds it as a plain dict."""
     if not d.get("found"):
         steps = d.get("steps_traced") or []
         if not steps:

@@ -4,27 +4,104 @@ reports, the strip the report draws, and the sentences both print."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NotRequired, TypedDict, cast
 
 from launcher.runs.manifest import Manifest
+from launcher.runs.rundir import OUTPUTS
+from launcher.runtime import steps as runtime_steps
 from launcher.verify.jsonlines import read_jsonl
 
-STEPS = "outputs/fingerprints/steps.jsonl"
+STEPS = f"{OUTPUTS}/{runtime_steps.STEPS}"  # the runtime's step fingerprints, from the run folder
+
+
+class StepRow(TypedDict):
+    """One row of ``outputs/fingerprints/steps.jsonl`` (launcher.runtime.steps), as the readers here use it."""
+
+    step: int
+    epoch: NotRequired[int | None]
+    digest: NotRequired[str]
+    layers: NotRequired[dict[str, str]]  # layer name -> digest of its arrays' digests, in model order
+    loss: NotRequired[float | None]
+
+
+class LossPair(TypedDict):
+    """The loss each run recorded at the parting step."""
+
+    reference: float | None
+    run: float | None
+
+
+class LastSteps(TypedDict):
+    """The last step each run recorded (None: none)."""
+
+    reference: int | None
+    run: int | None
+
+
+class StepsDiff(TypedDict):
+    """An explanation's ``steps``: where two runs' step fingerprints part (verify's JSON, `launcher diverge`).
+
+    When they part (``same`` False) the parting keys are there; when they do not, ``last_step``.
+    """
+
+    same: bool | None  # None: no step recorded in both runs
+    steps_compared: int
+    agree_until: int | None
+    parts_by: int | None
+    epoch: NotRequired[int | None]
+    layers_differing: NotRequired[list[str]]
+    layers_total: NotRequired[int]
+    first_layer: NotRequired[str | None]
+    loss: NotRequired[LossPair | None]
+    last_step: NotRequired[LastSteps]
+
+
+class StripCell(TypedDict):
+    """One step of the strip: whether the weights agree there (or one layer at the parting step)."""
+
+    step: int
+    agree: bool
+
+
+class LayerCell(TypedDict):
+    layer: str
+    agree: bool
+
+
+class StepsStrip(TypedDict):
+    """For the report's picture: every step recorded in both runs, and the layers at the parting step."""
+
+    strip: list[StripCell]
+    parts_by: int | None
+    layers: list[LayerCell]
 
 
 def _full(x: Any) -> str:
     return f"{x:.10g}" if isinstance(x, float) else str(x)
 
 
-def explain_steps(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
-    """Where training parted, from the step fingerprints (launcher.runtime.steps): the last step
-    recorded in both runs at which the weights agree, the first at which they differ, and the
-    layers that differ there (in model order). None when either run has no step fingerprints."""
+def _by_step(ref: Manifest, run: Manifest) -> tuple[dict[int, StepRow], dict[int, StepRow]] | None:
+    """Both runs' step rows by step number (rows without an integer step left out); None when
+    either run has no step fingerprints."""
     a, b = read_jsonl(ref.file(STEPS)), read_jsonl(run.file(STEPS))
     if not a or not b:
         return None
-    by_a = {r["step"]: r for r in a if isinstance(r.get("step"), int)}
-    by_b = {r["step"]: r for r in b if isinstance(r.get("step"), int)}
+    return ({r["step"]: cast(StepRow, r) for r in a if isinstance(r.get("step"), int)},
+            {r["step"]: cast(StepRow, r) for r in b if isinstance(r.get("step"), int)})
+
+
+def _layer_names(la: Mapping[str, object], lb: Mapping[str, object]) -> list[str]:
+    return list(la) + [k for k in lb if k not in la]
+
+
+def steps_diff(ref: Manifest, run: Manifest) -> StepsDiff | None:
+    """Where training parted, from the step fingerprints (launcher.runtime.steps): the last step
+    recorded in both runs at which the weights agree, the first at which they differ, and the
+    layers that differ there (in model order). None when either run has no step fingerprints."""
+    rows = _by_step(ref, run)
+    if rows is None:
+        return None
+    by_a, by_b = rows
     common = sorted(set(by_a) & set(by_b))
     agree: int | None = None
     for step in common:
@@ -33,7 +110,7 @@ def explain_steps(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
             agree = step
             continue
         la, lb = ra.get("layers") or {}, rb.get("layers") or {}
-        names = list(la) + [k for k in lb if k not in la]
+        names = _layer_names(la, lb)
         layers = [k for k in names if la.get(k) != lb.get(k)]
         return {"same": False, "steps_compared": len(common), "agree_until": agree, "parts_by": step,
                 "epoch": ra.get("epoch", rb.get("epoch")), "layers_differing": layers,
@@ -45,26 +122,33 @@ def explain_steps(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
                                                                   "run": max(by_b, default=None)}}
 
 
-def steps_strip(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
+def explain_steps(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
+    """:func:`steps_diff` as a plain dict, for runs/diverge.py, which holds it as one."""
+    steps = steps_diff(ref, run)
+    return None if steps is None else dict(steps)
+
+
+def steps_strip(ref: Manifest, run: Manifest) -> StepsStrip | None:
     """For a picture: every step recorded in both runs, whether the weights agree there, and the
     layers that differ at the first step where they do not. None without step fingerprints."""
-    a, b = read_jsonl(ref.file(STEPS)), read_jsonl(run.file(STEPS))
-    if not a or not b:
+    rows = _by_step(ref, run)
+    if rows is None:
         return None
-    by_a = {r["step"]: r for r in a if isinstance(r.get("step"), int)}
-    by_b = {r["step"]: r for r in b if isinstance(r.get("step"), int)}
-    strip = [{"step": s, "agree": by_a[s].get("digest") == by_b[s].get("digest")}
-             for s in sorted(set(by_a) & set(by_b))]
+    by_a, by_b = rows
+    strip: list[StripCell] = [{"step": s, "agree": by_a[s].get("digest") == by_b[s].get("digest")}
+                              for s in sorted(set(by_a) & set(by_b))]
     parting = next((cell["step"] for cell in strip if not cell["agree"]), None)
-    layers: list[dict[str, Any]] = []
+    layers: list[LayerCell] = []
     if parting is not None:
         la, lb = by_a[parting].get("layers") or {}, by_b[parting].get("layers") or {}
-        layers = [{"layer": k, "agree": la.get(k) == lb.get(k)} for k in list(la) + [k for k in lb if k not in la]]
+        layers = [{"layer": k, "agree": la.get(k) == lb.get(k)} for k in _layer_names(la, lb)]
     return {"strip": strip, "parts_by": parting, "layers": layers}
 
 
 def steps_phrase(steps: Mapping[str, Any]) -> str:
-    """One clause: where two runs' step fingerprints part (or that they agree)."""
+    """One clause: where two runs' step fingerprints part (or that they agree).
+
+    ``steps`` is a :class:`StepsDiff`; typed as a mapping because runs/diverge.py holds it as a plain dict."""
     if steps.get("same") is None:
         return "step fingerprints: no step recorded in both runs"
     if steps["same"]:
@@ -75,8 +159,10 @@ def steps_phrase(steps: Mapping[str, Any]) -> str:
     return f"weights agree up to step {steps['agree_until']} and part by step {steps['parts_by']}{first}"
 
 
-def steps_detail(steps: dict[str, Any]) -> str:
-    """After where two runs part: how many layers differ there, the epoch, the loss, and the finer trace."""
+def steps_detail(steps: Mapping[str, Any]) -> str:
+    """After where two runs part: how many layers differ there, the epoch, the loss, and the finer trace.
+
+    ``steps`` is a :class:`StepsDiff` as read back from verify's JSON (launcher.cli.verify_cmds)."""
     if steps.get("same") is not False:
         return ""
     parts = [f"{len(steps['layers_differing'])} of {steps['layers_total']} layers differ there"]

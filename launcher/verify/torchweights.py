@@ -10,7 +10,7 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict, cast
 
 import numpy as np
 
@@ -185,9 +185,7 @@ def load_safetensors(path: Path) -> Weights:
     """A safetensors file: 8-byte little-endian header length, a JSON header, then raw tensor bytes."""
     header, data = read_safetensors(path)
     arrays: list[WeightArray] = []
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
+    for name, entry in header.tensors.items():
         begin, end = entry["data_offsets"]
         dtype = _SAFETENSORS_DTYPES.get(entry["dtype"])
         if dtype is None:
@@ -200,13 +198,30 @@ def load_safetensors(path: Path) -> Weights:
     return Weights(path, arrays)
 
 
+METADATA = "__metadata__"  # the safetensors header's one key that is not a tensor
 _SAFETENSORS_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4",
                        "I16": "<i2", "I8": "i1", "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1",
                        "BOOL": "?", "F8_E4M3": "u1", "F8_E5M2": "u1"}
 
 
-def read_safetensors(path: Path) -> tuple[dict[str, Any], memoryview]:
-    """(header, data bytes after the header); tensors sorted by their offsets."""
+class TensorEntry(TypedDict):
+    """One tensor of a safetensors file's JSON header."""
+
+    dtype: str
+    shape: list[int]
+    data_offsets: list[int]  # [begin, end) in the data after the header
+
+
+@dataclass(frozen=True)
+class SafetensorsHeader:
+    """A safetensors file's JSON header: its tensors (sorted by their offsets) and its ``__metadata__``."""
+
+    tensors: dict[str, TensorEntry]
+    metadata: object  # as the file holds it (the format says str -> str); None when absent
+
+
+def read_safetensors(path: Path) -> tuple[SafetensorsHeader, memoryview]:
+    """(header, data bytes after the header)."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -218,14 +233,15 @@ def read_safetensors(path: Path) -> tuple[dict[str, Any], memoryview]:
         header = json.loads(raw[8:8 + n])
         if not isinstance(header, dict):
             raise ValueError("header is not a JSON object")
-        tensors = {k: v for k, v in header.items() if k != "__metadata__"}
-        for k, v in tensors.items():
+        tensors: dict[str, TensorEntry] = {}
+        for k, v in header.items():
+            if k == METADATA:
+                continue
             if not (isinstance(v, dict) and isinstance(v.get("data_offsets"), list) and "dtype" in v
                     and isinstance(v.get("shape"), list)):
                 raise ValueError(f"tensor {k} lacks dtype, shape or data_offsets")
+            tensors[k] = cast(TensorEntry, v)
     except ValueError as exc:
         raise BadData(f"{path} is not a safetensors file ({exc})") from exc
     ordered = dict(sorted(tensors.items(), key=lambda kv: kv[1]["data_offsets"][0]))
-    if "__metadata__" in header:
-        ordered["__metadata__"] = header["__metadata__"]
-    return ordered, memoryview(raw)[8 + n:]
+    return SafetensorsHeader(ordered, header.get(METADATA)), memoryview(raw)[8 + n:]

@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from launcher.errors import Corrupt, ExitCode, UsageError
 from launcher.hashing import sha256_file
@@ -29,7 +29,10 @@ from launcher.runs.manifest import Manifest, describe_code
 from launcher.runs.store import select_runs, short_digest, skipped_in_group
 from launcher.verify.artifacts import (
     VOLATILE,
+    ArtifactRecord,
     ArtifactRow,
+    BytesOnlyGroup,
+    IgnoredGroup,
     bytes_only_groups,
     bytes_only_phrases,
     compare_artifacts,
@@ -48,12 +51,18 @@ from launcher.verify.differences import (
     METRICS,
     MISSING,
     REFERENCE,
+    Consistency,
+    DifferingFile,
+    Explanation,
     check_consistency,
     explain,
     repull_hint,
 )
 from launcher.verify.evidence import (
     KIND_MODEL,
+    DeterminismRecord,
+    Inconclusive,
+    KindSummary,
     RowOutcome,
     determinism_of,
     determinism_reason,
@@ -63,6 +72,7 @@ from launcher.verify.evidence import (
 )
 from launcher.verify.formats import holds_model
 from launcher.verify.impact import Tolerances
+from launcher.verify.modeldiff import FirstDifference
 from launcher.workspace import Workspace
 
 SCHEMA = "launcher.verify.verdicts/v1"
@@ -123,26 +133,106 @@ def check_integrity(manifests: Iterable[Manifest], reporter: Reporter | None = N
 
 
 
-# ---------------------------------------------------------------- the report
+# ---------------------------------------------------------------- the report (verify's JSON: docs/verify-json.md)
+
+
+class RunRecord(TypedDict):
+    """One run of the verdict (``runs`` in verify's JSON)."""
+
+    run_id: str
+    group: str
+    replicate: int
+    seed: int | None
+    recipe: str
+    code_name: str
+    run_status: str
+    status: str  # reference | identical | differs
+    classification: str | None  # the explanation's kind; None for the reference
+    line: str | None
+    first_difference: FirstDifference | None
+    identical_in_content: list[str]
+    code: str
+
+
+class CheckRecord(TypedDict):
+    """One of the verdict's ``checks``: is this part (models, data, ...) the same in every run?"""
+
+    all_same: bool | None  # None: no run besides the reference could be checked
+    checked: int
+    of: int
+    differing: list[str]
+
+
+class DeterminismSummary(TypedDict):
+    in_force: bool
+    runs: dict[str, DeterminismRecord]
+
+
+class EvidenceRecord(TypedDict):
+    """The verdict's ``evidence``: what was compared per kind of file, and whether determinism was in force."""
+
+    kinds: dict[str, KindSummary]
+    training: bool
+    named: list[str]
+    determinism: DeterminismSummary
+
+
+class IntegrityRecord(TypedDict):
+    files: int
+    bytes: int
+    ok: bool
+
+
+class NotCompared(TypedDict):
+    launcher: list[str]
+    ignore: list[str]
+
+
+class VerdictRecord(TypedDict):
+    """The verdict as `launcher verify checksums --json` writes it (``SCHEMA``; docs/verify-json.md)."""
+
+    schema: str
+    verdict: str
+    mode: str
+    selection: str | None
+    reference: str
+    recipe: str
+    code_name: str
+    across_code: bool
+    summary: str
+    inconclusive: list[Inconclusive]
+    evidence: EvidenceRecord
+    integrity: IntegrityRecord
+    consistency: dict[str, Consistency]
+    checks: dict[str, CheckRecord]
+    runs: list[RunRecord]
+    artifacts: list[ArtifactRecord]
+    explanations: dict[str, Explanation]
+    bytes_only: list[BytesOnlyGroup]
+    ignored: list[IgnoredGroup]
+    not_compared: NotCompared
+    skipped: list[dict[str, str]]
 
 
 @dataclass
 class RunVerdict:
     manifest: Manifest
     status: str  # reference | identical | differs
-    explanation: dict[str, Any] = field(default_factory=dict)
-    content_only: list[dict[str, Any]] = field(default_factory=list)  # files identical in content only
+    explanation: Explanation | None = None  # differs: where and why
+    content_only: list[DifferingFile] = field(default_factory=list)  # files identical in content only
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> RunRecord:
         m = self.manifest
-        cls = self.explanation.get("classification") or {"kind": CLASS_IDENTICAL, "line": _identical_line(self)}
-        model = self.explanation.get("model") or {}
+        exp = self.explanation
+        cls = exp.get("classification") if exp else None
+        kind, line = (cls.get("kind"), cls.get("line")) if cls else (CLASS_IDENTICAL, _identical_line(self))
+        model = exp.get("model") if exp else None
         return {
             "run_id": m.run_id, "group": m.group, "replicate": m.replicate, "seed": m.seed,
             "recipe": m.recipe_name, "code_name": m.code_name, "run_status": m.status, "status": self.status,
-            "classification": cls.get("kind") if self.status != REFERENCE else None,
-            "line": cls.get("line") if self.status != REFERENCE else "reference",
-            "first_difference": model.get("first_difference"),
+            "classification": kind if self.status != REFERENCE else None,
+            "line": line if self.status != REFERENCE else "reference",
+            "first_difference": model.get("first_difference") if model else None,
             "identical_in_content": [f["path"] for f in self.content_only],
             "code": describe_code(m.recipe),
         }
@@ -163,7 +253,7 @@ class VerifyReport:
     skipped: list[dict[str, str]] = field(default_factory=list)
     mode: str = "compare"  # compare | alone
     selection: str | None = None  # how the runs were chosen, when not named
-    consistency: dict[str, dict[str, Any]] = field(default_factory=dict)
+    consistency: dict[str, Consistency] = field(default_factory=dict)
     ignore: list[str] = field(default_factory=list)
     evidence_globs: list[str] = field(default_factory=list)
     across_code: bool = False
@@ -174,7 +264,7 @@ class VerifyReport:
         return all(r.status in (REFERENCE, IDENTICAL) for r in self.runs)
 
     @property
-    def inconclusive(self) -> list[dict[str, Any]]:
+    def inconclusive(self) -> list[Inconclusive]:
         """Why runs that agree prove nothing (no training output compared, determinism not in force); [] else."""
         if self.mode == "alone" or not self.identical:
             return []
@@ -232,8 +322,8 @@ class VerifyReport:
         tail = f"; {len(skipped)} volatile files differ, not compared" if skipped else ""
         tail += self._code_tail()
         if not self.identical:
-            kinds = sorted({r.explanation["classification"]["kind"] for r in self.differing})
-            files = sorted({str(f["path"]).removeprefix("outputs/") for r in self.differing
+            kinds = sorted({r.explanation["classification"]["kind"] for r in self.differing if r.explanation})
+            files = sorted({str(f["path"]).removeprefix("outputs/") for r in self.differing if r.explanation
                             for f in r.explanation.get("files") or []})
             named = ", ".join(files[:4]) + (f" and {len(files) - 4} more" if len(files) > 4 else "")
             return (f"{prefix}{len(self.differing)} of {n - 1} runs differ from {ref} ({', '.join(kinds)}): "
@@ -252,21 +342,21 @@ class VerifyReport:
 
     def _alone_line(self) -> str:
         ref = self.reference.run_id
-        cons = self.consistency.get(ref) or {}
+        cons = self.consistency.get(ref)
         parts = [f"{self.integrity.files} files match its manifest"]
-        if cons.get("layers"):
+        if cons is not None and cons.get("layers"):
             parts.append("canonical weights match weights/layers.json")
-        native = cons.get("native") or {}
-        if native.get("ok"):
+        native = cons.get("native") if cons is not None else None
+        if native is not None and native.get("ok"):
             parts.append(f"and its native save {str(native['source']).removeprefix('outputs/')}")
         line = f"consistent: run {ref} checked alone: " + ", ".join(parts)
         none = evidence_reason(self.outcomes(), alone=True)
         return line + (f"; it holds no evidence of training: {none['line']}; fix: {none['fix']}" if none else "")
 
-    def checks(self) -> dict[str, Any]:
+    def checks(self) -> dict[str, CheckRecord]:
         """Models, initial weights, training data, batches, metrics: all the same as the reference?"""
         others = [r for r in self.runs if r.status != REFERENCE]
-        out: dict[str, Any] = {}
+        out: dict[str, CheckRecord] = {}
         paths = {a.path for a in self.reference.artifacts}  # a byte-identical run proves only what was recorded
         recorded = {"initial_weights": INITIAL_WEIGHTS in paths, "data": DATASET in paths,
                     "batches": BATCHES in paths, "metrics": METRICS in paths}
@@ -274,11 +364,10 @@ class VerifyReport:
                           ("data", "data"), ("batches", "batches"), ("metrics", "metrics")):
             checked, differing = 0, []
             for r in others:
-                exp = r.explanation.get(key)
                 if r.status == IDENTICAL:
                     checked += self._model_compared(r.manifest.run_id) if key == "model" else recorded[key]
                     continue
-                same = None if exp is None else exp.get("identical") if key == "model" else exp.get("same")
+                same = _part_same(r.explanation, key)
                 if same is None:  # not recorded, or could not be read
                     continue
                 checked += 1
@@ -295,7 +384,7 @@ class VerifyReport:
                    and (a.cells.get(run_id) or {}).get("status") in (IDENTICAL, IDENTICAL_CONTENT)
                    for a in self.artifacts)
 
-    def evidence(self) -> dict[str, Any]:
+    def evidence(self) -> EvidenceRecord:
         determinism = {r.manifest.run_id: determinism_of(r.manifest) for r in self.runs}
         outcomes = self.outcomes()
         return {"kinds": kinds_summary(outcomes, alone=self.mode == "alone"),
@@ -305,6 +394,10 @@ class VerifyReport:
                                 "runs": {rid: d.to_dict() for rid, d in determinism.items()}}}
 
     def to_dict(self) -> dict[str, Any]:
+        """The :class:`VerdictRecord`, as the plain dict the command's Result carries (launcher.result)."""
+        return dict(self.record())
+
+    def record(self) -> VerdictRecord:
         return {
             "schema": SCHEMA,
             "verdict": self.verdict,
@@ -322,7 +415,8 @@ class VerifyReport:
             "checks": self.checks(),
             "runs": [r.to_dict() for r in self.runs],
             "artifacts": [a.to_dict() for a in self.artifacts],
-            "explanations": {r.manifest.run_id: r.explanation for r in self.runs if r.status == DIFFERS},
+            "explanations": {r.manifest.run_id: r.explanation for r in self.runs
+                             if r.status == DIFFERS and r.explanation is not None},
             "bytes_only": bytes_only_groups([f for r in self.runs for f in r.content_only]),
             "ignored": ignored_groups(self.artifacts),
             "not_compared": {"launcher": list(VOLATILE), "ignore": list(self.ignore)},
@@ -330,12 +424,25 @@ class VerifyReport:
         }
 
 
-def _run_files(rows: list[ArtifactRow], run_id: str, statuses: tuple[str, ...]) -> list[dict[str, Any]]:
-    out = []
+def _part_same(exp: Explanation | None, part: str) -> bool | None:
+    """Whether one part of an explanation (model, initial_weights, data, batches, metrics) found the
+    run the same as the reference; None where it was not recorded or could not be read."""
+    if exp is None:
+        return None
+    if part == "model":
+        model = exp.get("model")
+        return None if model is None else model.get("identical")
+    found = {"initial_weights": exp.get("initial_weights"), "data": exp.get("data"), "batches": exp.get("batches"),
+             "metrics": exp.get("metrics")}[part]
+    return None if found is None else found.get("same")
+
+
+def _run_files(rows: list[ArtifactRow], run_id: str, statuses: tuple[str, ...]) -> list[DifferingFile]:
+    out: list[DifferingFile] = []
     for row in rows:
         cell = row.cells.get(run_id) or {}
         if row.checked and cell.get("status") in statuses:
-            entry = {"path": row.path, "status": cell["status"], "content": cell.get("content")}
+            entry: DifferingFile = {"path": row.path, "status": cell["status"], "content": cell.get("content")}
             if cell["status"] == MISSING:
                 entry["ignore"] = ignore_glob(row.path)
             out.append(entry)
@@ -353,7 +460,7 @@ def _check_evidence_globs(runs: list[Manifest], globs: list[str]) -> None:
 
 def verify_checksums(ws: Workspace, run_ids: list[str] | None = None, against: str | None = None,
                      group: str | None = None, reporter: Reporter | None = None,
-                     explainer: Callable[..., dict[str, Any]] = explain,
+                     explainer: Callable[..., Explanation] = explain,
                      ignore: Iterable[str] = (), tolerances: Tolerances | None = None,
                      evidence: Iterable[str] = (), across_code: bool = False) -> VerifyReport:
     """Compare runs by content: the named runs (or the latest group) against the first or ``against``.
