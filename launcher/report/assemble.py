@@ -17,7 +17,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from launcher.errors import NotFound, UsageError
 from launcher.hashing import atomic_write_json, atomic_write_text
@@ -36,7 +36,6 @@ from launcher.report.records import (
     RunDifferences,
     RunWeights,
     SeedFixedSpread,
-    StepsStrip,
     WeightDivergence,
 )
 from launcher.report.stats import (
@@ -284,7 +283,7 @@ def compare_group(ws: Workspace, group: GroupStats, reporter: Reporter) -> Compa
         steps = steps_strip(ref, by_id[r["run_id"]]) if ref is not None and r["run_id"] in by_id else None
         runs.append({"run_id": r["run_id"], "status": r["status"], "classification": r["classification"],
                      "line": r["line"], "first_difference": r["first_difference"],
-                     "steps": cast("StepsStrip | None", steps)})
+                     "steps": steps})
     return {"verdict": data["verdict"], "reference": data["reference"], "checks": data["checks"], "runs": runs}
 
 

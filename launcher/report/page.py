@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import html
 import statistics
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from launcher.report import probes as probe_section
 from launcher.report.records import (
@@ -16,10 +16,12 @@ from launcher.report.records import (
     GroupProbes,
     LayerDivergence,
     SeedFixedSpread,
-    StepsStrip,
     WeightDivergence,
 )
 from launcher.report.stats import GroupStats, percent
+
+if TYPE_CHECKING:
+    from launcher.verify.stepdiff import StepsStrip
 
 
 class Report(Protocol):

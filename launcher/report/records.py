@@ -6,7 +6,12 @@ floats are written as null (stats.nan_to_null), hence ``float | None`` where a v
 
 from __future__ import annotations
 
-from typing import NotRequired, TypedDict
+from typing import TYPE_CHECKING, NotRequired, TypedDict
+
+if TYPE_CHECKING:  # verify's records, as verify writes them
+    from launcher.verify.modeldiff import FirstDifference
+    from launcher.verify.stepdiff import StepsStrip
+    from launcher.verify.verdicts import CheckRecord as GroupCheck
 
 REPORT_FILE = "report.json"  # reports/<name>/report.json: a ReportDoc
 
@@ -126,38 +131,14 @@ class WeightDivergence(TypedDict):
     notes: list[str]
 
 
-class StepCell(TypedDict):
-    step: int
-    agree: bool
 
 
-class LayerAgreement(TypedDict):
-    layer: str
-    agree: bool
 
 
-class StepsStrip(TypedDict):
-    """A replicate's step fingerprints against the reference (launcher.verify.stepdiff.steps_strip)."""
-
-    strip: list[StepCell]
-    parts_by: int | None
-    layers: list[LayerAgreement]
 
 
-class FirstDifference(TypedDict):
-    """Where two models first differ (as launcher.verify writes it)."""
-
-    layer: str
-    array: str
 
 
-class GroupCheck(TypedDict):
-    """One check of a group's runs against its first (as launcher.verify.verdicts writes it)."""
-
-    all_same: bool | None  # None: no run besides the reference could be checked
-    checked: int
-    of: int
-    differing: list[str]
 
 
 class ComparedRun(TypedDict):
