@@ -117,3 +117,21 @@ def test_a_listing_without_an_answer_is_an_engine_error(kind: str, error: type[E
     host.kind = kind
     with pytest.raises(error, match="Cannot connect"):
         Engine(host).image_ids()
+
+
+def test_an_ended_container_is_inspected_once_until_it_is_removed() -> None:
+    from launcher.runs.placement import DirectPlacement
+
+    ended = '{"Running": false, "Status": "exited", "ExitCode": 3, "FinishedAt": "t1"}'
+    host = FakeHost({("docker", "inspect"): (0, ended, "")})
+    placement, launch = DirectPlacement(host), {"run_id": "r1", "container": "c1"}
+    inspects = lambda: sum(c[:2] == ["docker", "inspect"] for c in host.calls)  # noqa: E731
+    first = placement.state(launch)
+    assert first is not None and first.ended and first.exit_code == 3
+    assert placement.state(launch) == first and inspects() == 1  # an ended state does not change
+    placement.release(launch)
+    assert placement.state(launch) == first and inspects() == 2  # removed (or started again): asked afresh
+    host.answers = {("docker", "inspect"): (0, '{"Running": true, "Status": "running"}', "")}
+    placement.release(launch)
+    assert placement.state(launch) is not None and placement.state(launch).running  # type: ignore[union-attr]
+    assert inspects() == 4  # a running container is asked each time

@@ -204,6 +204,9 @@ class DirectPlacement(Placement):
     def __init__(self, host: Host, host_spec: HostSpec | None = None) -> None:
         super().__init__(host, host_spec)
         self.engine = Engine(host)
+        # containers seen ended, by name: an ended state does not change (RunState) until the container is
+        # started again or removed, so the pull after a wait asks the engine once, not twice
+        self._ended: dict[str, RunState] = {}
 
     def prepare(self, gpu: bool) -> None:
         self.engine.require()
@@ -221,6 +224,7 @@ class DirectPlacement(Placement):
                           cache_dir=cache_dir)
 
     def start(self, job: ContainerJob) -> dict[str, Any]:
+        self._ended.pop(job.name, None)
         job = self.write_secrets(replace(job, owner=output_owner(self.host, self.engine)))
         argv = docker_run_argv(job)
         record: dict[str, Any] = {"container": job.name, "argv": argv}
@@ -247,6 +251,7 @@ class DirectPlacement(Placement):
         for key, value in sorted(env.items()):
             argv[at:at] = ["-e", f"{key}={value}"]
             at += 2
+        self._ended.pop(self._container(launch), None)
         self.engine.rm(self._container(launch))
         started = self.engine.run_container(argv)
         if started.returncode != 0:
@@ -264,17 +269,23 @@ class DirectPlacement(Placement):
         return str(launch.get("container") or container_name(str(launch["run_id"])))
 
     def state(self, launch: Mapping[str, Any]) -> RunState | None:
-        s = self.engine.container_state(self._container(launch))
+        name = self._container(launch)
+        if name in self._ended:
+            return self._ended[name]
+        s = self.engine.container_state(name)
         if s is None:
             return None
         running = bool(s.get("Running"))
-        return RunState(
+        state = RunState(
             running=running,
             ended=not running and s.get("Status") in ("exited", "dead", "created"),
             exit_code=int(s["ExitCode"]) if isinstance(s.get("ExitCode"), int) else None,
             started_at=s.get("StartedAt"),
             finished_at=s.get("FinishedAt"),
         )
+        if state.ended:
+            self._ended[name] = state
+        return state
 
     def until_ended(self, launch: Mapping[str, Any]) -> None:
         if self.host.kind == "local":  # `docker wait` returns as the container exits; a host over SSH is polled
@@ -293,6 +304,7 @@ class DirectPlacement(Placement):
         return self.state(launch)
 
     def release(self, launch: Mapping[str, Any]) -> None:
+        self._ended.pop(self._container(launch), None)
         self.engine.rm(self._container(launch))
 
     def listed(self) -> list[ListedRun]:
