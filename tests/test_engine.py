@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -135,3 +136,21 @@ def test_an_ended_container_is_inspected_once_until_it_is_removed() -> None:
     placement.release(launch)
     assert placement.state(launch) is not None and placement.state(launch).running  # type: ignore[union-attr]
     assert inspects() == 4  # a running container is asked each time
+
+
+def test_a_container_started_by_image_id_records_that_id_without_asking(tmp_path: Path) -> None:
+    from launcher.runs.container import ContainerJob
+    from launcher.runs.placement import DirectPlacement
+    from launcher.runs.recipes import Recipe
+    from launcher.runtime.recipespec import RecipeSpec
+
+    recipe = Recipe(RecipeSpec(tmp_path / "tiny", "tiny", "none", "train.py"), "sha256:" + "0" * 64)
+    image = "sha256:" + "a" * 64
+    job = ContainerJob(run_id="20260101T000000-tiny-abcdef", image_id=image, env={}, host_out=str(tmp_path / "out"),
+                       recipe=recipe, params={})
+    host = FakeHost({("docker", "inspect", "--format", "{{.Image}}"): (0, "sha256:" + "b" * 64 + "\n", "")})
+    record = DirectPlacement(host).start(job)
+    assert record["image_ran"] == image and image in record["argv"]
+    assert not any(c[:2] == ["docker", "inspect"] for c in host.calls)  # a full ID is the image that runs
+    DirectPlacement(host).start(replace(job, image_id="tiny:latest"))  # a name: the engine says what it was
+    assert host.calls[-1][:4] == ["docker", "inspect", "--format", "{{.Image}}"]

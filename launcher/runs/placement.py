@@ -10,6 +10,7 @@ on the host it created. Each is named in the launch record by its ``kind`` and r
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -31,6 +32,8 @@ from launcher.runs.container import (
     env_file_text,
 )
 from launcher.runs.ship import ShipResult, ship_image
+
+IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}")  # an image's full ID, as `docker run` takes it
 
 MIN_FREE_BYTES = 512 << 20
 
@@ -237,7 +240,8 @@ class DirectPlacement(Placement):
                 f"the container for {job.run_id} did not start on {self.name}: {started.last_error_line()}",
                 "check the image and Docker on the host",
             )
-        ran = self.engine.container_image(job.name)
+        # started by its full ID, the container runs that very image: asking the engine would tell the same
+        ran = job.image_id if IMAGE_ID.fullmatch(job.image_id) else self.engine.container_image(job.name)
         if ran is not None:
             record["image_ran"] = ran
         return record
