@@ -47,6 +47,30 @@ sheet, image and engine checks, the code snapshot); about 0.15 s after it ends (
 and pulled through two host-script interpreters, the manifest, `docker rm`); under 0.1 s in the
 container (the runtime's parent and child interpreters). The container's own start and teardown
 are paid by both sides.
+
+Then (issue 26 item 8), against 53ed0c7, each pair measured back to back on one workspace and image:
+  load average 0.2-1.1:  before: docker 4.06 s, launcher 4.76 s: +0.71 s
+                         after:  docker 3.79 s, launcher 4.48 s: +0.69 s
+  load average 2-2.7:    before: docker 3.74 s, launcher 4.65 s: +0.91 s
+                         after:  docker 3.90 s, launcher 4.63 s: +0.73 s
+  load average 3-4:      after:  docker 4.07 s, launcher 4.54 s: +0.48 s (its "before" unusable: -0.45 s)
+  launcher alone, before and after alternating 6 times (load about 1): mean 6.73 s -> 6.37 s, best 6.25 -> 5.41 s.
+About +0.5 to +0.7 s: at the target at best, not reliably within it; the docker side alone moves by 0.3 s
+between runs here, as much as what was cut. This sandbox sets PYTHONDONTWRITEBYTECODE, with which every
+launcher run compiles its modules again (about 0.3 s more); the launcher side now drops it (all the numbers
+of this paragraph are measured so, before and after).
+What the changes took off: the root imports a command's module only when that command is looked up
+(cli/lazy.py; help and completion load them all), so `launcher run` no longer imports the other eleven
+command modules and what only they need (CPU time of `launcher run --help`, under load: 0.42-0.48 s before,
+0.34-0.43 s after); the local host runs its stdlib-only host scripts (the outputs' listing and pull) with
+`python -I -S`, without site-packages (each interpreter starts in 10-20 ms instead of 60-80 ms here); two
+docker calls fewer: the pull after the wait reuses the ended state the wait saw, and a container started
+by a full image ID records that ID instead of `docker inspect`ing it.
+What remains: about 0.35 s from the CLI's start to its first subprocess (of which typer's parameter
+coercion imports pydantic and builds a TypeAdapter per parameter: 0.1-0.15 s, beyond launcher's reach
+short of replacing typer's coercion); about 0.15 s of docker calls before the container starts (the image
+checked, the host's fact sheet with `docker info`, `docker version`, the image inspected again to ship it,
+the engine's security options); after it ends, one `docker inspect`, the two host scripts and `docker rm`.
 """
 
 from __future__ import annotations
@@ -102,9 +126,14 @@ def cpu_image(ws: Path) -> str:
     return record.image_id
 
 
+# launcher's bytecode cached, as where it is installed: PYTHONDONTWRITEBYTECODE (set in some sandboxes and CI) would
+# have every run compile its ~80 modules again (about 0.3 s more)
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def timed(argv: list[str], expect: str) -> float:
     start = time.perf_counter()
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=ENV)
     wall = time.perf_counter() - start
     if res.returncode != 0 or expect not in res.stdout:
         raise SystemExit(f"{' '.join(argv[:6])} ... failed (exit {res.returncode}):\n"

@@ -4,6 +4,7 @@ and a subprocess smoke test. (Every module importable on its own: test_imports.p
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -120,3 +121,38 @@ def test_global_options_are_accepted_after_every_command(tmp_path: Path) -> None
     assert res.exit_code == 0 and "no runs in" in res.stdout and "launcher run RECIPE" in res.stdout
     res = runner.invoke(app, ["build", "nope", "-w", str(ws), "--debug"])
     assert res.exception is not None and not isinstance(res.exception, SystemExit)  # --debug: the traceback
+
+
+def test_the_root_lists_every_command_its_modules_declare() -> None:
+    """cli/lazy.py's table names each command of each module, in --help's order, and nothing else."""
+    import typer
+
+    from launcher.cli.lazy import COMMANDS, declared
+
+    modules = list(dict.fromkeys(COMMANDS.values()))
+    assert {p.stem for p in Path(launcher.__file__).parent.joinpath("cli").glob("*_cmds.py")} == set(modules)
+    by_module = [(name, module) for module in modules for name in declared(module)]
+    assert by_module == list(COMMANDS.items())
+    root = typer.main.get_command(app)
+    assert list(root.commands) == list(COMMANDS)  # type: ignore[attr-defined]
+    listed = runner.invoke(app, ["--help"], env={"COLUMNS": "200"}).output
+    for name, cmd in root.commands.items():  # type: ignore[attr-defined]
+        assert f"│ {name} " in listed and (cmd.short_help or cmd.help or "").split("\n")[0][:40] in listed, name
+    assert "No such command 'rn'" in runner.invoke(app, ["rn"]).output  # still a usage error, all loaded
+
+
+def test_a_command_imports_its_own_module_only(tmp_path: Path) -> None:
+    """`launcher run` starts without importing the other command modules and the core under them."""
+    code = ("import sys\nfrom launcher.cli import app\ntry:\n    app(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('launcher.'))))\n")
+    res = subprocess.run([sys.executable, "-c", code, "-w", str(tmp_path), "run", "--help"],
+                         capture_output=True, text=True, check=True)
+    loaded = set(res.stdout.splitlines()[-1].split())
+    assert "launcher.cli.run_cmds" in loaded and "--determinism" in res.stdout
+    others = {f"launcher.cli.{m}" for m in ("images_cmds", "verify_cmds", "attest_cmds", "vm_cmds", "cache_cmds",
+                                             "recipe_cmds", "export_cmds", "explain_cmds", "diverge_cmds")}
+    assert not loaded & others, sorted(loaded & others)
+    assert "launcher.images.build" not in loaded and "launcher.images.aptlock" not in loaded
+    env = {**os.environ, "_LAUNCHER_COMPLETE": "complete_bash", "COMP_WORDS": "launcher re", "COMP_CWORD": "1"}
+    completed = subprocess.run([Path(sys.executable).with_name("launcher")], env=env, capture_output=True, text=True)
+    assert completed.stdout.split() == ["rebuild", "recipes", "resume", "report", "reproduce"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,39 @@ def test_a_listing_without_an_answer_is_an_engine_error(kind: str, error: type[E
     host.kind = kind
     with pytest.raises(error, match="Cannot connect"):
         Engine(host).image_ids()
+
+
+def test_an_ended_container_is_inspected_once_until_it_is_removed() -> None:
+    from launcher.runs.placement import DirectPlacement
+
+    ended = '{"Running": false, "Status": "exited", "ExitCode": 3, "FinishedAt": "t1"}'
+    host = FakeHost({("docker", "inspect"): (0, ended, "")})
+    placement, launch = DirectPlacement(host), {"run_id": "r1", "container": "c1"}
+    inspects = lambda: sum(c[:2] == ["docker", "inspect"] for c in host.calls)  # noqa: E731
+    first = placement.state(launch)
+    assert first is not None and first.ended and first.exit_code == 3
+    assert placement.state(launch) == first and inspects() == 1  # an ended state does not change
+    placement.release(launch)
+    assert placement.state(launch) == first and inspects() == 2  # removed (or started again): asked afresh
+    host.answers = {("docker", "inspect"): (0, '{"Running": true, "Status": "running"}', "")}
+    placement.release(launch)
+    assert placement.state(launch) is not None and placement.state(launch).running  # type: ignore[union-attr]
+    assert inspects() == 4  # a running container is asked each time
+
+
+def test_a_container_started_by_image_id_records_that_id_without_asking(tmp_path: Path) -> None:
+    from launcher.runs.container import ContainerJob
+    from launcher.runs.placement import DirectPlacement
+    from launcher.runs.recipes import Recipe
+    from launcher.runtime.recipespec import RecipeSpec
+
+    recipe = Recipe(RecipeSpec(tmp_path / "tiny", "tiny", "none", "train.py"), "sha256:" + "0" * 64)
+    image = "sha256:" + "a" * 64
+    job = ContainerJob(run_id="20260101T000000-tiny-abcdef", image_id=image, env={}, host_out=str(tmp_path / "out"),
+                       recipe=recipe, params={})
+    host = FakeHost({("docker", "inspect", "--format", "{{.Image}}"): (0, "sha256:" + "b" * 64 + "\n", "")})
+    record = DirectPlacement(host).start(job)
+    assert record["image_ran"] == image and image in record["argv"]
+    assert not any(c[:2] == ["docker", "inspect"] for c in host.calls)  # a full ID is the image that runs
+    DirectPlacement(host).start(replace(job, image_id="tiny:latest"))  # a name: the engine says what it was
+    assert host.calls[-1][:4] == ["docker", "inspect", "--format", "{{.Image}}"]

@@ -51,3 +51,18 @@ def test_a_missing_program_answers_like_a_remote_shell(tmp_path: Path) -> None:
     with pytest.raises(HostNotReady) as err:
         Engine(NoDocker(tmp_path)).require()
     assert err.value.exit_code == ExitCode.HOST_NOT_READY and "provision" in err.value.one_line()
+
+
+def test_host_scripts_run_without_site_packages(tmp_path: Path) -> None:
+    """A host script (stdlib only) starts its interpreter isolated and without site: a fraction of the start-up."""
+    host = LocalHost(tmp_path)
+    flags = host.check([host.python, "-c", "import sys; print(sys.flags.isolated, sys.flags.no_site)"])
+    assert flags.split() == ["1", "1"]
+    assert host.check(["echo", "-c", "x"]) == "-c x\n"  # other argv as given
+    proc = host.start([host.python, "-c", "import sys; print(sys.flags.no_site)"])
+    proc.stdin.close()
+    assert proc.stdout.read().strip() == b"1"
+    proc.wait()
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "f").write_bytes(b"x")
+    assert [e.path for e in host.list_dir(str(tmp_path / "d"))] == ["f"]

@@ -12,22 +12,10 @@ from typing import Annotated
 import typer
 
 from launcher import __version__
-from launcher.cli import (
-    attest_cmds,
-    cache_cmds,
-    config_cmds,
-    diverge_cmds,
-    env_cmds,
-    explain_cmds,
-    export_cmds,
-    images_cmds,
-    recipe_cmds,
-    run_cmds,
-    verify_cmds,
-    vm_cmds,
-)
+from launcher.cli import config_cmds
 from launcher.cli.common import QUIET_HELP, Options, fail
-from launcher.cli.params import ARGV, LauncherGroup
+from launcher.cli.lazy import LazyGroup
+from launcher.cli.params import ARGV
 from launcher.errors import LauncherError
 
 app = typer.Typer(
@@ -40,7 +28,7 @@ app = typer.Typer(
         "compare the results bit for bit (`launcher verify checksums`)."
     ),
     no_args_is_help=True,
-    cls=LauncherGroup,
+    cls=LazyGroup,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -81,11 +69,9 @@ def _options_typed(ctx: typer.Context) -> list[str]:
     return argv[: argv.index("--")] if "--" in argv else argv
 
 
-# Each module declares its commands on its own Typer: a named one is a group (`launcher recipes ...`),
-# a nameless one adds its commands here at the top level. In the order of the chain, as --help lists them.
-for _commands in (images_cmds, recipe_cmds, vm_cmds, run_cmds, verify_cmds, diverge_cmds, explain_cmds, env_cmds,
-                  export_cmds, attest_cmds, cache_cmds, config_cmds):
-    app.add_typer(_commands.app, cls=LauncherGroup)
+# Each module declares its commands on its own Typer: a named one is a group (`launcher recipes ...`), a
+# nameless one adds its commands at the top level. The root imports a module when one of its commands is
+# looked up (cli/lazy.py's COMMANDS, in the order of the chain, as --help lists them).
 
 
 def _terminate(signum: int, frame: object) -> None:

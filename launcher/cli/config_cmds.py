@@ -17,11 +17,13 @@ from launcher.result import Result
 app = typer.Typer()
 
 
-def default_map(group: Any, defaults: dict[str, Any]) -> dict[str, Any]:
-    """Click's default_map for every command under group that has a parameter a setting defaults (a
-    parameter that takes several values, like experiment's --host, gets a list)."""
+def default_map(group: Any, defaults: dict[str, Any], only: str | None = None) -> dict[str, Any]:
+    """Click's default_map for every command under group (or its command `only` alone) that has a parameter a
+    setting defaults (a parameter that takes several values, like experiment's --host, gets a list)."""
     out: dict[str, Any] = {}
-    for name, cmd in getattr(group, "commands", {}).items():
+    commands = getattr(group, "commands", {})
+    for name in [only] if only is not None else list(commands):
+        cmd = commands[name]
         if hasattr(cmd, "commands"):
             sub = default_map(cmd, defaults)
             if sub:
@@ -38,7 +40,8 @@ def apply_defaults(ctx: typer.Context) -> None:
     """Make launcher.toml's and LAUNCHER_*'s values the defaults of this command line (BadConfig if one
     is refused). The command line's own values still win: Click uses a default only for what was not given."""
     cfg = config_mod.resolve(workspace_for(ctx))
-    ctx.default_map = default_map(ctx.command, cfg.defaults())
+    # the invoked command's alone: walking every command would import every command module (cli/lazy.py)
+    ctx.default_map = default_map(ctx.command, cfg.defaults(), ctx.invoked_subcommand)
 
 
 def _text(result: Result) -> None:

@@ -32,7 +32,7 @@ class LocalHost(Host):
         timeout: float | None = None,
     ) -> Completed:
         try:
-            return proc.run(list(argv), input=input, check=check, timeout=timeout)
+            return proc.run(self._argv(argv), input=input, check=check, timeout=timeout)
         except NotFound:
             if check:
                 raise
@@ -42,12 +42,19 @@ class LocalHost(Host):
     def start(self, argv: Sequence[str], *, bulk: bool = False, merge_stderr: bool = False) -> PopenProcess:
         return PopenProcess(
             proc.popen(
-                list(argv),
+                self._argv(argv),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
             )
         )
+
+    def _argv(self, argv: Sequence[str]) -> list[str]:
+        """argv, a host script (`python -c SCRIPT`, stdlib only) run isolated and without site-packages: this
+        interpreter then starts in a tenth of the time (no .pth files, no editable installs' finders to load)."""
+        if len(argv) > 1 and argv[0] == self.python and argv[1] == "-c":
+            return [self.python, "-I", "-S", *argv[1:]]
+        return list(argv)
 
     def put_file(self, local: Path, remote: str) -> None:
         Path(remote).parent.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ on the host it created. Each is named in the launch record by its ``kind`` and r
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -32,6 +33,8 @@ from launcher.runs.container import (
 )
 from launcher.runs.records import DIRECT, CodePlan, DataSource, ImageRecord, LaunchRecord
 from launcher.runs.ship import ShipResult, ship_image
+
+IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}")  # an image's full ID, as `docker run` takes it
 
 MIN_FREE_BYTES = 512 << 20
 REMOTE_OUT = "out"  # the run's outputs folder, inside its directory on the host
@@ -213,6 +216,9 @@ class DirectPlacement(Placement):
     def __init__(self, host: Host, host_spec: HostSpec | None = None) -> None:
         super().__init__(host, host_spec)
         self.engine = Engine(host)
+        # containers seen ended, by name: an ended state does not change (RunState) until the container is
+        # started again or removed, so the pull after a wait asks the engine once, not twice
+        self._ended: dict[str, RunState] = {}
 
     def prepare(self, gpu: bool) -> None:
         self.engine.require()
@@ -230,6 +236,7 @@ class DirectPlacement(Placement):
                           cache_dir=cache_dir)
 
     def start(self, job: ContainerJob) -> dict[str, Any]:
+        self._ended.pop(job.name, None)
         job = self.write_secrets(replace(job, owner=output_owner(self.host, self.engine)))
         argv = docker_run_argv(job)
         record: dict[str, Any] = {"container": job.name, "argv": argv}
@@ -242,7 +249,8 @@ class DirectPlacement(Placement):
                 f"the container for {job.run_id} did not start on {self.name}: {started.last_error_line()}",
                 "check the image and Docker on the host",
             )
-        ran = self.engine.container_image(job.name)
+        # started by its full ID, the container runs that very image: asking the engine would tell the same
+        ran = job.image_id if IMAGE_ID.fullmatch(job.image_id) else self.engine.container_image(job.name)
         if ran is not None:
             record["image_ran"] = ran
         return record
@@ -256,6 +264,7 @@ class DirectPlacement(Placement):
         for key, value in sorted(env.items()):
             argv[at:at] = ["-e", f"{key}={value}"]
             at += 2
+        self._ended.pop(self._container(launch), None)
         self.engine.rm(self._container(launch))
         started = self.engine.run_container(argv)
         if started.returncode != 0:
@@ -273,17 +282,23 @@ class DirectPlacement(Placement):
         return str(launch.get("container") or container_name(str(launch["run_id"])))
 
     def state(self, launch: LaunchRecord) -> RunState | None:
-        s = self.engine.container_state(self._container(launch))
+        name = self._container(launch)
+        if name in self._ended:
+            return self._ended[name]
+        s = self.engine.container_state(name)
         if s is None:
             return None
         running = bool(s.get("Running"))
-        return RunState(
+        state = RunState(
             running=running,
             ended=not running and s.get("Status") in ("exited", "dead", "created"),
             exit_code=int(s["ExitCode"]) if isinstance(s.get("ExitCode"), int) else None,
             started_at=s.get("StartedAt"),
             finished_at=s.get("FinishedAt"),
         )
+        if state.ended:
+            self._ended[name] = state
+        return state
 
     def until_ended(self, launch: LaunchRecord) -> None:
         if self.host.kind == "local":  # `docker wait` returns as the container exits; a host over SSH is polled
@@ -302,6 +317,7 @@ class DirectPlacement(Placement):
         return self.state(launch)
 
     def release(self, launch: LaunchRecord) -> None:
+        self._ended.pop(self._container(launch), None)
         self.engine.rm(self._container(launch))
 
     def listed(self) -> list[ListedRun]:

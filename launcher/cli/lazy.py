@@ -1,0 +1,87 @@
+"""The root's commands, each module imported when one of its commands is first looked up.
+
+`launcher run` then imports run_cmds and what it needs, not every command module and the core under
+them (a third of a second of start-up). Help, completion and anything walking the commands still see
+every one of them: listing the commands loads them all, in the order `COMMANDS` gives.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator, MutableMapping
+from typing import Any
+
+import typer
+import typer.main
+from typer._click.core import Command
+
+from launcher.cli.params import LauncherGroup
+
+# Each command (or group) of the root and the module declaring it, in the order --help lists them.
+# tests/test_cli.py checks this against what the modules declare.
+COMMANDS: dict[str, str] = {
+    **dict.fromkeys(("init", "lock", "build", "rebuild", "base"), "images_cmds"),
+    "recipes": "recipe_cmds",
+    "vm": "vm_cmds",
+    **dict.fromkeys(("provision", "run", "resume", "ps", "logs", "attach", "pull", "stop", "clean"), "run_cmds"),
+    **dict.fromkeys(("experiment", "report", "verify"), "verify_cmds"),
+    "diverge": "diverge_cmds",
+    "explain": "explain_cmds",
+    "env": "env_cmds",
+    "export": "export_cmds",
+    **dict.fromkeys(("bundle", "reproduce", "attest"), "attest_cmds"),
+    "cache": "cache_cmds",
+    "config": "config_cmds",
+}
+
+
+def declared(module: str) -> dict[str, Command]:
+    """The commands and groups a cli/*_cmds.py module declares, as Click commands: its `app` added to the
+    root as a named group (`launcher recipes ...`) or, nameless, its commands at the top level."""
+    holder = typer.Typer()
+    holder.add_typer(importlib.import_module(f"launcher.cli.{module}").app, cls=LauncherGroup)
+    return dict(typer.main.get_group(holder).commands)
+
+
+class LazyCommands(MutableMapping[str, Command]):
+    """A group's commands by name: a name of `COMMANDS` imports its module on first lookup."""
+
+    def __init__(self, added: MutableMapping[str, Command]) -> None:
+        self._loaded: dict[str, Command] = dict(added)
+        self._imported: set[str] = set()
+
+    def _load(self, module: str) -> None:
+        if module not in self._imported:
+            self._imported.add(module)
+            for name, cmd in declared(module).items():
+                self._loaded.setdefault(name, cmd)
+
+    def __getitem__(self, name: str) -> Command:
+        if name not in self._loaded and name in COMMANDS:
+            self._load(COMMANDS[name])
+        return self._loaded[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._loaded or name in COMMANDS
+
+    def __setitem__(self, name: str, cmd: Command) -> None:
+        self._loaded[name] = cmd
+
+    def __delitem__(self, name: str) -> None:
+        del self._loaded[name]
+
+    def __iter__(self) -> Iterator[str]:
+        for module in dict.fromkeys(COMMANDS.values()):
+            self._load(module)
+        yield from [*COMMANDS, *(n for n in self._loaded if n not in COMMANDS)]
+
+    def __len__(self) -> int:
+        return len(COMMANDS.keys() | self._loaded.keys())
+
+
+class LazyGroup(LauncherGroup):
+    """The root group: its commands a `LazyCommands`, so that running one imports only its module."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands = LazyCommands(self.commands)
