@@ -52,6 +52,10 @@ class NvidiaFacts(TypedDict):
     container_toolkit: bool
 
 
+class NoFacts(TypedDict):
+    """The fact sheet of a host or node that wrote none: {}."""
+
+
 class HostFacts(TypedDict):
     """A host's fact sheet (``parse_facts`` of facts.sh's output): the workspace's
     ``hosts/<name>.json``, a manifest's ``host.facts`` and a Slurm node's ``node_facts``."""

@@ -16,8 +16,7 @@ from launcher.runtime.recipespec import ParamValue
 if TYPE_CHECKING:
     from launcher.hosts.base import HostDescription
     from launcher.hosts.hostspec import HostRecord
-    from launcher.hosts.provision import HostFacts
-    from launcher.runs.slurm import NoFacts
+    from launcher.hosts.provision import HostFacts, NoFacts
     from launcher.runtime.records import ProbeConfig
 
 

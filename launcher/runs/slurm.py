@@ -46,7 +46,7 @@ from launcher.runs.placement import ListedRun, Placement, RunState
 from launcher.runs.ship import SHIP_REPO, ShipResult, push_to_registry, save_to_archive
 
 if TYPE_CHECKING:
-    from launcher.hosts.provision import HostFacts
+    from launcher.hosts.provision import HostFacts, NoFacts
 
 JOB_NAME = "launcher"
 # the files the task script (hosts/scripts/slurm_task.sh) writes into the run's folder, by these names
@@ -98,10 +98,6 @@ class TaskResult(TypedDict):
     image_ran: str
     error: str
     ended_at: str
-
-
-class NoFacts(TypedDict):
-    """The fact sheet of a node that wrote none: {}."""
 
 
 class SlurmRunInfo(TypedDict):
