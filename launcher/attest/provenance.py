@@ -34,6 +34,7 @@ from launcher.images import imagerecord
 from launcher.images.imagerecord import BuiltImage
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.manifest import Manifest, load_manifest
+from launcher.runs.records import placement_kind
 from launcher.runs.store import resolve_run
 from launcher.verify.differences import DATASET as DATASET_FINGERPRINT
 from launcher.workspace import Workspace
@@ -185,7 +186,7 @@ def resolved_dependencies(m: Manifest, image: BuiltImage | None) -> list[st.Reso
 
 
 def builder_id(m: Manifest) -> str:
-    placement = (m.data.get("placement") or {}).get("kind") or "direct"
+    placement = placement_kind(m.data)
     return f"{st.URI}:{placement}:{m.host.get('kind') or 'local'}:{m.host.get('name') or 'local'}"
 
 

@@ -30,7 +30,7 @@ from launcher.errors import RunFailed, UsageError
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.lifecycle import pull_record, read_launch, start_run, wait_run
 from launcher.runs.manifest import Manifest, load_manifest
-from launcher.runs.records import LaunchRecord
+from launcher.runs.records import LaunchRecord, placement_kind
 from launcher.runs.replicates import is_failed
 from launcher.runs.rundir import RunDir
 from launcher.runs.runspec import RunSpec
@@ -167,7 +167,7 @@ def _execute(ws: Workspace, launch: LaunchRecord, spec: RunSpec, rep: Reporter,
 
 
 def _host_of(launch: LaunchRecord) -> tuple[object, object]:  # compared only: where a run ran
-    return (launch.get("host_options"), (launch.get("placement") or {}).get("kind"))
+    return (launch.get("host_options"), placement_kind(launch, None))
 
 
 def candidates(ref: Manifest, run: Manifest, ref_launch: LaunchRecord, run_launch: LaunchRecord) -> list[Candidate]:

@@ -17,7 +17,6 @@ from launcher.hashing import atomic_write_json
 from launcher.runs.records import (
     BAKED,
     CANCELLED,
-    DIRECT,
     FAILED,
     MOUNTED,
     SUCCEEDED,
@@ -28,9 +27,11 @@ from launcher.runs.records import (
     ImageRecord,
     LaunchRecord,
     ManifestData,
+    ManifestPlacement,
     ManifestRecipe,
     PulledFile,
     Segment,
+    placement_kind,
 )
 from launcher.runs.rundir import CODE_RECORD, EXIT_RECORD, OUTPUTS, RUNTIME_RECORD, RunDir
 from launcher.runtime.recipespec import ParamValue
@@ -345,6 +346,9 @@ def assemble(launch: LaunchRecord, outputs: Path, files: Mapping[str, PulledFile
         first = segments[0].get("started_at")
         if first and len(segments) > 1:  # the run started with its first container
             exit_rec["started_at"] = first
+    placement: ManifestPlacement = {"kind": str(placement_kind(launch))}
+    if state is not None and state.info is not None:
+        placement.update(state.info)  # its keys after "kind", as the target gave them
     data: ManifestData = {
         "schema_version": SCHEMA_VERSION,
         "run_id": launch["run_id"],
@@ -359,8 +363,7 @@ def assemble(launch: LaunchRecord, outputs: Path, files: Mapping[str, PulledFile
         "determinism": launch["determinism"],
         "image": _image_ran(launch, code),
         "host": {**launch["host"], "facts": launch.get("facts", {})},
-        "placement": {"kind": (launch.get("placement") or {}).get("kind", DIRECT),
-                      **dict(state.info if state else {})},
+        "placement": placement,
         "runtime": read_json_object(outputs / RUNTIME_RECORD),
         "started_at": str(exit_rec.get("started_at") or (state.started_at if state else None) or launch["launched_at"]),
         "ended_at": str(exit_rec.get("ended_at") or (state.finished_at if state else None) or now),

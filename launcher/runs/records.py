@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from launcher.hosts.base import HostDescription
     from launcher.hosts.hostspec import HostRecord
     from launcher.hosts.provision import HostFacts
-    from launcher.runs.slurm import NoFacts
+    from launcher.runs.slurm import ImageSource, NoFacts
     from launcher.runtime.records import ProbeConfig
 
 
@@ -170,6 +170,42 @@ class SlurmJob(TypedDict):
     run_dir: str
 
 
+class PlacementRecord(TypedDict):
+    """launch.json's ``placement``: Placement.record(), what reopens the run's target (its ``kind``; a
+    Slurm cluster adds the rest, launcher.runs.slurm.SlurmPlacement.record)."""
+
+    kind: str
+    partition: NotRequired[str | None]
+    options: NotRequired[dict[str, str]]  # --slurm-opt: sbatch option -> value ("" for a flag)
+    max_parallel: NotRequired[int | None]
+    image_source: NotRequired[ImageSource]
+    runtime: NotRequired[str]
+
+
+class StartedRecord(TypedDict):
+    """What a target answers once it started a run (Placement.start): LaunchRecord's keys of the same names."""
+
+    container: str
+    argv: NotRequired[list[str]]
+    image_ran: NotRequired[str]
+    slurm: NotRequired[SlurmJob]
+
+
+class ManifestPlacement(TypedDict):
+    """manifest.json's ``placement``: the target's kind and what it said of where the run ran
+    (RunState.info; a Slurm task's keys are launcher.runs.slurm.SlurmRunInfo's)."""
+
+    kind: str
+    job_id: NotRequired[str | None]
+    array_index: NotRequired[int | str | None]
+    partition: NotRequired[str | None]
+    image_source: NotRequired[ImageSource]
+    runtime: NotRequired[str]
+    node: NotRequired[str | None]
+    error: NotRequired[str | None]
+    node_facts: NotRequired[HostFacts | NoFacts]
+
+
 class LaunchRecord(TypedDict):
     """``runs/<id>/launch.json``: a run as it was started (launcher.runs.lifecycle), completed with what
     its target said when it started it (``container``, ``argv``, ``image_ran``, ``slurm``)."""
@@ -179,7 +215,7 @@ class LaunchRecord(TypedDict):
     replicate: NotRequired[int]
     host: HostDescription  # Host.describe(), owned by launcher.hosts (an SSH host adds where it is)
     host_options: NotRequired[HostRecord]  # HostSpec.to_record(), owned by launcher.hosts.hostspec
-    placement: NotRequired[dict[str, Any]]  # Placement.record(): its "kind" and what the target adds
+    placement: NotRequired[PlacementRecord]  # Placement.record(): its "kind" and what the target adds
     container: NotRequired[str]
     remote_dir: str
     recipe: LaunchRecipe
@@ -307,7 +343,7 @@ class ManifestData(TypedDict):
     determinism: DeterminismRecord
     image: ImageRecord
     host: dict[str, Any]  # launch.json's host with the host's "facts" (free-form, launcher.hosts)
-    placement: NotRequired[dict[str, Any]]  # its kind and what its target recorded (RunState.info)
+    placement: NotRequired[ManifestPlacement]  # its kind and what its target recorded (RunState.info)
     runtime: NotRequired[dict[str, Any]]  # _launcher/runtime.json as the runtime in the container wrote it
     started_at: str
     ended_at: NotRequired[str]
@@ -321,3 +357,10 @@ class ManifestData(TypedDict):
 
 
 RunRecord = ManifestData | LaunchRecord | PullStatus  # a run as a command answers it: ended, detached or going
+
+
+def placement_kind(record: LaunchRecord | ManifestData, default: str | None = DIRECT) -> str | None:
+    """The kind of target a run was placed by: its record's ``placement.kind``, else ``default`` (records
+    from before placements were recorded are direct)."""
+    placed = record.get("placement")
+    return (placed.get("kind") if placed else None) or default
