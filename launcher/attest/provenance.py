@@ -316,7 +316,8 @@ def attest_run(run_dir: Path, signer: Signer | None, cache_dir: Path) -> Atteste
     """Write runs/<id>/attestation/provenance.json and, with a signer, provenance.dsse.json (atomically; a
     signature by another key on the same statement is kept beside the new one)."""
     m = load_manifest(run_dir)
-    image_id = str((m.image.get("project") or {}).get("variant_image_id") or m.image.get("id") or "")
+    project = m.image.get("project")
+    image_id = str((project.get("variant_image_id") if project else None) or m.image.get("id") or "")
     statement = provenance(m, imagerecord.find(cache_dir, image_id) if image_id else None)
     payload = st.encode(statement)
     folder = attestation_dir(run_dir)

@@ -28,6 +28,19 @@ class GitState(TypedDict, total=False):
     dirty: bool
 
 
+class ProjectRecord(TypedDict):
+    """ImageRecord's ``project``: a plain script's project layer beside the variant's image
+    (launcher.runs.project.with_image)."""
+
+    folder: str
+    requirements_lock_sha256: str | None
+    system_lock_sha256: NotRequired[str | None]
+    layer: str  # the layer's diff ID
+    packages: list[str]  # name==version of each wheel in the layer
+    system_packages: NotRequired[list[str]]
+    variant_image_id: str  # the variant's image the layer sits on
+
+
 class ImageRecord(TypedDict):
     """The image a run uses (launch.json's and manifest.json's ``image``), from the variant's build
     record (launcher.runs.runspec.image_record); the manifest adds what ran in the container."""
@@ -41,9 +54,7 @@ class ImageRecord(TypedDict):
     git_dirty: bool | None
     launcher_version: str
     recipes: NotRequired[dict[str, str]]  # recipe name -> baked code digest; dropped before launch.json
-    # the project layer (launcher.runs.project.with_image: folder, locks' sha256, layer, packages,
-    # variant_image_id); launcher.attest reads it as a plain dict
-    project: NotRequired[dict[str, Any]]
+    project: NotRequired[ProjectRecord]  # a plain script's project layer
     runtime_digest: NotRequired[str | None]  # the manifest's: computed by the runtime in the container
     packages_digest: NotRequired[str | None]
 
