@@ -208,14 +208,15 @@ _HOST_FACTS = ("os", "kernel", "arch", "cpu_model", "cpu_cores", "ram_bytes")
 
 
 def _host_facts(m: Manifest) -> HostFacts:
-    facts = m.host.get("facts") or {}
-    # the facts' values as the host reported them (manifest.json host.facts), kept as they are
+    # the facts' values as the host reported them (manifest.json host.facts, launcher.hosts' HostFacts or {}),
+    # kept as they are: read by name here, as a mapping
+    facts: Mapping[str, object] = m.host.get("facts") or {}
     out = cast(HostFacts, {k: facts[k] for k in _HOST_FACTS if facts.get(k) is not None})
-    docker = facts.get("docker") or {}
-    if docker.get("server_version"):
+    docker = facts.get("docker")
+    if isinstance(docker, dict) and docker.get("server_version"):
         out["docker"] = docker["server_version"]
-    nvidia = facts.get("nvidia") or {}
-    if nvidia.get("driver"):
+    nvidia = facts.get("nvidia")
+    if isinstance(nvidia, dict) and nvidia.get("driver"):
         out["nvidia_driver"] = nvidia["driver"]
         out["gpus"] = [g.get("name") if isinstance(g, dict) else g for g in nvidia.get("gpus") or []]
     return out

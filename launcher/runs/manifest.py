@@ -27,6 +27,7 @@ from launcher.runs.records import (
     ImageRecord,
     LaunchRecord,
     ManifestData,
+    ManifestHost,
     ManifestPlacement,
     ManifestRecipe,
     PulledFile,
@@ -128,7 +129,7 @@ class Manifest:
         return self.data["image"]
 
     @property
-    def host(self) -> dict[str, Any]:  # free-form: Host.describe() and the host's facts (launcher.hosts)
+    def host(self) -> ManifestHost:  # Host.describe() and the host's facts (launcher.hosts)
         return self.data["host"]
 
     @property
@@ -362,7 +363,7 @@ def assemble(launch: LaunchRecord, outputs: Path, files: Mapping[str, PulledFile
         "seed": launch.get("seed"),
         "determinism": launch["determinism"],
         "image": _image_ran(launch, code),
-        "host": {**launch["host"], "facts": launch.get("facts", {})},
+        "host": {**launch["host"], "facts": launch["facts"] if "facts" in launch else {}},
         "placement": placement,
         "runtime": read_json_object(outputs / RUNTIME_RECORD),
         "started_at": str(exit_rec.get("started_at") or (state.started_at if state else None) or launch["launched_at"]),

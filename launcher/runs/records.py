@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
+from launcher.hosts.base import HostDescription
 from launcher.runtime.recipespec import ParamValue
 
 if TYPE_CHECKING:
-    from launcher.hosts.base import HostDescription
     from launcher.hosts.hostspec import HostRecord
     from launcher.hosts.provision import HostFacts
     from launcher.runs.slurm import ImageSource, NoFacts
@@ -335,6 +335,12 @@ class ManifestRecipe(TypedDict):
     identity: NotRequired[str]
 
 
+class ManifestHost(HostDescription):
+    """manifest.json's ``host``: launch.json's host with the host's fact sheet ({} if none was read)."""
+
+    facts: HostFacts | NoFacts
+
+
 class ManifestData(TypedDict):
     """``runs/<id>/manifest.json`` (schema version 1; launcher.runs.manifest reads and writes it). The
     required keys are the ones :func:`launcher.runs.manifest.validate` checks."""
@@ -353,7 +359,7 @@ class ManifestData(TypedDict):
     seed: int | None
     determinism: DeterminismRecord
     image: ImageRecord
-    host: dict[str, Any]  # launch.json's host with the host's "facts" (free-form, launcher.hosts)
+    host: ManifestHost
     placement: NotRequired[ManifestPlacement]  # its kind and what its target recorded (RunState.info)
     runtime: NotRequired[dict[str, Any]]  # _launcher/runtime.json as the runtime in the container wrote it
     started_at: str
