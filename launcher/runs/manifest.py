@@ -30,6 +30,7 @@ from launcher.runs.records import (
     ManifestHost,
     ManifestPlacement,
     ManifestRecipe,
+    ManifestRuntime,
     PulledFile,
     Segment,
     placement_kind,
@@ -133,7 +134,7 @@ class Manifest:
         return self.data["host"]
 
     @property
-    def runtime(self) -> dict[str, Any]:  # free-form: what the runtime in the container wrote
+    def runtime(self) -> ManifestRuntime:  # what the runtime in the container wrote ({} where nothing)
         value = self.data.get("runtime")
         return value if isinstance(value, dict) else {}
 
@@ -253,6 +254,12 @@ def read_json_object(path: Path) -> dict[str, Any]:
         return {}
 
 
+def read_runtime_record(outputs: Path) -> ManifestRuntime:
+    """``_launcher/runtime.json`` under outputs as the runtime wrote it ({} where there is none); its fields
+    are checked where they are read (launcher.verify.evidence)."""
+    return cast(ManifestRuntime, read_json_object(outputs / RUNTIME_RECORD))
+
+
 def read_exit_record(outputs: Path) -> ExitRecord:
     """``_launcher/exit.json`` under outputs: its fields of the right type ({} where there is none)."""
     doc = read_json_object(outputs / EXIT_RECORD)
@@ -365,7 +372,7 @@ def assemble(launch: LaunchRecord, outputs: Path, files: Mapping[str, PulledFile
         "image": _image_ran(launch, code),
         "host": {**launch["host"], "facts": launch["facts"] if "facts" in launch else {}},
         "placement": placement,
-        "runtime": read_json_object(outputs / RUNTIME_RECORD),
+        "runtime": read_runtime_record(outputs),
         "started_at": str(exit_rec.get("started_at") or (state.started_at if state else None) or launch["launched_at"]),
         "ended_at": str(exit_rec.get("ended_at") or (state.finished_at if state else None) or now),
         "exit_code": exit_code,
