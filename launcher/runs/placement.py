@@ -15,7 +15,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
 
 from launcher.errors import BadData, CommandFailed, DiskFull, HostNotReady, NoGpu, NotFound, NotResumable
 from launcher.hosts.base import Host
@@ -37,12 +36,10 @@ from launcher.runs.records import (
     ImageRecord,
     LaunchRecord,
     PlacementRecord,
+    SlurmRunInfo,
     StartedRecord,
 )
 from launcher.runs.ship import ShipResult, ship_image
-
-if TYPE_CHECKING:
-    from launcher.runs.slurm import SlurmRunInfo
 
 MIN_FREE_BYTES = 512 << 20
 REMOTE_OUT = "out"  # the run's outputs folder, inside its directory on the host

@@ -17,7 +17,6 @@ from launcher.runtime.recipespec import ParamValue
 if TYPE_CHECKING:
     from launcher.hosts.hostspec import HostRecord
     from launcher.hosts.provision import HostFacts
-    from launcher.runs.slurm import ImageSource, NoFacts
     from launcher.runtime.records import Applied, Determinism, PlatformInfo, ProbeConfig, PythonInfo, SeedCall
 
 
@@ -169,6 +168,35 @@ class Segment(TypedDict):
     started_at: NotRequired[str | None]
     ended_at: NotRequired[str | None]
     exit_code: NotRequired[int | None]
+
+
+class ImageSource(TypedDict):
+    """Where a job array's tasks get the image (launch.json's ``placement.image_source``):
+    a registry, pulled by digest, or the archive on the shared filesystem."""
+
+    kind: str  # launcher.runs.slurm's REGISTRY_VIA or SHARED_VIA
+    registry: NotRequired[str]  # the rest: kind REGISTRY_VIA only
+    ref: NotRequired[str]  # REGISTRY/REPO@DIGEST
+    image_id: NotRequired[str]
+
+
+class NoFacts(TypedDict):
+    """The fact sheet of a node that wrote none: {}."""
+
+
+class SlurmRunInfo(TypedDict):
+    """What a replicate's manifest records of its Slurm task (``RunState.info``, the manifest's placement;
+    launcher.runs.slurm.SlurmPlacement.state)."""
+
+    kind: str
+    job_id: str | None
+    array_index: int | str | None  # the launch record's number; task.json's text once the task wrote it
+    partition: str | None
+    image_source: ImageSource
+    runtime: str
+    node: NotRequired[str | None]
+    error: NotRequired[str | None]
+    node_facts: NotRequired[HostFacts | NoFacts]
 
 
 class SlurmJob(TypedDict):

@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, NotRequired, TypedDict, cast
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from launcher.errors import (
     CommandFailed,
@@ -43,7 +43,16 @@ from launcher.progress import NullReporter, Reporter
 from launcher.runs.cluster import DOCKER_RUNTIME, PYXIS_RUNTIME, RUNTIMES, ClusterSettings, read_settings, require_slurm
 from launcher.runs.container import ContainerJob, docker_run_argv, mounts, runtime_argv
 from launcher.runs.placement import ListedRun, Placement, RunState
-from launcher.runs.records import ImageRecord, LaunchRecord, PlacementRecord, StartedRecord
+from launcher.runs.records import (
+    ImageRecord,
+    ImageSource,
+    LaunchRecord,
+    NoFacts,
+    PlacementRecord,
+    SlurmJob,
+    SlurmRunInfo,
+    StartedRecord,
+)
 from launcher.runs.ship import SHIP_REPO, ShipResult, push_to_registry, save_to_archive
 
 if TYPE_CHECKING:
@@ -67,26 +76,6 @@ ARRAY_TASKS = "tasks"  # the task script of each array index, NUL-separated (slu
 CANCELLED_STATES = ("CANCELLED", "PREEMPTED", "REVOKED", "DEADLINE")
 
 
-class ImageSource(TypedDict):
-    """Where a job array's tasks get the image (launch.json's ``placement.image_source``):
-    a registry, pulled by digest, or the archive on the shared filesystem."""
-
-    kind: str  # REGISTRY_VIA or SHARED_VIA
-    registry: NotRequired[str]  # the rest: kind REGISTRY_VIA only
-    ref: NotRequired[str]  # REGISTRY/REPO@DIGEST
-    image_id: NotRequired[str]
-
-
-class SlurmJob(TypedDict):
-    """A replicate's task of its job array, launch.json's ``slurm`` (written by ``start_array``)."""
-
-    job_id: str
-    array_index: int
-    array_size: int
-    log: str  # the task's stdout and stderr, in the array's folder
-    run_dir: str  # where the task writes task.json and the node's facts
-
-
 class TaskResult(TypedDict):
     """The run folder's task.json, written by hosts/scripts/slurm_task.sh when its task ends."""
 
@@ -99,24 +88,6 @@ class TaskResult(TypedDict):
     image_ran: str
     error: str
     ended_at: str
-
-
-class NoFacts(TypedDict):
-    """The fact sheet of a node that wrote none: {}."""
-
-
-class SlurmRunInfo(TypedDict):
-    """What a replicate's manifest records of its Slurm task (``RunState.info``, the manifest's placement)."""
-
-    kind: str
-    job_id: str | None
-    array_index: int | str | None  # the launch record's number; task.json's text once the task wrote it
-    partition: str | None
-    image_source: ImageSource
-    runtime: str
-    node: NotRequired[str | None]
-    error: NotRequired[str | None]
-    node_facts: NotRequired[HostFacts | NoFacts]
 
 
 def pyxis_image(ref: str) -> str:
