@@ -200,7 +200,7 @@ class SlurmRunInfo(TypedDict):
 
 
 class SlurmJob(TypedDict):
-    """launch.json's ``slurm``: the run's task in its job array (launcher.runs.slurm.SlurmPlacement.start_array)."""
+    """The ``slurm`` of launch.json: the run's task in its job array (runs.slurm.SlurmPlacement.start_array)."""
 
     job_id: str
     array_index: int
@@ -210,7 +210,7 @@ class SlurmJob(TypedDict):
 
 
 class PlacementRecord(TypedDict):
-    """launch.json's ``placement``: Placement.record(), what reopens the run's target (its ``kind``; a
+    """The ``placement`` of launch.json: Placement.record(), what reopens the run's target (its ``kind``; a
     Slurm cluster adds the rest, launcher.runs.slurm.SlurmPlacement.record)."""
 
     kind: str
@@ -231,7 +231,7 @@ class StartedRecord(TypedDict):
 
 
 class ManifestPlacement(TypedDict):
-    """manifest.json's ``placement``: the target's kind and what it said of where the run ran
+    """The ``placement`` of manifest.json: the target's kind and what it said of where the run ran
     (RunState.info; a Slurm task's keys are launcher.runs.slurm.SlurmRunInfo's)."""
 
     kind: str
@@ -364,13 +364,13 @@ class ManifestRecipe(TypedDict):
 
 
 class ManifestHost(HostDescription):
-    """manifest.json's ``host``: launch.json's host with the host's fact sheet ({} if none was read)."""
+    """The ``host`` of manifest.json: the launch record's host with the host's fact sheet ({} if none was read)."""
 
     facts: HostFacts | NoFacts
 
 
 class ManifestRuntime(TypedDict, total=False):
-    """manifest.json's ``runtime``: ``_launcher/runtime.json`` as the runtime in the container wrote it
+    """The ``runtime`` of manifest.json: ``_launcher/runtime.json`` as the runtime in the container wrote it
     (launcher.runtime.records.RuntimeDocument); any key may be absent (an older or interrupted runtime, {})."""
 
     profile: str
