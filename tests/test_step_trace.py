@@ -28,7 +28,7 @@ from launcher.runs.determinism import profile_env
 from launcher.runs.manifest import load_manifest
 from launcher.runs.runspec import trace_option
 from launcher.runtime import steps
-from launcher.verify.stepdiff import StepsDiff, StepsStrip, explain_steps, steps_strip
+from launcher.verify.stepdiff import StepsDiff, StepsStrip, steps_diff, steps_strip
 from launcher.verify.verdicts import verify_checksums
 from launcher.workspace import Workspace
 
@@ -147,7 +147,7 @@ def test_verify_says_where_two_runs_part(tmp_path: Path) -> None:
     _write_steps(a, [(0, same), (10, same), (20, same), (30, same)])
     _write_steps(b, [(0, same), (10, same), (15, same), (20, {"conv": "1", "dense": "x"}),
                      (30, {"conv": "y", "dense": "z"})])
-    got = explain_steps(load_manifest(a), load_manifest(b))
+    got = steps_diff(load_manifest(a), load_manifest(b))
     assert got is not None
     assert conforms(got, StepsDiff) == []
     assert conforms(steps_strip(load_manifest(a), load_manifest(b)), StepsStrip) == []
@@ -276,7 +276,7 @@ torch.save(model.state_dict(), "model.pt")
 
 def test_a_thread_count_taking_effect_after_step_4_is_traced_to_the_norm_layer_on_step_5(tmp_path: Path) -> None:
     from launcher.runtime.optrace import ENV as OPTRACE
-    from launcher.verify.opdiff import OpDifference, first_difference, op_phrase
+    from launcher.verify.opdiff import OpDifference, compare_traces, op_phrase
 
     script = tmp_path / "code" / "main.py"
     script.parent.mkdir()
@@ -298,7 +298,7 @@ def test_a_thread_count_taking_effect_after_step_4_is_traced_to_the_norm_layer_o
                          ("input", "fc2"), ("output", "fc2")]
     assert step3[6:] == [("input", "Net"), ("output", "Net"), ("grad", "fc2.bias"), ("grad", "fc2.weight"),
                          ("grad", "fc1.bias"), ("grad", "fc1.weight")]  # the whole model last; backward's order
-    d = first_difference(outs[0], outs[1])
+    d = compare_traces(outs[0], outs[1])
     assert conforms(d, OpDifference) == []
     assert d["found"] and (d["step"], d["kind"], d["name"], d["input_agrees"]) == (5, "output", "norm", True), d
     assert d["size"]["differing"] > 0 and 0 < d["size"]["max_abs_diff"] < 1e-3

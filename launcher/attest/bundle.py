@@ -38,6 +38,7 @@ from launcher.images import pins as images
 from launcher.images.build import env_content_of
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.manifest import Manifest, load_manifest, read_json_object
+from launcher.runs.records import ProjectRecord
 from launcher.runs.rundir import MANIFEST, RunDir
 from launcher.runs.store import resolve_run
 from launcher.runtime import code as codedigest
@@ -71,7 +72,7 @@ class ImageFacts(TypedDict):
     recipesDigest: str | None
     envContent: str | None
     launcherVersion: str | None
-    project: dict[str, Any] | None  # the manifest's image.project record (launcher.runs.manifest), as recorded
+    project: ProjectRecord | None  # the manifest's image.project record (launcher.runs.manifest), as recorded
 
 
 class BundledRun(TypedDict):
@@ -125,7 +126,7 @@ def _write(tmp: Path, rel: str, data: bytes) -> Path:
 
 def variant_image_id(m: Manifest) -> str:
     project = m.image.get("project")
-    return str((project or {}).get("variant_image_id") or m.image.get("id") or "")
+    return str((project.get("variant_image_id") if project else None) or m.image.get("id") or "")
 
 
 def _image_facts(ws: Workspace, m: Manifest, built: imagerecord.BuiltImage) -> ImageFacts:

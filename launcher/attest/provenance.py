@@ -34,6 +34,7 @@ from launcher.images import imagerecord
 from launcher.images.imagerecord import BuiltImage
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.manifest import Manifest, load_manifest
+from launcher.runs.records import placement_kind
 from launcher.runs.store import resolve_run
 from launcher.verify.differences import DATASET as DATASET_FINGERPRINT
 from launcher.workspace import Workspace
@@ -185,7 +186,7 @@ def resolved_dependencies(m: Manifest, image: BuiltImage | None) -> list[st.Reso
 
 
 def builder_id(m: Manifest) -> str:
-    placement = (m.data.get("placement") or {}).get("kind") or "direct"
+    placement = placement_kind(m.data)
     return f"{st.URI}:{placement}:{m.host.get('kind') or 'local'}:{m.host.get('name') or 'local'}"
 
 
@@ -207,14 +208,15 @@ _HOST_FACTS = ("os", "kernel", "arch", "cpu_model", "cpu_cores", "ram_bytes")
 
 
 def _host_facts(m: Manifest) -> HostFacts:
-    facts = m.host.get("facts") or {}
-    # the facts' values as the host reported them (manifest.json host.facts), kept as they are
+    # the facts' values as the host reported them (manifest.json host.facts, launcher.hosts' HostFacts or {}),
+    # kept as they are: read by name here, as a mapping
+    facts: Mapping[str, object] = m.host.get("facts") or {}
     out = cast(HostFacts, {k: facts[k] for k in _HOST_FACTS if facts.get(k) is not None})
-    docker = facts.get("docker") or {}
-    if docker.get("server_version"):
+    docker = facts.get("docker")
+    if isinstance(docker, dict) and docker.get("server_version"):
         out["docker"] = docker["server_version"]
-    nvidia = facts.get("nvidia") or {}
-    if nvidia.get("driver"):
+    nvidia = facts.get("nvidia")
+    if isinstance(nvidia, dict) and nvidia.get("driver"):
         out["nvidia_driver"] = nvidia["driver"]
         out["gpus"] = [g.get("name") if isinstance(g, dict) else g for g in nvidia.get("gpus") or []]
     return out
@@ -315,7 +317,8 @@ def attest_run(run_dir: Path, signer: Signer | None, cache_dir: Path) -> Atteste
     """Write runs/<id>/attestation/provenance.json and, with a signer, provenance.dsse.json (atomically; a
     signature by another key on the same statement is kept beside the new one)."""
     m = load_manifest(run_dir)
-    image_id = str((m.image.get("project") or {}).get("variant_image_id") or m.image.get("id") or "")
+    project = m.image.get("project")
+    image_id = str((project.get("variant_image_id") if project else None) or m.image.get("id") or "")
     statement = provenance(m, imagerecord.find(cache_dir, image_id) if image_id else None)
     payload = st.encode(statement)
     folder = attestation_dir(run_dir)

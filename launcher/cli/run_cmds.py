@@ -440,7 +440,7 @@ def stop_cmd(ctx: typer.Context, run_id: RunArg) -> None:
     if out.get("runs"):
         summary = f"stopped the job array of {run_id}: " + ", ".join(
             f"{r['run_id']} {r['status']}" for r in out["runs"])
-    render(ctx, Result("stop", out, summary=summary))
+    render(ctx, Result("stop", dict(out), summary=summary))
 
 
 @command(app, "clean")

@@ -32,6 +32,23 @@ class PsRow(TypedDict):
     container_status: NotRequired[str]
 
 
+class StoppedRun(TypedDict):
+    """A replicate of a stopped job array, once pulled (``launcher stop``'s ``runs``)."""
+
+    run_id: str
+    status: str | None
+    exit_code: int | None
+
+
+class StopRecord(TypedDict):
+    """What ``launcher stop`` answers (the CLI's Result data as it is rendered)."""
+
+    run_id: str
+    stopped: bool
+    exit_code: int | None
+    runs: NotRequired[list[StoppedRun]]  # a job array: each replicate's status once pulled
+
+
 class CleanRecord(TypedDict):
     """What ``launcher clean`` did to one run on its host."""
 
@@ -117,13 +134,13 @@ def attach(ws: Workspace, run_id: str, sink: LogSink, reporter: Reporter | None 
         return pull_run(ws, run_id, placement, reporter)
 
 
-def stop(ws: Workspace, run_id: str, reporter: Reporter | None = None) -> dict[str, Any]:
+def stop(ws: Workspace, run_id: str, reporter: Reporter | None = None) -> StopRecord:
     """Stop the run (and the job array it is part of): the CLI's Result data as it is rendered."""
     run_id = resolve_run_id(ws, run_id)
     launch = read_launch(ws, run_id)
     with open_placement(ws, launch) as placement:
         state = placement.stop(launch)
-        out: dict[str, Any] = {"run_id": run_id, "stopped": True, "exit_code": state.exit_code if state else None}
+        out: StopRecord = {"run_id": run_id, "stopped": True, "exit_code": state.exit_code if state else None}
         together = placement.stopped_with(launch)
         if len(together) > 1 or placement.parallel:  # a job array: every replicate gets its manifest now
             out["runs"] = []

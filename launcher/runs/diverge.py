@@ -1,6 +1,6 @@
 """`launcher diverge RUN_A RUN_B`: where two runs part, down to the operation, and what makes them agree.
 
-1. The step fingerprints of both runs (launcher.verify.differences.explain_steps) give the window:
+1. The step fingerprints of both runs (launcher.verify.stepdiff.steps_diff) give the window:
    the runs agree at step S and differ at step S' (the next step recorded in both).
 2. Each run is executed again from the start **in its own environment** — its image, its placement
    (host or cluster), its determinism profile, seed, thread count, code, data and arguments, as its
@@ -24,13 +24,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from launcher.errors import RunFailed, UsageError
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.lifecycle import pull_record, read_launch, start_run, wait_run
 from launcher.runs.manifest import Manifest, load_manifest
-from launcher.runs.records import LaunchRecord
+from launcher.runs.records import LaunchRecord, placement_kind
 from launcher.runs.replicates import is_failed
 from launcher.runs.rundir import RunDir
 from launcher.runs.runspec import RunSpec
@@ -38,7 +38,8 @@ from launcher.runs.store import resolve_run_id
 from launcher.runs.targets import open_placement
 from launcher.verify import opdiff
 from launcher.verify.differences import environment_diff
-from launcher.verify.stepdiff import explain_steps, steps_phrase
+from launcher.verify.opdiff import OpDifference
+from launcher.verify.stepdiff import StepsDiff, steps_diff, steps_phrase
 from launcher.workspace import Workspace
 
 
@@ -61,10 +62,10 @@ class DivergenceRecord(TypedDict):
 
     reference: str
     run: str
-    steps: dict[str, Any] | None  # launcher.verify.stepdiff.explain_steps's record
+    steps: StepsDiff | None
     window: list[int] | None
     reruns: dict[str, str]
-    first_difference: dict[str, Any] | None  # launcher.verify.opdiff.first_difference's record
+    first_difference: OpDifference | None
     candidates: list[CandidateRecord]
     cause: str | None
 
@@ -83,10 +84,10 @@ class Candidate:
 class Divergence:
     reference: str
     run: str
-    steps: dict[str, Any] | None  # launcher.verify.stepdiff.explain_steps's record
+    steps: StepsDiff | None
     window: tuple[int, int] | None = None
     reruns: dict[str, str] = field(default_factory=dict)  # original run id -> its traced re-execution
-    first: dict[str, Any] | None = None  # launcher.verify.opdiff.first_difference's record
+    first: OpDifference | None = None  # the traces compared (launcher.verify.opdiff.compare_traces)
     candidates: list[Candidate] = field(default_factory=list)
 
     @property
@@ -167,7 +168,7 @@ def _execute(ws: Workspace, launch: LaunchRecord, spec: RunSpec, rep: Reporter,
 
 
 def _host_of(launch: LaunchRecord) -> tuple[object, object]:  # compared only: where a run ran
-    return (launch.get("host_options"), (launch.get("placement") or {}).get("kind"))
+    return (launch.get("host_options"), placement_kind(launch, None))
 
 
 def candidates(ref: Manifest, run: Manifest, ref_launch: LaunchRecord, run_launch: LaunchRecord) -> list[Candidate]:
@@ -203,14 +204,15 @@ def diverge(ws: Workspace, reference: str, other: str, *, causes: bool = True,
     if ids[0] == ids[1]:
         raise UsageError("diverge needs two different runs", "give the two run ids `launcher verify` compared")
     ms = [load_manifest(ws.runs / i) for i in ids]
-    steps = explain_steps(ms[0], ms[1])
+    steps = steps_diff(ms[0], ms[1])
     result = Divergence(ids[0], ids[1], steps)
     if steps is None:
         raise UsageError("the runs have no step fingerprints in common (fingerprints/steps.jsonl)",
                          "run them again with this launcher (it records them by default, --trace-every N)")
-    if steps["same"] is not False:
+    parts_by = steps["parts_by"]  # a step wherever the runs part (same False)
+    if steps["same"] is not False or parts_by is None:
         return result
-    window = ((steps["agree_until"] or 0) + 1, int(steps["parts_by"]))
+    window = ((steps["agree_until"] or 0) + 1, parts_by)
     result.window = window
     launches = [read_launch(ws, i) for i in ids]
     specs = [respec(ws, m, launch, window) for m, launch in zip(ms, launches, strict=True)]
@@ -218,7 +220,7 @@ def diverge(ws: Workspace, reference: str, other: str, *, causes: bool = True,
         rep.note(f"re-executing {m.run_id} with steps {window[0]}..{window[1]} traced")
         result.reruns[m.run_id] = _execute(ws, launch, spec, rep, on_log)
     outs = [RunDir(ws.runs / result.reruns[i]).outputs for i in ids]
-    result.first = opdiff.first_difference(outs[0], outs[1])
+    result.first = opdiff.compare_traces(outs[0], outs[1])
     if not causes or not result.first.get("found"):
         return result
     step = int(result.first["step"])
@@ -231,7 +233,7 @@ def diverge(ws: Workspace, reference: str, other: str, *, causes: bool = True,
             ref_out = RunDir(ws.runs / _execute(ws, launches[0], ref_spec, rep, on_log)).outputs
         else:
             ref_out = outs[0]
-        d = opdiff.first_difference(ref_out, RunDir(ws.runs / cand.run_id).outputs)
+        d = opdiff.compare_traces(ref_out, RunDir(ws.runs / cand.run_id).outputs)
         traced = step in (d.get("steps_traced") or [])
         cand.agrees = (not d.get("found")) if traced else None
         result.candidates.append(cand)

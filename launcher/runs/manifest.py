@@ -17,7 +17,6 @@ from launcher.hashing import atomic_write_json
 from launcher.runs.records import (
     BAKED,
     CANCELLED,
-    DIRECT,
     FAILED,
     MOUNTED,
     SUCCEEDED,
@@ -28,9 +27,13 @@ from launcher.runs.records import (
     ImageRecord,
     LaunchRecord,
     ManifestData,
+    ManifestHost,
+    ManifestPlacement,
     ManifestRecipe,
+    ManifestRuntime,
     PulledFile,
     Segment,
+    placement_kind,
 )
 from launcher.runs.rundir import CODE_RECORD, EXIT_RECORD, OUTPUTS, RUNTIME_RECORD, RunDir
 from launcher.runtime.recipespec import ParamValue
@@ -127,11 +130,11 @@ class Manifest:
         return self.data["image"]
 
     @property
-    def host(self) -> dict[str, Any]:  # free-form: Host.describe() and the host's facts (launcher.hosts)
+    def host(self) -> ManifestHost:  # Host.describe() and the host's facts (launcher.hosts)
         return self.data["host"]
 
     @property
-    def runtime(self) -> dict[str, Any]:  # free-form: what the runtime in the container wrote
+    def runtime(self) -> ManifestRuntime:  # what the runtime in the container wrote ({} where nothing)
         value = self.data.get("runtime")
         return value if isinstance(value, dict) else {}
 
@@ -251,6 +254,12 @@ def read_json_object(path: Path) -> dict[str, Any]:
         return {}
 
 
+def read_runtime_record(outputs: Path) -> ManifestRuntime:
+    """``_launcher/runtime.json`` under outputs as the runtime wrote it ({} where there is none); its fields
+    are checked where they are read (launcher.verify.evidence)."""
+    return cast(ManifestRuntime, read_json_object(outputs / RUNTIME_RECORD))
+
+
 def read_exit_record(outputs: Path) -> ExitRecord:
     """``_launcher/exit.json`` under outputs: its fields of the right type ({} where there is none)."""
     doc = read_json_object(outputs / EXIT_RECORD)
@@ -345,6 +354,9 @@ def assemble(launch: LaunchRecord, outputs: Path, files: Mapping[str, PulledFile
         first = segments[0].get("started_at")
         if first and len(segments) > 1:  # the run started with its first container
             exit_rec["started_at"] = first
+    placement: ManifestPlacement = {"kind": str(placement_kind(launch))}
+    if state is not None and state.info is not None:
+        placement.update(state.info)  # its keys after "kind", as the target gave them
     data: ManifestData = {
         "schema_version": SCHEMA_VERSION,
         "run_id": launch["run_id"],
@@ -358,10 +370,9 @@ def assemble(launch: LaunchRecord, outputs: Path, files: Mapping[str, PulledFile
         "seed": launch.get("seed"),
         "determinism": launch["determinism"],
         "image": _image_ran(launch, code),
-        "host": {**launch["host"], "facts": launch.get("facts", {})},
-        "placement": {"kind": (launch.get("placement") or {}).get("kind", DIRECT),
-                      **dict(state.info if state else {})},
-        "runtime": read_json_object(outputs / RUNTIME_RECORD),
+        "host": {**launch["host"], "facts": launch["facts"] if "facts" in launch else {}},
+        "placement": placement,
+        "runtime": read_runtime_record(outputs),
         "started_at": str(exit_rec.get("started_at") or (state.started_at if state else None) or launch["launched_at"]),
         "ended_at": str(exit_rec.get("ended_at") or (state.finished_at if state else None) or now),
         "exit_code": exit_code,

@@ -13,10 +13,9 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 from launcher.errors import BadData, CommandFailed, DiskFull, HostNotReady, NoGpu, NotFound, NotResumable
 from launcher.hosts.base import Host
@@ -31,7 +30,16 @@ from launcher.runs.container import (
     docker_run_argv,
     env_file_text,
 )
-from launcher.runs.records import DIRECT, CodePlan, DataSource, ImageRecord, LaunchRecord
+from launcher.runs.records import (
+    DIRECT,
+    CodePlan,
+    DataSource,
+    ImageRecord,
+    LaunchRecord,
+    PlacementRecord,
+    SlurmRunInfo,
+    StartedRecord,
+)
 from launcher.runs.ship import ShipResult, ship_image
 
 IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}")  # an image's full ID, as `docker run` takes it
@@ -59,7 +67,7 @@ class RunState:
     finished_at: str | None = None
     status: str | None = None
     image_ran: str | None = None
-    info: Mapping[str, Any] = field(default_factory=dict)  # free-form: each target's own (a cluster's node facts)
+    info: SlurmRunInfo | None = None  # a cluster's task; None where the target adds nothing (a direct run)
 
 
 @dataclass(frozen=True)
@@ -84,12 +92,12 @@ class Placement(ABC):
     def name(self) -> str:
         return self.host.name
 
-    def record(self) -> dict[str, Any]:  # a target's own fields (SlurmPlacement adds its own)
+    def record(self) -> PlacementRecord:  # a target's own fields (SlurmPlacement adds its own)
         """What the launch record keeps to reopen this placement (see runs/targets.py)."""
         return {"kind": self.kind}
 
     @classmethod
-    def reopen(cls, host: Host, host_spec: HostSpec, record: Mapping[str, Any]) -> Placement:  # record()'s
+    def reopen(cls, host: Host, host_spec: HostSpec, record: PlacementRecord) -> Placement:  # record()'s
         """The placement again, from its record() and its reopened host."""
         return cls(host, host_spec)
 
@@ -141,15 +149,15 @@ class Placement(ABC):
     @abstractmethod
     # start/start_array/restart answer a target's own fields for the launch record (LaunchRecord's
     # container, argv, image_ran; SlurmPlacement's slurm): each target's overrides say which
-    def start(self, job: ContainerJob) -> dict[str, Any]:
+    def start(self, job: ContainerJob) -> StartedRecord:
         """Start the run detached; return what the launch record must keep about it
         (at least ``container`` and, when known, ``image_ran``: the image ID it started from)."""
 
-    def start_array(self, jobs: Sequence[ContainerJob]) -> list[dict[str, Any]]:
+    def start_array(self, jobs: Sequence[ContainerJob]) -> list[StartedRecord]:
         """Start several runs of one group together (a parallel target); by default one by one."""
         return [self.start(job) for job in jobs]
 
-    def restart(self, launch: LaunchRecord, env: Mapping[str, str]) -> dict[str, Any]:
+    def restart(self, launch: LaunchRecord, env: Mapping[str, str]) -> StartedRecord:
         """Start the run's container again, as it was started, with env added (``launcher resume``;
         its previous container removed first); return what start() returns. Only a direct placement can."""
         raise NotResumable(f"run {launch['run_id']} ran on a {self.kind} target: launcher resumes runs on a "
@@ -235,11 +243,11 @@ class DirectPlacement(Placement):
         return ship_image(self.host, image["id"], via=via, tag=image.get("tag"), reporter=reporter,
                           cache_dir=cache_dir)
 
-    def start(self, job: ContainerJob) -> dict[str, Any]:
+    def start(self, job: ContainerJob) -> StartedRecord:
         self._ended.pop(job.name, None)
         job = self.write_secrets(replace(job, owner=output_owner(self.host, self.engine)))
         argv = docker_run_argv(job)
-        record: dict[str, Any] = {"container": job.name, "argv": argv}
+        record: StartedRecord = {"container": job.name, "argv": argv}
         try:
             started = self.engine.run_container(argv)
         finally:  # docker reads the file when it creates the container: the values need not stay on disk
@@ -255,7 +263,7 @@ class DirectPlacement(Placement):
             record["image_ran"] = ran
         return record
 
-    def restart(self, launch: LaunchRecord, env: Mapping[str, str]) -> dict[str, Any]:
+    def restart(self, launch: LaunchRecord, env: Mapping[str, str]) -> StartedRecord:
         argv = [str(a) for a in launch.get("argv") or []]
         if "--label" not in argv:
             raise NotResumable(f"the launch record of {launch['run_id']} lacks the container's command",
@@ -272,7 +280,7 @@ class DirectPlacement(Placement):
                 f"the container for {launch['run_id']} did not start again on {self.name}: {started.last_error_line()}",
                 "check the image and Docker on the host",
             )
-        record: dict[str, Any] = {"container": self._container(launch), "argv": argv}
+        record: StartedRecord = {"container": self._container(launch), "argv": argv}
         ran = self.engine.container_image(self._container(launch))
         if ran is not None:
             record["image_ran"] = ran

@@ -30,6 +30,7 @@ from launcher.images.projectlock import Requirements
 from launcher.images.tree import DEFAULT_EPOCH
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.recipes import Recipe
+from launcher.runs.records import ProjectRecord
 from launcher.runs.runspec import RunSpec, baked, image_record, script_root
 from launcher.workspace import Workspace
 
@@ -105,7 +106,7 @@ def with_image(ws: Workspace, spec: RunSpec, recipe: Recipe, reporter: Reporter 
                    f"{', ...' if len(debs) > 6 else ''})") if debs else ""
         rep.note(f"project layer of {root.name}: {count}{f' ({names})' if names else ''}{os_part} beside the "
                  f"{spec.variant} image, {how}; the {spec.variant} image itself is unchanged")
-    project = {"folder": root.name, "requirements_lock_sha256": layer.requirements_lock_sha256,
+    project: ProjectRecord = {"folder": root.name, "requirements_lock_sha256": layer.requirements_lock_sha256,
                "system_lock_sha256": layer.system_lock_sha256, "layer": layer.diff_id,
                "packages": list(layer.packages), "system_packages": list(layer.system_packages),
                "variant_image_id": base["id"]}

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
+from launcher.hosts.base import HostDescription
 from launcher.runtime.recipespec import ParamValue
 
 if TYPE_CHECKING:
-    from launcher.hosts.base import HostDescription
     from launcher.hosts.hostspec import HostRecord
     from launcher.hosts.provision import HostFacts, NoFacts
-    from launcher.runtime.records import ProbeConfig
+    from launcher.runtime.records import Applied, Determinism, PlatformInfo, ProbeConfig, PythonInfo, SeedCall
 
 
 class GitState(TypedDict, total=False):
@@ -25,6 +25,19 @@ class GitState(TypedDict, total=False):
 
     commit: str
     dirty: bool
+
+
+class ProjectRecord(TypedDict):
+    """ImageRecord's ``project``: a plain script's project layer beside the variant's image
+    (launcher.runs.project.with_image)."""
+
+    folder: str
+    requirements_lock_sha256: str | None
+    system_lock_sha256: NotRequired[str | None]
+    layer: str  # the layer's diff ID
+    packages: list[str]  # name==version of each wheel in the layer
+    system_packages: NotRequired[list[str]]
+    variant_image_id: str  # the variant's image the layer sits on
 
 
 class ImageRecord(TypedDict):
@@ -40,9 +53,7 @@ class ImageRecord(TypedDict):
     git_dirty: bool | None
     launcher_version: str
     recipes: NotRequired[dict[str, str]]  # recipe name -> baked code digest; dropped before launch.json
-    # the project layer (launcher.runs.project.with_image: folder, locks' sha256, layer, packages,
-    # variant_image_id); launcher.attest reads it as a plain dict
-    project: NotRequired[dict[str, Any]]
+    project: NotRequired[ProjectRecord]  # a plain script's project layer
     runtime_digest: NotRequired[str | None]  # the manifest's: computed by the runtime in the container
     packages_digest: NotRequired[str | None]
 
@@ -159,14 +170,75 @@ class Segment(TypedDict):
     exit_code: NotRequired[int | None]
 
 
+class ImageSource(TypedDict):
+    """Where a job array's tasks get the image (launch.json's ``placement.image_source``):
+    a registry, pulled by digest, or the archive on the shared filesystem."""
+
+    kind: str  # launcher.runs.slurm's REGISTRY_VIA or SHARED_VIA
+    registry: NotRequired[str]  # the rest: kind REGISTRY_VIA only
+    ref: NotRequired[str]  # REGISTRY/REPO@DIGEST
+    image_id: NotRequired[str]
+
+
+class SlurmRunInfo(TypedDict):
+    """What a replicate's manifest records of its Slurm task (``RunState.info``, the manifest's placement;
+    launcher.runs.slurm.SlurmPlacement.state)."""
+
+    kind: str
+    job_id: str | None
+    array_index: int | str | None  # the launch record's number; task.json's text once the task wrote it
+    partition: str | None
+    image_source: ImageSource
+    runtime: str
+    node: NotRequired[str | None]
+    error: NotRequired[str | None]
+    node_facts: NotRequired[HostFacts | NoFacts]
+
+
 class SlurmJob(TypedDict):
-    """launch.json's ``slurm``: the run's task in its job array (launcher.runs.slurm.SlurmPlacement.start_array)."""
+    """The ``slurm`` of launch.json: the run's task in its job array (runs.slurm.SlurmPlacement.start_array)."""
 
     job_id: str
     array_index: int
     array_size: int
     log: str
     run_dir: str
+
+
+class PlacementRecord(TypedDict):
+    """The ``placement`` of launch.json: Placement.record(), what reopens the run's target (its ``kind``; a
+    Slurm cluster adds the rest, launcher.runs.slurm.SlurmPlacement.record)."""
+
+    kind: str
+    partition: NotRequired[str | None]
+    options: NotRequired[dict[str, str]]  # --slurm-opt: sbatch option -> value ("" for a flag)
+    max_parallel: NotRequired[int | None]
+    image_source: NotRequired[ImageSource]
+    runtime: NotRequired[str]
+
+
+class StartedRecord(TypedDict):
+    """What a target answers once it started a run (Placement.start): LaunchRecord's keys of the same names."""
+
+    container: str
+    argv: NotRequired[list[str]]
+    image_ran: NotRequired[str]
+    slurm: NotRequired[SlurmJob]
+
+
+class ManifestPlacement(TypedDict):
+    """The ``placement`` of manifest.json: the target's kind and what it said of where the run ran
+    (RunState.info; a Slurm task's keys are launcher.runs.slurm.SlurmRunInfo's)."""
+
+    kind: str
+    job_id: NotRequired[str | None]
+    array_index: NotRequired[int | str | None]
+    partition: NotRequired[str | None]
+    image_source: NotRequired[ImageSource]
+    runtime: NotRequired[str]
+    node: NotRequired[str | None]
+    error: NotRequired[str | None]
+    node_facts: NotRequired[HostFacts | NoFacts]
 
 
 class LaunchRecord(TypedDict):
@@ -178,7 +250,7 @@ class LaunchRecord(TypedDict):
     replicate: NotRequired[int]
     host: HostDescription  # Host.describe(), owned by launcher.hosts (an SSH host adds where it is)
     host_options: NotRequired[HostRecord]  # HostSpec.to_record(), owned by launcher.hosts.hostspec
-    placement: NotRequired[dict[str, Any]]  # Placement.record(): its "kind" and what the target adds
+    placement: NotRequired[PlacementRecord]  # Placement.record(): its "kind" and what the target adds
     container: NotRequired[str]
     remote_dir: str
     recipe: LaunchRecipe
@@ -287,6 +359,31 @@ class ManifestRecipe(TypedDict):
     identity: NotRequired[str]
 
 
+class ManifestHost(HostDescription):
+    """The ``host`` of manifest.json: the launch record's host with the host's fact sheet ({} if none was read)."""
+
+    facts: HostFacts | NoFacts
+
+
+class ManifestRuntime(TypedDict, total=False):
+    """The ``runtime`` of manifest.json: ``_launcher/runtime.json`` as the runtime in the container wrote it
+    (launcher.runtime.records.RuntimeDocument); any key may be absent (an older or interrupted runtime, {})."""
+
+    profile: str
+    seed: int | None
+    threads: int | None
+    seeded: dict[str, int]
+    framework: Applied | None
+    frameworks: list[str]
+    applied: dict[str, Applied]
+    seed_calls: list[SeedCall]
+    seed_calls_total: int
+    determinism: Determinism
+    python: PythonInfo
+    platform: PlatformInfo
+    env: dict[str, str]
+
+
 class ManifestData(TypedDict):
     """``runs/<id>/manifest.json`` (schema version 1; launcher.runs.manifest reads and writes it). The
     required keys are the ones :func:`launcher.runs.manifest.validate` checks."""
@@ -305,9 +402,9 @@ class ManifestData(TypedDict):
     seed: int | None
     determinism: DeterminismRecord
     image: ImageRecord
-    host: dict[str, Any]  # launch.json's host with the host's "facts" (free-form, launcher.hosts)
-    placement: NotRequired[dict[str, Any]]  # its kind and what its target recorded (RunState.info)
-    runtime: NotRequired[dict[str, Any]]  # _launcher/runtime.json as the runtime in the container wrote it
+    host: ManifestHost
+    placement: NotRequired[ManifestPlacement]  # its kind and what its target recorded (RunState.info)
+    runtime: NotRequired[ManifestRuntime]
     started_at: str
     ended_at: NotRequired[str]
     exit_code: NotRequired[int]
@@ -320,3 +417,10 @@ class ManifestData(TypedDict):
 
 
 RunRecord = ManifestData | LaunchRecord | PullStatus  # a run as a command answers it: ended, detached or going
+
+
+def placement_kind(record: LaunchRecord | ManifestData, default: str | None = DIRECT) -> str | None:
+    """The kind of target a run was placed by: its record's ``placement.kind``, else ``default`` (records
+    from before placements were recorded are direct)."""
+    placed = record.get("placement")
+    return (placed.get("kind") if placed else None) or default

@@ -12,12 +12,15 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypedDict, TypeGuard
+from typing import TYPE_CHECKING, TypedDict, TypeGuard
 
 from launcher.errors import LauncherError
 from launcher.runs.records import FAILED, ManifestData, RunRecord
 from launcher.runs.rundir import RunDir
 from launcher.workspace import Workspace
+
+if TYPE_CHECKING:
+    from launcher.runs.placement import Placement
 
 TAIL_LINES = 10
 
@@ -66,7 +69,7 @@ def is_failed(run: RunRecord) -> TypeGuard[ManifestData]:
     return dict(run).get("status") == FAILED
 
 
-def log_tail(ws: Workspace, run_id: str, placement: Any = None, n: int = TAIL_LINES) -> list[str]:
+def log_tail(ws: Workspace, run_id: str, placement: Placement | None = None, n: int = TAIL_LINES) -> list[str]:
     """The last n lines of a run's log: its pulled train.log, else what its placement still has
     (a Slurm task that never started its container logs only there)."""
     pulled = RunDir(ws.runs / run_id).train_log
@@ -83,7 +86,7 @@ def log_tail(ws: Workspace, run_id: str, placement: Any = None, n: int = TAIL_LI
     return [line.rstrip() for line in lines[-n:]]
 
 
-def failure_of(ws: Workspace, manifest: ManifestData, placement: Any = None, *, not_started: int = 0,
+def failure_of(ws: Workspace, manifest: ManifestData, placement: Placement | None = None, *, not_started: int = 0,
                cancelled: Sequence[str] = ()) -> Failure:
     run_id = str(manifest["run_id"])
     code = manifest.get("exit_code")

@@ -28,7 +28,7 @@ from launcher.runs.lifecycle import LogSink, pull_run, read_launch, wait_run
 from launcher.runs.manifest import run_segments
 from launcher.runs.placement import DirectPlacement, Placement, RunState, output_owner, remote_outputs
 from launcher.runs.pull import pull_outputs
-from launcher.runs.records import MOUNTED, SUCCEEDED, LaunchRecord, Segment
+from launcher.runs.records import MOUNTED, SUCCEEDED, LaunchRecord, Segment, placement_kind
 from launcher.runs.rundir import RunDir
 from launcher.runs.store import resolve_run_id
 from launcher.runs.targets import open_placement
@@ -136,8 +136,9 @@ def _move(ws: Workspace, launch: LaunchRecord, local: RunDir, spec: HostSpec,
 
     rep = reporter or NullReporter()
     run_id = launch["run_id"]
-    if str((launch.get("placement") or {}).get("kind") or DirectPlacement.kind) != DirectPlacement.kind:
-        raise NotResumable(f"run {run_id} ran on a {launch['placement']['kind']} target: launcher moves runs "
+    kind = placement_kind(launch, DirectPlacement.kind)
+    if kind != DirectPlacement.kind:
+        raise NotResumable(f"run {run_id} ran on a {kind} target: launcher moves runs "
                            "between Docker engines (local or over SSH) only", "start it again with `launcher run`")
     try:
         with open_placement(ws, launch) as old:

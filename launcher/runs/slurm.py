@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, cast
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from launcher.errors import (
     CommandFailed,
@@ -43,6 +43,15 @@ from launcher.progress import NullReporter, Reporter
 from launcher.runs.cluster import DOCKER_RUNTIME, PYXIS_RUNTIME, RUNTIMES, ClusterSettings, read_settings, require_slurm
 from launcher.runs.container import ContainerJob, docker_run_argv, mounts, runtime_argv
 from launcher.runs.placement import ListedRun, Placement, RunState
+from launcher.runs.records import (
+    ImageRecord,
+    ImageSource,
+    LaunchRecord,
+    PlacementRecord,
+    SlurmJob,
+    SlurmRunInfo,
+    StartedRecord,
+)
 from launcher.runs.ship import SHIP_REPO, ShipResult, push_to_registry, save_to_archive
 
 if TYPE_CHECKING:
@@ -66,26 +75,6 @@ ARRAY_TASKS = "tasks"  # the task script of each array index, NUL-separated (slu
 CANCELLED_STATES = ("CANCELLED", "PREEMPTED", "REVOKED", "DEADLINE")
 
 
-class ImageSource(TypedDict):
-    """Where a job array's tasks get the image (launch.json's ``placement.image_source``):
-    a registry, pulled by digest, or the archive on the shared filesystem."""
-
-    kind: str  # REGISTRY_VIA or SHARED_VIA
-    registry: NotRequired[str]  # the rest: kind REGISTRY_VIA only
-    ref: NotRequired[str]  # REGISTRY/REPO@DIGEST
-    image_id: NotRequired[str]
-
-
-class SlurmJob(TypedDict):
-    """A replicate's task of its job array, launch.json's ``slurm`` (written by ``start_array``)."""
-
-    job_id: str
-    array_index: int
-    array_size: int
-    log: str  # the task's stdout and stderr, in the array's folder
-    run_dir: str  # where the task writes task.json and the node's facts
-
-
 class TaskResult(TypedDict):
     """The run folder's task.json, written by hosts/scripts/slurm_task.sh when its task ends."""
 
@@ -98,20 +87,6 @@ class TaskResult(TypedDict):
     image_ran: str
     error: str
     ended_at: str
-
-
-class SlurmRunInfo(TypedDict):
-    """What a replicate's manifest records of its Slurm task (``RunState.info``, the manifest's placement)."""
-
-    kind: str
-    job_id: str | None
-    array_index: int | str | None  # the launch record's number; task.json's text once the task wrote it
-    partition: str | None
-    image_source: ImageSource
-    runtime: str
-    node: NotRequired[str | None]
-    error: NotRequired[str | None]
-    node_facts: NotRequired[HostFacts | NoFacts]
 
 
 def pyxis_image(ref: str) -> str:
@@ -151,7 +126,7 @@ class SlurmPlacement(Placement):
         self.image_source: ImageSource = {"kind": SHARED_VIA}  # where the tasks get the image
 
     @classmethod
-    def reopen(cls, host: Host, host_spec: HostSpec, record: Mapping[str, Any]) -> Placement:
+    def reopen(cls, host: Host, host_spec: HostSpec, record: PlacementRecord) -> Placement:
         placement = cls(host, host_spec, partition=record.get("partition"), options=record.get("options") or {},
                         max_parallel=record.get("max_parallel"))
         source = record.get("image_source")
@@ -164,7 +139,7 @@ class SlurmPlacement(Placement):
     def runtime(self) -> str:
         return str(self.settings.get("runtime") or DOCKER_RUNTIME)
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> PlacementRecord:
         return {"kind": self.kind, "partition": self.partition, "options": self.options,
                 "max_parallel": self.max_parallel, "image_source": self.image_source, "runtime": self.runtime}
 
@@ -213,7 +188,7 @@ class SlurmPlacement(Placement):
     def image_archive(self, image_id: str) -> str:
         return self.host.area("images", f"{image_id.removeprefix('sha256:')}.tar")  # shared with the nodes
 
-    def ship(self, image: Mapping[str, Any], *, via: str | None, reporter: Reporter | None,
+    def ship(self, image: ImageRecord, *, via: str | None, reporter: Reporter | None,
              cache_dir: Path) -> ShipResult:
         registry = None if via == SHARED_VIA else (via or self.settings.get("registry"))
         if registry:
@@ -245,7 +220,7 @@ class SlurmPlacement(Placement):
         return ShipResult(image_id=image_id, skipped=False, seconds=time.monotonic() - started)
 
     # -- the job array
-    def start(self, job: ContainerJob) -> dict[str, Any]:
+    def start(self, job: ContainerJob) -> StartedRecord:
         return self.start_array([job])[0]
 
     def _task_args(self, job: ContainerJob, owner: str | None) -> bytes:
@@ -267,7 +242,7 @@ class SlurmPlacement(Placement):
                   host_script("facts.sh"), str(len(exports)), *exports, *command]
         return b"".join(f.encode() + b"\0" for f in fields)
 
-    def start_array(self, jobs: Sequence[ContainerJob]) -> list[dict[str, Any]]:
+    def start_array(self, jobs: Sequence[ContainerJob]) -> list[StartedRecord]:
         """Submit the jobs as one array: task i runs jobs[i]. Returns each job's launch fields."""
         owner = self.host.owner()  # the same user runs the tasks on every node; it gets the outputs
         key = jobs[0].run_id
@@ -299,7 +274,7 @@ class SlurmPlacement(Placement):
 
     # -- watching and collecting
     @staticmethod
-    def _slurm(launch: Mapping[str, Any]) -> SlurmJob:
+    def _slurm(launch: LaunchRecord) -> SlurmJob:
         rec = launch.get("slurm")
         if not isinstance(rec, Mapping):
             raise UsageError(f"run {launch.get('run_id')} has no Slurm job in its launch record",
@@ -309,7 +284,7 @@ class SlurmPlacement(Placement):
             raise Corrupt(f"run {launch.get('run_id')}'s launch record names its Slurm job without "
                           f"{', '.join(missing)}", "the run's launch.json was changed by hand; stop the job with "
                           "scancel on the login node")
-        return cast(SlurmJob, rec)
+        return rec
 
     def _task(self, s: SlurmJob) -> TaskResult | None:
         text = self.host.read_text(f"{s['run_dir']}/{TASK_FILE}")
@@ -332,7 +307,7 @@ class SlurmPlacement(Placement):
                     states = [state.strip()]
         return states[0] if states else None
 
-    def state(self, launch: Mapping[str, Any]) -> RunState | None:
+    def state(self, launch: LaunchRecord) -> RunState | None:
         s = self._slurm(launch)
         task = self._task(s)
         if task is None:
@@ -390,7 +365,7 @@ class SlurmPlacement(Placement):
         return {"kind": self.kind, "job_id": s["job_id"], "array_index": s["array_index"], "partition": self.partition,
                 "image_source": self.image_source, "runtime": self.runtime}
 
-    def logs(self, launch: Mapping[str, Any], *, follow: bool = False) -> Iterator[str]:
+    def logs(self, launch: LaunchRecord, *, follow: bool = False) -> Iterator[str]:
         path = str(self._slurm(launch)["log"])
         offset = 0
 
@@ -407,7 +382,7 @@ class SlurmPlacement(Placement):
                 return
             time.sleep(1.0)
 
-    def stop(self, launch: Mapping[str, Any]) -> RunState | None:
+    def stop(self, launch: LaunchRecord) -> RunState | None:
         """Cancel the whole job array the run belongs to (every replicate of its group)."""
         job_id = str(self._slurm(launch)["job_id"])
         done = self.host.run(["scancel", job_id], check=False)
@@ -428,11 +403,11 @@ class SlurmPlacement(Placement):
         table = (self.host.read_text(self.host.area(SLURM_AREA, key, RUNS_TABLE)) or "") if key else ""
         return dict(row.split(" ", 1) for row in table.splitlines() if " " in row)
 
-    def stopped_with(self, launch: Mapping[str, Any]) -> list[str]:
+    def stopped_with(self, launch: LaunchRecord) -> list[str]:
         ids = list(self._array_runs(str(self._slurm(launch)["job_id"])).values())
         return ids or [str(launch["run_id"])]
 
-    def release(self, launch: Mapping[str, Any]) -> None:
+    def release(self, launch: LaunchRecord) -> None:
         """Nothing to forget: Slurm drops finished jobs itself; the task's files go with `clean`."""
 
     def listed(self) -> list[ListedRun]:

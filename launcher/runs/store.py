@@ -113,7 +113,8 @@ def skipped_in_group(ws: Workspace, group: str) -> list[dict[str, str]]:
             out.append({"run_id": d.name, "reason": exc.one_line()})
             continue
         if m.status != SUCCEEDED:
-            error = (m.data.get("placement") or {}).get("error")
+            placed = m.data.get("placement")
+            error = placed.get("error") if placed else None
             out.append({"run_id": d.name, "reason": f"{m.status} (exit {m.data.get('exit_code')})"
                         + (f": {error}" if error else "") + "; not a result, so not compared"})
     return out

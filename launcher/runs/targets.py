@@ -21,7 +21,7 @@ from launcher.errors import UsageError
 from launcher.hosts.base import Host
 from launcher.hosts.hostspec import HostSpec
 from launcher.runs.placement import DirectPlacement, Placement
-from launcher.runs.records import LaunchRecord
+from launcher.runs.records import LaunchRecord, placement_kind
 from launcher.workspace import Workspace
 
 BUILTIN = ("launcher.runs.slurm_target",)  # modules that register a target when imported
@@ -167,10 +167,11 @@ def check_host_provision(request: ProvisionRequest) -> None:
 def open_placement(ws: Workspace, launch: LaunchRecord) -> Placement:
     """Reopen the placement a run was started with, from its launch record (records from before
     placements were recorded are direct placements)."""
-    kind = str((launch.get("placement") or {}).get("kind") or DirectPlacement.kind)
+    kind = str(placement_kind(launch, DirectPlacement.kind))
     chosen = targets().get(kind)
     if chosen is None:
         raise UsageError(f"run {launch.get('run_id')} was placed by {kind!r}, which this launcher does not know",
                          "use the launcher version that started it")
     spec = HostSpec.from_record(launch.get("host_options"))
-    return chosen.placement.reopen(spec.open(ws.root if spec.local else None), spec, launch.get("placement") or {})
+    record = launch.get("placement") or {"kind": kind}
+    return chosen.placement.reopen(spec.open(ws.root if spec.local else None), spec, record)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 import json
 import zipfile
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict, cast
@@ -170,15 +169,8 @@ def compare_traces(ref: Path, run: Path) -> OpDifference:
             "steps_only_in_one": sorted(set(a) ^ set(b))}
 
 
-def first_difference(ref: Path, run: Path) -> dict[str, Any]:
-    """:func:`compare_traces` as a plain dict, for runs/diverge.py, which holds it as one."""
-    return dict(compare_traces(ref, run))
-
-
-def op_phrase(d: Mapping[str, Any]) -> str:
-    """One line: where the traces first differ (or that they agree).
-
-    ``d`` is an :class:`OpDifference`; typed as a mapping because runs/diverge.py holds it as a plain dict."""
+def op_phrase(d: OpDifference) -> str:
+    """One line: where the traces first differ (or that they agree)."""
     if not d.get("found"):
         steps = d.get("steps_traced") or []
         if not steps:

@@ -122,12 +122,6 @@ def steps_diff(ref: Manifest, run: Manifest) -> StepsDiff | None:
                                                                   "run": max(by_b, default=None)}}
 
 
-def explain_steps(ref: Manifest, run: Manifest) -> dict[str, Any] | None:
-    """:func:`steps_diff` as a plain dict, for runs/diverge.py, which holds it as one."""
-    steps = steps_diff(ref, run)
-    return None if steps is None else dict(steps)
-
-
 def steps_strip(ref: Manifest, run: Manifest) -> StepsStrip | None:
     """For a picture: every step recorded in both runs, whether the weights agree there, and the
     layers that differ at the first step where they do not. None without step fingerprints."""
@@ -145,10 +139,8 @@ def steps_strip(ref: Manifest, run: Manifest) -> StepsStrip | None:
     return {"strip": strip, "parts_by": parting, "layers": layers}
 
 
-def steps_phrase(steps: Mapping[str, Any]) -> str:
-    """One clause: where two runs' step fingerprints part (or that they agree).
-
-    ``steps`` is a :class:`StepsDiff`; typed as a mapping because runs/diverge.py holds it as a plain dict."""
+def steps_phrase(steps: StepsDiff) -> str:
+    """One clause: where two runs' step fingerprints part (or that they agree)."""
     if steps.get("same") is None:
         return "step fingerprints: no step recorded in both runs"
     if steps["same"]:
