@@ -30,7 +30,7 @@ from rich.text import Text
 
 from launcher.errors import ExitCode, LauncherError
 from launcher.progress import NullReporter, Reporter, Task
-from launcher.result import Result, error_envelope
+from launcher.result import D, Result, error_envelope
 from launcher.workspace import Workspace
 
 
@@ -153,7 +153,7 @@ def reporter(ctx: typer.Context) -> Iterator[Reporter]:
         rep.stop()
 
 
-def render(ctx: typer.Context, result: Result, text: Callable[[Result], None] | None = None) -> None:
+def render(ctx: typer.Context, result: Result[D], text: Callable[[Result[D]], None] | None = None) -> None:
     """Print a result as the versioned JSON envelope or as text, then exit with its code."""
     opts = options(ctx)
     if opts.json:

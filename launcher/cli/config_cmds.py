@@ -3,7 +3,7 @@ the command line's defaults (Click's default_map)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
@@ -13,6 +13,9 @@ from launcher import config as config_mod
 from launcher.cli.common import command, render, stdout
 from launcher.cli.params import workspace_for
 from launcher.result import Result
+
+if TYPE_CHECKING:
+    from launcher.config import ConfigRecord
 
 app = typer.Typer()
 
@@ -41,7 +44,7 @@ def apply_defaults(ctx: typer.Context) -> None:
     ctx.default_map = default_map(ctx.command, cfg.defaults())
 
 
-def _text(result: Result) -> None:
+def _text(result: Result[ConfigRecord]) -> None:
     d = result.data
     where = d["file"] or "none (not in a workspace)"
     state = "" if not d["file"] else (" (read)" if d["file_exists"] else " (not present)")

@@ -17,7 +17,7 @@ from launcher.images import build as build_mod
 from launcher.images import lock as lock_mod
 from launcher.images import pins as images
 from launcher.progress import Reporter
-from launcher.result import Result
+from launcher.result import D, Result
 from launcher.scaffold import init_workspace
 from launcher.workspace import Workspace
 
@@ -297,7 +297,7 @@ def rebuild_cmd(
             "recorded_tree": rep_.recorded_tree, "rebuilt_tree": rep_.rebuilt_tree, "changes": rep_.changes,
             "seconds": rep_.seconds}
 
-    def text(_: Result) -> None:
+    def text(_: Result[D]) -> None:  # the rebuild's own fields, not the data
         if rep_.tree_matches:
             stdout.print(f"[green]reproducible[/]: filesystem tree {rep_.rebuilt_tree}")
         else:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 from rich.table import Column, Table
@@ -44,6 +44,9 @@ from launcher.errors import UsageError, run_exit_code
 from launcher.hosts.hostspec import HostSpec
 from launcher.images import wheelsources
 from launcher.result import Result
+
+if TYPE_CHECKING:
+    from launcher.runs.control import PsListing
 from launcher.runs import targets
 from launcher.runs.store import resolve_run_id
 
@@ -107,7 +110,7 @@ def provision_cmd(
     render(ctx, Result("provision", data, summary=summary), facts_text)
 
 
-def _run_text(result: Result) -> None:
+def _run_text(result: Result[dict[str, Any]]) -> None:
     for r in result.data["runs"]:
         if result.data["detached"]:
             stdout.print(f"{r['run_id']}  started on {r['host']['name']} (detached)", markup=False)
@@ -345,7 +348,7 @@ def ps_cmd(
         with _open(ctx, host) as h:
             rows = runcontrol.list_runs(ws, target(h, host, scheduler, None, None, None))
 
-    def text(result: Result) -> None:
+    def text(result: Result[PsListing]) -> None:
         if not result.data["runs"]:
             where = f" or on {host.name}" if not host.local else ""
             stdout.print(f"no runs in {ws.runs}{where} yet; start one with `launcher run RECIPE`", markup=False)
@@ -360,7 +363,8 @@ def ps_cmd(
             t.add_row(*(Text(str(c or "-")) for c in cells))
         stdout.print(t)
 
-    render(ctx, Result("ps", {"runs": rows}, summary=f"{len(rows)} runs"), text)
+    listing: PsListing = {"runs": rows}
+    render(ctx, Result("ps", listing, summary=f"{len(rows)} runs"), text)
 
 
 def _sink(ctx: typer.Context, lines: list[str]) -> Any:

@@ -32,6 +32,12 @@ class PsRow(TypedDict):
     container_status: NotRequired[str]
 
 
+class PsListing(TypedDict):
+    """`ps`'s Result data."""
+
+    runs: list[PsRow]
+
+
 class CleanRecord(TypedDict):
     """What ``launcher clean`` did to one run on its host."""
 
