@@ -66,14 +66,7 @@ class _RichTask:
 
     def update(self, *, completed: float | None = None, total: float | None = None,
                description: str | None = None) -> None:
-        kw: dict[str, Any] = {}
-        if completed is not None:
-            kw["completed"] = completed
-        if total is not None:
-            kw["total"] = total
-        if description is not None:
-            kw["description"] = description
-        self._p.update(self._id, **kw)
+        self._p.update(self._id, completed=completed, total=total, description=description)  # None: unchanged
 
     def close(self) -> None:
         task = self._p.tasks[self._p.task_ids.index(self._id)]

@@ -20,17 +20,22 @@ if TYPE_CHECKING:
 app = typer.Typer()
 
 
-def default_map(group: Any, defaults: dict[str, Any]) -> dict[str, Any]:
+# click's default_map: a command's parameter -> its default (a list for a parameter taking several values),
+# a group's command -> its own map
+DefaultMap = dict[str, "DefaultMap | config_mod.SettingValue | list[config_mod.SettingValue]"]
+
+
+def default_map(group: Any, defaults: dict[str, config_mod.SettingValue]) -> DefaultMap:
     """Click's default_map for every command under group that has a parameter a setting defaults (a
     parameter that takes several values, like experiment's --host, gets a list)."""
-    out: dict[str, Any] = {}
+    out: DefaultMap = {}
     for name, cmd in getattr(group, "commands", {}).items():
         if hasattr(cmd, "commands"):
             sub = default_map(cmd, defaults)
             if sub:
                 out[name] = sub
             continue
-        mine = {p.name: ([defaults[p.name]] if getattr(p, "multiple", False) else defaults[p.name])
+        mine: DefaultMap = {p.name: ([defaults[p.name]] if getattr(p, "multiple", False) else defaults[p.name])
                 for p in cmd.params if p.name in defaults}
         if mine:
             out[name] = mine

@@ -46,7 +46,8 @@ from launcher.images import wheelsources
 from launcher.result import Result
 
 if TYPE_CHECKING:
-    from launcher.runs.control import PsListing
+    from launcher.runs.control import CleanListing, PsListing
+    from launcher.runs.replicates import FailureRecord
 from launcher.runs import targets
 from launcher.runs.store import resolve_run_id
 
@@ -125,7 +126,7 @@ def _run_text(result: Result[dict[str, Any]]) -> None:
     stdout.print(result.summary, markup=False)
 
 
-def print_failure(failure: dict[str, Any] | None) -> None:
+def print_failure(failure: FailureRecord | None) -> None:
     """The failed replicate's last log lines (the summary names it, its exit code and what it stopped)."""
     if not failure:
         return
@@ -481,7 +482,7 @@ def clean_cmd(
     with reporter(ctx) as rep:
         for run_id in dict.fromkeys(named):
             done.append(runcontrol.clean(ws, run_id, force=force, reporter=rep))
-    data: dict[str, Any] = {"runs": done}
+    data: CleanListing = {"runs": done}
     removed = sum(d["removed"] for d in done)
     parts = [f"removed {removed} of {len(done)} run directories on their hosts; local copies kept"] if done else []
     if datasets:

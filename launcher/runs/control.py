@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from launcher.errors import CommandFailed, HostUnreachable, LauncherError, NotFound, UsageError
 from launcher.hosts.base import Host
@@ -14,6 +14,9 @@ from launcher.runs.rundir import RunDir
 from launcher.runs.store import resolve_run_id, run_ids, short_ids
 from launcher.runs.targets import open_placement
 from launcher.workspace import Workspace
+
+if TYPE_CHECKING:
+    from launcher.runs.datasets import PruneRecord as DatasetPruneRecord
 
 
 class PsRow(TypedDict):
@@ -36,6 +39,13 @@ class PsListing(TypedDict):
     """`ps`'s Result data."""
 
     runs: list[PsRow]
+
+
+class CleanListing(TypedDict):
+    """`clean`'s Result data: each run cleaned, and the datasets pruned on the host (with --datasets)."""
+
+    runs: list[CleanRecord]
+    datasets: NotRequired[DatasetPruneRecord]
 
 
 class CleanRecord(TypedDict):
