@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 from rich.text import Text
 
 from launcher.cli.common import stdout
 from launcher.result import Result
+
+if TYPE_CHECKING:
+    from launcher.hosts.provision import ProvisionListing
 
 
 def _size(n: int | None) -> str:
@@ -22,7 +25,7 @@ def _size(n: int | None) -> str:
     return str(n)
 
 
-def facts_text(result: Result[dict[str, Any]]) -> None:
+def facts_text(result: Result[ProvisionListing]) -> None:
     f = result.data["facts"]
     d, nv = f.get("docker", {}), f.get("nvidia", {})
     t = Table(show_header=False, box=None)

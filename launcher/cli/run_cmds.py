@@ -46,6 +46,7 @@ from launcher.images import wheelsources
 from launcher.result import Result
 
 if TYPE_CHECKING:
+    from launcher.hosts.provision import ProvisionListing
     from launcher.runs.control import CleanListing, PsListing
     from launcher.runs.replicates import FailureRecord
 from launcher.runs import targets
@@ -107,7 +108,8 @@ def provision_cmd(
         summary = f"installed {len(done.executed)} steps" if done.executed else "nothing to install"
     else:
         summary = "ready" if ready else "not ready: " + ("; ".join(s.why for s in done.plan) or "see above")
-    data = {"host": h.name, **done.to_dict(), "ready": bool(ready), "facts_file": str(ws.host_facts(h.name))}
+    data: ProvisionListing = {"host": h.name, **done.to_dict(), "ready": bool(ready),
+                              "facts_file": str(ws.host_facts(h.name))}
     render(ctx, Result("provision", data, summary=summary), facts_text)
 
 

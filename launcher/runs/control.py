@@ -41,6 +41,21 @@ class PsListing(TypedDict):
     runs: list[PsRow]
 
 
+class StoppedRun(TypedDict):
+    run_id: str
+    status: str | None  # its manifest's, pulled once stopped
+    exit_code: int | None
+
+
+class StopRecord(TypedDict):
+    """`stop`'s Result data: the run, and (for a job array) each replicate stopped with it."""
+
+    run_id: str
+    stopped: bool
+    exit_code: int | None
+    runs: NotRequired[list[StoppedRun]]
+
+
 class CleanListing(TypedDict):
     """`clean`'s Result data: each run cleaned, and the datasets pruned on the host (with --datasets)."""
 
@@ -133,21 +148,22 @@ def attach(ws: Workspace, run_id: str, sink: LogSink, reporter: Reporter | None 
         return pull_run(ws, run_id, placement, reporter)
 
 
-def stop(ws: Workspace, run_id: str, reporter: Reporter | None = None) -> dict[str, Any]:
+def stop(ws: Workspace, run_id: str, reporter: Reporter | None = None) -> StopRecord:
     """Stop the run (and the job array it is part of): the CLI's Result data as it is rendered."""
     run_id = resolve_run_id(ws, run_id)
     launch = read_launch(ws, run_id)
     with open_placement(ws, launch) as placement:
         state = placement.stop(launch)
-        out: dict[str, Any] = {"run_id": run_id, "stopped": True, "exit_code": state.exit_code if state else None}
+        out: StopRecord = {"run_id": run_id, "stopped": True, "exit_code": state.exit_code if state else None}
         together = placement.stopped_with(launch)
         if len(together) > 1 or placement.parallel:  # a job array: every replicate gets its manifest now
-            out["runs"] = []
+            stopped: list[StoppedRun] = []
+            out["runs"] = stopped
             for rid in together:
                 if RunDir.of(ws, rid).launch_file.is_file():
                     # the scheduler may still report a cancelled task as running for a moment: wait for it
                     m = pull_run(ws, rid, placement, reporter, watch=1.0)
-                    out["runs"].append({"run_id": rid, "status": m.get("status"), "exit_code": m.get("exit_code")})
+                    stopped.append({"run_id": rid, "status": m.get("status"), "exit_code": m.get("exit_code")})
         return out
 
 
