@@ -46,6 +46,7 @@ from launcher.result import Result
 
 if TYPE_CHECKING:
     from launcher.report.records import ReportDoc
+    from launcher.runs.experiment import ExperimentRecord
     from launcher.verify.differences import Explanation, ModelExplanation
     from launcher.verify.modeldiff import SourcedModelDiff
     from launcher.verify.verdicts import VerdictRecord
@@ -328,7 +329,7 @@ def checksums(
     render(ctx, result, _print_verify)
 
 
-def _print_experiment(result: Result[dict[str, Any]]) -> None:
+def _print_experiment(result: Result[ExperimentRecord]) -> None:
     d = result.data
     table = Table("group", "#", "seed", "host", "run", "result")
     for r in d["runs"]:
