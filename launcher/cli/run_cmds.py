@@ -113,7 +113,7 @@ def provision_cmd(
     render(ctx, Result("provision", data, summary=summary), facts_text)
 
 
-def _run_text(result: Result[dict[str, Any]]) -> None:
+def _run_text(result: Result[dict[str, Any]]) -> None:  # runs: RunRecord's union (manifest or launch record)
     for r in result.data["runs"]:
         if result.data["detached"]:
             stdout.print(f"{r['run_id']}  started on {r['host']['name']} (detached)", markup=False)
