@@ -131,6 +131,15 @@ class Value:
                 "help": self.setting.help}
 
 
+class ConfigRecord(TypedDict):
+    """The `config` command's Result data."""
+
+    file: str | None
+    file_exists: bool
+    precedence: list[str]
+    settings: list[ValueRecord]
+
+
 @dataclass(frozen=True)
 class Config:
     file: Path | None  # the workspace's launcher.toml, whether or not it exists (None outside a workspace)
@@ -140,7 +149,7 @@ class Config:
         """Parameter name -> the default it gets, for the settings set in the environment or the file."""
         return {v.setting.param: v.value for v in self.values if v.source != "built-in"}
 
-    def to_dict(self) -> dict[str, Any]:  # the `config` command's Result data (a plain dict, as Result holds)
+    def to_dict(self) -> ConfigRecord:
         return {"file": str(self.file) if self.file else None,
                 "file_exists": bool(self.file and self.file.is_file()),
                 "precedence": ["command line", "environment", "file", "built-in"],

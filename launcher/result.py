@@ -6,8 +6,9 @@ scripts and tests read data, not screen text.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Generic, TypedDict, TypeVar
 
 from launcher.errors import ExitCode
 
@@ -22,13 +23,18 @@ class Envelope(TypedDict):
     ok: bool
     exit_code: int
     summary: str
-    data: dict[str, Any]  # each command's own JSON payload (an error's: {"error": message})
+    data: Mapping[str, object]  # each command's own JSON payload (an error's: {"error": message}), only dumped
+
+
+# Each command's own JSON payload: the producer's record (a TypedDict, mostly), which the command's renderer
+# reads with its fields' types and --json dumps as it is.
+D = TypeVar("D", bound=Mapping[str, object])
 
 
 @dataclass
-class Result:
+class Result(Generic[D]):
     command: str
-    data: dict[str, Any] = field(default_factory=dict)  # each command's own JSON payload
+    data: D
     exit_code: ExitCode = ExitCode.OK
     summary: str = ""
 

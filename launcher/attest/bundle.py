@@ -234,6 +234,18 @@ def stage_data(m: Manifest, staged: Staged) -> str | None:
     return prefix
 
 
+class BundleOutcomeRecord(TypedDict):
+    """`bundle`'s Result data."""
+
+    bundle: str
+    runs: list[str]
+    files: int
+    bytes: int
+    base_included: bool
+    signer: str
+    statement_sha256: str
+
+
 @dataclass
 class BundleOutcome:
     path: Path
@@ -244,7 +256,7 @@ class BundleOutcome:
     signer: str
     statement_sha256: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> BundleOutcomeRecord:
         return {"bundle": str(self.path), "runs": self.runs, "files": self.files, "bytes": self.bytes,
                 "base_included": self.base, "signer": self.signer, "statement_sha256": self.statement_sha256}
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NotRequired, TypedDict, TypeVar, cast
+from typing import NotRequired, TypedDict, TypeVar, cast
 
 from launcher.attest import dsse, schema
 from launcher.attest import statement as st
@@ -70,7 +70,7 @@ class Verified:
     def signers(self) -> list[str]:
         return [c.signer or c.keyid for c in self.signatures if c.outcome == "good"]
 
-    def record(self) -> VerifiedRecord:
+    def to_dict(self) -> VerifiedRecord:  # `attest verify`'s Result data
         pred = self.statement["predicate"]
         out: VerifiedRecord = {
             "file": str(self.path), "valid": True, "predicate_type": self.predicate_type,
@@ -87,10 +87,6 @@ class Verified:
             out["verifier"] = _at(pred, "verifier", "id")
             out["resource"] = _at(pred, "resourceUri")
         return out
-
-    def to_dict(self) -> dict[str, Any]:
-        """record() as the CLI's Result takes it (a plain dict)."""
-        return dict(self.record())
 
     def summary_line(self) -> str:
         kind = {st.PROVENANCE_TYPE: "provenance", st.VSA_TYPE: "verification summary"}.get(self.predicate_type,

@@ -334,12 +334,19 @@ def attest_run(run_dir: Path, signer: Signer | None, cache_dir: Path) -> Atteste
                     st.statement_digest(statement), keyids)
 
 
+class AttestOutcomeRecord(TypedDict):
+    """`attest`'s Result data: each run's statement and who signed them (None: unsigned)."""
+
+    runs: list[AttestedRecord]
+    signer: str | None
+
+
 @dataclass
 class AttestOutcome:
     runs: list[Attested]
     signer: str | None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> AttestOutcomeRecord:
         return {"runs": [a.to_dict() for a in self.runs], "signer": self.signer}
 
     def summary_line(self) -> str:

@@ -90,6 +90,17 @@ class Reproduction:
                 "outputs": self.results}
 
 
+class ReproduceOutcomeRecord(TypedDict):
+    """`reproduce`'s Result data: the bundle, the rebuilt image against the recorded one, and each run."""
+
+    bundle: str
+    workspace: str
+    image: ImageCheck
+    base: str
+    signed_by: list[str]
+    runs: list[ReproductionRecord]
+
+
 @dataclass
 class ReproduceOutcome:
     bundle: Path
@@ -103,7 +114,7 @@ class ReproduceOutcome:
     def exit_code(self) -> ExitCode:
         return max((r.exit_code for r in self.runs), key=_WORST.index, default=ExitCode.OK)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ReproduceOutcomeRecord:
         return {"bundle": str(self.bundle), "workspace": str(self.workspace), "image": self.image, "base": self.base,
                 "signed_by": self.signed_by, "runs": [r.to_dict() for r in self.runs]}
 

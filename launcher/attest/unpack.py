@@ -16,7 +16,7 @@ import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, cast
+from typing import TypedDict, cast
 
 from launcher.attest import provenance as prov
 from launcher.attest import schema
@@ -45,6 +45,25 @@ class OpenedRun:
     data: Path | None
 
 
+class OpenedRunRecord(TypedDict):
+    run_id: str
+    signed_by: list[str]
+    image: str
+    code: str | None  # the code's folder, relative to the bundle's root (None: a baked recipe)
+    base: bool
+    data: bool
+
+
+class OpenedBundleRecord(TypedDict):
+    """`attest verify`'s Result data for a bundle (the command adds "valid")."""
+
+    bundle: str
+    files: int
+    signed_by: list[str]
+    statement_sha256: str
+    runs: list[OpenedRunRecord]
+
+
 @dataclass
 class OpenedBundle:
     path: Path
@@ -59,7 +78,7 @@ class OpenedBundle:
     def image_dir(self, key: str) -> Path:
         return self.root / IMAGES_DIR / key
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> OpenedBundleRecord:
         return {"bundle": str(self.path), "files": len(self.bundle.statement["subject"]) + 1,
                 "signed_by": self.bundle.signers, "statement_sha256": self.bundle.statement_sha256,
                 "runs": [{"run_id": r.run_id, "signed_by": r.provenance.signers, "image": r.image,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -12,6 +12,11 @@ from launcher.cli.hostopts import MaxParallelOpt, PartitionOpt, SchedulerOpt, Sl
 from launcher.cli.params import LauncherGroup, RunsArg, SecretEnvOpt
 from launcher.hosts.hostspec import HostSpec
 from launcher.result import Result
+
+if TYPE_CHECKING:
+    from launcher.attest.bundle import BundleOutcomeRecord
+    from launcher.attest.provenance import AttestOutcomeRecord
+    from launcher.attest.reproduce import ReproduceOutcomeRecord
 
 app = typer.Typer()
 LOCAL = HostSpec()  # what a command gets without --host (@with_host passes the real value)
@@ -60,7 +65,7 @@ def signer_of(key: str | None) -> Any:
     return load_signer(key) if key else None
 
 
-def _print_attested(result: Result) -> None:
+def _print_attested(result: Result[AttestOutcomeRecord]) -> None:
     for r in result.data["runs"]:
         stdout.print(f"{r['run_id']}: {r['subjects']} subjects, {r['envelope'] or r['statement']}", markup=False)
     stdout.print(result.summary, markup=False)
@@ -123,7 +128,7 @@ def attest_verify_cmd(
     render(ctx, Result("attest verify", res.to_dict(), summary=res.summary_line()))
 
 
-def _print_bundle(result: Result) -> None:
+def _print_bundle(result: Result[BundleOutcomeRecord]) -> None:
     stdout.print(result.summary, markup=False)
 
 
@@ -159,7 +164,7 @@ def bundle_cmd(
     render(ctx, Result("bundle", res.to_dict(), summary=res.summary_line()), _print_bundle)
 
 
-def _print_reproduced(result: Result) -> None:
+def _print_reproduced(result: Result[ReproduceOutcomeRecord]) -> None:
     d = result.data
     stdout.print(f"bundle {d['bundle']}: signed by {', '.join(d['signed_by'])}; base {d['base']}", markup=False)
     image = d["image"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, NotRequired, TypedDict
 
 import typer
 from rich.filesize import decimal
@@ -22,6 +22,28 @@ app = group(
 )
 
 
+
+class EngineListing(TypedDict):
+    images: list[cache_mod.EngineImageRecord]
+    bytes: int
+    error: NotRequired[str]  # the engine could not be asked: its images unknown
+
+
+class CacheListing(TypedDict):
+    """`cache ls`'s Result data."""
+
+    cache_dir: str
+    areas: list[cache_mod.AreaRecord]
+    bytes: int
+    engine: EngineListing
+
+
+class PruneListing(cache_mod.PruneRecord):
+    """`cache prune`'s Result data: what prune did, in which cache."""
+
+    cache_dir: str
+
+
 @command(app, "ls", aliases=("list",))
 def ls_cmd(ctx: typer.Context) -> None:
     """Show each area of the cache with its files and size, and the images launcher built that the
@@ -32,15 +54,16 @@ def ls_cmd(ctx: typer.Context) -> None:
     root = default_cache_dir()
     areas = cache_mod.usage(root)
     total = sum(a.bytes for a in areas)
-    data: dict[str, Any] = {"cache_dir": str(root), "areas": [a.to_dict() for a in areas], "bytes": total}
     try:
         images = cache_mod.engine_images(engine.local().labelled_images(cache_mod.ENGINE_LABEL))
-        data["engine"] = {"images": [i.to_dict() for i in images], "bytes": sum(i.bytes for i in images)}
+        listed: EngineListing = {"images": [i.to_dict() for i in images], "bytes": sum(i.bytes for i in images)}
     except LauncherError as exc:
         images = []
-        data["engine"] = {"images": [], "bytes": 0, "error": exc.one_line()}
+        listed = {"images": [], "bytes": 0, "error": exc.one_line()}
+    data: CacheListing = {"cache_dir": str(root), "areas": [a.to_dict() for a in areas], "bytes": total,
+                          "engine": listed}
 
-    def text(result: Result) -> None:
+    def text(result: Result[CacheListing]) -> None:
         table = Table("area", "files", "size", "path", box=None)
         for a in areas:
             table.add_row(a.name, str(a.files), decimal(a.bytes), str(a.path))
@@ -94,9 +117,10 @@ def prune_cmd(
         f"kept {len(done.kept_images)} cached images the engine still has"
     )
 
-    def text(result: Result) -> None:
+    def text(result: Result[PruneListing]) -> None:
         for r in done.removed:
             stdout.print(f"  {verb} {r.path} ({decimal(r.bytes)}): {r.why}", markup=False)
         stdout.print(result.summary, markup=False)
 
-    render(ctx, Result("cache prune", {"cache_dir": str(root), **done.to_dict()}, summary=summary), text)
+    data: PruneListing = {"cache_dir": str(root), **done.to_dict()}
+    render(ctx, Result("cache prune", data, summary=summary), text)

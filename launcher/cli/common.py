@@ -30,7 +30,7 @@ from rich.text import Text
 
 from launcher.errors import ExitCode, LauncherError
 from launcher.progress import NullReporter, Reporter, Task
-from launcher.result import Result, error_envelope
+from launcher.result import D, Result, error_envelope
 from launcher.workspace import Workspace
 
 
@@ -66,14 +66,7 @@ class _RichTask:
 
     def update(self, *, completed: float | None = None, total: float | None = None,
                description: str | None = None) -> None:
-        kw: dict[str, Any] = {}
-        if completed is not None:
-            kw["completed"] = completed
-        if total is not None:
-            kw["total"] = total
-        if description is not None:
-            kw["description"] = description
-        self._p.update(self._id, **kw)
+        self._p.update(self._id, completed=completed, total=total, description=description)  # None: unchanged
 
     def close(self) -> None:
         task = self._p.tasks[self._p.task_ids.index(self._id)]
@@ -153,7 +146,7 @@ def reporter(ctx: typer.Context) -> Iterator[Reporter]:
         rep.stop()
 
 
-def render(ctx: typer.Context, result: Result, text: Callable[[Result], None] | None = None) -> None:
+def render(ctx: typer.Context, result: Result[D], text: Callable[[Result[D]], None] | None = None) -> None:
     """Print a result as the versioned JSON envelope or as text, then exit with its code."""
     opts = options(ctx)
     if opts.json:

@@ -3,7 +3,7 @@ the command line's defaults (Click's default_map)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
@@ -14,13 +14,21 @@ from launcher.cli.common import command, render, stdout
 from launcher.cli.params import workspace_for
 from launcher.result import Result
 
+if TYPE_CHECKING:
+    from launcher.config import ConfigRecord
+
 app = typer.Typer()
 
 
-def default_map(group: Any, defaults: dict[str, Any], only: str | None = None) -> dict[str, Any]:
+# click's default_map: a command's parameter -> its default (a list for a parameter taking several values),
+# a group's command -> its own map
+DefaultMap = dict[str, "DefaultMap | config_mod.SettingValue | list[config_mod.SettingValue]"]
+
+
+def default_map(group: Any, defaults: dict[str, config_mod.SettingValue], only: str | None = None) -> DefaultMap:
     """Click's default_map for every command under group (or its command `only` alone) that has a parameter a
     setting defaults (a parameter that takes several values, like experiment's --host, gets a list)."""
-    out: dict[str, Any] = {}
+    out: DefaultMap = {}
     commands = getattr(group, "commands", {})
     for name in [only] if only is not None else list(commands):
         cmd = commands[name]
@@ -29,7 +37,7 @@ def default_map(group: Any, defaults: dict[str, Any], only: str | None = None) -
             if sub:
                 out[name] = sub
             continue
-        mine = {p.name: ([defaults[p.name]] if getattr(p, "multiple", False) else defaults[p.name])
+        mine: DefaultMap = {p.name: ([defaults[p.name]] if getattr(p, "multiple", False) else defaults[p.name])
                 for p in cmd.params if p.name in defaults}
         if mine:
             out[name] = mine
@@ -44,7 +52,7 @@ def apply_defaults(ctx: typer.Context) -> None:
     ctx.default_map = default_map(ctx.command, cfg.defaults(), ctx.invoked_subcommand)
 
 
-def _text(result: Result) -> None:
+def _text(result: Result[ConfigRecord]) -> None:
     d = result.data
     where = d["file"] or "none (not in a workspace)"
     state = "" if not d["file"] else (" (read)" if d["file_exists"] else " (not present)")

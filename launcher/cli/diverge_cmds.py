@@ -3,7 +3,7 @@ that makes them agree."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -11,10 +11,13 @@ from launcher.cli.common import command, render, reporter, stdout, workspace_of
 from launcher.cli.params import complete_run
 from launcher.result import Result
 
+if TYPE_CHECKING:
+    from launcher.runs.diverge import DivergenceLines
+
 app = typer.Typer()
 
 
-def _print(result: Result) -> None:
+def _print(result: Result[DivergenceLines]) -> None:
     for line in result.data["lines"]:
         stdout.print(line, markup=False, highlight=False)
 
@@ -51,5 +54,5 @@ def diverge_cmd(
     with reporter(ctx) as rep:
         res = diverge(ws, reference, other, causes=not no_causes, reporter=rep)
     lines = res.lines()
-    data = {**res.to_dict(), "lines": lines}
+    data: DivergenceLines = {**res.to_dict(), "lines": lines}
     render(ctx, Result("diverge", data, summary=lines[-1]), _print)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -11,10 +11,13 @@ from launcher.cli.common import command, render, stdout, workspace_of
 from launcher.cli.params import RunArg
 from launcher.result import Result
 
+if TYPE_CHECKING:
+    from launcher.runs.plain import PlainShell
+
 app = typer.Typer()
 
 
-def _print(result: Result) -> None:
+def _print(result: Result[PlainShell]) -> None:
     d = result.data
     stdout.print(f"# {d['run_id']} without launcher: the same image, code, data, arguments and environment",
                  markup=False)
@@ -45,6 +48,6 @@ def env_cmd(
     from launcher.runs.plain import plain_run
 
     res = plain_run(workspace_of(ctx), run_id, out)
-    data = {**res.to_dict(), "shell": res.shell()}
+    data: PlainShell = {**res.to_dict(), "shell": res.shell()}
     render(ctx, Result("env", data, summary=f"{res.run_id}: docker run of {res.command[1]} in {res.image[:19]}"),
            _print)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -11,10 +11,13 @@ from launcher.cli.common import command, render, reporter, stdout, workspace_of
 from launcher.cli.params import RunArg
 from launcher.result import Result
 
+if TYPE_CHECKING:
+    from launcher.runs.explain import ExplanationRecord
+
 app = typer.Typer()
 
 
-def _print_explain(result: Result) -> None:
+def _print_explain(result: Result[ExplanationRecord]) -> None:
     d = result.data
     p = d["probabilities"]
     stdout.print(f"{d['run_id']}: predicted class {d['predicted']} with probability {d['probability']:.4f} "

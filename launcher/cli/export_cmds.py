@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 from rich.table import Table
@@ -13,16 +13,19 @@ from launcher.cli.params import complete_group, complete_run
 from launcher.errors import UsageError
 from launcher.result import Result
 
+if TYPE_CHECKING:
+    from launcher.report.exportrun import ExportRecord
+
 app = typer.Typer()
 
 
-def _print_export(result: Result) -> None:
+def _print_export(result: Result[ExportRecord]) -> None:
     d = result.data
     where = "MLflow run" if d["target"] == "mlflow" else "folder"
     table = Table("run", "group", "#", "steps", "metrics", "verdict", where)
     for r in d["runs"]:
-        verdict = r["verdict"] or {}
-        group_verdict, run_verdict = verdict.get("verdict", "none"), verdict.get("run", "none")
+        verdict = r["verdict"]
+        group_verdict, run_verdict = (verdict["verdict"], verdict["run"]) if verdict else ("none", "none")
         cell = run_verdict if run_verdict != "reference" else f"reference (group {group_verdict})"
         table.add_row(r["run_id"], r["group"], str(r["replicate"]), str(r["steps"]), ", ".join(r["metrics"]) or "-",
                       cell, r["destination"])

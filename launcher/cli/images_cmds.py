@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -17,7 +17,10 @@ from launcher.images import build as build_mod
 from launcher.images import lock as lock_mod
 from launcher.images import pins as images
 from launcher.progress import Reporter
-from launcher.result import Result
+from launcher.result import D, Result
+
+if TYPE_CHECKING:
+    from launcher.images.build import BuildData
 from launcher.scaffold import init_workspace
 from launcher.workspace import Workspace
 
@@ -265,8 +268,8 @@ def build_cmd(
     with reporter(ctx) as rep:
         rec = build_mod.build(ws, variant, nocache=no_cache, ca_bundle=ca_bundle,
                               find_links=wheelsources.check_dirs(find_links or ()), reporter=rep)
-    data = rec.to_json() | {"noop": rec.noop}
-    data.get("extra", {}).pop("tree", None)
+    data: BuildData = {**rec.to_json(), "noop": rec.noop}
+    data["extra"].pop("tree", None)
     verb = "up to date" if rec.noop else f"built in {rec.seconds:.0f} s"
     render(ctx, Result("build", data, summary=f"{rec.tag} {verb}\n  image {rec.image_id}\n  tree  {rec.tree_digest}"))
 
@@ -297,7 +300,7 @@ def rebuild_cmd(
             "recorded_tree": rep_.recorded_tree, "rebuilt_tree": rep_.rebuilt_tree, "changes": rep_.changes,
             "seconds": rep_.seconds}
 
-    def text(_: Result) -> None:
+    def text(_: Result[D]) -> None:  # the rebuild's own fields, not the data
         if rep_.tree_matches:
             stdout.print(f"[green]reproducible[/]: filesystem tree {rep_.rebuilt_tree}")
         else:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from rich.table import Table
 from rich.text import Text
 
 from launcher.cli.common import stdout
 from launcher.result import Result
+
+if TYPE_CHECKING:
+    from launcher.hosts.provision import ProvisionListing
 
 
 def _size(n: int | None) -> str:
@@ -20,7 +25,7 @@ def _size(n: int | None) -> str:
     return str(n)
 
 
-def facts_text(result: Result) -> None:
+def facts_text(result: Result[ProvisionListing]) -> None:
     f = result.data["facts"]
     d, nv = f.get("docker", {}), f.get("nvidia", {})
     t = Table(show_header=False, box=None)
@@ -49,7 +54,7 @@ def facts_text(result: Result) -> None:
     stdout.print(result.summary, markup=False)
 
 
-def cluster_text(result: Result) -> None:
+def cluster_text(result: Result[dict[str, Any]]) -> None:  # the target's own data (runs.targets.Provisioned)
     c = result.data["cluster"]
     stdout.print(f"{c['slurm_version']} at {result.data['host']}; launcher's area {c['shared_area']} "
                  "(must be shared with the nodes)", markup=False)

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from launcher.cli.common import command, render, stdout, workspace_of
 from launcher.cli.params import complete_recipe, group
-from launcher.result import Result
+from launcher.result import D, Result
 from launcher.runs import recipes
 
 app = group("recipes", "The workspace's training recipes (recipes/NAME/recipe.toml).")
@@ -25,7 +25,7 @@ def list_cmd(ctx: typer.Context) -> None:
     data = {"recipes": [{"name": r.name, "framework": r.framework, "description": r.spec.description,
                          "path": str(r.path), "tree_digest": r.tree_digest} for r in found]}
 
-    def text(_: Result) -> None:
+    def text(_: Result[D]) -> None:  # the summary and the recipes, not the data
         if not found:
             stdout.print(f"no recipes in {ws.recipes} (create one with `launcher recipes new NAME`)")
             return
@@ -46,7 +46,7 @@ def show_cmd(
     """Show a recipe: entry, params with defaults and allowed values, datasets and their expected fingerprints."""
     recipe = recipes.load_recipe(workspace_of(ctx), name)
 
-    def text(_: Result) -> None:
+    def text(_: Result[D]) -> None:  # the summary and the recipes, not the data
         s = recipe.spec
         stdout.print(f"[bold]{s.name}[/] ({s.framework}) {s.description}")
         stdout.print(f"  path   {s.path}\n  entry  {s.entry}\n  tree   {recipe.tree_digest}")

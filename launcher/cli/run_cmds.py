@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 from rich.table import Column, Table
@@ -44,6 +44,11 @@ from launcher.errors import UsageError, run_exit_code
 from launcher.hosts.hostspec import HostSpec
 from launcher.images import wheelsources
 from launcher.result import Result
+
+if TYPE_CHECKING:
+    from launcher.hosts.provision import ProvisionListing
+    from launcher.runs.control import CleanListing, PsListing
+    from launcher.runs.replicates import FailureRecord
 from launcher.runs import targets
 from launcher.runs.store import resolve_run_id
 
@@ -103,11 +108,12 @@ def provision_cmd(
         summary = f"installed {len(done.executed)} steps" if done.executed else "nothing to install"
     else:
         summary = "ready" if ready else "not ready: " + ("; ".join(s.why for s in done.plan) or "see above")
-    data = {"host": h.name, **done.to_dict(), "ready": bool(ready), "facts_file": str(ws.host_facts(h.name))}
+    data: ProvisionListing = {"host": h.name, **done.to_dict(), "ready": bool(ready),
+                              "facts_file": str(ws.host_facts(h.name))}
     render(ctx, Result("provision", data, summary=summary), facts_text)
 
 
-def _run_text(result: Result) -> None:
+def _run_text(result: Result[dict[str, Any]]) -> None:  # runs: RunRecord's union (manifest or launch record)
     for r in result.data["runs"]:
         if result.data["detached"]:
             stdout.print(f"{r['run_id']}  started on {r['host']['name']} (detached)", markup=False)
@@ -122,7 +128,7 @@ def _run_text(result: Result) -> None:
     stdout.print(result.summary, markup=False)
 
 
-def print_failure(failure: dict[str, Any] | None) -> None:
+def print_failure(failure: FailureRecord | None) -> None:
     """The failed replicate's last log lines (the summary names it, its exit code and what it stopped)."""
     if not failure:
         return
@@ -345,7 +351,7 @@ def ps_cmd(
         with _open(ctx, host) as h:
             rows = runcontrol.list_runs(ws, target(h, host, scheduler, None, None, None))
 
-    def text(result: Result) -> None:
+    def text(result: Result[PsListing]) -> None:
         if not result.data["runs"]:
             where = f" or on {host.name}" if not host.local else ""
             stdout.print(f"no runs in {ws.runs}{where} yet; start one with `launcher run RECIPE`", markup=False)
@@ -360,7 +366,8 @@ def ps_cmd(
             t.add_row(*(Text(str(c or "-")) for c in cells))
         stdout.print(t)
 
-    render(ctx, Result("ps", {"runs": rows}, summary=f"{len(rows)} runs"), text)
+    listing: PsListing = {"runs": rows}
+    render(ctx, Result("ps", listing, summary=f"{len(rows)} runs"), text)
 
 
 def _sink(ctx: typer.Context, lines: list[str]) -> Any:
@@ -477,7 +484,7 @@ def clean_cmd(
     with reporter(ctx) as rep:
         for run_id in dict.fromkeys(named):
             done.append(runcontrol.clean(ws, run_id, force=force, reporter=rep))
-    data: dict[str, Any] = {"runs": done}
+    data: CleanListing = {"runs": done}
     removed = sum(d["removed"] for d in done)
     parts = [f"removed {removed} of {len(done)} run directories on their hosts; local copies kept"] if done else []
     if datasets:

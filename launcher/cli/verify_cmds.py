@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 from rich.markup import escape
@@ -43,6 +43,13 @@ from launcher.cli.run_cmds import print_failure
 from launcher.hosts.hostspec import HostSpec
 from launcher.images.wheelsources import check_dirs
 from launcher.result import Result
+
+if TYPE_CHECKING:
+    from launcher.report.records import ReportDoc
+    from launcher.runs.experiment import ExperimentRecord
+    from launcher.verify.differences import Explanation, ModelExplanation
+    from launcher.verify.modeldiff import SourcedModelDiff
+    from launcher.verify.verdicts import VerdictRecord
 from launcher.runs.determinism import DEFAULT_SEED
 from launcher.verify.stepdiff import steps_detail, steps_phrase
 
@@ -74,45 +81,53 @@ def _yes(flag: bool | None) -> str:
     return "[green]True[/]" if flag else "[bold red]False[/]"
 
 
-def explanation_lines(exp: dict[str, Any]) -> list[str]:
+def model_lines(model: ModelExplanation) -> list[str]:
+    """A model diff (an explanation's, or `verify models`') as text lines."""
+    if "error" in model:
+        return [f"model ({model['source']}): could not diff: {model['error']}"]
+    lines: list[str] = []
+    first = model.get("first_difference")
+    head = (f"model ({model['source']}): {model['arrays_differing']} of {model['arrays_total']} "
+            f"arrays differ, {model['elements_differing']} of {model['elements_total']} elements")
+    lines.append(head if first else f"model ({model['source']}): all arrays identical")
+    shown = 0
+    differing = [a for a in model["arrays"] if a["status"] != "identical"]
+    for a in differing:
+        if shown == MAX_ARRAY_LINES:
+            lines.append(f"  and {len(differing) - shown} more arrays differ (all of them in --json)")
+            break
+        shown += 1
+        detail = {"differs": f"{a['differing']} of {a['total']} elements, max abs diff "
+                             f"{_num(a['max_abs_diff'])}, max rel diff {_num(a['max_rel_diff'])}",
+                  "shape": f"shape/dtype {a['shape']} {a['dtype']} vs {a['other_shape']}",
+                  "missing": "in one model only"}.get(a["status"], a["status"])
+        is_first = first is not None and (a["layer"], a["array"]) == (first["layer"], first["array"])
+        mark = "first differing: " if is_first else ""
+        lines.append(f"  {mark}layer {a['layer']} array {a['array']}: {detail}")
+    return lines
+
+
+def explanation_lines(exp: Explanation) -> list[str]:
     """The explanation of one differing run as indented text lines."""
     lines: list[str] = []
     for f in exp.get("files") or []:
-        content = f.get("content") or {}
+        content = f.get("content")
         hint = f"; to leave it out: --ignore '{f['ignore']}'" if f.get("ignore") else ""
-        what = (f"in one run only{hint}" if f["status"] == "missing" else content.get("difference")
+        what = (f"in one run only{hint}" if f["status"] == "missing" else (content and content.get("difference"))
                 or "bytes differ (format not compared by content)")
         lines.append(f"file {f['path']}: {what}")
     model = exp.get("model")
-    if model is not None and "error" in model:
-        lines.append(f"model ({model['source']}): could not diff: {model['error']}")
-    elif model is not None:
-        first = model.get("first_difference")
-        head = (f"model ({model['source']}): {model['arrays_differing']} of {model['arrays_total']} "
-                f"arrays differ, {model['elements_differing']} of {model['elements_total']} elements")
-        lines.append(head if first else f"model ({model['source']}): all arrays identical")
-        shown = 0
-        differing = [a for a in model["arrays"] if a["status"] != "identical"]
-        for a in differing:
-            if shown == MAX_ARRAY_LINES:
-                lines.append(f"  and {len(differing) - shown} more arrays differ (all of them in --json)")
-                break
-            shown += 1
-            detail = {"differs": f"{a['differing']} of {a['total']} elements, max abs diff "
-                                 f"{_num(a['max_abs_diff'])}, max rel diff {_num(a['max_rel_diff'])}",
-                      "shape": f"shape/dtype {a['shape']} {a['dtype']} vs {a['other_shape']}",
-                      "missing": "in one model only"}.get(a["status"], a["status"])
-            is_first = bool(first) and (a["layer"], a["array"]) == (first["layer"], first["array"])
-            mark = "first differing: " if is_first else ""
-            lines.append(f"  {mark}layer {a['layer']} array {a['array']}: {detail}")
+    if model is not None:
+        lines += model_lines(model)
     init = exp.get("initial_weights")
     if init is not None:
         if init["same"]:
             lines.append("initial weights: identical (the runs started from the same weights)")
         else:
-            f = init.get("first_difference") or {}
+            ifd = init.get("first_difference")
+            layer, array = (ifd["layer"], ifd["array"]) if ifd else (None, None)
             lines.append(f"initial weights: differ from the start ({init['arrays_differing']} arrays; "
-                         f"first layer {f.get('layer')} array {f.get('array')})")
+                         f"first layer {layer} array {array})")
     data = exp.get("data")
     if data is not None:
         lines.append("training data: identical" if data["same"] else
@@ -124,9 +139,9 @@ def explanation_lines(exp: dict[str, Any]) -> list[str]:
         elif batches["same"]:
             lines.append(f"batches: identical in all {batches['epochs_compared']} epochs")
         else:
-            fd = batches["first_divergence"]
-            lines.append(f"batches: differ in epochs {batches['epochs_differing']}; first at epoch "
-                         f"{fd['epoch']} batch {fd['batch']}")
+            where = batches["first_divergence"]
+            at = f"; first at epoch {where['epoch']} batch {where['batch']}" if where is not None else ""
+            lines.append(f"batches: differ in epochs {batches['epochs_differing']}{at}")
     steps = exp.get("steps")
     if steps is not None:
         lines.append("training steps: " + steps_phrase(steps) + steps_detail(steps))
@@ -155,7 +170,7 @@ def explanation_lines(exp: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _print_verify(result: Result) -> None:
+def _print_verify(result: Result[VerdictRecord]) -> None:
     d = result.data
     runs = d["runs"]
     table = Table(title=f"verify checksums: {d.get('code_name') or d['recipe']} against {d['reference']}",
@@ -202,7 +217,7 @@ def _print_verify(result: Result) -> None:
     _print_tail(result)
 
 
-def _print_not_compared(d: dict[str, Any]) -> None:
+def _print_not_compared(d: VerdictRecord) -> None:
     """Why files were left out or could not be read: once per who (or per file that cannot be read)."""
     for g in d.get("ignored") or []:
         names = [p.removeprefix("outputs/") for p in g["paths"]]
@@ -212,12 +227,13 @@ def _print_not_compared(d: dict[str, Any]) -> None:
     for a in d["artifacts"]:
         cell = next((c for c in a["runs"].values() if c["status"] == "unreadable"), None)
         if cell is not None:
-            content = cell.get("content") or {}
-            stdout.print(f"[yellow]not compared[/] {escape(a['path'])}: {escape(str(content.get('unreadable')))}; "
-                         f"fix: {escape(str(content.get('fix')))}")
+            content = cell.get("content")
+            unreadable, fix = (content.get("unreadable"), content.get("fix")) if content else (None, None)
+            stdout.print(f"[yellow]not compared[/] {escape(a['path'])}: {escape(str(unreadable))}; "
+                         f"fix: {escape(str(fix))}")
 
 
-def evidence_lines(d: dict[str, Any]) -> list[str]:
+def evidence_lines(d: VerdictRecord) -> list[str]:
     """What was compared, by kind: one line per kind, and the determinism of the runs."""
     ev = d.get("evidence") or {}
     lines = []
@@ -238,13 +254,13 @@ def evidence_lines(d: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _print_evidence(d: dict[str, Any]) -> None:
+def _print_evidence(d: VerdictRecord) -> None:
     stdout.print("Compared, by kind:" if d.get("mode") != "alone" else "Held, by kind:")
     for line in evidence_lines(d):
         stdout.print(f"  {line}", markup=False)
 
 
-def _print_tail(result: Result) -> None:
+def _print_tail(result: Result[VerdictRecord]) -> None:
     d = result.data
     runs = d["runs"]
     for r in runs:
@@ -313,7 +329,7 @@ def checksums(
     render(ctx, result, _print_verify)
 
 
-def _print_experiment(result: Result) -> None:
+def _print_experiment(result: Result[ExperimentRecord]) -> None:
     d = result.data
     table = Table("group", "#", "seed", "host", "run", "result")
     for r in d["runs"]:
@@ -396,7 +412,7 @@ def experiment_cmd(
     render(ctx, Result("experiment", res.to_dict(), res.exit_code, summary), _print_experiment)
 
 
-def _print_report(result: Result) -> None:
+def _print_report(result: Result[ReportDoc]) -> None:
     from launcher.report.assemble import percent
 
     d = result.data
@@ -414,8 +430,8 @@ def _print_report(result: Result) -> None:
     if spread:
         for m, v in spread["metrics"].items():
             variance = ""
-            if v["status"] == "estimate":
-                lo, hi = v["variance_ratio_interval"]
+            if v["status"] == "estimate" and (interval := v["variance_ratio_interval"]) is not None:
+                lo, hi = interval
                 variance = f"; {percent(v['variance_ratio'])} of the variance, {percent(lo)} to {percent(hi)}"
             stdout.print(f"{m}: {v['reading']}{variance}", markup=False)
         stdout.print(spread["advice"][0].upper() + spread["advice"][1:] + ".", markup=False)
@@ -429,8 +445,8 @@ def _print_report(result: Result) -> None:
                      f"(runs checked: {c['models']['checked']}/{c['models']['of']})")
         for r in comp["runs"]:
             if r["first_difference"]:
-                f = r["first_difference"]
-                stdout.print(f"- different model in run {r['run_id']} (layer {f['layer']}, array {f['array']})")
+                fd = r["first_difference"]
+                stdout.print(f"- different model in run {r['run_id']} (layer {fd['layer']}, array {fd['array']})")
         stdout.print(f"XY training data all the same: {_yes(c['data']['all_same'])}")
         stdout.print(f"Batches all the same: {_yes(c['batches']['all_same'])}")
     for gname, p in (d.get("probes") or {}).items():
@@ -438,8 +454,8 @@ def _print_report(result: Result) -> None:
         which = ", ".join(str(r["index"]) for r in flips[:8]) + (", ..." if len(flips) > 8 else "")
         said = f"{len(flips)} probe example(s) flip in some run ({which})" if flips else "no prediction flips"
         stdout.print(f"\nProbes of {gname} against {p['reference']}: {said}", markup=False)
-        for r in p["runs"]:
-            stdout.print(f"- {r['run_id']}: {r['line']}", markup=False)
+        for pr in p["runs"]:
+            stdout.print(f"- {pr['run_id']}: {pr['line']}", markup=False)
         if p["pictures"]:
             stdout.print(f"Heatmaps side by side for example(s) {', '.join(str(x['index']) for x in p['pictures'])} "
                          "in index.html", markup=False)
@@ -482,14 +498,20 @@ def models_cmd(
     from launcher.verify.modeldiff import diff_models
 
     diff = diff_models(reference, other)
-    data = {"source": str(other), **diff.to_dict()}
+    data: SourcedModelDiff = {"source": str(other), **diff.to_dict()}
     first = diff.first_difference
     summary = ("identical: every array is bit-identical" if first is None else
                f"differs: {len(diff.differing)} of {len(diff.arrays)} arrays; first differing layer "
                f"{first.layer} array {first.array}")
 
-    def text(result: Result) -> None:
-        for line in explanation_lines({"model": result.data}):
+    def text(result: Result[SourcedModelDiff]) -> None:
+        d = result.data
+        model: ModelExplanation = {
+            "source": d["source"], "identical": d["identical"], "arrays_total": d["arrays_total"],
+            "arrays_differing": d["arrays_differing"], "elements_total": d["elements_total"],
+            "elements_differing": d["elements_differing"], "first_difference": d["first_difference"],
+            "arrays": d["arrays"]}
+        for line in model_lines(model):
             stdout.print(line, markup=False)
         stdout.print(result.summary)
 

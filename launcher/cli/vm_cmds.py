@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -12,7 +12,10 @@ from rich.text import Text
 
 from launcher.cli.common import command, options, render, reporter, stdout
 from launcher.errors import UsageError
-from launcher.result import Result
+from launcher.result import D, Result
+
+if TYPE_CHECKING:
+    from launcher.vms.lifecycle import UpRecord
 from launcher.vms import vmspec
 
 app = typer.Typer(
@@ -36,7 +39,7 @@ def _age(seconds: int | None) -> str:
     return f"{seconds // 86400}d{(seconds % 86400) // 3600}h"
 
 
-def _print_up(result: Result) -> None:
+def _print_up(result: Result[UpRecord]) -> None:
     d = result.data
     sub = d["subscription"] or f"(not given yet: --subscription or ${vmspec.SUBSCRIPTION_ENV})"
     stdout.print(Text(f"{'would create' if d['dry_run'] else 'created'} in subscription {sub}:"))
@@ -109,7 +112,7 @@ def ls_cmd(ctx: typer.Context, subscription: SubscriptionOpt = None) -> None:
 
     rows = lifecycle.ls(vmspec.subscription_of(subscription))
 
-    def text(result: Result) -> None:
+    def text(result: Result[D]) -> None:  # the summary and the rows
         if not rows:
             stdout.print(Text(result.summary))
             return

@@ -205,6 +205,14 @@ class ProvisionReport(TypedDict):
     dry_run: bool
 
 
+class ProvisionListing(ProvisionReport):
+    """`provision`'s Result data: the report, with the host, whether it is ready and where its facts went."""
+
+    host: str
+    ready: bool
+    facts_file: str
+
+
 NVIDIA_KEYRING = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
 NVIDIA_LIST = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
 DOCKERD_LOG = "/var/log/dockerd.log"

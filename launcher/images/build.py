@@ -3,6 +3,7 @@ build records, and `rebuild --verify`."""
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import re
@@ -10,9 +11,9 @@ import shutil
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from launcher import __version__, proc
 from launcher.errors import BuildFailed, Corrupt, ImageOutOfDate, NotFound
@@ -48,6 +49,29 @@ class BuildExtra(TypedDict, total=False):
     tree: dict[str, str]  # in memory only, after a build: the image's tree (saved beside the record)
 
 
+class BuildRecordJSON(TypedDict):
+    """A build record as written in .launcher/builds/ (BuildRecord less its in-memory ``noop``)."""
+
+    variant: str
+    image_id: str
+    tag: str
+    content: str
+    base: str
+    lock_sha256: str
+    tree_digest: str
+    labels: dict[str, str]
+    built_at: str
+    seconds: float
+    record_version: int
+    extra: BuildExtra
+
+
+class BuildData(BuildRecordJSON):
+    """The `build` command's Result data: the record, and whether the build was a no-op."""
+
+    noop: bool
+
+
 @dataclass
 class BuildRecord:
     variant: str
@@ -64,10 +88,11 @@ class BuildRecord:
     record_version: int = RECORD_VERSION
     extra: BuildExtra = field(default_factory=BuildExtra)
 
-    def to_json(self) -> dict[str, Any]:  # the record as written: a plain dict, which `build`'s data extends
-        data = asdict(self)
-        data.pop("noop")
-        return data
+    def to_json(self) -> BuildRecordJSON:  # the record as written (asdict's copy, less noop)
+        return {"variant": self.variant, "image_id": self.image_id, "tag": self.tag, "content": self.content,
+                "base": self.base, "lock_sha256": self.lock_sha256, "tree_digest": self.tree_digest,
+                "labels": dict(self.labels), "built_at": self.built_at, "seconds": self.seconds,
+                "record_version": self.record_version, "extra": copy.deepcopy(self.extra)}
 
 
 @dataclass(frozen=True)

@@ -104,12 +104,8 @@ class Report:
     weights_plot: str | None = None
     probes: dict[str, GroupProbes] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        """report.json's content as the CLI's Result takes it (a plain dict)."""
-        return dict(self.record())
-
-    def record(self) -> ReportDoc:
-        """What reports/<name>/report.json holds."""
+    def to_dict(self) -> ReportDoc:
+        """What reports/<name>/report.json holds (and the `report` command's Result data)."""
         return {
             "schema": SCHEMA,
             "name": self.name,
@@ -381,6 +377,6 @@ def write_report(ws: Workspace, groups: list[str], name: str | None = None,
     probes = _probes(directory, replicated)
     report = Report(report_name, directory, stats, metrics, spread, plots.metrics, notes, comparisons, differences,
                     weights, plots.differences, plots.weights, probes)
-    atomic_write_json(directory / REPORT_FILE, report.record())
+    atomic_write_json(directory / REPORT_FILE, report.to_dict())
     atomic_write_text(directory / "index.html", render_html(report))
     return report

@@ -221,6 +221,16 @@ class ExportedRun:
                 "verdict": self.verdict.to_dict() if self.verdict else None, "replaced": self.replaced}
 
 
+class ExportRecord(TypedDict):
+    """The `export` command's Result data."""
+
+    target: str
+    destination: str
+    open_with: str
+    experiments: dict[str, str]
+    runs: list[ExportedRunRecord]
+
+
 @dataclass
 class ExportResult:
     target: str
@@ -234,7 +244,7 @@ class ExportResult:
         n = len(self.runs)
         return f"exported {n} run{'s' if n != 1 else ''} to {where[self.target]}; open with: {self.open_with}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ExportRecord:
         return {"target": self.target, "destination": self.destination, "open_with": self.open_with,
                 "experiments": self.experiments, "runs": [r.to_dict() for r in self.runs]}
 

@@ -177,7 +177,7 @@ def _comparisons(report: Report) -> list[str]:
         for r in comp["runs"]:
             first = r["first_difference"]
             where = f"; first differing layer {e(first['layer'])} array {e(first['array'])}" if first else ""
-            parts.append(f"<li>{e(r['run_id'])}: {e(r['line'])}{where}{_steps_html(r.get('steps'))}</li>")
+            parts.append(f"<li>{e(r['run_id'])}: {e(r['line'] or '')}{where}{_steps_html(r.get('steps'))}</li>")
         parts.append("</ul>")
     return parts
 

@@ -146,8 +146,8 @@ class ComparedRun(TypedDict):
 
     run_id: str
     status: str
-    classification: str
-    line: str
+    classification: str | None  # verify's RunRecord: None where its explanation named no kind
+    line: str | None
     first_difference: FirstDifference | None
     steps: StepsStrip | None
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from launcher.errors import CommandFailed, HostUnreachable, LauncherError, NotFound, UsageError
 from launcher.hosts.base import Host
@@ -14,6 +14,9 @@ from launcher.runs.rundir import RunDir
 from launcher.runs.store import resolve_run_id, run_ids, short_ids
 from launcher.runs.targets import open_placement
 from launcher.workspace import Workspace
+
+if TYPE_CHECKING:
+    from launcher.runs.datasets import PruneRecord as DatasetPruneRecord
 
 
 class PsRow(TypedDict):
@@ -32,21 +35,32 @@ class PsRow(TypedDict):
     container_status: NotRequired[str]
 
 
-class StoppedRun(TypedDict):
-    """A replicate of a stopped job array, once pulled (``launcher stop``'s ``runs``)."""
+class PsListing(TypedDict):
+    """`ps`'s Result data."""
 
+    runs: list[PsRow]
+
+
+class StoppedRun(TypedDict):
     run_id: str
-    status: str | None
+    status: str | None  # its manifest's, pulled once stopped
     exit_code: int | None
 
 
 class StopRecord(TypedDict):
-    """What ``launcher stop`` answers (the CLI's Result data as it is rendered)."""
+    """`stop`'s Result data: the run, and (for a job array) each replicate stopped with it."""
 
     run_id: str
     stopped: bool
     exit_code: int | None
-    runs: NotRequired[list[StoppedRun]]  # a job array: each replicate's status once pulled
+    runs: NotRequired[list[StoppedRun]]
+
+
+class CleanListing(TypedDict):
+    """`clean`'s Result data: each run cleaned, and the datasets pruned on the host (with --datasets)."""
+
+    runs: list[CleanRecord]
+    datasets: NotRequired[DatasetPruneRecord]
 
 
 class CleanRecord(TypedDict):
@@ -143,12 +157,13 @@ def stop(ws: Workspace, run_id: str, reporter: Reporter | None = None) -> StopRe
         out: StopRecord = {"run_id": run_id, "stopped": True, "exit_code": state.exit_code if state else None}
         together = placement.stopped_with(launch)
         if len(together) > 1 or placement.parallel:  # a job array: every replicate gets its manifest now
-            out["runs"] = []
+            stopped: list[StoppedRun] = []
+            out["runs"] = stopped
             for rid in together:
                 if RunDir.of(ws, rid).launch_file.is_file():
                     # the scheduler may still report a cancelled task as running for a moment: wait for it
                     m = pull_run(ws, rid, placement, reporter, watch=1.0)
-                    out["runs"].append({"run_id": rid, "status": m.get("status"), "exit_code": m.get("exit_code")})
+                    stopped.append({"run_id": rid, "status": m.get("status"), "exit_code": m.get("exit_code")})
         return out
 
 

@@ -70,6 +70,12 @@ class DivergenceRecord(TypedDict):
     cause: str | None
 
 
+class DivergenceLines(DivergenceRecord):
+    """`diverge`'s Result data: the divergence, and the lines that tell it."""
+
+    lines: list[str]
+
+
 @dataclass
 class Candidate:
     name: str  # what was changed, e.g. "threads 1 (the reference's)"

@@ -10,9 +10,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar, cast
 
 from launcher.errors import ExitCode, HostUnreachable, LauncherError, UsageError
 from launcher.hosts.hostspec import HostSpec
@@ -20,7 +20,7 @@ from launcher.progress import NullReporter, Reporter
 from launcher.runs.determinism import DEFAULT_SEED
 from launcher.runs.recipes import ParamValue
 from launcher.runs.records import CANCELLED, FAILED, LaunchRecord, RunRecord
-from launcher.runs.replicates import Failure, seed_override_note
+from launcher.runs.replicates import Failure, FailureRecord, seed_override_note
 from launcher.runs.userenv import UserEnv
 from launcher.workspace import Workspace
 
@@ -140,6 +140,31 @@ def run_parallel(jobs: Sequence[J], hosts: Sequence[H], launch: Callable[[J, H],
     return outcomes
 
 
+class ExperimentRun(TypedDict):
+    """One planned run of an experiment as its Result data has it: the plan, where it ran, how it ended."""
+
+    group: str
+    kind: str
+    replicate: int
+    seed: int
+    host: str | None
+    run_ids: list[str]
+    error: str | None
+    exit_code: int | None
+    ok: bool
+
+
+class ExperimentRecord(TypedDict):
+    """The `experiment` command's Result data."""
+
+    recipe: str
+    code_name: str
+    groups: dict[str, str]
+    failure: FailureRecord | None
+    notes: list[str]
+    runs: list[ExperimentRun]
+
+
 @dataclass
 class ExperimentResult:
     recipe: str
@@ -160,14 +185,15 @@ class ExperimentResult:
         first = self.failed[0]
         return ExitCode(first.exit_code) if first.exit_code is not None else ExitCode.RUN_FAILED
 
-    def to_dict(self) -> dict[str, Any]:  # the CLI's Result data
+    def to_dict(self) -> ExperimentRecord:
         return {
             "recipe": self.recipe,
             "code_name": self.code_name or self.recipe,
             "groups": self.groups,
             "failure": self.failure.to_dict() if self.failure else None,
             "notes": list(self.notes),
-            "runs": [{**asdict(o.job), "host": o.host, "run_ids": _run_ids(o.value), "error": o.error,
+            "runs": [{"group": o.job.group, "kind": o.job.kind, "replicate": o.job.replicate, "seed": o.job.seed,
+                      "host": o.host, "run_ids": _run_ids(o.value), "error": o.error,
                       "exit_code": o.exit_code, "ok": o.ok and not _run_failed(o.value)}
                      for o in self.outcomes],
         }

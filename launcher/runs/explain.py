@@ -106,6 +106,13 @@ class ExplainDocument(TypedDict):
     runtime: RuntimeRef
 
 
+class ExplanationRecord(ExplainDocument):
+    """The `explain` command's Result data: explain.json's document, the files written and notes."""
+
+    paths: dict[str, str]
+    notes: list[str]
+
+
 @dataclass
 class Explanation:
     run_id: str
@@ -118,7 +125,7 @@ class Explanation:
         return {"folder": str(self.out), **{name.split(".")[0]: str(self.out / name)
                                             for name in runtime_explain.FILES}}
 
-    def to_dict(self) -> dict[str, Any]:  # the CLI's Result data
+    def to_dict(self) -> ExplanationRecord:
         return {**self.document, "paths": self.paths, "notes": list(self.notes)}
 
     def summary_line(self) -> str:

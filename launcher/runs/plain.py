@@ -14,7 +14,7 @@ import json
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from launcher.errors import LauncherError, NotFound
 from launcher.hosts import engine
@@ -26,6 +26,33 @@ from launcher.runs.store import resolve_run
 from launcher.workspace import Workspace
 
 LIB_DIR = "_lib"
+
+
+class MountRecord(TypedDict):
+    source: str
+    target: str
+    read_only: bool
+
+
+class PlainRunRecord(TypedDict):
+    """The `env` command's Result data (the command adds "shell")."""
+
+    run_id: str
+    image: str
+    workdir: str
+    mounts: list[MountRecord]
+    env: dict[str, str]
+    env_from_caller: list[str]
+    command: list[str]
+    gpu: bool
+    argv: list[str]
+    notes: list[str]
+
+
+class PlainShell(PlainRunRecord):
+    """`env`'s Result data: the plain run, and its `docker run` line for a shell."""
+
+    shell: str
 
 
 @dataclass(frozen=True)
@@ -67,7 +94,7 @@ class PlainRun:
                 break
         return " \\\n    ".join(lines)
 
-    def to_dict(self) -> dict[str, Any]:  # the CLI's Result data
+    def to_dict(self) -> PlainRunRecord:
         return {"run_id": self.run_id, "image": self.image, "workdir": self.workdir,
                 "mounts": [{"source": s, "target": d, "read_only": ro} for s, d, ro in self.mounts],
                 "env": dict(self.env), "env_from_caller": list(self.from_caller), "command": list(self.command),

@@ -24,6 +24,12 @@ ParamValue = rspec.ParamValue
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 
 
+class RecipeListing(rspec.RecipeRecord):
+    """RecipeSpec.as_dict (launcher.runtime.recipespec) and the recipe's digest: `recipes show`'s Result data."""
+
+    tree_digest: str
+
+
 @dataclass(frozen=True)
 class Recipe:
     spec: rspec.RecipeSpec
@@ -58,7 +64,7 @@ class Recipe:
         """The image variant recipe.toml names as the recipe's default, if any."""
         return self.spec.variant
 
-    def as_dict(self) -> dict[str, Any]:  # RecipeSpec.as_dict (launcher.runtime.recipespec) and the digest
+    def as_dict(self) -> RecipeListing:
         return {**self.spec.as_dict(), "tree_digest": self.tree_digest}
 
 

@@ -104,6 +104,12 @@ class ModelDiffRecord(TypedDict):
     arrays: list[ArrayDiffRecord]
 
 
+class SourcedModelDiff(ModelDiffRecord):
+    """`verify models`' Result data: the diff, and the file named as the explanation's model "source"."""
+
+    source: str
+
+
 @dataclass(frozen=True)
 class ArrayDiff:
     layer: str

@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from launcher.errors import Corrupt, ExitCode, UsageError
 from launcher.hashing import sha256_file
@@ -393,11 +393,7 @@ class VerifyReport:
                 "determinism": {"in_force": all(d.in_force for d in determinism.values()),
                                 "runs": {rid: d.to_dict() for rid, d in determinism.items()}}}
 
-    def to_dict(self) -> dict[str, Any]:
-        """The :class:`VerdictRecord`, as the plain dict the command's Result carries (launcher.result)."""
-        return dict(self.record())
-
-    def record(self) -> VerdictRecord:
+    def to_dict(self) -> VerdictRecord:  # verify's Result data
         return {
             "schema": SCHEMA,
             "verdict": self.verdict,

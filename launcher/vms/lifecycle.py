@@ -7,7 +7,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from launcher.errors import (
     AuthFailed,
@@ -51,6 +51,28 @@ class VmRow(VmRecord):
     alias: bool
 
 
+class UpRecord(TypedDict):
+    """`vm up`'s Result data: the VM asked for, the plan, and (unless a dry run) what was made."""
+
+    name: str
+    group: str
+    size: str
+    region: str
+    image: str
+    spot: bool
+    user: str
+    subscription: str | None
+    ssh_from: str | None
+    auto_shutdown_s: int | None
+    dry_run: bool
+    plan: list[PlanStep]
+    vm: VmRecord | None
+    host_key_fingerprint: str | None
+    ready: bool
+    ssh_config: str
+    known_hosts: str
+
+
 @dataclass
 class UpResult:
     spec: VmSpec
@@ -61,7 +83,7 @@ class UpResult:
     host_key_fingerprint: str | None = None
     ready: bool = False
 
-    def to_dict(self) -> dict[str, Any]:  # a command's result data (Result.data)
+    def to_dict(self) -> UpRecord:
         s = self.spec
         return {
             "name": s.name, "group": s.group, "size": s.size, "region": s.region, "image": s.image.urn,
