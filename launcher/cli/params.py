@@ -265,7 +265,9 @@ class _Conventions:
     parse error answered as the JSON envelope under --json."""
 
     def get_params(self, ctx: Any) -> list[Any]:
-        return conventional(ctx, super().get_params(ctx))  # type: ignore[misc]
+        from launcher.cli.coercion import install
+
+        return install(conventional(ctx, super().get_params(ctx)))  # type: ignore[misc]
 
     def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
         typed = list(args)  # parsing consumes args
