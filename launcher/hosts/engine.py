@@ -73,6 +73,15 @@ def chain_ids(diff_ids: Sequence[str]) -> list[str]:
     return out
 
 
+def _security_options(out: str) -> list[str]:
+    """`docker info --format '{{json .SecurityOptions}}'`'s answer as a list (the text itself if not one)."""
+    try:
+        opts = json.loads(out)
+    except ValueError:
+        return [out]
+    return [str(o) for o in opts] if isinstance(opts, list) else [out]
+
+
 class ContainerState(TypedDict):
     """A container's state as `docker inspect --format '{{json .State}}'` gives it (the fields read)."""
 
@@ -111,7 +120,15 @@ class Engine:
 
     def require(self) -> None:
         """HostNotReady unless the Docker server on the host answers."""
-        done = self._run("version", "--format", "{{.Server.Version}}")
+        self._answering(self._run("version", "--format", "{{.Server.Version}}"))
+
+    def require_options(self) -> list[str]:
+        """The engine's security options (rootless, userns, ...), as require() checks that it answers: one
+        call for both."""
+        done = self._answering(self._run("info", "--format", "{{json .SecurityOptions}}"))
+        return _security_options(done.out)
+
+    def _answering(self, done: Completed) -> Completed:
         if done.returncode == 127 or "not found" in done.err:
             raise HostNotReady(
                 f"Docker is not installed on {self.host.name}",
@@ -123,6 +140,7 @@ class Engine:
                 "start dockerd there, or add the user to the docker group "
                 f"(`launcher provision --host {self.host.name}` says which)",
             )
+        return done
 
     def root_dir(self) -> str:
         return self._run("info", "--format", "{{.DockerRootDir}}").out.strip() or "/var/lib/docker"
@@ -134,13 +152,7 @@ class Engine:
     def security_options(self) -> list[str] | None:
         """The engine's security options (rootless, userns, ...); None when it cannot be told."""
         done = self._run("info", "--format", "{{json .SecurityOptions}}")
-        if done.returncode != 0:
-            return None
-        try:
-            opts = json.loads(done.out)
-        except ValueError:
-            return [done.out]
-        return [str(o) for o in opts] if isinstance(opts, list) else [done.out]
+        return _security_options(done.out) if done.returncode == 0 else None
 
     # ------------------------------------------------------------ images
 

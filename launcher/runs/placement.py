@@ -227,9 +227,10 @@ class DirectPlacement(Placement):
         # containers seen ended, by name: an ended state does not change (RunState) until the container is
         # started again or removed, so the pull after a wait asks the engine once, not twice
         self._ended: dict[str, RunState] = {}
+        self._options: list[str] | None = None  # the engine's security options, read by prepare()
 
     def prepare(self, gpu: bool) -> None:
-        self.engine.require()
+        self._options = self.engine.require_options()
         if gpu:
             gpu_ready(self.host, self.engine)
 
@@ -245,7 +246,7 @@ class DirectPlacement(Placement):
 
     def start(self, job: ContainerJob) -> StartedRecord:
         self._ended.pop(job.name, None)
-        job = self.write_secrets(replace(job, owner=output_owner(self.host, self.engine)))
+        job = self.write_secrets(replace(job, owner=output_owner(self.host, self.engine, self._options)))
         argv = docker_run_argv(job)
         record: StartedRecord = {"container": job.name, "argv": argv}
         try:
@@ -358,11 +359,12 @@ def gpu_ready(host: Host, engine: Engine | None = None) -> None:
         )
 
 
-def output_owner(host: Host, engine: Engine | None = None) -> str | None:
+def output_owner(host: Host, engine: Engine | None = None, options: list[str] | None = None) -> str | None:
     """Whom the container should hand its outputs to: the host user, unless Docker there is
     rootless or remaps user namespaces. Then the container's root already writes as that user
-    on the host, and a chown inside would hand the files to a subordinate ID instead."""
-    opts = (engine or Engine(host)).security_options()
+    on the host, and a chown inside would hand the files to a subordinate ID instead.
+    options: the engine's security options when already read (Engine.require_options)."""
+    opts = options if options is not None else (engine or Engine(host)).security_options()
     if opts is None or any("rootless" in o or "userns" in o for o in opts):
         return None
     return host.owner()
