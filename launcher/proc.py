@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Generic, TypeVar, cast
 
 from launcher import errors
 from launcher.errors import NotFound, TimedOut, plain_text
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -115,3 +118,34 @@ def widen_pipe(stream: Any) -> None:
         fcntl.fcntl(stream.fileno(), 1031, 1 << 20)  # F_SETPIPE_SZ
     except (ImportError, AttributeError, OSError, ValueError):
         pass  # not a pipe, not Linux, or a paramiko channel
+
+
+class Meanwhile(Generic[T]):
+    """fn(*args) on a thread of its own while the caller goes on; result() waits for it and returns its
+    value or raises its error. As a context manager, leaving the block waits for it too (an error the
+    caller never asked for is dropped: the block's own error, if any, is the one that counts), so no
+    thread outlives the work that started it."""
+
+    def __init__(self, fn: Callable[..., T], *args: Any) -> None:
+        self._value: T | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._work, args=(fn, args), daemon=False)
+        self._thread.start()
+
+    def _work(self, fn: Callable[..., T], args: tuple[Any, ...]) -> None:
+        try:
+            self._value = fn(*args)
+        except BaseException as exc:  # handed to the caller by result()
+            self._error = exc
+
+    def result(self) -> T:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return cast(T, self._value)
+
+    def __enter__(self) -> Meanwhile[T]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._thread.join()

@@ -16,6 +16,7 @@ import re
 import secrets
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
@@ -25,6 +26,7 @@ from launcher.errors import CommandFailed, Corrupt, ExitCode, LauncherError, Not
 from launcher.hashing import atomic_write_json
 from launcher.hosts.base import Host
 from launcher.hosts.hostspec import HostSpec
+from launcher.proc import Meanwhile
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.container import ContainerJob
 from launcher.runs.determinism import SEED_ENV, THREADS_ENV
@@ -483,6 +485,29 @@ def _one_by_one(ws: Workspace, placement: Placement, specs: Sequence[RunSpec], g
     return outcome
 
 
+def _facts_for_run(ws: Workspace, host: Host) -> HostFacts:
+    from launcher.hosts import provision
+
+    return provision.facts_for_run(ws, host)
+
+
+def _image_facts_ready(ws: Workspace, spec: RunSpec, recipe: Recipe, placement: Placement, reporter: Reporter | None,
+                       facts: HostFacts | None, prepared: bool) -> tuple[RunSpec, HostFacts]:
+    """The spec with its image current, the host's fact sheet, and the target prepared (once for the group;
+    prepared: by an earlier part of it), before data and code are sent. The three are independent, so the
+    facts and the target's checks run while the image is checked (or built); their errors come in that
+    order, as when each waited for the one before."""
+    later = Meanwhile(_facts_for_run, ws, placement.host) if facts is None else None
+    ready = None if prepared else Meanwhile(placement.prepare, ws.needs_gpu(spec.variant))
+    with later or nullcontext(), ready or nullcontext():
+        spec = _with_image(ws, spec, recipe, reporter)
+        facts = later.result() if later is not None else facts
+        if ready is not None:
+            ready.result()
+    assert facts is not None
+    return spec, facts
+
+
 def run_recipe(
     ws: Workspace,
     spec: RunSpec,
@@ -509,14 +534,8 @@ def run_recipe(
     placement = placement_for(target, host_spec)
     seed_list = list(seeds) or [spec.seed]
     recipe = _checked(ws, spec, seed_list)
-    spec = _with_image(ws, spec, recipe, reporter)
+    spec, facts = _image_facts_ready(ws, spec, recipe, placement, reporter, facts, prepared)
     group = _group_of(spec, recipe)
-    if facts is None:
-        from launcher.hosts import provision
-
-        facts = provision.facts_for_run(ws, placement.host)
-    if not prepared:  # once for the group (prepared: by an earlier part of it), before its data and code are sent
-        placement.prepare(ws.needs_gpu(spec.variant))
     if spec.data_from:
         spec = _with_data(spec, placement, reporter)
     spec = _with_code(spec, placement, reporter)
