@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 from launcher import proc
 from launcher.errors import NotFound
 from launcher.hashing import atomic_path
-from launcher.hosts.base import Host, PopenProcess
+from launcher.hosts.base import Host, ListedEntry, PopenProcess, RemoteEntry
 from launcher.proc import Completed
 
 
@@ -68,6 +70,19 @@ class LocalHost(Host):
             if private:
                 tmp.chmod(0o600)
             tmp.write_bytes(data)
+
+    def list_dir(self, remote_dir: str, *, hashes: bool = True) -> list[RemoteEntry]:
+        """As on any host, by the same listdir.py, called in this process: no interpreter to start."""
+        from launcher.hosts.scripts import listdir
+
+        if not os.path.isdir(remote_dir):
+            return []
+        try:
+            return [RemoteEntry.from_json(cast(ListedEntry, rec)) for rec in listdir.entries(remote_dir, hashes)]
+        except OSError as exc:  # as the script's failure reads on any host
+            done = Completed(("listdir.py", remote_dir), 1, b"", f"{type(exc).__name__}: {exc}".encode())
+            why = done.last_error_line()
+            raise proc.CommandFailed(done, f"could not list {remote_dir} on {self.name}: {why}") from None
 
     def home(self) -> str:
         return str(Path.home())

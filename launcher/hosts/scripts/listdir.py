@@ -11,6 +11,7 @@ import json
 import os
 import stat
 import sys
+from collections.abc import Iterator
 
 
 def file_sha256(path: str) -> str:
@@ -21,10 +22,8 @@ def file_sha256(path: str) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def main(argv: "list[str]") -> int:
-    root, want_hash = argv[0], argv[1] == "1"
-    if not os.path.isdir(root):
-        return 3
+def entries(root: str, want_hash: bool) -> "Iterator[dict[str, object]]":
+    """One record per entry under root, in a stable order (the local host calls this in process)."""
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
         for name in sorted(dirnames + filenames):
@@ -43,7 +42,15 @@ def main(argv: "list[str]") -> int:
                     rec["sha256"] = file_sha256(full)
             else:
                 rec["kind"] = "other"
-            sys.stdout.write(json.dumps(rec) + "\n")
+            yield rec
+
+
+def main(argv: "list[str]") -> int:
+    root, want_hash = argv[0], argv[1] == "1"
+    if not os.path.isdir(root):
+        return 3
+    for rec in entries(root, want_hash):
+        sys.stdout.write(json.dumps(rec) + "\n")
     return 0
 
 
