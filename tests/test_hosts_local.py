@@ -66,3 +66,21 @@ def test_host_scripts_run_without_site_packages(tmp_path: Path) -> None:
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "f").write_bytes(b"x")
     assert [e.path for e in host.list_dir(str(tmp_path / "d"))] == ["f"]
+
+
+def test_the_local_host_lists_in_process_what_the_host_script_lists(tmp_path: Path) -> None:
+    from launcher.hosts.base import Host
+
+    root = tmp_path / "out"
+    (root / "sub" / "deeper").mkdir(parents=True)
+    (root / "a.txt").write_bytes(b"alpha")
+    (root / "sub" / "b.bin").write_bytes(bytes(range(256)) * 5000)
+    (root / "sub" / "deeper" / "empty").write_bytes(b"")
+    (root / "link").symlink_to("a.txt")
+    host = LocalHost(tmp_path)
+    for hashes in (True, False):
+        in_process = host.list_dir(str(root), hashes=hashes)
+        by_script = Host.list_dir(host, str(root), hashes=hashes)  # python -c listdir.py, as on any host
+        assert in_process == by_script
+        assert {e.kind for e in in_process} == {"file", "dir", "symlink"}
+    assert host.list_dir(str(tmp_path / "missing")) == Host.list_dir(host, str(tmp_path / "missing")) == []

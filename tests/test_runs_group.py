@@ -211,3 +211,35 @@ def test_an_experiment_on_a_cluster_cancels_its_arrays_when_a_run_fails(ws: Work
     assert res.failure is not None and res.failure.exit_code == 2
     assert len(res.failure.cancelled) == 2 and arrays[0].stopped
     assert sum(ok for *_, ok in status) == 1  # only the run that ended before the failure succeeded
+
+
+def test_the_fact_sheet_and_the_targets_checks_run_meanwhile_and_fail_in_the_old_order(
+        ws: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The facts are read and the target prepared while the image is checked: a facts error still comes
+    before the target's, the target's before a run starts, and the facts reach the manifest."""
+    from launcher.errors import HostNotReady, NoGpu
+    from launcher.hosts import provision
+
+    script = make_project(tmp_path)
+    seen: list[str] = []
+
+    def facts_fail(ws_: Workspace, host: object) -> dict[str, object]:
+        seen.append("facts")
+        raise HostNotReady("no facts", "fix the host")
+
+    class Unready(FakePlacement):
+        def prepare(self, gpu: bool) -> None:
+            seen.append("prepare")
+            raise NoGpu("no GPU", "use a CPU variant")
+
+    monkeypatch.setattr(provision, "facts_for_run", facts_fail)
+    with pytest.raises(HostNotReady, match="no facts"):
+        run_recipe(ws, RunSpec(recipe=str(script)), Unready(ws), poll_s=0)
+    assert sorted(seen) == ["facts", "prepare"]  # both ran, the facts' error counts
+    monkeypatch.setattr(provision, "facts_for_run", lambda ws_, host: {"os": "made-up"})
+    with pytest.raises(NoGpu):
+        run_recipe(ws, RunSpec(recipe=str(script)), Unready(ws), poll_s=0)
+    assert not list(ws.runs.glob("*/launch.json"))  # nothing started
+    out = run_recipe(ws, RunSpec(recipe=str(script)), FakePlacement(ws), poll_s=0)
+    manifest = load_manifest(ws.runs / out.runs[0]["run_id"])
+    assert manifest.data["host"]["facts"]["os"] == "made-up"  # type: ignore[typeddict-item]
