@@ -22,6 +22,7 @@ from launcher.attest.unpack import open_bundle
 from launcher.cli import app
 from launcher.errors import DigestMismatch, ExitCode
 from launcher.images import basearchive, registry
+from launcher.images.imageref import ImageRef
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry]
 
@@ -128,7 +129,7 @@ def test_a_base_travels_as_its_registry_bytes_and_comes_back_with_the_same_diges
     first = tmp_path / "registry-a"
     registry.start_local_registry(first, address)
     try:
-        ref = registry.ImageRef.parse(f"{address}/tiny-base:one")
+        ref = ImageRef.parse(f"{address}/tiny-base:one")
         layer = tmp_path / "layer.tar.gz"
         layer.write_bytes(b"\x1f\x8b" + os.urandom(4096))
         config = tmp_path / "config.json"
@@ -154,7 +155,7 @@ def test_a_base_travels_as_its_registry_bytes_and_comes_back_with_the_same_diges
                                start_registry=lambda addr: registry.start_local_registry(second, addr))
     try:
         assert done == f"pushed into {address}" and basearchive.served(pinned)
-        assert registry.resolve_digest(pinned) == registry.ImageRef.parse(pinned).digest
+        assert registry.resolve_digest(pinned) == ImageRef.parse(pinned).digest
     finally:
         _stop(second)
     blob = next((tmp_path / "layout" / "blobs" / "sha256").glob(descs[1]["digest"][7:]))

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from launcher.cli import app
 from launcher.errors import ExitCode, PinMismatch, UsageError
 from launcher.images import pins as images
-from launcher.images import registry
+from launcher.images.imageref import ImageRef
 from launcher.scaffold import init_workspace
 from launcher.workspace import Workspace
 
@@ -29,13 +29,13 @@ def pin(ref: str = f"python:3.11-slim@{DIGEST}") -> images.BasePin:
     ("ghcr.io/org/img", ("ghcr.io", "org/img", None, None)),
 ])
 def test_image_ref_parse(ref: str, expected: tuple[str, str, str | None, str | None]) -> None:
-    r = registry.ImageRef.parse(ref)
+    r = ImageRef.parse(ref)
     assert (r.registry, r.repository, r.tag, r.digest) == expected
 
 
 def test_malformed_digest_is_refused() -> None:
     with pytest.raises(UsageError, match="malformed digest"):
-        registry.ImageRef.parse("python@sha256:1234")
+        ImageRef.parse("python@sha256:1234")
 
 
 def test_dockerfile_with_unpinned_from_is_refused(tmp_path: Path) -> None:

@@ -175,7 +175,10 @@ def test_os_packages_reach_the_layer_through_the_apt_seam(tmp_path: Path, monkey
     (root / "system.lock").write_text("# launcher system lock\n")
     ws = types.SimpleNamespace(cache_dir=tmp_path / "cache")
     monkeypatch.setattr(project, "aptlock", FakeApt("launcher.images.aptlock", root))
-    monkeypatch.setattr(project, "debs", FakeApt("launcher.images.debs", root))
+    import launcher.images
+    import launcher.images.debs  # project imports it only for a project with system packages
+
+    monkeypatch.setattr(launcher.images, "debs", FakeApt("launcher.images.debs", root))
     with project.system_part(ws, root, "cpu", NullReporter()) as part:  # type: ignore[arg-type]
         assert part is not None and part.packages == ("tree=2.1.0-1",) and part.modes["usr/bin/tree"][0] == 0o755
         built = projectlayer.build_layer(lock_path=None, variant_lock=tmp_path / "none", image_id="sha256:img",

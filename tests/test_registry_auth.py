@@ -34,6 +34,7 @@ from launcher.cli import app
 from launcher.errors import ExitCode, RegistryAuthFailed, RegistryLoginNeeded
 from launcher.hosts import engine as engine_mod
 from launcher.images import basearchive, credentials, registry
+from launcher.images.imageref import ImageRef
 from launcher.scaffold import init_workspace
 
 USER, PASSWORD = "alice", "correct-horse-battery"
@@ -63,12 +64,12 @@ def test_basic_and_odd_challenges() -> None:
 
 
 def test_docker_hub_names_map_to_the_hub_key_as_docker_maps_them() -> None:
-    assert registry.ImageRef.parse("python:3.11").registry == "docker.io"
-    hub = registry.ImageRef.parse("index.docker.io/library/python:3.11")
+    assert ImageRef.parse("python:3.11").registry == "docker.io"
+    hub = ImageRef.parse("index.docker.io/library/python:3.11")
     assert (hub.registry, hub.repository, hub.api_base) == ("docker.io", "library/python",
                                                            "https://registry-1.docker.io")
-    assert registry.ImageRef.parse("docker.io/python").repository == "library/python"
-    assert registry.ImageRef.parse("index.docker.io/python").short_name == "python"
+    assert ImageRef.parse("docker.io/python").repository == "library/python"
+    assert ImageRef.parse("index.docker.io/python").short_name == "python"
     assert credentials.config_key("docker.io") == credentials.config_key("index.docker.io") == \
         "https://index.docker.io/v1/"
     # docker keeps registry-1.docker.io as a registry name of its own (not Docker Hub's key)
@@ -374,7 +375,7 @@ def test_a_push_answers_the_second_challenge_for_push_scope(tmp_path: Path, monk
         blob = tmp_path / "blob"
         blob.write_bytes(os.urandom(70000))
         digest = "sha256:" + hashlib.sha256(blob.read_bytes()).hexdigest()
-        ref = registry.ImageRef.parse(f"{addr}/{REPO}:x")
+        ref = ImageRef.parse(f"{addr}/{REPO}:x")
         registry.push_blob(ref, digest, blob)
         assert stored == {digest: blob.read_bytes()}
         assert [s["scope"] for s in seen] == [f"repository:{REPO}:pull", f"repository:{REPO}:pull,push"]
@@ -459,7 +460,7 @@ def test_resolve_digest_with_the_auths_docker_login_wrote(auth_registry: dict[st
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DOCKER_CONFIG", str(auth_registry["good"]))
     assert registry.resolve_digest(auth_registry["tag"]) == auth_registry["digest"]
-    media, body = registry.get_manifest(registry.ImageRef.parse(auth_registry["tag"]), auth_registry["digest"])
+    media, body = registry.get_manifest(ImageRef.parse(auth_registry["tag"]), auth_registry["digest"])
     assert "sha256:" + hashlib.sha256(body).hexdigest() == auth_registry["digest"] and "manifest" in media
 
 
@@ -523,7 +524,7 @@ def test_a_base_carried_by_hand_moves_byte_for_byte_with_credentials(auth_regist
     layout = tmp_path / "layout"
     assert basearchive.export(f"{auth_registry['tag']}@{digest}", layout) > 0
     _, media, body = basearchive.check(layout)
-    copy = registry.ImageRef.parse(f"{auth_registry['addr']}/launcher-test/copy@{digest}")
+    copy = ImageRef.parse(f"{auth_registry['addr']}/launcher-test/copy@{digest}")
     session = registry.Session(copy)
     manifest = json.loads(body)
     for desc in [manifest["config"], *manifest["layers"]]:

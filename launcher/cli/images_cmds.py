@@ -16,6 +16,7 @@ from launcher.images import bootstrap as bootstrap_mod
 from launcher.images import build as build_mod
 from launcher.images import lock as lock_mod
 from launcher.images import pins as images
+from launcher.images.imageref import ImageRef
 from launcher.progress import Reporter
 from launcher.result import D, Result
 
@@ -193,7 +194,7 @@ def base_resolve(
     """Resolve REF's tag to its registry digest and pin it in images.lock."""
     ws = workspace_of(ctx)
     variant = check_variant(ws, variants, all_ok=True)
-    parsed = registry.ImageRef.parse(ref)
+    parsed = ImageRef.parse(ref)
     digest = registry.resolve_digest(ref, ca_bundle=ca_bundle)
     if parsed.digest and parsed.digest != digest:
         raise PinMismatch(f"{ref} names {parsed.digest} but the registry serves {digest}",

@@ -22,7 +22,7 @@ from launcher.config import FILE as PROJECT_FILE
 from launcher.config import PROJECT_TABLE
 from launcher.errors import BadConfig, BadRecipe, LockFailed, NotFound
 from launcher.hashing import atomic_write_text, sha256_file
-from launcher.images import aptdriver, aptplan, debs, pins
+from launcher.images import aptdriver, aptplan, pins
 from launcher.images import lock as pylock
 from launcher.images.aptplan import DebPackage
 from launcher.progress import NullReporter, Reporter
@@ -276,6 +276,8 @@ def lock_project(ws: Workspace, folder: Path, variant: str, reporter: Reporter |
     else:
         lock = resolve(ws, variant, decl.packages, rep, where=decl.where(folder))
         changed = write(lock, path)
+    from launcher.images import debs  # with its network client: only when packages are fetched
+
     files = tuple(debs.fetch(lock, ws.cache_dir, rep)) if fetch else ()
     return SystemLockResult(folder, path, changed, lock, lock_sha256(path), files)
 

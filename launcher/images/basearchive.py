@@ -20,7 +20,7 @@ from pathlib import Path
 from launcher.errors import Corrupt, NotFound, RegistryUnavailable, UsageError
 from launcher.hashing import atomic_write_bytes, sha256_file
 from launcher.images import registry
-from launcher.images.registry import ImageRef
+from launcher.images.imageref import ImageRef, is_loopback
 
 LAYOUT = {"imageLayoutVersion": "1.0.0"}
 SINGLE = ("application/vnd.docker.distribution.manifest.v2+json", "application/vnd.oci.image.manifest.v1+json")
@@ -86,7 +86,7 @@ def restore(folder: Path, *, start_registry: Callable[[str], object], present: C
     if present(ref):
         return "already there"
     parsed = ImageRef.parse(ref)
-    if not registry.is_loopback(parsed.registry):
+    if not is_loopback(parsed.registry):
         raise RegistryUnavailable(f"the base {ref} is in {parsed.registry}, which does not serve it to this machine",
                                   "log in to that registry (docker login), or pin a base you can reach")
     if not registry.ping(parsed.registry):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,6 +139,8 @@ def default_ca_bundle() -> Path | None:
         value = os.environ.get(var)
         if value and Path(value).is_file():
             return Path(value)
+    import ssl  # here: loading OpenSSL costs every command that only reads a lock a few tens of milliseconds
+
     for candidate in (ssl.get_default_verify_paths().cafile, *SYSTEM_CA_BUNDLES):
         if candidate and Path(candidate).is_file():
             return Path(candidate)

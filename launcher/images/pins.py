@@ -11,7 +11,7 @@ import tomllib
 
 from launcher.errors import BadRecipe, NotFound, PinMismatch
 from launcher.hashing import atomic_write_text
-from launcher.images.registry import ImageRef
+from launcher.images.imageref import ImageRef
 from launcher.workspace import VARIANT_NAME, Workspace, check_variant_name
 
 BASE_ARG = "LAUNCHER_BASE"

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from launcher.errors import ImageOutOfDate, LockFailed, NotFound
 from launcher.hosts import engine
-from launcher.images import aptlock, debs, projectlayer, projectlock
+from launcher.images import aptlock, projectlayer, projectlock
 from launcher.images import pins as images
 from launcher.images.projectlock import Requirements
 from launcher.images.tree import DEFAULT_EPOCH
@@ -170,6 +170,8 @@ def system_part(ws: Workspace, root: Path, variant: str,
     tree = Path(tempfile.mkdtemp(prefix="launcher-debs-"))
     try:
         lock = aptlock.current(ws, root, variant) or aptlock.read(path)
+        from launcher.images import debs  # with its network client: only for a project with system packages
+
         unpacked = debs.unpack_lock(lock, ws.cache_dir, tree, reporter)
         meta = {e.path: (e.mode, e.uid, e.gid) for e in unpacked.entries}
         names = tuple(f"{p.name}={p.version}" for p in lock.packages)

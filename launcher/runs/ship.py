@@ -237,13 +237,14 @@ class ViaRegistry:
         import random
 
         from launcher.images import registry as registry_mod
+        from launcher.images.imageref import is_loopback
 
         host, registry, image_id = s.host, str(s.via), s.image_id
         if not host.can_reverse_tunnel():
             raise UsageError("shipping through a registry needs an SSH host and the OpenSSH client",
                              "ship with docker save/load instead (the default)")
         if not registry_mod.ping(registry):
-            if s.cache_dir is None or not registry_mod.is_loopback(registry):
+            if s.cache_dir is None or not is_loopback(registry):
                 raise RegistryUnavailable(f"no registry answers on {registry}",
                                           "start one, or ship without --ship-via")
             registry_mod.start_local_registry(s.cache_dir / "registry", registry)
