@@ -11,6 +11,7 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict, cast
 
@@ -73,6 +74,13 @@ def normalize_name(name: str) -> str:
 
 def parse_lock(text: str, source: str = "lockfile") -> list[LockedRequirement]:
     """Parse a hashed lockfile; refuse any requirement that is not pinned and hashed."""
+    return list(_parsed(text, source))
+
+
+@lru_cache(maxsize=16)
+def _parsed(text: str, source: str) -> tuple[LockedRequirement, ...]:
+    """parse_lock's answer, remembered by the text: a run reads the variant's lock three times (its
+    requirements are frozen values, its errors raised again each time)."""
     reqs: list[LockedRequirement] = []
     logical: list[str] = []
     buf = ""
@@ -104,7 +112,7 @@ def parse_lock(text: str, source: str = "lockfile") -> list[LockedRequirement]:
             raise LockFailed(f"{source}: {m.group(1)}=={m.group(3)} has no sha256 hash",
                              "regenerate the lockfile with `launcher lock`")
         reqs.append(LockedRequirement(normalize_name(m.group(1)), m.group(3), hashes))
-    return reqs
+    return tuple(reqs)
 
 
 # pip-tools and what it needs, installed into a venv inside the base image to resolve there.
