@@ -281,14 +281,48 @@ def record_code(spec: recipe_spec.RecipeSpec, args: argparse.Namespace, tee: Tee
 
 def installed_packages() -> dict[str, object]:
     """The distributions importable here, as name==version, and their digest."""
-    from importlib import metadata
-
-    found: set[str] = set()
-    for dist in metadata.distributions():
-        md = dist.metadata  # parsed once: dist.version is md["Version"], parsed again
-        found.add(f"{(md['Name'] or '?').lower()}=={md['Version']}")
-    names = sorted(found)
+    names = sorted(distributions())
     return {"count": len(names), "digest": fp.digest_of(names)}
+
+
+def distributions(path: list[str] | None = None) -> set[str]:
+    """name==version of each distribution on path (sys.path), the name in lower case: what
+    importlib.metadata.distributions() finds there (tests compare the two), read from the Name and
+    Version headers of each *.dist-info/METADATA and *.egg-info (PKG-INFO) without importlib.metadata
+    and the email parser it brings, whose import would be paid before every run's first line."""
+    found: set[str] = set()
+    for entry in sys.path if path is None else path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:  # a zip file, a missing folder
+            continue
+        for name in names:
+            low = name.lower()
+            if low.endswith(".dist-info"):
+                meta = os.path.join(entry, name, "METADATA")
+            elif low.endswith(".egg-info"):
+                full = os.path.join(entry, name)
+                meta = os.path.join(full, "PKG-INFO") if os.path.isdir(full) else full
+            else:
+                continue
+            found.add(_name_version(meta))
+    return found
+
+
+def _name_version(meta: str) -> str:
+    """"name==version" from a metadata file's headers ("?" for a name it lacks, "None" for a version)."""
+    fields: dict[str, str] = {}
+    try:
+        with open(meta, encoding="utf-8", errors="surrogateescape") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the headers end at the first empty line
+                key, sep, value = line.partition(":")
+                if sep and not line[0].isspace() and key.lower() in ("name", "version") and key.lower() not in fields:
+                    fields[key.lower()] = value.strip()
+    except OSError:
+        pass
+    return f"{(fields.get('name') or '?').lower()}=={fields.get('version')}"
 
 
 def run_child(spec: recipe_spec.RecipeSpec, env: dict[str, str], args: argparse.Namespace, tee: Tee) -> int:
