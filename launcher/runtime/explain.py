@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any, Literal, TypedDict
 
 from launcher.runtime import fingerprints as fp
-from launcher.runtime import pictures, probes
 from launcher.runtime.record import EXIT_BAD_DATA, EXIT_USAGE, BadRecipe
 
 
@@ -165,6 +164,8 @@ def load_image(path: Path, height: int | None, width: int | None, channels: int)
 def choose_layer(model: Any, name: str | None) -> Any:
     """The declared layer (ExplainError when the model has none of that name or it is no feature map),
     else the last convolutional feature map (ExplainError when there is none)."""
+    from launcher.runtime import probes  # here: every run's runtime imports this module for its parser
+
     if name is None:
         layer = probes.find_layer(model, None)
         if layer is None:
@@ -187,6 +188,8 @@ def explain(model_path: Path, image_path: Path, out: Path, layer_name: str | Non
             input_range: tuple[float, float]) -> ExplainDocument:
     """Compute and write explain.json, heatmap.png and overlay.png into out; the document."""
     import numpy as np
+
+    from launcher.runtime import pictures, probes
 
     model = load_model(model_path)
     height, width, channels = input_shape(model)
