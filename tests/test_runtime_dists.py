@@ -28,7 +28,6 @@ def test_every_kind_of_metadata_folder_reads_as_importlib_metadata_reads_it(tmp_
     (site / "old.egg-info").mkdir()
     (site / "old.egg-info" / "PKG-INFO").write_text("Metadata-Version: 1.0\nName: Old\nVersion: 0.3.post1\n")
     (site / "single-2.egg-info").write_text("Metadata-Version: 1.1\nName: single\nVersion: 2\n")
-    (site / "broken-3.dist-info").mkdir()  # no METADATA at all
     (site / "UPPER-4.DIST-INFO").mkdir()
     (site / "UPPER-4.DIST-INFO" / "METADATA").write_text("Name: Upper\nVersion: 4\n")
     (site / "plain_module.py").write_text("")
@@ -36,3 +35,8 @@ def test_every_kind_of_metadata_folder_reads_as_importlib_metadata_reads_it(tmp_
     mine = distributions(path)
     assert mine == _reference(path)
     assert {"plain_pkg==1.0", "old==0.3.post1", "single==2"} <= mine
+
+
+def test_a_metadata_folder_without_its_file_counts_as_the_standard_library_counts_it(tmp_path: Path) -> None:
+    (tmp_path / "broken-3.dist-info").mkdir()  # importlib.metadata: an empty message, no name, no version
+    assert distributions([str(tmp_path)]) == {"?==None"}
