@@ -1,4 +1,4 @@
-"""Explanations of differing runs and model diffs as text lines, for `launcher verify` and `explain`."""
+"""Explanations of differing runs and model diffs as text lines, for `launcher verify`."""
 
 from __future__ import annotations
 
