@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
@@ -35,11 +34,22 @@ from launcher.cli.params import (
     TraceOpt,
     VariantOpt,
     WheelsOpt,
-    complete_recipe,
     threads_for,
     variant_for,
 )
 from launcher.cli.provision_text import cluster_text, facts_text
+from launcher.cli.run_opts import (
+    CodeDirOpt,
+    DataFromOpt,
+    DetachOpt,
+    EntryOpt,
+    GroupOpt,
+    MountOpt,
+    NoBuildOpt,
+    RecipeArg,
+    ReplicatesOpt,
+    ShipViaOpt,
+)
 from launcher.errors import UsageError, run_exit_code
 from launcher.hosts.hostspec import HostSpec
 from launcher.images import wheelsources
@@ -49,6 +59,8 @@ if TYPE_CHECKING:
     from launcher.hosts.provision import ProvisionListing
     from launcher.runs.control import CleanListing, PsListing
     from launcher.runs.replicates import FailureRecord
+    from launcher.runs.runspec import RunSpec
+    from launcher.workspace import Workspace
 from launcher.runs import targets
 from launcher.runs.store import resolve_run_id
 
@@ -141,15 +153,7 @@ def print_failure(failure: FailureRecord | None) -> None:
 @with_host()
 def run_cmd(
     ctx: typer.Context,
-    recipe: Annotated[
-        str,
-        typer.Argument(
-            metavar="RECIPE",
-            autocompletion=complete_recipe,
-            help="A recipe name (recipes/NAME), a recipe folder, a .py script (sent with its project folder), "
-            "or a folder with --entry.",
-        ),
-    ],
+    recipe: RecipeArg,
     script_args: ScriptArgs = None,
     host: HostSpec = LOCAL,
     variant: VariantOpt = "cpu",
@@ -157,69 +161,21 @@ def run_cmd(
     determinism: DeterminismOpt = "deterministic",
     threads: ThreadsOpt = None,
     data: DataOpt = None,
-    data_from: Annotated[
-        Path | None,
-        typer.Option(
-            "--data-from",
-            metavar="DIR",
-            help="Dataset folder on this machine: sent to the host by content (a later run with the same "
-            "files sends nothing), then mounted read-only like --data.",
-        ),
-    ] = None,
+    data_from: DataFromOpt = None,
     param: ParamOpt = None,
     probes: ProbesOpt = None,
     trace_every: TraceOpt = None,
     checkpoint_every: CheckpointOpt = None,
     env: EnvOpt = None,
     secret_env: SecretEnvOpt = None,
-    runs_n: Annotated[int, typer.Option("--runs", "-n", metavar="N",
-                                        help="Replicates per seed, grouped for verify. The first that fails stops "
-                                        "the rest.")] = 1,
-    detach: Annotated[
-        bool, typer.Option("--detach", "-d", help="Start and return; `launcher pull` later.")
-    ] = False,
-    group: Annotated[str | None, typer.Option("--group", "-g", metavar="NAME",
-                                              help="Group name (default: generated).")] = None,
-    ship_via: Annotated[
-        str | None,
-        typer.Option(
-            "--ship-via",
-            metavar="REGISTRY",
-            help="Ship the image through this local registry (e.g. 127.0.0.1:5000) and a reverse SSH tunnel "
-            "instead of docker save/load: a rebuild then sends only its new layers. On a Slurm cluster: a registry "
-            "its nodes pull from, or `shared` for an archive on its shared filesystem (default: the registry set "
-            "by `provision --scheduler slurm --registry`, else `shared`).",
-        ),
-    ] = None,
-    no_build: Annotated[
-        bool,
-        typer.Option(
-            "--no-build",
-            help="Refuse (exit 25) instead of rebuilding when the workspace's recipes, runtime, lock or "
-            "Dockerfile differ from the image. By default run rebuilds first (a recipe edit takes seconds).",
-        ),
-    ] = False,
-    mount: Annotated[
-        bool,
-        typer.Option(
-            "--mount",
-            help="Development mode: mount the workspace recipe read-only instead of running the copy baked into "
-            "the image, so an edit needs no rebuild (recorded as mounted, with the digest of what was mounted).",
-        ),
-    ] = False,
-    code_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--code",
-            metavar="DIR",
-            help="For a plain script: the folder sent with it (default: the enclosing git work tree, else the "
-            "script's folder; .gitignore respected).",
-        ),
-    ] = None,
-    entry: Annotated[
-        str | None,
-        typer.Option("--entry", metavar="FILE", help="Run FILE inside the folder RECIPE, which has no recipe.toml."),
-    ] = None,
+    runs_n: ReplicatesOpt = 1,
+    detach: DetachOpt = False,
+    group: GroupOpt = None,
+    ship_via: ShipViaOpt = None,
+    no_build: NoBuildOpt = False,
+    mount: MountOpt = False,
+    code_dir: CodeDirOpt = None,
+    entry: EntryOpt = None,
     scheduler: SchedulerOpt = None,
     partition: PartitionOpt = None,
     slurm_opt: SlurmOpt = None,
@@ -242,48 +198,30 @@ def run_cmd(
     runs.checkpoint_option(checkpoint_every)
     user_env = userenv.parse(env or [], secret_env or [])
     ws = workspace_of(ctx)
-    variant = variant_for(ctx, ws, variant, recipe, entry)
-    threads = threads_for(ctx, determinism, threads)
     spec = runs.RunSpec(
-        recipe=recipe,
-        variant=variant,
-        seed=seed[0] if seed else None,
-        profile=determinism,
-        threads=threads,
-        data=data,
-        data_from=str(data_from) if data_from else None,
-        params=runs.parse_params(param or []),
-        group=group,
-        detach=detach,
-        ship_via=ship_via,
-        args=list(script_args or []),
-        code=str(code_dir) if code_dir else None,
-        entry=entry,
-        mount=mount,
-        build=not no_build,
-        probes=probes,
-        trace_every=trace_every,
-        checkpoint_every=checkpoint_every,
-        env=dict(user_env.plain),
-        secret_env=dict(user_env.secret),
+        recipe=recipe, variant=variant_for(ctx, ws, variant, recipe, entry), seed=seed[0] if seed else None,
+        profile=determinism, threads=threads_for(ctx, determinism, threads), data=data,
+        data_from=str(data_from) if data_from else None, params=runs.parse_params(param or []), group=group,
+        detach=detach, ship_via=ship_via, args=list(script_args or []), code=str(code_dir) if code_dir else None,
+        entry=entry, mount=mount, build=not no_build, probes=probes, trace_every=trace_every,
+        checkpoint_every=checkpoint_every, env=dict(user_env.plain), secret_env=dict(user_env.secret),
         find_links=[str(d) for d in wheelsources.check_dirs(find_links or ())],
-        ca_bundle=str(ca_bundle) if ca_bundle else None,
-    )
-    runs.load_recipe(ws, recipe, entry=entry)
+        ca_bundle=str(ca_bundle) if ca_bundle else None)
+    _run(ctx, ws, spec, host, runs_n, seed or [], (scheduler, partition, slurm_opt, max_parallel))
+
+
+def _run(ctx: typer.Context, ws: Workspace, spec: RunSpec, host: HostSpec, runs_n: int, seeds: list[int],
+         placing: tuple[str | None, str | None, list[str] | None, int | None]) -> None:
+    """run_cmd's run of spec on host (placed by --scheduler and its options), rendered."""
+    from launcher.runs import lifecycle as runs
+
+    runs.load_recipe(ws, spec.recipe, entry=spec.entry)
     opts = options(ctx)
     # --quiet hides progress bars, not the training log the run streams (--json keeps stdout for the JSON)
     sink = None if opts.json else (lambda line: stdout.print(line, markup=False, highlight=False))
     with _open(ctx, host) as h, reporter(ctx) as rep:
-        outcome = runs.run_recipe(
-            ws,
-            spec,
-            target(h, host, scheduler, partition, slurm_opt, max_parallel),
-            rep,
-            runs=runs_n,
-            seeds=seed or [],
-            on_log=sink,
-            host_spec=host,
-        )
+        outcome = runs.run_recipe(ws, spec, target(h, host, *placing), rep, runs=runs_n, seeds=seeds, on_log=sink,
+                                  host_spec=host)
     failure = outcome.failure
     if outcome.detached:
         summary = f"group {outcome.group}: {len(outcome.runs)} runs started; `launcher pull RUN` when done"

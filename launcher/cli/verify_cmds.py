@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 from launcher.cli.common import command, render, reporter, stdout, workspace_of
+from launcher.cli.difftext import explanation_lines, model_lines, num
 from launcher.cli.hostopts import (
     MaxParallelOpt,
     PartitionOpt,
@@ -46,18 +47,16 @@ from launcher.result import Result
 
 if TYPE_CHECKING:
     from launcher.report.records import ReportDoc
-    from launcher.runs.experiment import ExperimentRecord
-    from launcher.verify.differences import Explanation, ModelExplanation
+    from launcher.runs.experiment import ExperimentRecord, ExperimentResult
+    from launcher.verify.differences import ModelExplanation
     from launcher.verify.modeldiff import SourcedModelDiff
     from launcher.verify.verdicts import VerdictRecord
 from launcher.runs.determinism import DEFAULT_SEED
-from launcher.verify.stepdiff import steps_detail, steps_phrase
 
 app = typer.Typer()
 verify_app = group("verify", "Compare runs bit for bit and explain the differences.")
 app.add_typer(verify_app)
 
-MAX_ARRAY_LINES = 12
 _STYLE = {"identical": "green", "identical-content": "green", "differs": "bold red", "missing": "yellow",
           "reference": "cyan", "unreadable": "yellow", "ignored": "dim"}
 _VERDICT_STYLE = {"identical": "green", "consistent": "green", "inconclusive": "bold yellow", "differs": "bold red"}
@@ -67,107 +66,11 @@ def _short(run_id: str) -> str:
     return run_id.rsplit("-", 1)[-1] if "-" in run_id else run_id
 
 
-def _num(x: Any) -> str:
-    return f"{x:.3g}" if isinstance(x, float) else str(x)
-
-
-def _full(x: Any) -> str:
-    return f"{x:.10g}" if isinstance(x, float) else str(x)
-
-
 def _yes(flag: bool | None) -> str:
     if flag is None:
         return "[yellow]unknown[/] (not recorded)"
     return "[green]True[/]" if flag else "[bold red]False[/]"
 
-
-def model_lines(model: ModelExplanation) -> list[str]:
-    """A model diff (an explanation's, or `verify models`') as text lines."""
-    if "error" in model:
-        return [f"model ({model['source']}): could not diff: {model['error']}"]
-    lines: list[str] = []
-    first = model.get("first_difference")
-    head = (f"model ({model['source']}): {model['arrays_differing']} of {model['arrays_total']} "
-            f"arrays differ, {model['elements_differing']} of {model['elements_total']} elements")
-    lines.append(head if first else f"model ({model['source']}): all arrays identical")
-    shown = 0
-    differing = [a for a in model["arrays"] if a["status"] != "identical"]
-    for a in differing:
-        if shown == MAX_ARRAY_LINES:
-            lines.append(f"  and {len(differing) - shown} more arrays differ (all of them in --json)")
-            break
-        shown += 1
-        detail = {"differs": f"{a['differing']} of {a['total']} elements, max abs diff "
-                             f"{_num(a['max_abs_diff'])}, max rel diff {_num(a['max_rel_diff'])}",
-                  "shape": f"shape/dtype {a['shape']} {a['dtype']} vs {a['other_shape']}",
-                  "missing": "in one model only"}.get(a["status"], a["status"])
-        is_first = first is not None and (a["layer"], a["array"]) == (first["layer"], first["array"])
-        mark = "first differing: " if is_first else ""
-        lines.append(f"  {mark}layer {a['layer']} array {a['array']}: {detail}")
-    return lines
-
-
-def explanation_lines(exp: Explanation) -> list[str]:
-    """The explanation of one differing run as indented text lines."""
-    lines: list[str] = []
-    for f in exp.get("files") or []:
-        content = f.get("content")
-        hint = f"; to leave it out: --ignore '{f['ignore']}'" if f.get("ignore") else ""
-        what = (f"in one run only{hint}" if f["status"] == "missing" else (content and content.get("difference"))
-                or "bytes differ (format not compared by content)")
-        lines.append(f"file {f['path']}: {what}")
-    model = exp.get("model")
-    if model is not None:
-        lines += model_lines(model)
-    init = exp.get("initial_weights")
-    if init is not None:
-        if init["same"]:
-            lines.append("initial weights: identical (the runs started from the same weights)")
-        else:
-            ifd = init.get("first_difference")
-            layer, array = (ifd["layer"], ifd["array"]) if ifd else (None, None)
-            lines.append(f"initial weights: differ from the start ({init['arrays_differing']} arrays; "
-                         f"first layer {layer} array {array})")
-    data = exp.get("data")
-    if data is not None:
-        lines.append("training data: identical" if data["same"] else
-                     "training data: differs (" + (", ".join(data["entries_differing"]) or "digest") + ")")
-    batches = exp.get("batches")
-    if batches is not None:
-        if batches["same"] is None:
-            lines.append("batches: not recorded (" + "; ".join(batches.get("unrecorded", [])) + ")")
-        elif batches["same"]:
-            lines.append(f"batches: identical in all {batches['epochs_compared']} epochs")
-        else:
-            where = batches["first_divergence"]
-            at = f"; first at epoch {where['epoch']} batch {where['batch']}" if where is not None else ""
-            lines.append(f"batches: differ in epochs {batches['epochs_differing']}{at}")
-    steps = exp.get("steps")
-    if steps is not None:
-        lines.append("training steps: " + steps_phrase(steps) + steps_detail(steps))
-    metrics = exp.get("metrics")
-    if metrics is not None:
-        fd = metrics.get("first_divergence")
-        if fd is None:
-            lines.append("metrics: identical in every epoch")
-        else:
-            parts = [f"{k} {_full(v['reference'])} -> {_full(v['run'])}"
-                     + (f" (|Δ| {_num(v['abs_diff'])})" if "abs_diff" in v else "")
-                     for k, v in fd["metrics"].items()]
-            lines.append(f"metrics: first diverge at epoch {fd['epoch']}: " + ", ".join(parts))
-    impact = exp.get("impact")
-    if impact is not None:
-        from launcher.verify.impact import impact_lines
-
-        lines += impact_lines(impact)
-    env = exp.get("environment")
-    if env:
-        lines.append("inputs and environment: " + "; ".join(
-            f"{r['key']} {r['reference']!r} -> {r['run']!r} [{r['category']}]" for r in env[:12])
-            + (f"; and {len(env) - 12} more" if len(env) > 12 else ""))
-    elif env is not None:
-        lines.append("environment: identical (same image, seed, profile, threads, host hardware)")
-    return lines
 
 
 def _print_verify(result: Result[VerdictRecord]) -> None:
@@ -404,12 +307,16 @@ def experiment_cmd(
                          placement=cluster, args=script_args or [], user_env=user_env,
                          find_links=[str(d) for d in check_dirs(find_links or ())],
                          ca_bundle=str(ca_bundle) if ca_bundle else None)
+    render(ctx, Result("experiment", res.to_dict(), res.exit_code, _experiment_summary(res)), _print_experiment)
+
+
+def _experiment_summary(res: ExperimentResult) -> str:
     n_failed = len(res.failed)
     summary = (f"{len(res.outcomes)} runs in {len(res.groups)} groups" if not n_failed
                else f"{n_failed} of {len(res.outcomes)} runs failed")
     if res.failure:
         summary += f"; {res.failure.group} {res.failure.line()} (`launcher logs {res.failure.run_id}`)"
-    render(ctx, Result("experiment", res.to_dict(), res.exit_code, summary), _print_experiment)
+    return summary
 
 
 def _print_report(result: Result[ReportDoc]) -> None:
@@ -422,8 +329,8 @@ def _print_report(result: Result[ReportDoc]) -> None:
         cells = []
         for m in metrics:
             f = g["final"][m]
-            plus_minus = f" ± {_num(f['stdev'])}" if f["stdev"] is not None else ""
-            cells.append(_num(f["mean"]) + plus_minus)
+            plus_minus = f" ± {num(f['stdev'])}" if f["stdev"] is not None else ""
+            cells.append(num(f["mean"]) + plus_minus)
         table.add_row(g["name"], g["kind"], str(len(g["runs"])), *cells)
     stdout.print(table)
     spread = d.get("seed_fixed_spread")

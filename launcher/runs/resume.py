@@ -140,24 +140,7 @@ def _move(ws: Workspace, launch: LaunchRecord, local: RunDir, spec: HostSpec,
     if kind != DirectPlacement.kind:
         raise NotResumable(f"run {run_id} ran on a {kind} target: launcher moves runs "
                            "between Docker engines (local or over SSH) only", "start it again with `launcher run`")
-    try:
-        with open_placement(ws, launch) as old:
-            state = old.state(launch)
-            if state is not None and not state.ended:
-                raise NotResumable(f"run {run_id} is still running on {old.name}",
-                                   f"stop it first (`launcher stop {run_id}`), or resume it there")
-            _not_finished(launch, state)
-            pull_outputs(old.host, old.outputs(launch), local.outputs, state_file=local.pulled_file,
-                         reporter=rep)
-            segments = run_segments(launch, state)
-            if state is not None:
-                old.release(launch)
-    except NotResumable:
-        raise
-    except LauncherError as exc:  # the old host is gone: what was pulled from it before goes on
-        rep.note(f"{launch['host']['name']} does not answer ({exc.one_line()}); resuming from the outputs "
-                 "pulled from it before")
-        segments = run_segments(launch, None)
+    segments = _leave(ws, launch, local, rep)
     _ended(launch, segments, local)
     _checkpoint_name((local.outputs / LATEST).read_text() if (local.outputs / LATEST).is_file() else None,
                      launch, "in the outputs pulled here")
@@ -195,6 +178,31 @@ def _move(ws: Workspace, launch: LaunchRecord, local: RunDir, spec: HostSpec,
         new.close()
         raise
     return moved, segments, new
+
+
+def _leave(ws: Workspace, launch: LaunchRecord, local: RunDir, rep: Reporter) -> list[Segment]:
+    """The run's outputs pulled from the host it ran on and its container there released; its
+    segments so far. A host that does not answer leaves what was pulled from it before."""
+    run_id = launch["run_id"]
+    try:
+        with open_placement(ws, launch) as old:
+            state = old.state(launch)
+            if state is not None and not state.ended:
+                raise NotResumable(f"run {run_id} is still running on {old.name}",
+                                   f"stop it first (`launcher stop {run_id}`), or resume it there")
+            _not_finished(launch, state)
+            pull_outputs(old.host, old.outputs(launch), local.outputs, state_file=local.pulled_file,
+                         reporter=rep)
+            segments = run_segments(launch, state)
+            if state is not None:
+                old.release(launch)
+    except NotResumable:
+        raise
+    except LauncherError as exc:  # the old host is gone: what was pulled from it before goes on
+        rep.note(f"{launch['host']['name']} does not answer ({exc.one_line()}); resuming from the outputs "
+                 "pulled from it before")
+        segments = run_segments(launch, None)
+    return segments
 
 
 def moved_argv(argv: Sequence[str], paths: Mapping[str, str], owner: str | None, image: str) -> list[str]:

@@ -382,6 +382,36 @@ def _train_and_validation(a: FitArguments) -> tuple[dict[str, list[Any]] | None,
     return named, validation
 
 
+def _resume_point(rec: Recorder, a: FitArguments, named: dict[str, list[Any]] | None,
+                  given: inspect.BoundArguments) -> Resume | None:
+    """The checkpoint this fit resumes from (None for none), given's initial_epoch set to it; raises
+    NotResumable where checkpoints are on and this fit cannot be resumed."""
+    points = rec.checkpoints
+    if not points.active:
+        return None
+    points.engaged = True
+    problem = _refusal(a, named, rec.fits)
+    if problem is not None:
+        from launcher.runtime.checkpoint import NotResumable
+
+        raise NotResumable(problem)
+    resume = points.resume_from()
+    if resume is not None:  # Keras numbers epochs from 0 whatever initial_epoch is: the next one
+        given.arguments["initial_epoch"] = int(resume[1]["next_epoch"])
+    return resume
+
+
+def _add_callbacks(keras: Any, model: Any, given: inspect.BoundArguments, ours: list[Any]) -> None:
+    """ours put first among the callbacks of the fit call given (a CallbackList Keras built, or a list)."""
+    callbacks = given.arguments.get("callbacks")
+    if isinstance(callbacks, keras.callbacks.CallbackList):
+        for n, callback in enumerate(ours):
+            callback.set_model(model)
+            callbacks.callbacks.insert(n, callback)
+    else:
+        given.arguments["callbacks"] = [*ours, *(callbacks or [])]
+
+
 def install(keras: Any, tf: Any, rec: Recorder) -> Callable[..., Any]:
     """Wrap keras.Model.fit so that it is recorded (see the module's doc); returns the original."""
     original = keras.Model.fit
@@ -401,31 +431,14 @@ def install(keras: Any, tf: Any, rec: Recorder) -> Callable[..., Any]:
         named, validation = _train_and_validation(a)
         if named is not None:
             rec.record_train_data(named)
-        resume = None
-        points = rec.checkpoints
-        if points.active:
-            points.engaged = True
-            problem = _refusal(a, named, rec.fits)
-            if problem is not None:
-                from launcher.runtime.checkpoint import NotResumable
-
-                raise NotResumable(problem)
-            resume = points.resume_from()
-            if resume is not None:  # Keras numbers epochs from 0 whatever initial_epoch is: the next one
-                given.arguments["initial_epoch"] = int(resume[1]["next_epoch"])
+        resume = _resume_point(rec, a, named, given)
         probe_set = probemod.capture(rec, validation, self)
         tap = BatchTap(tf)
         ours = [_recorder_callback(keras, rec, tap, resume)]
         traced = _trace_ops(keras, tf, rec, self)
         if traced is not None:
             ours.append(traced)
-        callbacks = given.arguments.get("callbacks")
-        if isinstance(callbacks, keras.callbacks.CallbackList):
-            for n, callback in enumerate(ours):
-                callback.set_model(self)
-                callbacks.callbacks.insert(n, callback)
-        else:
-            given.arguments["callbacks"] = [*ours, *(callbacks or [])]
+        _add_callbacks(keras, self, given, ours)
         try:
             import importlib
 
