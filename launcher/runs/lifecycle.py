@@ -40,6 +40,7 @@ from launcher.runs.records import (
     MOUNTED,
     RUNNING,
     CodePlan,
+    DeterminismRecord,
     ImageRecord,
     LaunchRecipe,
     LaunchRecord,
@@ -225,6 +226,12 @@ def _job(ws: Workspace, spec: RunSpec, recipe: Recipe, plan: CodePlan, run_id: s
     )
 
 
+def _determinism(spec: RunSpec, env: dict[str, str]) -> DeterminismRecord:
+    """The launch record's determinism: the profile, its thread count and the environment it sets."""
+    return {"profile": spec.profile, "threads": int(env[THREADS_ENV]) if THREADS_ENV in env else spec.threads,
+            "env": env}
+
+
 def _launch_recipe(spec: RunSpec, recipe: Recipe, plan: CodePlan, baked_digest: str | None,
                    code_identity: str | None) -> LaunchRecipe:
     """The launch record's recipe: what the host expects to run (the manifest records what the container
@@ -291,11 +298,7 @@ def _launch(
         "probes": probes,
         "trace": {"every": trace_option(spec.trace_every)},
         "seed": int(env[SEED_ENV]) if SEED_ENV in env else spec.seed,
-        "determinism": {
-            "profile": spec.profile,
-            "threads": int(env[THREADS_ENV]) if THREADS_ENV in env else spec.threads,
-            "env": env,
-        },
+        "determinism": _determinism(spec, env),
         "env": UserEnv(spec.env, spec.secret_env).record(),
         "image": image,
         "data": data,

@@ -167,6 +167,25 @@ class _HashingWriter:
         return "sha256:" + self.h.hexdigest()
 
 
+def _copy_chunks(stream: IO[bytes], sink: _HashingWriter, on_bytes: Callable[[int], None] | None) -> int:
+    """One file's length-framed chunks from stream into sink, up to the empty chunk; the bytes copied."""
+    size = 0
+    while True:
+        (n,) = struct.unpack(">Q", _read_exact(stream, 8))
+        if n == 0:
+            return size
+        remaining = n
+        while remaining:
+            block = stream.read(min(remaining, CHUNK))
+            if not block:
+                raise EOFError("stream ended inside a file")
+            sink.write(block)
+            remaining -= len(block)
+            size += len(block)
+            if on_bytes is not None:
+                on_bytes(len(block))
+
+
 def receive_files(
     stream: IO[bytes],
     dest: Path,
@@ -192,20 +211,7 @@ def receive_files(
         with os.fdopen(fd, "wb") as tmp:
             sink = _HashingWriter(tmp)
             try:
-                while True:
-                    (n,) = struct.unpack(">Q", _read_exact(stream, 8))
-                    if n == 0:
-                        break
-                    remaining = n
-                    while remaining:
-                        block = stream.read(min(remaining, CHUNK))
-                        if not block:
-                            raise EOFError("stream ended inside a file")
-                        sink.write(block)
-                        remaining -= len(block)
-                        size += len(block)
-                        if on_bytes is not None:
-                            on_bytes(len(block))
+                size = _copy_chunks(stream, sink, on_bytes)
                 trailer = _json_line(stream.readline())
                 digest = sink.finish()
             except OSError as exc:
