@@ -113,7 +113,10 @@ def test_canonical_and_layers_both_altered_disagree_with_the_native_save(ws: Wor
         for wa in load_canonical(b / "outputs/model/canonical.npz"):
             f.create_dataset(f"layers/{wa.layer}/vars/{wa.array}", data=wa.value)
     refresh_manifest(b)
-    assert verify_checksums(ws, [b.name]).consistency[b.name]["native"]["ok"] is True
+    alone = verify_checksums(ws, [b.name])
+    assert alone.consistency[b.name]["native"]["ok"] is True
+    assert ("canonical weights match weights/layers.json and its native save model/model.weights.h5"
+            in alone.summary_line())  # one sentence, not a dangling "and its native save ..."
     flip_bit(b, "dense_1", 0, element=1, bit=5, retrain=True)  # canonical and layers.json agree with each other
     with pytest.raises(Corrupt, match=r"layer dense_1 array 0 is not in its native save model/model\.weights\.h5"):
         verify_checksums(ws, [b.name])
@@ -126,7 +129,8 @@ def test_one_run_alone_is_consistent(ws: Workspace) -> None:
     assert report.to_dict()["verdict"] == "consistent"
     assert report.selection == "the only run of mnist_convnet"
     assert report.consistency[a.name]["layers"] == {"arrays": 6, "ok": True}
-    assert "checked alone" in report.summary_line() and "weights/layers.json" in report.summary_line()
+    assert "checked alone" in report.summary_line()
+    assert "canonical weights match weights/layers.json" in report.summary_line()
     r = CliRunner().invoke(app, ["--workspace", str(ws.root), "--quiet", "verify", "checksums", a.name])
     assert r.exit_code == 0 and "consistent" in r.stdout
 

@@ -344,11 +344,12 @@ class VerifyReport:
         ref = self.reference.run_id
         cons = self.consistency.get(ref)
         parts = [f"{self.integrity.files} files match its manifest"]
-        if cons is not None and cons.get("layers"):
-            parts.append("canonical weights match weights/layers.json")
+        matched = ["weights/layers.json"] if cons is not None and cons.get("layers") else []
         native = cons.get("native") if cons is not None else None
         if native is not None and native.get("ok"):
-            parts.append(f"and its native save {str(native['source']).removeprefix('outputs/')}")
+            matched.append(f"its native save {str(native['source']).removeprefix('outputs/')}")
+        if matched:
+            parts.append("canonical weights match " + " and ".join(matched))
         line = f"consistent: run {ref} checked alone: " + ", ".join(parts)
         none = evidence_reason(self.outcomes(), alone=True)
         return line + (f"; it holds no evidence of training: {none['line']}; fix: {none['fix']}" if none else "")
