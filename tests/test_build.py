@@ -131,3 +131,17 @@ def test_tensorflow_image_runs_tensorflow_and_fwr13y(cpu_image: dict[str, Any]) 
     assert out.strip().splitlines()[-1] == "2.21.0"
     labels = docker_engine.inspect(cpu_image["tag"])["Config"]["Labels"]
     assert labels["org.launcher.variant"] == "cpu"
+
+
+def test_a_build_record_round_trips_through_its_json_keys_without_noop() -> None:
+    from launcher.images.buildrecord import BuildRecord
+
+    rec = BuildRecord(variant="cpu", image_id="sha256:1", tag="t:1", content="sha256:2", base="b@sha256:3",
+                      lock_sha256="4", tree_digest="sha256:5", labels={"a": "b"}, built_at="now", seconds=1.5,
+                      noop=True, extra={"epoch": 0, "parts": {"lock": "4"}})
+    written = rec.to_json()
+    assert sorted(written) == ["base", "built_at", "content", "extra", "image_id", "labels", "lock_sha256",
+                               "record_version", "seconds", "tag", "tree_digest", "variant"]
+    assert written["extra"] == rec.extra and written["extra"] is not rec.extra
+    back = BuildRecord.from_json({**written, "noop": True})
+    assert back == BuildRecord(**{**written, "noop": False})

@@ -206,22 +206,25 @@ def test_a_pyxis_task_gets_the_users_env_and_its_secret_from_a_file_it_removes(t
     assert not env_file.exists()  # removed when the task ended
 
 
+@dataclass
+class _RecordingLogin(FakeLogin):
+    """A login node that keeps every command with what was written to its stdin; it owns files as 1000:1000."""
+
+    inputs: list[tuple[list[str], bytes | None]] = field(default_factory=list)
+
+    def run(self, argv: list[str], check: bool = False, **kw: Any) -> Completed:
+        self.inputs.append((list(argv), kw.get("input")))
+        return super().run(argv, check, **kw)
+
+    def owner(self) -> str:
+        return "1000:1000"
+
+    def makedirs(self, path: str) -> None:
+        pass
+
+
 def test_a_docker_task_passes_secrets_by_env_file_written_through_stdin(tmp_path: Path) -> None:
-    @dataclass
-    class Recording(FakeLogin):
-        inputs: list[tuple[list[str], bytes | None]] = field(default_factory=list)
-
-        def run(self, argv: list[str], check: bool = False, **kw: Any) -> Completed:
-            self.inputs.append((list(argv), kw.get("input")))
-            return super().run(argv, check, **kw)
-
-        def owner(self) -> str:
-            return "1000:1000"
-
-        def makedirs(self, path: str) -> None:
-            pass
-
-    login = Recording({("sbatch", "--parsable"): (0, "41\n", "")})
+    login = _RecordingLogin({("sbatch", "--parsable"): (0, "41\n", "")})
     placement = SlurmPlacement(login)  # type: ignore[arg-type]
     placement.settings = {"runtime": "docker"}
     placement.start_array([_job(tmp_path, secret_env={"TOKEN": "hunter2"})])
@@ -266,21 +269,7 @@ def test_a_docker_task_without_the_shared_archive_runs_nothing(tmp_path: Path) -
 
 
 def test_the_array_is_the_package_script_with_its_sbatch_options_on_the_command_line(tmp_path: Path) -> None:
-    @dataclass
-    class Recording(FakeLogin):
-        inputs: list[tuple[list[str], bytes | None]] = field(default_factory=list)
-
-        def run(self, argv: list[str], check: bool = False, **kw: Any) -> Completed:
-            self.inputs.append((list(argv), kw.get("input")))
-            return super().run(argv, check, **kw)
-
-        def owner(self) -> str:
-            return "1000:1000"
-
-        def makedirs(self, path: str) -> None:
-            pass
-
-    login = Recording({("sbatch", "--parsable"): (0, "41\n", "")})
+    login = _RecordingLogin({("sbatch", "--parsable"): (0, "41\n", "")})
     placement = SlurmPlacement(login, partition="gpu", options={"time": "10"}, max_parallel=2)  # type: ignore[arg-type]
     placement.settings = {"runtime": "docker"}
     jobs = [replace(_job(tmp_path), run_id=f"r{i}", host_out=str(tmp_path / f"r{i}" / "out")) for i in range(3)]

@@ -21,7 +21,7 @@ from launcher.progress import Reporter
 from launcher.result import D, Result
 
 if TYPE_CHECKING:
-    from launcher.images.build import BuildData
+    from launcher.images.buildrecord import BuildData
 from launcher.scaffold import init_workspace
 from launcher.workspace import Workspace
 

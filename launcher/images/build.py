@@ -3,7 +3,6 @@ build records, and `rebuild --verify`."""
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import re
@@ -11,17 +10,18 @@ import shutil
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict
 
 from launcher import __version__, proc
-from launcher.errors import BuildFailed, Corrupt, ImageOutOfDate, NotFound
+from launcher.errors import BuildFailed, ImageOutOfDate, NotFound
 from launcher.hashing import atomic_write_bytes, atomic_write_json, sha256_bytes
 from launcher.hosts import engine
 from launcher.images import offline, recipelayer, wheels
 from launcher.images import pins as images
 from launcher.images import tree as imagetree
+from launcher.images.buildrecord import BuildRecord
+from launcher.images.buildrecord import read_record as read_record  # callers read records as build.read_record
 from launcher.images.lock import parse_lock
 from launcher.progress import NullReporter, Reporter
 from launcher.runtime import code as codedigest
@@ -29,70 +29,8 @@ from launcher.workspace import Workspace
 
 LABEL = "org.launcher."
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # launcher/
-RECORD_VERSION = 1
 STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)")
 STEP_IMAGE = re.compile(r"^---> ([0-9a-f]{12,64})$")
-
-
-class BuildExtra(TypedDict, total=False):
-    """A build record's ``extra``: what a later build or check compares; a record written before a
-    key existed lacks it (readers fall back: a full rebuild, the default epoch)."""
-
-    recipes_digest: str
-    runtime_digest: str
-    recipes: dict[str, str]  # recipe folder -> its digest
-    env_content: str
-    env_image_id: str
-    parts: dict[str, str]  # dockerfile, lock, base, runtime, recipes -> digest (Inputs.parts)
-    epoch: int
-    files: int
-    tree: dict[str, str]  # in memory only, after a build: the image's tree (saved beside the record)
-
-
-class BuildRecordJSON(TypedDict):
-    """A build record as written in .launcher/builds/ (BuildRecord less its in-memory ``noop``)."""
-
-    variant: str
-    image_id: str
-    tag: str
-    content: str
-    base: str
-    lock_sha256: str
-    tree_digest: str
-    labels: dict[str, str]
-    built_at: str
-    seconds: float
-    record_version: int
-    extra: BuildExtra
-
-
-class BuildData(BuildRecordJSON):
-    """The `build` command's Result data: the record, and whether the build was a no-op."""
-
-    noop: bool
-
-
-@dataclass
-class BuildRecord:
-    variant: str
-    image_id: str
-    tag: str
-    content: str
-    base: str
-    lock_sha256: str
-    tree_digest: str
-    labels: dict[str, str]
-    built_at: str
-    seconds: float
-    noop: bool = False
-    record_version: int = RECORD_VERSION
-    extra: BuildExtra = field(default_factory=BuildExtra)
-
-    def to_json(self) -> BuildRecordJSON:  # the record as written (asdict's copy, less noop)
-        return {"variant": self.variant, "image_id": self.image_id, "tag": self.tag, "content": self.content,
-                "base": self.base, "lock_sha256": self.lock_sha256, "tree_digest": self.tree_digest,
-                "labels": dict(self.labels), "built_at": self.built_at, "seconds": self.seconds,
-                "record_version": self.record_version, "extra": copy.deepcopy(self.extra)}
 
 
 @dataclass(frozen=True)
@@ -156,20 +94,6 @@ def env_content_of(variant: str, dockerfile_text: str, lock_sha256: str, base_re
     org.launcher.env-content): so a Dockerfile can be checked against an image built from it."""
     parts = [variant, dockerfile_text, lock_sha256, base_ref, runtime_digest]
     return "sha256:" + hashlib.sha256("\n".join(parts).encode()).hexdigest()
-
-
-def read_record(ws: Workspace, variant: str) -> BuildRecord | None:
-    path = ws.build_record(variant)
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text())
-        data.pop("noop", None)
-        return BuildRecord(**data)
-    except (ValueError, TypeError) as exc:
-        raise Corrupt(f"build record {path} is unreadable: {exc}",
-                      f"delete it and run `launcher build --variant {variant}`") \
-            from exc
 
 
 def _context(ws: Workspace, inputs: Inputs, house: wheels.Wheelhouse, into: Path) -> None:
@@ -378,9 +302,7 @@ def _existing(ws: Workspace, variant: str, inputs: Inputs) -> BuildRecord | None
         if not path.is_file():
             continue
         try:
-            data = json.loads(path.read_text())
-            data.pop("noop", None)
-            rec = BuildRecord(**data)
+            rec = BuildRecord.from_json(json.loads(path.read_text()))
         except (ValueError, TypeError):
             continue
         if rec.content != inputs.content or not engine.image_exists(rec.tag):

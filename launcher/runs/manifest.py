@@ -30,7 +30,6 @@ from launcher.runs.records import (
     ManifestHost,
     ManifestPlacement,
     ManifestRecipe,
-    ManifestRuntime,
     PulledFile,
     Segment,
     placement_kind,
@@ -40,6 +39,7 @@ from launcher.runtime.recipespec import ParamValue
 
 if TYPE_CHECKING:
     from launcher.runs.placement import RunState
+    from launcher.runtime.records import RuntimeDocument
 
 SCHEMA_VERSION = 1
 STATUSES = (SUCCEEDED, FAILED, CANCELLED)
@@ -134,7 +134,7 @@ class Manifest:
         return self.data["host"]
 
     @property
-    def runtime(self) -> ManifestRuntime:  # what the runtime in the container wrote ({} where nothing)
+    def runtime(self) -> RuntimeDocument:  # what the runtime in the container wrote ({} where nothing)
         value = self.data.get("runtime")
         return value if isinstance(value, dict) else {}
 
@@ -254,10 +254,10 @@ def read_json_object(path: Path) -> dict[str, Any]:
         return {}
 
 
-def read_runtime_record(outputs: Path) -> ManifestRuntime:
+def read_runtime_record(outputs: Path) -> RuntimeDocument:
     """``_launcher/runtime.json`` under outputs as the runtime wrote it ({} where there is none); its fields
     are checked where they are read (launcher.verify.evidence)."""
-    return cast(ManifestRuntime, read_json_object(outputs / RUNTIME_RECORD))
+    return cast("RuntimeDocument", read_json_object(outputs / RUNTIME_RECORD))
 
 
 def read_exit_record(outputs: Path) -> ExitRecord:

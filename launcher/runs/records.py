@@ -17,7 +17,7 @@ from launcher.runtime.recipespec import ParamValue
 if TYPE_CHECKING:
     from launcher.hosts.hostspec import HostRecord
     from launcher.hosts.provision import HostFacts, NoFacts
-    from launcher.runtime.records import Applied, Determinism, PlatformInfo, ProbeConfig, PythonInfo, SeedCall
+    from launcher.runtime.records import ProbeConfig, RuntimeDocument
 
 
 class GitState(TypedDict, total=False):
@@ -365,25 +365,6 @@ class ManifestHost(HostDescription):
     facts: HostFacts | NoFacts
 
 
-class ManifestRuntime(TypedDict, total=False):
-    """The ``runtime`` of manifest.json: ``_launcher/runtime.json`` as the runtime in the container wrote it
-    (launcher.runtime.records.RuntimeDocument); any key may be absent (an older or interrupted runtime, {})."""
-
-    profile: str
-    seed: int | None
-    threads: int | None
-    seeded: dict[str, int]
-    framework: Applied | None
-    frameworks: list[str]
-    applied: dict[str, Applied]
-    seed_calls: list[SeedCall]
-    seed_calls_total: int
-    determinism: Determinism
-    python: PythonInfo
-    platform: PlatformInfo
-    env: dict[str, str]
-
-
 class ManifestData(TypedDict):
     """``runs/<id>/manifest.json`` (schema version 1; launcher.runs.manifest reads and writes it). The
     required keys are the ones :func:`launcher.runs.manifest.validate` checks."""
@@ -404,7 +385,7 @@ class ManifestData(TypedDict):
     image: ImageRecord
     host: ManifestHost
     placement: NotRequired[ManifestPlacement]  # its kind and what its target recorded (RunState.info)
-    runtime: NotRequired[ManifestRuntime]
+    runtime: NotRequired[RuntimeDocument]  # _launcher/runtime.json as it was written ({} where none)
     started_at: str
     ended_at: NotRequired[str]
     exit_code: NotRequired[int]

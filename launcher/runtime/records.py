@@ -245,8 +245,11 @@ class PlatformInfo(TypedDict):
     cpu_count: int | None
 
 
-class RuntimeDocument(TypedDict):
-    """``_launcher/runtime.json``: the profile, what was imported and applied, the code's own seeds."""
+class RuntimeDocument(TypedDict, total=False):
+    """``_launcher/runtime.json``: the profile, what was imported and applied, the code's own seeds.
+
+    The runtime (launcher.runtime.hooks) writes every key; a reader (the manifest's ``runtime``, the
+    verifier) takes any key as possibly absent: an older or interrupted runtime wrote some only, or none."""
 
     profile: str
     seed: int | None
