@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from launcher.images import build, registry
+from launcher.images import build, buildrecord, registry
 from launcher.images import pins as images
 from launcher.images.bootstrap import bootstrap
 from launcher.runs import project
@@ -90,7 +90,7 @@ def main() -> int:
         after = project.with_image(fresh_cache(ws, Path(tmp) / "cache"), spec, recipe)
         layer_s = time.monotonic() - started
         assert before.image and after.image
-        unchanged = build.read_record(ws, "cpu")
+        unchanged = buildrecord.read_record(ws, "cpu")
         same = unchanged is not None and unchanged.image_id == full.image_id
         print(f"after adding humanize to requirements.in: lock {lock_s:.1f} s, project layer {layer_s:.1f} s "
               f"(packages {', '.join(after.image['project']['packages'])})")

@@ -113,14 +113,14 @@ def launcher_argv(ws: Path, *args: str) -> list[str]:
 
 def cpu_image(ws: Path) -> str:
     """The workspace's cpu image, built first (by `launcher build`) when missing or out of date."""
-    from launcher.images import build
+    from launcher.images import buildrecord
     from launcher.workspace import Workspace
 
     built = subprocess.run(launcher_argv(ws, "build", "--variant", "cpu"), capture_output=True, text=True)
     if built.returncode != 0:
         raise SystemExit(f"launcher build --variant cpu failed (exit {built.returncode}):\n{built.stdout[-2000:]}"
                          f"{built.stderr[-2000:]}")
-    record = build.read_record(Workspace.at(ws), "cpu")
+    record = buildrecord.read_record(Workspace.at(ws), "cpu")
     if record is None:
         raise SystemExit(f"{ws}: no cpu build record after `launcher build`")
     return record.image_id

@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 from launcher.cli import app
 from launcher.errors import ExitCode
 from launcher.hashing import sha256_file
-from launcher.images import build, companions, projectlayer, recipelayer
+from launcher.images import buildrecord, companions, projectlayer, recipelayer
 from launcher.images import pins as images
 from launcher.images import tree as imagetree
 from launcher.images.lock import parse_lock
@@ -76,7 +76,7 @@ def test_a_project_with_its_own_requirements_runs_verifies_and_rebuilds_only_its
     proj.mkdir()
     (proj / "train.py").write_text(SCRIPT)
     (proj / "requirements.in").write_text("tabulate\nmsgpack\n")
-    variant = build.read_record(ws, "cpu")
+    variant = buildrecord.read_record(ws, "cpu")
     assert variant is not None
     runs = cli(ws, "run", str(proj / "train.py"), "--runs", "2")["data"]["runs"]
     assert [r["status"] for r in runs] == ["succeeded", "succeeded"]
@@ -118,7 +118,7 @@ def test_a_project_with_its_own_requirements_runs_verifies_and_rebuilds_only_its
     assert "digits: 1,797" in log_of(ws, again)
     assert [p.split("==")[0] for p in after["packages"]] == ["humanize", "msgpack", "tabulate"]
     assert after["layer"] != layer["layer"] and after["variant_image_id"] == variant.image_id
-    now = build.read_record(ws, "cpu")
+    now = buildrecord.read_record(ws, "cpu")
     assert now is not None and now.image_id == variant.image_id
     assert now.extra["env_image_id"] == variant.extra["env_image_id"]
 

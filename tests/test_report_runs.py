@@ -29,7 +29,7 @@ from runfactory import make_workspace as fake_workspace
 from typer.testing import CliRunner
 
 from launcher.cli import app
-from launcher.images.build import read_record
+from launcher.images.buildrecord import read_record
 from launcher.report.assemble import write_report
 from launcher.runtime.code import code_digest
 from launcher.workspace import Workspace

@@ -20,8 +20,7 @@ from launcher.hosts import engine
 from launcher.images import offline, recipelayer, wheels
 from launcher.images import pins as images
 from launcher.images import tree as imagetree
-from launcher.images.buildrecord import BuildRecord
-from launcher.images.buildrecord import read_record as read_record  # callers read records as build.read_record
+from launcher.images.buildrecord import BuildRecord, read_record
 from launcher.images.lock import parse_lock
 from launcher.progress import NullReporter, Reporter
 from launcher.runtime import code as codedigest

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from launcher.errors import ImageOutOfDate, LockFailed, NotFound
 from launcher.hosts import engine
-from launcher.images import aptlock, projectlayer, projectlock
+from launcher.images import aptlock, buildrecord, projectlayer, projectlock
 from launcher.images import pins as images
 from launcher.images.projectlock import Requirements
 from launcher.images.tree import DEFAULT_EPOCH
@@ -84,7 +84,7 @@ def with_image(ws: Workspace, spec: RunSpec, recipe: Recipe, reporter: Reporter 
         if system is None and req is not None and not _beyond_image(ws, req, spec.variant):
             return spec  # every requirement is one the image pins: its own image, no layer
         base = image_record(ws, spec.variant)
-        record = build.read_record(ws, spec.variant)
+        record = buildrecord.read_record(ws, spec.variant)
         extra = record.extra if record is not None else {}
         env_id = str(extra.get("env_image_id") or "")
         installer = env_id if env_id and engine.image_exists(env_id) else str(base["id"])
