@@ -11,7 +11,7 @@ from launcher.errors import Corrupt
 
 def read_jsonl(path: Path) -> list[dict[str, Any]] | None:
     """The file's JSON-object lines (other lines left out); None without the file. The rows are any
-    JSON objects here: each caller checks and types its own (StepRow, BatchRow, MetricsRow)."""
+    JSON objects here: each caller checks and types its own (StepRow, BatchRow, MetricsLine)."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
