@@ -7,8 +7,9 @@ from typing import NotRequired, TypedDict
 
 from launcher.errors import Corrupt, LauncherError
 from launcher.runs.manifest import Manifest
-from launcher.verify.differences import CANONICAL_MODEL, LAYERS, _read_json
+from launcher.verify.differences import CANONICAL_MODEL, LAYERS
 from launcher.verify.formats import native_saves
+from launcher.verify.jsonlines import read_json
 from launcher.verify.modeldiff import Weights, load_canonical, load_weights
 
 
@@ -59,7 +60,7 @@ def check_consistency(m: Manifest) -> Consistency:
 
 def _check_layers(m: Manifest, canonical: list[tuple[str, str, str]]) -> LayersCheck | None:
     """The canonical weights against weights/layers.json; None when the run has no such record."""
-    doc = _read_json(m.file(LAYERS)) if m.artifact(LAYERS) else None
+    doc = read_json(m.file(LAYERS)) if m.artifact(LAYERS) else None
     if not (isinstance(doc, dict) and isinstance(doc.get("layers"), list)):
         return None
     hint = _inconsistent_hint(m)

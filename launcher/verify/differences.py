@@ -3,18 +3,17 @@ metrics) and why (the manifests' environment diff, reduced to a one-line classif
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any, NotRequired, TypedDict, TypeVar, cast
+from typing import NotRequired, TypedDict, TypeVar, cast
 
-from launcher.errors import Corrupt, LauncherError
+from launcher.errors import LauncherError
 from launcher.runs.manifest import Manifest
-from launcher.runtime.records import MetricsLine
+from launcher.runtime.records import EpochBatches, MetricsLine
 from launcher.verify.contentlogs import ContentRecord
 from launcher.verify.environment import EnvironmentRow, environment_diff
 from launcher.verify.formats import native_saves
 from launcher.verify.impact import ProbeImpact, Tolerances, explain_impact
+from launcher.verify.jsonlines import read_json as _read_json
 from launcher.verify.jsonlines import read_jsonl as _read_jsonl
 from launcher.verify.modeldiff import (
     ArrayDiffRecord,
@@ -160,18 +159,6 @@ class Explanation(TypedDict):
     impact: ProbeImpact | None
 
 
-class BatchRow(TypedDict):
-    """One row of ``outputs/fingerprints/batches.jsonl`` (launcher.runtime.record): an epoch's batch order."""
-
-    epoch: int
-    digest: str | None
-    batches: list[str]  # each batch's digest, in order
-    unrecorded: NotRequired[str]  # why the order could not be recorded (then no batches)
-    fit: NotRequired[int]  # the second fit() of a recipe on: 1, 2, ...
-
-
-# A row of ``outputs/metrics.jsonl`` (launcher.runtime.record): "epoch" (and "fit") as integers, each
-# metric by the script's own name as a float (or, what could not be one, its str).
 class WeightsFingerprint(TypedDict, total=False):
     """``outputs/fingerprints/initial_weights.json`` (launcher.runtime.fingerprints), as read here."""
 
@@ -194,24 +181,15 @@ def repull_hint(m: Manifest) -> str:
     return f"the file changed after the pull; re-pull the run (`launcher pull {m.run_id}`)"
 
 
-def _read_json(path: Path) -> Any:  # any JSON document; the callers check its shape
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise Corrupt(f"{path} is not valid JSON ({exc})", "re-pull the run (`launcher pull RUN`)") from exc
-
-
 def read_metrics(m: Manifest) -> list[MetricsLine] | None:
     """The run's metrics.jsonl rows (JSON objects; the metric names are the script's own); None without it."""
     return cast("list[MetricsLine] | None", _read_jsonl(m.file(METRICS)))
 
 
-def _read_batches(m: Manifest) -> list[BatchRow] | None:
+def _read_batches(m: Manifest) -> list[EpochBatches] | None:
     """The run's batches.jsonl rows, those with an integer epoch; None without it."""
     rows = _read_jsonl(m.file(BATCHES))
-    return None if rows is None else [cast(BatchRow, r) for r in rows if isinstance(r.get("epoch"), int)]
+    return None if rows is None else [cast(EpochBatches, r) for r in rows if isinstance(r.get("epoch"), int)]
 
 
 def explain_model(ref: Manifest, run: Manifest) -> ModelExplanation | None:
@@ -269,7 +247,7 @@ def explain_data(ref: Manifest, run: Manifest) -> DataExplanation | None:
     }
 
 
-_Row = TypeVar("_Row", BatchRow, MetricsLine)
+_Row = TypeVar("_Row", EpochBatches, MetricsLine)
 
 
 def _by_epoch(rows: list[_Row]) -> dict[tuple[int, int], _Row]:
