@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from launcher.cli import app
 from launcher.errors import BadRecipe, ExitCode, NotFound, UsageError
 from launcher.runs import recipes
+from launcher.runtime import recipeparams as rparams
 from launcher.runtime import recipespec as rspec
 from launcher.runtime.code import code_digest
 from launcher.workspace import Workspace
@@ -93,8 +94,8 @@ def test_a_good_recipe_loads_with_its_datasets(ws: Workspace) -> None:
     assert (r.name, r.framework, r.entry) == ("tiny", "none", "train.py")
     assert r.params == {"dataset": "builtin", "epochs": 3, "rate": 0.5, "augment": True}
     assert [d.name for d in r.spec.datasets] == ["builtin", "files"]
-    assert rspec.select_dataset(r.spec, {"dataset": "files"}).files == {"data.npz": "sha256:" + "ab" * 32}
-    assert rspec.select_dataset(r.spec, {"dataset": "other"}) is None
+    assert rparams.select_dataset(r.spec, {"dataset": "files"}).files == {"data.npz": "sha256:" + "ab" * 32}
+    assert rparams.select_dataset(r.spec, {"dataset": "other"}) is None
 
 
 @pytest.mark.parametrize(("toml", "key"), [
@@ -271,7 +272,7 @@ def test_allowed_values_pass_with_the_params_type(ws: Workspace, given: dict[str
     got = recipes.check_values(r, given)
     assert got == expected
     assert [type(v) for v in got.values()] == [type(v) for v in expected.values()]
-    assert rspec.merge_params(r.spec, given) == {**r.params, **expected}  # the runtime agrees
+    assert rparams.merge_params(r.spec, given) == {**r.params, **expected}  # the runtime agrees
 
 
 @pytest.mark.parametrize(("given", "words"), [
@@ -300,7 +301,7 @@ def test_a_value_outside_the_param_is_a_usage_error_naming_the_allowed_ones(
     key = next(iter(given))
     assert f"fix: use an allowed value, e.g. --param {key}=" in line and "launcher recipes show tiny" in line
     with pytest.raises(rspec.ParamError, match="allowed: "):  # the runtime refuses the same value
-        rspec.merge_params(r.spec, dict(given))
+        rparams.merge_params(r.spec, dict(given))
 
 
 def test_the_command_line_typing_reaches_a_text_param_as_text(ws: Workspace) -> None:
@@ -441,7 +442,7 @@ def test_synthetic_digits_are_the_pinned_dataset() -> None:
     from launcher.runtime import fingerprints as fp
 
     arrays = recipe_module("_lib/recipelib/mnist.py").synthetic_digits()
-    pinned = rspec.select_dataset(recipes.load_recipe(Workspace.at(REPO), "mnist_torch").spec,
+    pinned = rparams.select_dataset(recipes.load_recipe(Workspace.at(REPO), "mnist_torch").spec,
                                   {"dataset": "synthetic"})
     assert pinned is not None and fp.arrays_fingerprint(arrays)["digest"] == pinned.fingerprint
 

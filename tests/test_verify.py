@@ -19,7 +19,8 @@ from runfactory import (
 from launcher.errors import Corrupt, ExitCode, Incompatible, NotFound, SchemaTooNew, UsageError
 from launcher.runs.manifest import ManifestMissing
 from launcher.verify.artifacts import is_volatile
-from launcher.verify.differences import CLASS_ENVIRONMENT, CLASS_INPUT, CLASS_NONDETERMINISM, categorize
+from launcher.verify.differences import CLASS_ENVIRONMENT, CLASS_INPUT, CLASS_NONDETERMINISM
+from launcher.verify.environment import categorize
 from launcher.verify.verdicts import SCHEMA, verify_checksums
 from launcher.workspace import Workspace
 

@@ -37,7 +37,7 @@ from launcher.runs.runspec import RunSpec
 from launcher.runs.store import resolve_run_id
 from launcher.runs.targets import open_placement
 from launcher.verify import opdiff
-from launcher.verify.differences import environment_diff
+from launcher.verify.environment import environment_diff
 from launcher.verify.opdiff import OpDifference
 from launcher.verify.stepdiff import StepsDiff, steps_diff, steps_phrase
 from launcher.workspace import Workspace

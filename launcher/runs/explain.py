@@ -70,35 +70,17 @@ _FAILURES: dict[int, tuple[type[LauncherError], str | None]] = {
 }
 
 
-class FileRef(TypedDict):
-    path: str
-    sha256: str
-
-
 class RuntimeRef(TypedDict):
     digest: str
     source: str
     version: str
 
 
-class ExplainDocument(TypedDict):
+class ExplainDocument(runtime_explain.ExplainDocument):
     """The explanation's ``explanation.json`` (launcher.runtime.explain.DOCUMENT): what the runtime
     computed in the run's image, completed here with the run, the image, where the paths are and why
     the range and layer were chosen."""
 
-    model: FileRef
-    image: FileRef
-    input_shape: list[int]
-    input_range: list[float]
-    layer: str
-    layer_chosen: str
-    outputs: list[float]
-    probabilities: list[float]
-    probabilities_read_as: str
-    predicted: int
-    probability: float
-    heatmap_shape: list[int]
-    heatmap: list[list[float]]
     run_id: str
     docker_image: str
     input_range_source: str

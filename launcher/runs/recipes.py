@@ -18,6 +18,7 @@ from launcher.errors import BadRecipe, NotFound, UsageError
 from launcher.runtime import frameworks
 from launcher.runtime import recipespec as rspec
 from launcher.runtime.code import code_digest
+from launcher.runtime.recipeparams import check_value
 from launcher.workspace import Workspace
 
 ParamValue = rspec.ParamValue
@@ -196,7 +197,7 @@ def check_values(recipe: Recipe, given: Mapping[str, ParamValue]) -> dict[str, P
     out: dict[str, ParamValue] = {}
     for key, value in given.items():
         try:
-            out[key] = rspec.check_value(recipe.spec, key, value)
+            out[key] = check_value(recipe.spec, key, value)
         except rspec.ParamError as exc:
             ps = exc.param
             example = ps.choices[0] if ps.choices else ps.default

@@ -67,16 +67,15 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict, cast
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from launcher.runtime.probespec import ProbeError, ProbeSpec, check_probes
 from launcher.runtime.systemspec import SystemSpecError, check_system
 
 if TYPE_CHECKING:
-    from launcher.runtime.records import DatasetRecord, JsonValue, ProbeConfig
+    from launcher.runtime.records import DatasetRecord, ProbeConfig
 
 try:
     import tomllib
@@ -481,40 +480,3 @@ def load_spec(folder: Path) -> RecipeSpec:
 def adhoc_spec(script: Path, framework: str = "none") -> RecipeSpec:
     """A plain script run as a recipe: no params of its own, no datasets."""
     return RecipeSpec(path=script, name=script.stem, framework=framework, entry=script.name, adhoc=True)
-
-
-def check_value(spec: RecipeSpec, key: str, value: Any) -> ParamValue:
-    """``value`` for the recipe's param ``key``, given the param's type; raises ParamError when the
-    param does not allow it (an ad-hoc script's params, and a param without a spec, pass as given)."""
-    ps = spec.param_specs.get(key)
-    if ps is None:
-        if key in spec.params:  # a RecipeSpec made in code with defaults only
-            ps = ParamSpec(name=key, default=spec.params[key])
-        else:
-            return cast("str | int | float | bool", value)
-    return ps.convert(value, spec.name)
-
-
-def merge_params(spec: RecipeSpec, given: Mapping[str, JsonValue]) -> dict[str, JsonValue]:
-    """Defaults overridden by ``given``; an ad-hoc script takes any params, a recipe only its own,
-    each checked against its declared type and allowed values (SpecError, ParamError)."""
-    if not spec.adhoc:
-        unknown = sorted(set(given) - set(spec.params))
-        if unknown:
-            known = ", ".join(sorted(spec.params))
-            raise SpecError(spec.path / RECIPE_FILE, f"unknown param (known: {known})", unknown[0])
-    merged: dict[str, JsonValue] = dict(spec.params)
-    for key, value in given.items():
-        merged[key] = value if spec.adhoc else check_value(spec, key, value)
-    return merged
-
-
-def select_dataset(spec: RecipeSpec, params: Mapping[str, JsonValue]) -> DatasetSpec | None:
-    for ds in spec.datasets:
-        if str(params.get(ds.param)) == ds.name:
-            return ds
-    return None
-
-
-def params_json(params: Mapping[str, JsonValue]) -> str:
-    return json.dumps(params, sort_keys=True, separators=(",", ":"))

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import launcher
-from launcher.runtime import checkpoint, probespec, workdir
+from launcher.runtime import checkpoint, probespec, recipeparams, workdir
 from launcher.runtime import code as codemod
 from launcher.runtime import explain as explainmod
 from launcher.runtime import fingerprints as fp
@@ -122,7 +122,7 @@ def prepare(args: argparse.Namespace, tee: Tee) -> tuple[recipe_spec.RecipeSpec,
     params = _merged_params(spec, given)
     lib = recipe_lib(spec, args.lib)
     record_code(spec, args, tee, lib)
-    dataset = recipe_spec.select_dataset(spec, params)
+    dataset = recipeparams.select_dataset(spec, params)
     env = dict(os.environ)
     if args.profile is not None:
         env.update(host_profile_env(args.profile, args.seed, args.threads))
@@ -130,7 +130,7 @@ def prepare(args: argparse.Namespace, tee: Tee) -> tuple[recipe_spec.RecipeSpec,
     _probes_env(args, spec, probes_given, env, tee)
     env.update({
         "LAUNCHER_OUT": str(args.out.resolve()),
-        "LAUNCHER_PARAMS": recipe_spec.params_json(params),
+        "LAUNCHER_PARAMS": recipeparams.params_json(params),
         "LAUNCHER_RECIPE": spec.name,
         "LAUNCHER_FRAMEWORK": spec.framework,
         "PYTHONUNBUFFERED": "1",
@@ -168,7 +168,7 @@ def _load_recipe(args: argparse.Namespace) -> recipe_spec.RecipeSpec:
 def _merged_params(spec: recipe_spec.RecipeSpec, given: dict[str, JsonValue]) -> dict[str, JsonValue]:
     """The recipe's defaults overridden by --params, each checked; raises RunError."""
     try:
-        return recipe_spec.merge_params(spec, given)
+        return recipeparams.merge_params(spec, given)
     except recipe_spec.SpecError as exc:
         raise RunError(str(exc), EXIT_USAGE) from None
     except recipe_spec.ParamError as exc:
@@ -219,7 +219,7 @@ def _announce(args: argparse.Namespace, spec: recipe_spec.RecipeSpec, params: di
     """What runs, with which params, arguments and profile, for the log."""
     tee.say(f"script {spec.entry}: the profile reaches TensorFlow/Keras, PyTorch or JAX when its code imports them"
             if spec.adhoc else
-            f"recipe {spec.name} ({spec.framework}), params {recipe_spec.params_json(params)}")
+            f"recipe {spec.name} ({spec.framework}), params {recipeparams.params_json(params)}")
     script_args = args.args[1:] if args.args[:1] == ["--"] else list(args.args)
     if script_args:
         tee.say("script arguments: " + " ".join(script_args))

@@ -1,28 +1,25 @@
 """Why two runs differ: where (model arrays, initial weights, dataset and batch fingerprints,
-metrics) and why (the manifests' environment diff, reduced to a one-line classification); and
-one run checked against its own records (canonical weights, per-layer digests, native save)."""
+metrics) and why (the manifests' environment diff, reduced to a one-line classification)."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any, NotRequired, TypedDict, TypeVar, cast
+from collections.abc import Sequence
+from typing import NotRequired, TypedDict, TypeVar, cast
 
-from launcher.errors import Corrupt, LauncherError
+from launcher.errors import LauncherError
 from launcher.runs.manifest import Manifest
+from launcher.runtime.records import EpochBatches, MetricsLine
 from launcher.verify.contentlogs import ContentRecord
+from launcher.verify.environment import EnvironmentRow, environment_diff
 from launcher.verify.formats import native_saves
 from launcher.verify.impact import ProbeImpact, Tolerances, explain_impact
+from launcher.verify.jsonlines import read_json as _read_json
 from launcher.verify.jsonlines import read_jsonl as _read_jsonl
 from launcher.verify.modeldiff import (
     ArrayDiffRecord,
     FirstDifference,
     ModelDiff,
-    Weights,
     diff_models,
-    load_canonical,
-    load_weights,
 )
 from launcher.verify.stepdiff import StepsDiff, steps_diff, steps_phrase
 
@@ -129,15 +126,6 @@ class MetricsExplanation(TypedDict):
     final: Where | None
 
 
-class EnvironmentRow(TypedDict):
-    """One row of an explanation's ``environment``: a flattened manifest key whose value differs."""
-
-    key: str
-    category: str  # code | data | seed | params | hardware | software | info
-    reference: object  # the manifests' values (any JSON value; None where the key is absent)
-    run: object
-
-
 class Classification(TypedDict):
     """An explanation's ``classification``: the one-line answer to why a run differs."""
 
@@ -171,39 +159,6 @@ class Explanation(TypedDict):
     impact: ProbeImpact | None
 
 
-class LayersCheck(TypedDict):
-    arrays: int
-    ok: bool
-
-
-class NativeCheck(TypedDict):
-    source: str
-    ok: bool | None  # None: the native save could not be read (skipped)
-    skipped: NotRequired[str]
-
-
-class Consistency(TypedDict):
-    """One run checked against its own records (``consistency`` in verify's JSON); None where not recorded."""
-
-    layers: LayersCheck | None
-    native: NativeCheck | None
-
-
-class BatchRow(TypedDict):
-    """One row of ``outputs/fingerprints/batches.jsonl`` (launcher.runtime.record): an epoch's batch order."""
-
-    epoch: int
-    digest: str | None
-    batches: list[str]  # each batch's digest, in order
-    unrecorded: NotRequired[str]  # why the order could not be recorded (then no batches)
-    fit: NotRequired[int]  # the second fit() of a recipe on: 1, 2, ...
-
-
-# A row of ``outputs/metrics.jsonl`` (launcher.runtime.record): "epoch" (and "fit") as integers, each
-# metric by the script's own name as a float (or, what could not be one, its str).
-MetricsRow = dict[str, float | str]
-
-
 class WeightsFingerprint(TypedDict, total=False):
     """``outputs/fingerprints/initial_weights.json`` (launcher.runtime.fingerprints), as read here."""
 
@@ -226,24 +181,15 @@ def repull_hint(m: Manifest) -> str:
     return f"the file changed after the pull; re-pull the run (`launcher pull {m.run_id}`)"
 
 
-def _read_json(path: Path) -> Any:  # any JSON document; the callers check its shape
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise Corrupt(f"{path} is not valid JSON ({exc})", "re-pull the run (`launcher pull RUN`)") from exc
-
-
-def read_metrics(m: Manifest) -> list[MetricsRow] | None:
+def read_metrics(m: Manifest) -> list[MetricsLine] | None:
     """The run's metrics.jsonl rows (JSON objects; the metric names are the script's own); None without it."""
-    return cast("list[MetricsRow] | None", _read_jsonl(m.file(METRICS)))
+    return cast("list[MetricsLine] | None", _read_jsonl(m.file(METRICS)))
 
 
-def _read_batches(m: Manifest) -> list[BatchRow] | None:
+def _read_batches(m: Manifest) -> list[EpochBatches] | None:
     """The run's batches.jsonl rows, those with an integer epoch; None without it."""
     rows = _read_jsonl(m.file(BATCHES))
-    return None if rows is None else [cast(BatchRow, r) for r in rows if isinstance(r.get("epoch"), int)]
+    return None if rows is None else [cast(EpochBatches, r) for r in rows if isinstance(r.get("epoch"), int)]
 
 
 def explain_model(ref: Manifest, run: Manifest) -> ModelExplanation | None:
@@ -301,7 +247,7 @@ def explain_data(ref: Manifest, run: Manifest) -> DataExplanation | None:
     }
 
 
-_Row = TypeVar("_Row", BatchRow, MetricsRow)
+_Row = TypeVar("_Row", EpochBatches, MetricsLine)
 
 
 def _by_epoch(rows: list[_Row]) -> dict[tuple[int, int], _Row]:
@@ -360,7 +306,7 @@ def explain_batches(ref: Manifest, run: Manifest) -> BatchesExplanation | None:
     return out
 
 
-def _metric_names(rows: list[MetricsRow]) -> list[str]:
+def _metric_names(rows: list[MetricsLine]) -> list[str]:
     names: list[str] = []
     for row in rows:
         for k, v in row.items():
@@ -369,7 +315,7 @@ def _metric_names(rows: list[MetricsRow]) -> list[str]:
     return names
 
 
-def _metric_deltas(ra: MetricsRow, rb: MetricsRow, names: list[str]) -> dict[str, MetricDelta]:
+def _metric_deltas(ra: MetricsLine, rb: MetricsLine, names: list[str]) -> dict[str, MetricDelta]:
     """The metrics that differ between two metrics.jsonl rows of one epoch."""
     deltas = {k: _delta(ra.get(k), rb.get(k)) for k in names}
     return {k: v for k, v in deltas.items() if v is not None}
@@ -410,91 +356,6 @@ def _delta(x: object, y: object) -> MetricDelta | None:
     if isinstance(x, (int, float)) and isinstance(y, (int, float)):
         out["abs_diff"] = abs(float(y) - float(x))
     return out
-
-
-# ---------------------------------------------------------------- environment diff
-
-# Flattened manifest keys -> category. Categories "code", "data", "seed" and "params" are
-# inputs; "hardware" and "software" are the environment; "info" never explains a difference.
-_EXACT_CATEGORY = {
-    # The code digest is computed inside the container from what ran: it is the code's identity.
-    # How the code got there (baked or mounted) and the git state around it are context.
-    "recipe.tree_digest": "code", "recipe.lib_digest": "code", "recipe.entry": "code", "recipe.framework": "software",
-    "recipe.code_source": "info", "recipe.files": "info", "recipe.args": "params", "recipe.volatile": "info",
-    "image.git_commit": "info", "image.git_dirty": "info", "image.runtime_digest": "software",
-    "image.packages_digest": "software",
-    "seed": "seed",
-    "image.id": "software", "image.base_digest": "software", "image.lock_sha256": "software",
-    "image.variant": "hardware", "image.launcher_version": "software", "image.tag": "info",
-    "determinism.profile": "software", "determinism.threads": "software",
-    "host.name": "info", "host.kind": "info",
-    "determinism.env.LAUNCHER_TRACE_EVERY": "info",  # what is recorded, not what is computed
-    "determinism.env.LAUNCHER_OPTRACE": "info",
-}
-_SEED_ENV = ("LAUNCHER_SEED", "PYTHONHASHSEED")
-_HARDWARE_WORDS = ("cpu", "gpu", "driver", "cuda", "cudnn", "device", "arch", "machine", "cores", "nproc",
-                   "isa")
-# Host facts that describe access and capacity, not what computes the bits.
-_INFO_FACTS = ("user", "is_root", "sudo", "systemd", "docker", "ram_bytes", "disk", "root_dir", "container_toolkit",
-               "nvidia.smi")
-_VOLATILE_WORDS = ("time", "_at", "date", "uptime", "free", "avail", "load", "pid", "hostname", "boot",
-                   "container", "run_id", "elapsed", "duration")
-
-
-# The flattened view holds the manifest's values as they are: any JSON value (a leaf, a list, {}).
-def _flatten(prefix: str, value: object, out: dict[str, Any]) -> None:
-    if isinstance(value, Mapping) and value:
-        for k in sorted(value):
-            _flatten(f"{prefix}.{k}" if prefix else str(k), value[k], out)
-    else:
-        out[prefix] = value
-
-
-def environment_view(m: Manifest) -> dict[str, Any]:
-    """The manifest fields that can explain a difference, flattened to dotted keys (their values
-    as the manifest holds them: any JSON value)."""
-    flat: dict[str, Any] = {}
-    for key in ("recipe", "image", "determinism", "host", "runtime", "params"):
-        if key in m.data:
-            _flatten(key, m.data[key], flat)
-    flat["seed"] = m.seed
-    flat.pop("recipe.name", None)
-    return {k: v for k, v in flat.items() if not _is_volatile_key(k)}
-
-
-def _is_volatile_key(key: str) -> bool:
-    leaf = key.rsplit(".", 1)[-1].lower()
-    return any(w in leaf for w in _VOLATILE_WORDS)
-
-
-def categorize(key: str) -> str:
-    if key in _EXACT_CATEGORY:
-        return _EXACT_CATEGORY[key]
-    if key.startswith("params."):
-        return "params"
-    if key.startswith("recipe.git."):
-        return "info"
-    if key.startswith(("determinism.env.", "runtime.env.")):
-        return "seed" if key.rsplit(".", 1)[-1] in _SEED_ENV else "software"
-    if key == "runtime.seed":
-        return "seed"
-    if key.startswith("host.") and not key.startswith("host.facts."):
-        return "info"
-    lower = key.lower()
-    if key.startswith("host.facts.") and any(w in lower for w in _INFO_FACTS):
-        return "info"
-    if key.startswith(("host.facts.", "runtime.")) and any(w in lower for w in _HARDWARE_WORDS):
-        return "hardware"
-    return "software"
-
-
-def environment_diff(ref: Manifest, run: Manifest) -> list[EnvironmentRow]:
-    a, b = environment_view(ref), environment_view(run)
-    rows: list[EnvironmentRow] = []
-    for key in sorted(set(a) | set(b)):
-        if a.get(key) != b.get(key):
-            rows.append({"key": key, "category": categorize(key), "reference": a.get(key), "run": b.get(key)})
-    return rows
 
 
 INPUT_CATEGORIES = ("code", "data", "seed", "params")
@@ -632,80 +493,3 @@ def explain(ref: Manifest, run: Manifest, files: list[DifferingFile] | None = No
         "model": model, "initial_weights": initial, "data": data, "batches": batches, "steps": steps,
         "metrics": metrics, "environment": env, "files": files or [], "impact": impact,
     }
-
-
-# ---------------------------------------------------------------- one run against itself
-
-
-def _digest_arrays(weights: Weights) -> list[tuple[str, str, str]]:
-    from launcher.runtime.fingerprints import array_digest
-
-    return [(a.layer, a.array, array_digest(a.value)) for a in weights]
-
-
-def _inconsistent_hint(m: Manifest) -> str:
-    return ("the run's files were altered after training; re-pull the run (`launcher pull "
-            f"{m.run_id}`) if the host's copy is intact, or run it again")
-
-
-def check_consistency(m: Manifest) -> Consistency:
-    """Cross-check one run's records of its final weights against each other.
-
-    ``model/canonical.npz`` against ``weights/layers.json`` (the per-layer sha256 the runtime
-    wrote at the end of training) and against the native save where it can be read. A
-    mismatch means a file was altered after training: Corrupt (exit 13), naming the array.
-    """
-    out: Consistency = {"layers": None, "native": None}
-    if not m.artifact(CANONICAL_MODEL):
-        return out
-    canonical = _digest_arrays(load_canonical(m.file(CANONICAL_MODEL)))
-    out["layers"] = _check_layers(m, canonical)
-    out["native"] = _check_native(m, canonical)
-    return out
-
-
-def _check_layers(m: Manifest, canonical: list[tuple[str, str, str]]) -> LayersCheck | None:
-    """The canonical weights against weights/layers.json; None when the run has no such record."""
-    doc = _read_json(m.file(LAYERS)) if m.artifact(LAYERS) else None
-    if not (isinstance(doc, dict) and isinstance(doc.get("layers"), list)):
-        return None
-    hint = _inconsistent_hint(m)
-    recorded = [(str(layer.get("name")), str(arr.get("index")), str(arr.get("sha256")))
-                for layer in doc["layers"] if isinstance(layer, dict)
-                for arr in layer.get("arrays") or [] if isinstance(arr, dict)]
-    for (layer, array, got), rec in zip(canonical, recorded, strict=False):
-        if (layer, array, got) != rec:
-            raise Corrupt(f"run {m.run_id} is inconsistent: {CANONICAL_MODEL.removeprefix('outputs/')} layer "
-                          f"{layer} array {array} (sha256 {got[7:19]}…) does not match its per-layer digest in "
-                          f"weights/layers.json ({rec[0]}/{rec[1]} {rec[2][7:19]}…)", hint)
-    if len(canonical) != len(recorded):
-        raise Corrupt(f"run {m.run_id} is inconsistent: {len(canonical)} arrays in canonical.npz, "
-                      f"{len(recorded)} in weights/layers.json", hint)
-    return {"arrays": len(canonical), "ok": True}
-
-
-def _check_native(m: Manifest, canonical: list[tuple[str, str, str]]) -> NativeCheck | None:
-    """The canonical weights against the first native save that can be read (or the last that could not)."""
-    out: NativeCheck | None = None
-    for rel in native_saves():
-        if not m.artifact(rel):
-            continue
-        try:
-            native = load_weights(m.file(rel))
-        except LauncherError as exc:
-            out = {"source": rel, "ok": None, "skipped": exc.one_line()}
-            continue
-        found = {d for _, _, d in _digest_arrays(native)}
-        shapes = {(a.value.shape, a.value.dtype.str) for a in native}
-        by_key = {(a.layer, a.array): a for a in native}
-        canonical_weights = load_canonical(m.file(CANONICAL_MODEL)) if len(canonical) else None
-        for (layer, array, digest), wa in zip(canonical, canonical_weights or [], strict=False):
-            if digest in found:
-                continue
-            twin = by_key.get((layer, array))
-            comparable = twin is not None or (wa.value.shape, wa.value.dtype.str) in shapes
-            if comparable:
-                raise Corrupt(f"run {m.run_id} is inconsistent: canonical.npz layer {layer} array {array} is not "
-                              f"in its native save {rel.removeprefix('outputs/')}", _inconsistent_hint(m))
-        return {"source": rel, "ok": True}
-    return out

@@ -40,6 +40,7 @@ from launcher.verify.artifacts import (
     ignored_groups,
     recipe_volatile,
 )
+from launcher.verify.consistency import Consistency, check_consistency
 from launcher.verify.differences import (
     BATCHES,
     CLASS_IDENTICAL,
@@ -51,10 +52,8 @@ from launcher.verify.differences import (
     METRICS,
     MISSING,
     REFERENCE,
-    Consistency,
     DifferingFile,
     Explanation,
-    check_consistency,
     explain,
     repull_hint,
 )
