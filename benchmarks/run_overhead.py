@@ -166,6 +166,10 @@ def main() -> int:
                 walls[side].append(timed(argv[side], expect))
                 print(f"  {side:<8} run {i + 1}: {walls[side][-1]:.2f} s", file=sys.stderr, flush=True)
     best = {s: min(walls[s]) for s in SIDES}
+    # each round runs both sides back to back: the median of the rounds' differences is less at the mercy of
+    # one lucky or unlucky run than the difference of the two bests
+    pairs = sorted(lw - dw for lw, dw in zip(walls["launcher"], walls["docker"], strict=True))
+    paired = pairs[len(pairs) // 2] if len(pairs) % 2 else (pairs[len(pairs) // 2 - 1] + pairs[len(pairs) // 2]) / 2
     over = best["launcher"] - best["docker"]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"load average at the end: {load:.2f} (other work on the machine makes single runs noisy)")
@@ -175,8 +179,8 @@ def main() -> int:
     labels = {"docker": "docker run --rm", "launcher": "launcher run"}
     for side in SIDES:
         print(f"{labels[side]:<30}{best[side]:>8.2f}  " + ", ".join(f"{w:.2f}" for w in walls[side]))
-    print(f"launcher - docker = {over:+.2f} s (target <= {TARGET_S} s): "
-          + ("within" if over <= TARGET_S else "NOT within"))
+    print(f"launcher - docker, best against best = {over:+.2f} s; median of the {len(pairs)} rounds' differences = "
+          f"{paired:+.2f} s (target <= {TARGET_S} s): " + ("within" if max(over, paired) <= TARGET_S else "NOT within"))
     return 0
 
 
