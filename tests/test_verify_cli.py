@@ -201,3 +201,25 @@ def test_verify_models_command(root: Path) -> None:
     assert json.loads(out)["data"]["first_difference"] == {"layer": "dense_1", "array": "1"}
     code, _, err = _invoke(root, "verify", "models", str(ma), str(root / "nope.npz"))
     assert code == ExitCode.NOT_FOUND and "no model file" in err
+
+
+def test_table_names_runs_of_several_groups_by_id_and_unchecked_rows_by_bytes(root: Path) -> None:
+    """Runs of two groups are each replicate 0 of its own: the table names them by id, not "#0" twice. A file
+    left out of the comparison is shown as what is known of it: the same bytes, or ignored."""
+    a = write_run(root / "runs", FakeRun(run_id="20261122T100000-mnist_convnet-aaaaaa", group="g1", replicate=0))
+    b = write_run(root / "runs", FakeRun(run_id="20261122T100500-mnist_convnet-bbbbbb", group="g2", replicate=0,
+                                         started_at="2026-11-22T10:05:00Z"))
+    code, out, _ = _invoke(root, "verify", "checksums", a.name, b.name)
+    assert code == ExitCode.OK, out
+    assert "run aaaaaa" in out and "run bbbbbb" in out and "#0" not in out
+    row = {name: next(line for line in out.splitlines() if name in line)
+           for name in ("outputs/logs/train.log", "outputs/_launcher/runtime.json", "outputs/metrics.jsonl")}
+    assert "ignored" in row["outputs/logs/train.log"]  # differs (times), left out
+    assert "same bytes" in row["outputs/_launcher/runtime.json"] and "identical" not in row[
+        "outputs/_launcher/runtime.json"]
+    assert "identical" in row["outputs/metrics.jsonl"]  # compared
+    assert "files left out of the comparison differ in bytes (_launcher/exit.json, logs/train.log)" in out
+    c = write_run(root / "runs", FakeRun(run_id="20261122T101000-mnist_convnet-cccccc", group="g2", replicate=1,
+                                         started_at="2026-11-22T10:10:00Z"))
+    code, out, _ = _invoke(root, "verify", "checksums", b.name, c.name)  # one group's replicates: numbered
+    assert code == ExitCode.OK and "run #0 bbbbbb" in out and "run #1 cccccc" in out

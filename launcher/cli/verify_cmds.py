@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from launcher.runs.experiment import ExperimentRecord, ExperimentResult
     from launcher.verify.differences import ModelExplanation
     from launcher.verify.modeldiff import SourcedModelDiff
-    from launcher.verify.verdicts import VerdictRecord
+    from launcher.verify.verdicts import RunRecord, VerdictRecord
 from launcher.runs.determinism import DEFAULT_SEED
 
 app = typer.Typer()
@@ -64,6 +64,13 @@ _VERDICT_STYLE = {"identical": "green", "consistent": "green", "inconclusive": "
 
 def _short(run_id: str) -> str:
     return run_id.rsplit("-", 1)[-1] if "-" in run_id else run_id
+
+
+def run_label(r: RunRecord, runs: list[RunRecord], *, full: bool = False) -> str:
+    """A run's name: its replicate number and (the end of) its id where the runs are one group's replicates,
+    else (runs of several groups, each numbered from 0) its id alone."""
+    rid = r["run_id"] if full else _short(r["run_id"])
+    return f"run #{r['replicate']} {rid}" if len({x["group"] for x in runs}) == 1 else f"run {rid}"
 
 
 def _yes(flag: bool | None) -> str:
@@ -81,7 +88,7 @@ def _print_verify(result: Result[VerdictRecord]) -> None:
     table.add_column("artifact", overflow="fold")
     table.add_column("kind")
     for r in runs:
-        table.add_column(f"#{r['replicate']} {_short(r['run_id'])}", justify="center")
+        table.add_column(run_label(r, runs), justify="center")
     for a in d["artifacts"]:
         by = {"launcher": "", "recipe": ", recipe", "--ignore": ", --ignore"}.get(a.get("ignored_by") or "", "")
         path = escape(a["path"]) if a["checked"] else f"[dim]{escape(a['path'])} (not compared{by})[/]"
@@ -91,12 +98,14 @@ def _print_verify(result: Result[VerdictRecord]) -> None:
             status = cell["status"]
             if status == "missing" and cell.get("sha256"):
                 status = "only here"  # the file the other run lacks; "missing" is said where it is missing
+            if not a["checked"] and status in ("identical", "identical-content"):
+                status = "same bytes"  # left out of the comparison: that its bytes match is all it says
             style = _STYLE.get(status, "yellow") if a["checked"] else "dim"
             cells.append(f"[{style}]{status}[/]" if style else status)
         table.add_row(path, a.get("kind", ""), *cells)
     stdout.print(table)
     for r in runs:
-        stdout.print(f"code of #{r['replicate']} {_short(r['run_id'])}: {r.get('code', '-')}", markup=False)
+        stdout.print(f"code of {run_label(r, runs)}: {r.get('code', '-')}", markup=False)
     _print_not_compared(d)
     _print_evidence(d)
     if d.get("mode") == "alone":
@@ -111,10 +120,10 @@ def _print_verify(result: Result[VerdictRecord]) -> None:
     stdout.print(f"Metrics all the same: {_yes(c['metrics']['all_same'])}")
     for r in runs:
         if r["status"] == "identical" and r.get("identical_in_content"):
-            stdout.print(f"\nrun #{r['replicate']} {r['run_id']}: {r['line']}", markup=False)
+            stdout.print(f"\n{run_label(r, runs, full=True)}: {r['line']}", markup=False)
         if r["status"] != "differs":
             continue
-        stdout.print(f"\n[bold]run #{r['replicate']} {r['run_id']}[/]: {r['line']}")
+        stdout.print(f"\n[bold]{run_label(r, runs, full=True)}[/]: {r['line']}")
         for line in explanation_lines(d["explanations"][r["run_id"]]):
             stdout.print(f"  {line}", markup=False)
     _print_tail(result)

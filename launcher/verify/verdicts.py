@@ -318,7 +318,9 @@ class VerifyReport:
             return prefix + self._alone_line()
         skipped = [a for a in self.artifacts if not a.checked
                    and any(c["status"] not in (REFERENCE, IDENTICAL) for c in a.cells.values())]
-        tail = f"; {len(skipped)} volatile files differ, not compared" if skipped else ""
+        names = [a.path.removeprefix("outputs/") for a in skipped]
+        tail = (f"; {len(skipped)} files left out of the comparison differ in bytes ({', '.join(names[:3])}"
+                + (f" and {len(names) - 3} more" if len(names) > 3 else "") + ")") if skipped else ""
         tail += self._code_tail()
         if not self.identical:
             kinds = sorted({r.explanation["classification"]["kind"] for r in self.differing if r.explanation})
