@@ -112,13 +112,40 @@ def test_a_base_whose_python_differs_from_images_lock_is_refused() -> None:
 
 
 @pytest.mark.docker
-def test_an_unpullable_base_names_bootstrap(tmp_path: Path, engine: dict[str, Any]) -> None:
+def test_a_base_in_an_unreachable_registry_says_so_and_names_bootstrap(tmp_path: Path, engine: dict[str, Any]) -> None:
     ws = small_workspace(tmp_path, "six\npip\nsetuptools\n")
-    pin_lockfile(ws, "127.0.0.1:9/launcher-no-such-base:x@sha256:" + "0" * 64)
+    pin_lockfile(ws, "127.0.0.1:9/launcher-no-such-base:x@sha256:" + "0" * 64)  # nobody listens on port 9
+    res = runner.invoke(app, ["-w", str(tmp_path), "lock", "--variant", "cpu"])
+    assert res.exit_code == ExitCode.HOST_UNREACHABLE, res.output
+    assert "its registry 127.0.0.1:9 cannot be reached" in res.output
+    assert "fix: build and pin a local base with `launcher base bootstrap --start-registry`" in res.output
+    assert "check that the digest" not in res.output
+    assert not ws.lock_txt("cpu").exists()
+
+
+@pytest.mark.docker
+@pytest.mark.registry
+def test_a_base_missing_from_its_registry_is_not_found(tmp_path: Path, registry_addr: str) -> None:
+    ws = small_workspace(tmp_path, "six\npip\nsetuptools\n")
+    pin_lockfile(ws, f"{registry_addr}/launcher-no-such-base:x@sha256:" + "0" * 64)  # the registry answers
     res = runner.invoke(app, ["-w", str(tmp_path), "lock", "--variant", "cpu"])
     assert res.exit_code == ExitCode.NOT_FOUND, res.output
-    assert "cannot be pulled" in res.output and "launcher base bootstrap" in res.output
+    assert "cannot be pulled" in res.output and f"check that the digest exists in {registry_addr}" in res.output
+    assert "cannot be reached" not in res.output
     assert not ws.lock_txt("cpu").exists()
+
+
+@pytest.mark.parametrize(("error", "unreachable"), [
+    ('Get "https://registry.example/v2/": dial tcp: lookup registry.example on 127.0.0.53:53: no such host', True),
+    ('Get "http://127.0.0.1:9/v2/": dial tcp 127.0.0.1:9: connect: connection refused', True),
+    ("net/http: TLS handshake timeout", True),
+    ("manifest for x@sha256:00 not found: manifest unknown: manifest unknown", False),
+    ("pull access denied for x, repository does not exist or may require 'docker login'", False),
+])
+def test_unreachable_registry_errors_are_told_from_refusals(error: str, unreachable: bool) -> None:
+    from launcher.hosts.engine import registry_unreachable
+
+    assert registry_unreachable(error) is unreachable
 
 
 def test_unknown_variant_is_a_usage_error(tmp_path: Path) -> None:

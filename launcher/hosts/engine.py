@@ -45,6 +45,19 @@ _REFUSED = ("unauthorized: authentication required", "unauthorized: incorrect us
             "denied: requested access to the resource is denied")
 
 
+# What docker prints when the registry cannot be reached at all (a name that does not resolve, a port nobody
+# listens on, no route, a timeout), as opposed to a registry that answers "not found" or "denied".
+_UNREACHABLE = ("no such host", "connection refused", "i/o timeout", "network is unreachable", "no route to host",
+                "tls handshake timeout", "context deadline exceeded", "temporary failure in name resolution",
+                "server misbehaving", "connection reset by peer")
+
+
+def registry_unreachable(error: str) -> bool:
+    """Whether a docker pull or push error says the registry could not be reached (not that it refused)."""
+    low = error.lower()
+    return any(s in low for s in _UNREACHABLE)
+
+
 def registry_of(ref: str) -> str:
     """The registry an image reference names, as docker reads it (Docker Hub: docker.io)."""
     first, sep, _ = ref.partition("/")

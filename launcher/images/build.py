@@ -368,14 +368,13 @@ def ensure_current(ws: Workspace, variant: str, *, recipes: bool = True, allow_b
 
 
 def _ensure_base(pin: images.BasePin) -> None:
-    """The pinned base in the local engine, pulled when it is not there; NotFound when it cannot be."""
+    """The pinned base in the local engine, pulled when it is not there; HostUnreachable or NotFound when it
+    cannot be (pins.base_pull_failed)."""
     if engine.image_exists(pin.ref):
         return
     pulled = engine.local().pull(pin.ref)
     if pulled.returncode != 0:
-        raise NotFound(f"base image {pin.ref} cannot be pulled: {pulled.last_error_line()}",
-                       "check the digest exists in its registry, or pin a reachable base with "
-                       "`launcher base bootstrap --start-registry`")
+        raise images.base_pull_failed(pin, pulled.err, pulled.last_error_line())
     engine.inspect(pin.ref)  # raises when the pulled image cannot be read
 
 

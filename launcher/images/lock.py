@@ -128,8 +128,7 @@ SYSTEM_CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/c
 PROXY_ENV = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy")
 LOCK_TIMEOUT_S = 1800.0
 _MACHINES = {"x86_64": "linux/amd64", "amd64": "linux/amd64", "aarch64": "linux/arm64", "arm64": "linux/arm64"}
-_FIX_BASE = ("build and pin a local base with `launcher base bootstrap --start-registry`, "
-             "or pin a reachable one with `launcher base resolve REF`")
+
 
 
 def header(variant: str, pin: images.BasePin, python: str, platform: str) -> str:
@@ -189,8 +188,7 @@ def base_engine(pin: images.BasePin, reporter: Reporter) -> Engine:
         pulled = eng.pull(pin.ref, platform=pin.platform)
         task.close()
         if pulled.returncode != 0:
-            raise NotFound(f"the {pin.variant} base image {pin.ref} is not in the local Docker engine and cannot be "
-                           f"pulled ({pulled.last_error_line()})", _FIX_BASE)
+            raise images.base_pull_failed(pin, pulled.err, pulled.last_error_line())
     return eng
 
 
@@ -209,7 +207,7 @@ def lock_variant(ws: Workspace, variant: str, *, upgrade: bool = False, upgrade_
     try:
         pin = images.load(ws).get(variant)
     except NotFound as exc:
-        raise NotFound(exc.message, _FIX_BASE) from exc
+        raise NotFound(exc.message, images.FIX_BASE) from exc
     ca_path = ca_bundle if ca_bundle is not None else default_ca_bundle()
     ca_text = read_ca_bundle(ca_path) if ca_path is not None else None
     eng = base_engine(pin, rep)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import tomllib
 
-from launcher.errors import BadRecipe, NotFound, PinMismatch
+from launcher.errors import BadRecipe, HostUnreachable, LauncherError, NotFound, PinMismatch
 from launcher.hashing import atomic_write_text
 from launcher.images.imageref import ImageRef
 from launcher.workspace import VARIANT_NAME, Workspace, check_variant_name
@@ -144,3 +144,19 @@ def check_dockerfile(path: Path, pin: BasePin) -> list[str]:
         if alias:
             stages.add(alias)
     return refs
+
+
+FIX_BASE = ("build and pin a local base with `launcher base bootstrap --start-registry`, "
+            "or pin a reachable one with `launcher base resolve REF`")
+
+
+def base_pull_failed(pin: BasePin, error: str, last_line: str) -> LauncherError:
+    """The error for a pinned base that is not in the engine and whose `docker pull` failed (error: docker's
+    stderr): HostUnreachable when its registry could not be reached at all, NotFound when it answered."""
+    from launcher.hosts.engine import registry_of, registry_unreachable
+
+    if registry_unreachable(error):
+        return HostUnreachable(f"the {pin.variant} base image {pin.ref} is not in the local Docker engine and its "
+                               f"registry {registry_of(pin.ref)} cannot be reached ({last_line})", FIX_BASE)
+    return NotFound(f"the {pin.variant} base image {pin.ref} is not in the local Docker engine and cannot be pulled "
+                    f"({last_line})", f"check that the digest exists in {registry_of(pin.ref)}; or {FIX_BASE}")

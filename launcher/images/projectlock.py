@@ -167,7 +167,7 @@ def lock_project(ws: Workspace, folder: Path, variant: str, *, upgrade: bool = F
     try:
         pin = images.load(ws).get(variant)
     except NotFound as exc:
-        raise NotFound(exc.message, lock._FIX_BASE) from exc
+        raise NotFound(exc.message, images.FIX_BASE) from exc
     ca_path = ca_bundle if ca_bundle is not None else lock.default_ca_bundle()
     ca_text = lock.read_ca_bundle(ca_path) if ca_path is not None else None
     constraints_text = variant_lock.read_text()
