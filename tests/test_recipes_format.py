@@ -147,6 +147,35 @@ def test_unknown_recipe_lists_the_known_ones(ws: Workspace) -> None:
         recipes.load_recipe(ws, "nope")
 
 
+def test_a_mistyped_script_or_recipe_gets_what_was_meant(ws: Workspace, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    write_recipe(ws, "mnist_convnet", GOOD)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text("print(1)\n")
+    (project / "evaluate.py").write_text("print(2)\n")
+    monkeypatch.chdir(project)
+    with pytest.raises(NotFound) as err:
+        recipes.load_recipe(ws, "trian.py")
+    assert err.value.message == "no script at trian.py (did you mean train.py?)"
+    assert err.value.hint == "run `launcher run train.py`"
+    with pytest.raises(NotFound) as err:
+        recipes.load_recipe(ws, str(project / "evalute.py"))
+    assert err.value.message.endswith(f"(did you mean {project / 'evaluate.py'}?)")
+    with pytest.raises(NotFound) as err:
+        recipes.load_recipe(ws, "train")  # the script without .py
+    assert err.value.hint == "run the script: `launcher run train.py`"
+    with pytest.raises(NotFound) as err:
+        recipes.load_recipe(ws, "tarin")
+    assert "(did you mean train.py?)" in err.value.message
+    with pytest.raises(NotFound) as err:
+        recipes.load_recipe(ws, "mnist_convnt")
+    assert "(did you mean mnist_convnet?)" in err.value.message and err.value.hint == "run `launcher run mnist_convnet`"
+    with pytest.raises(NotFound) as err:
+        recipes.load_recipe(ws, "something_else.py")  # nothing near: no guess
+    assert err.value.message == "no script at something_else.py" and err.value.hint == "check the path"
+
+
 def test_a_folder_path_and_a_plain_script_are_recipes(ws: Workspace, tmp_path: Path) -> None:
     folder = write_recipe(ws, "tiny", GOOD)
     assert recipes.load_recipe(ws, str(folder)).name == "tiny"

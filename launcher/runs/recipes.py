@@ -130,7 +130,9 @@ def load_recipe(ws: Workspace, name_or_path: str, entry: str | None = None) -> R
         return load_script(script)
     if given.suffix == ".py":
         if not given.is_file():
-            raise NotFound(f"no script at {given}", "check the path")
+            near = _near(given.name, _scripts_in(given.parent))
+            raise NotFound(f"no script at {given}" + (f" (did you mean {given.parent / near}?)" if near else ""),
+                           f"run `launcher run {given.parent / near}`" if near else "check the path")
         return load_script(given)
     if given.is_dir() and (given / rspec.RECIPE_FILE).is_file():
         return load_folder(given)
@@ -141,8 +143,32 @@ def load_recipe(ws: Workspace, name_or_path: str, entry: str | None = None) -> R
                         f"name its script: `launcher run {given} --entry train.py`, or add a recipe.toml "
                         "(see `launcher recipes new NAME`)")
     known = known_names(ws)
-    raise NotFound(f"unknown recipe {name_or_path!r}" + (f" (known: {', '.join(known)})" if known else ""),
+    if Path(name_or_path + ".py").is_file():  # `launcher run train` for train.py
+        raise NotFound(f"unknown recipe {name_or_path!r}, but {name_or_path}.py is a script here",
+                       f"run the script: `launcher run {name_or_path}.py`")
+    near = _near(name_or_path, known + _scripts_in(given.parent))
+    raise NotFound(f"unknown recipe {name_or_path!r}" + (f" (did you mean {near}?)" if near else "")
+                   + (f" (known: {', '.join(known)})" if known else ""),
+                   f"run `launcher run {near}`" if near else
                    "list them with `launcher recipes list`, or pass a folder or a .py script")
+
+
+def _scripts_in(folder: Path) -> list[str]:
+    """The names of the .py files in folder (none when it is not one)."""
+    try:
+        return sorted(p.name for p in folder.iterdir() if p.suffix == ".py" and p.is_file())
+    except OSError:
+        return []
+
+
+def _near(word: str, candidates: list[str]) -> str | None:
+    """The candidate closest to a mistyped word, if one is close enough to be what was meant (a script
+    compared by its name with and without .py: `tarin` finds train.py)."""
+    import difflib
+
+    by_key = {c.removesuffix(".py"): c for c in candidates} | {c: c for c in candidates}
+    found = difflib.get_close_matches(word, list(by_key), n=1, cutoff=0.75)
+    return by_key[found[0]] if found else None
 
 
 def coerce(raw: str, like: Any = None) -> ParamValue:
