@@ -235,6 +235,9 @@ def test_an_unresolvable_name_points_at_find_links(ws: Workspace, tmp_path: Path
     with pytest.raises(LockFailed) as err:
         projectlock.lock_project(ws, make_project(tmp_path / "p", "torchvision==0.28.0+cpu\n"), "cpu")
     assert "torchvision==0.28.0+cpu" in err.value.message and "--find-links DIR" in str(err.value.hint)
+    source = tmp_path / "p" / "requirements.in"  # the file to fix, by its path: the user may be anywhere
+    assert f"could not resolve {source}: No matching distribution" in err.value.message
+    assert str(err.value.hint).startswith(f"check the names and versions in {source};")
 
 
 # ------------------------------------------------------------------ companions

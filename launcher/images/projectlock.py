@@ -346,8 +346,8 @@ def _failure(answer: lock.LockAnswer, req: Requirements, variant: str, held: Seq
         best = next((ln for key in ("No matching distribution", "Could not find a version")
                      for ln in said if ln.startswith(key)), None)
         if best:  # pip's first ERROR line may only list yanked releases it ignored
-            failed.message = f"pip-tools could not resolve {req.source.name}: {best}"
-        failed.hint = (f"check the names and versions in {req.source.name}; a wheel no reachable index serves "
+            failed.message = f"pip-tools could not resolve {req.source}: {best}"
+        failed.hint = (f"check the names and versions in {req.source}; a wheel no reachable index serves "
                        "goes in a folder given with --find-links DIR")
     failed.message += wheelsources.unreachable_hint(dropped)
     return failed
