@@ -17,6 +17,19 @@ class InitResult:
     root: Path
     created: list[str]
     skipped: list[str]
+    next_steps: list[str]  # the commands that take the new workspace to its first run, in order
+
+
+def next_steps(ws: Workspace, variant: str = "cpu") -> list[str]:
+    """What a workspace still needs before `launcher run` of a script in the variant's image: a base pinned
+    in a registry this machine reaches (the template pins python:3.11-slim on Docker Hub; bootstrap builds
+    one locally), the variant's lock (resolved once, over the network), its image."""
+    steps = []
+    if not ws.lock_txt(variant).is_file():
+        steps.append(f"launcher lock --variant {variant}")
+    steps.append(f"launcher build --variant {variant}")
+    steps.append("launcher run path/to/train.py")
+    return steps
 
 
 def init_workspace(root: Path, *, from_workspace: Workspace | None = None) -> InitResult:
@@ -60,4 +73,4 @@ def init_workspace(root: Path, *, from_workspace: Workspace | None = None) -> In
     if not gitignore.exists():
         gitignore.write_text("/runs/\n/reports/\n/explanations/\n/mlruns/\n/.launcher/\n")
         created.append(".gitignore")
-    return InitResult(root.resolve(), created, skipped)
+    return InitResult(root.resolve(), created, skipped, next_steps(Workspace.at(root)))

@@ -63,6 +63,19 @@ def test_init_scaffolds_and_never_overwrites(tmp_path: Path) -> None:
     assert (tmp_path / "proj" / "lockfiles" / "cpu.in").read_text() == "mine\n"
 
 
+def test_init_says_what_takes_the_workspace_to_its_first_run(tmp_path: Path) -> None:
+    """From the templates the cpu lock is still to be resolved; a copy of a workspace with its locks goes to the
+    build at once."""
+    res = runner.invoke(app, ["init", str(tmp_path / "fresh")])
+    assert res.exit_code == 0, res.output
+    assert "next, in it: `launcher lock --variant cpu`; `launcher build --variant cpu`; `launcher run " in res.stdout
+    src = tmp_path / "src"
+    runner.invoke(app, ["init", str(src)])
+    (src / "lockfiles" / "cpu.txt").write_text("six==1.16.0 --hash=sha256:" + "0" * 64 + "\n")
+    res = runner.invoke(app, ["--json", "init", str(tmp_path / "copy"), "--from", str(src)])
+    assert json.loads(res.stdout)["data"]["next"] == ["launcher build --variant cpu", "launcher run path/to/train.py"]
+
+
 def test_bad_option_is_a_usage_error() -> None:
     res = runner.invoke(app, ["build", "--no-such-option"])
     assert res.exit_code == ExitCode.USAGE

@@ -70,9 +70,12 @@ def init_cmd(
     """Create a workspace in DIR (`launcher recipes new NAME` then scaffolds a recipe in it)."""
     src = Workspace.discover(from_workspace) if from_workspace else None
     res = init_workspace(directory, from_workspace=src)
-    result = Result("init", {"root": str(res.root), "created": res.created, "skipped": res.skipped},
+    result = Result("init", {"root": str(res.root), "created": res.created, "skipped": res.skipped,
+                             "next": res.next_steps},
                     summary=f"workspace ready at {res.root} ({len(res.created)} files created, "
-                            f"{len(res.skipped)} kept)")
+                            f"{len(res.skipped)} kept); next, in it: " + "; ".join(f"`{s}`" for s in res.next_steps)
+                            + " (where Docker Hub cannot be reached, `launcher base bootstrap --start-registry` "
+                            "first)")
     render(ctx, result)
 
 
