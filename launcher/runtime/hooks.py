@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import atexit
 import functools
-import importlib.util
+import importlib
 import os
 import platform
 import random
@@ -44,15 +44,23 @@ def settings() -> tuple[str, int | None, int | None]:
     return profile, int(seed) if seed else None, int(threads) if threads else None
 
 
-def _seed_python_numpy(seed: int) -> dict[str, int]:
-    random.seed(seed)
-    applied = {"python_random": seed}
-    if importlib.util.find_spec("numpy") is not None:
-        import numpy as np
+def _seed_numpy_at_import(watch: importwatch.ImportWatch, rt: Runtime, seed: int) -> None:
+    """NumPy's global generator seeded the moment the code imports NumPy, not before: an interpreter
+    whose code never imports it does not pay for its import. The generator lives in numpy.random,
+    which NumPy 2 loads only on first use: the import of numpy brings it in, and its seeding runs
+    right after numpy.random's own code, before the code's seed calls are wrapped (registered after
+    this) and before any code can draw from it."""
 
-        np.random.seed(seed)
-        applied["numpy"] = seed
-    return applied
+    def seed_numpy(module: types.ModuleType) -> None:
+        module.seed(seed)
+        rt.seeded["numpy"] = seed
+        rt.write()
+
+    def bring_random(module: types.ModuleType) -> None:
+        importlib.import_module("numpy.random")
+
+    watch.on_import("numpy.random", seed_numpy)
+    watch.on_import("numpy", bring_random)
 
 
 def _importer() -> str | None:
@@ -172,13 +180,15 @@ def _run_hook(rt: Runtime, framework: Framework, hook: Any, module: types.Module
 
 
 def install() -> Runtime:
-    """Seed Python and NumPy now; apply the profile to each framework when the code imports it."""
+    """Seed Python now, and NumPy and each framework (the profile applied) when the code imports it."""
     profile, seed, threads = settings()
     rt = Runtime(profile, seed, threads, recorder())
     rt.rec.checkpoints  # noqa: B018 - read now: a resumed run keeps the first segment's records
-    if seed is not None:
-        rt.seeded = _seed_python_numpy(seed)
     watch = importwatch.install()
+    if seed is not None:
+        random.seed(seed)
+        rt.seeded["python_random"] = seed
+        _seed_numpy_at_import(watch, rt, seed)
     for framework in frameworks.all_frameworks():
         watch_framework(watch, rt, framework)
     for name in seedcalls.seeders():  # after launcher's own seeding (above, and at each import): not listed
