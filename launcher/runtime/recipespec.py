@@ -77,11 +77,6 @@ from launcher.runtime.systemspec import SystemSpecError, check_system
 if TYPE_CHECKING:
     from launcher.runtime.records import DatasetRecord, ProbeConfig
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    tomllib = None  # type: ignore[assignment]
-
 RECIPE_FILE = "recipe.toml"
 
 
@@ -465,8 +460,10 @@ def parse_spec(path: Path, data: dict[str, Any], folder: Path) -> RecipeSpec:
 
 def load_spec(folder: Path) -> RecipeSpec:
     path = folder / RECIPE_FILE
-    if tomllib is None:
-        raise SpecError(path, "reading recipe.toml needs Python 3.11 or newer (tomllib)")
+    try:  # imported here: a plain script's run reads no recipe.toml and does not pay for the parser
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        raise SpecError(path, "reading recipe.toml needs Python 3.11 or newer (tomllib)") from None
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)

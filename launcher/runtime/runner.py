@@ -12,11 +12,10 @@ import argparse
 import io
 import json
 import os
-import platform
 import signal
 import subprocess
 import sys
-from datetime import datetime, timezone
+import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -45,7 +44,7 @@ class RunError(Exception):
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -393,6 +392,8 @@ def run(args: argparse.Namespace) -> int:
             rc = exc.code
         finally:
             if not (out / RUNTIME_JSON).exists():
+                import platform  # only here: a child that started wrote runtime.json itself
+
                 fp.write_json(out / RUNTIME_JSON, {
                     "profile": os.environ.get("LAUNCHER_PROFILE", "off"), "framework": None,
                     "python": {"version": platform.python_version()},
