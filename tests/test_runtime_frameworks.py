@@ -195,3 +195,15 @@ def test_code_importing_no_known_framework_is_seeded_but_determinism_is_not_clai
     assert off.returncode == 0
     assert runtime_doc(tmp_path / "b")["determinism"] == {
         "in_force": False, "reason": "profile off: nothing was seeded or made deterministic"}
+
+
+def test_runtime_json_names_the_interpreter_and_machine_as_the_platform_module_does() -> None:
+    import platform
+
+    from launcher.runtime import hooks
+
+    assert hooks.python_info() == {"version": platform.python_version(),
+                                   "implementation": platform.python_implementation(),
+                                   "executable": sys.executable}
+    assert hooks.platform_info() == {"system": platform.system(), "machine": platform.machine(),
+                                     "release": platform.release(), "cpu_count": os.cpu_count()}

@@ -15,7 +15,6 @@ import atexit
 import functools
 import importlib
 import os
-import platform
 import random
 import sys
 import types
@@ -29,7 +28,7 @@ from launcher.runtime.record import Recorder, recorder
 from launcher.runtime.records import RUNTIME_JSON
 
 if TYPE_CHECKING:
-    from launcher.runtime.records import Applied, Determinism, RuntimeDocument
+    from launcher.runtime.records import Applied, Determinism, PlatformInfo, PythonInfo, RuntimeDocument
 
 SEEDED = (*DETERMINISTIC, "seeded")
 # the variables runtime.json keeps: launcher's, the profile's common ones, and every framework's
@@ -61,6 +60,34 @@ def _seed_numpy_at_import(watch: importwatch.ImportWatch, rt: Runtime, seed: int
 
     watch.on_import("numpy.random", seed_numpy)
     watch.on_import("numpy", bring_random)
+
+
+def python_info() -> PythonInfo:
+    """The interpreter, as the platform module names it. CPython's version is the first word of
+    sys.version, which is what platform reads (with ".0" added to a two-part version); any other
+    interpreter is left to platform itself, whose import is otherwise paid before the code's first line."""
+    version = sys.version.split(None, 1)[0] if sys.version else ""
+    if sys.implementation.name == "cpython" and version.count(".") == 2 and "PyPy" not in sys.version \
+            and "IronPython" not in sys.version and not sys.platform.startswith("java") \
+            and version.replace(".", "").replace("+", "").isalnum():
+        return {"version": version, "implementation": "CPython", "executable": sys.executable}
+    import platform
+
+    return {"version": platform.python_version(), "implementation": platform.python_implementation(),
+            "executable": sys.executable}
+
+
+def platform_info() -> PlatformInfo:
+    """The machine, as the platform module names it: on a POSIX system os.uname()'s fields (platform
+    takes them unchanged there), elsewhere platform's own answer."""
+    uname = getattr(os, "uname", None)
+    if uname is not None and sys.platform.startswith(("linux", "darwin")):
+        u = uname()
+        return {"system": u.sysname, "machine": u.machine, "release": u.release, "cpu_count": os.cpu_count()}
+    import platform
+
+    return {"system": platform.system(), "machine": platform.machine(), "release": platform.release(),
+            "cpu_count": os.cpu_count()}
 
 
 def _importer() -> str | None:
@@ -129,10 +156,8 @@ class Runtime:
             "seed_calls": list(self.seed_calls.calls),
             "seed_calls_total": self.seed_calls.count,
             "determinism": self.determinism(),
-            "python": {"version": platform.python_version(), "implementation": platform.python_implementation(),
-                       "executable": sys.executable},
-            "platform": {"system": platform.system(), "machine": platform.machine(),
-                         "release": platform.release(), "cpu_count": os.cpu_count()},
+            "python": python_info(),
+            "platform": platform_info(),
             "env": {k: os.environ[k] for k in (*ENV_KEYS, *frameworks.deterministic_env("1")) if k in os.environ},
         }
 
