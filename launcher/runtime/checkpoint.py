@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from launcher.runtime import fingerprints as fp
-from launcher.runtime.records import BATCHES, EXIT_JSON, METRICS, STEPS
+from launcher.runtime.outfiles import BATCHES, EXIT_JSON, METRICS, STEPS
 
 if TYPE_CHECKING:
     from launcher.runtime.records import CheckpointFile, CheckpointState, RngState

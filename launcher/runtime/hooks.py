@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 from launcher.runtime import fingerprints as fp
 from launcher.runtime import frameworks, importwatch, seedcalls
 from launcher.runtime.frameworks import DETERMINISTIC, Framework
+from launcher.runtime.outfiles import RUNTIME_JSON
 from launcher.runtime.record import Recorder, recorder
-from launcher.runtime.records import RUNTIME_JSON
 
 if TYPE_CHECKING:
     from launcher.runtime.records import Applied, Determinism, PlatformInfo, PythonInfo, RuntimeDocument

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, SupportsFloat, cast
 
 from launcher.runtime import checkpoint, optrace, steps
 from launcher.runtime import fingerprints as fp
-from launcher.runtime.records import (
+from launcher.runtime.outfiles import (
     ARRAYS_JSON,
     BATCHES,
     CANONICAL_MODEL,

@@ -25,8 +25,8 @@ from launcher.runtime import code as codemod
 from launcher.runtime import explain as explainmod
 from launcher.runtime import fingerprints as fp
 from launcher.runtime import recipespec as recipe_spec
+from launcher.runtime.outfiles import DATASET_JSON, EXIT_JSON, METRICS, RUNTIME_JSON
 from launcher.runtime.record import EXIT_BAD_DATA, EXIT_BAD_RECIPE, EXIT_NOT_RESUMABLE, EXIT_USAGE, expected_mismatch
-from launcher.runtime.records import DATASET_JSON, EXIT_JSON, METRICS, RUNTIME_JSON
 
 if TYPE_CHECKING:
     from launcher.runtime.records import JsonValue
