@@ -47,8 +47,40 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+def terminal_columns() -> int:
+    """shutil.get_terminal_size().columns: $COLUMNS when a positive integer, else the width of the
+    terminal on stdout, else 80."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns > 0:
+        return columns
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
+class _Formatter(argparse.HelpFormatter):
+    """argparse's help formatter, its width found as argparse finds it but without importing shutil
+    (and bz2 and lzma with it), which argparse does for every argument added, before every run."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        super().__init__(prog, indent_increment, max_help_position, terminal_columns() - 2 if width is None else width)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser with :class:`_Formatter`; its subcommands' parsers are of this class too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m launcher.runtime",
         description="Run a recipe with determinism applied and fingerprints recorded, or explain a saved "
         "model's prediction for one image.")
