@@ -163,6 +163,24 @@ def test_the_seeds_a_script_sets_itself_are_listed(tmp_path: Path) -> None:
         (tmp_path / "a" / "result.json").read_text())
 
 
+def test_numpy_is_seeded_the_moment_the_code_imports_it_before_its_next_line(tmp_path: Path) -> None:
+    helper = tmp_path / "helper.py"
+    helper.write_text("import numpy\n")
+    script = tmp_path / "np_script.py"
+    script.write_text("import sys\nprint('numpy before', 'numpy' in sys.modules)\nimport helper\n"
+                      "import numpy as np\nprint('draw', np.random.randint(1 << 30))\n")
+    res = run_script(script, tmp_path / "a")
+    assert res.returncode == 0, res.stderr
+    assert "numpy before False" in res.stdout  # not imported for the script before its first line
+    import numpy as np
+
+    expected = np.random.RandomState(3).randint(1 << 30)
+    assert f"draw {expected}" in res.stdout
+    doc = runtime_doc(tmp_path / "a")
+    assert doc["seeded"] == {"python_random": 3, "numpy": 3}
+    assert doc["seed_calls"] == []  # launcher's seeding is not the code's
+
+
 def test_code_importing_no_known_framework_is_seeded_but_determinism_is_not_claimed(tmp_path: Path) -> None:
     script = tmp_path / "plain.py"
     script.write_text("import random\nprint('draw', random.random())\n")
@@ -172,8 +190,20 @@ def test_code_importing_no_known_framework_is_seeded_but_determinism_is_not_clai
     assert doc["frameworks"] == [] and doc["framework"] is None
     assert doc["determinism"]["in_force"] is False  # type: ignore[index]
     assert "no known framework was imported" in doc["determinism"]["reason"]  # type: ignore[index]
-    assert doc["seeded"] == {"python_random": 3, "numpy": 3}
+    assert doc["seeded"] == {"python_random": 3}  # NumPy is seeded when the code imports it; this one does not
     off = run_script(script, tmp_path / "b", profile="off", seed=None)
     assert off.returncode == 0
     assert runtime_doc(tmp_path / "b")["determinism"] == {
         "in_force": False, "reason": "profile off: nothing was seeded or made deterministic"}
+
+
+def test_runtime_json_names_the_interpreter_and_machine_as_the_platform_module_does() -> None:
+    import platform
+
+    from launcher.runtime import hooks
+
+    assert hooks.python_info() == {"version": platform.python_version(),
+                                   "implementation": platform.python_implementation(),
+                                   "executable": sys.executable}
+    assert hooks.platform_info() == {"system": platform.system(), "machine": platform.machine(),
+                                     "release": platform.release(), "cpu_count": os.cpu_count()}

@@ -289,3 +289,22 @@ def test_a_script_whose_folder_has_no_data_folders_gets_no_notice(tmp_path: Path
     log = (tmp_path / "o/logs/train.log").read_text()
     assert res.returncode == 1 and "FileNotFoundError" in log
     assert "working directory" not in log and "is relative to" not in log
+
+
+@pytest.mark.parametrize("columns", [None, "120", "0", "wide"])
+def test_the_runtimes_help_is_as_wide_as_argparse_makes_it_without_shutil(columns: str | None,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from launcher.runtime import runner
+
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    assert runner.terminal_columns() == shutil.get_terminal_size().columns
+    parser = runner.build_parser()
+    assert parser._get_formatter()._width == shutil.get_terminal_size().columns - 2
+    code = ("import sys\nbefore = 'shutil' in sys.modules\nfrom launcher.runtime import runner\n"
+            "runner.build_parser()\nprint(before or 'shutil' not in sys.modules)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert res.stdout.strip() == "True", res.stderr  # the runner itself did not import it

@@ -28,13 +28,12 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from launcher.runtime import fingerprints as fp
-from launcher.runtime.records import BATCHES, EXIT_JSON, METRICS, STEPS
+from launcher.runtime.outfiles import BATCHES, EXIT_JSON, METRICS, STEPS
 
 if TYPE_CHECKING:
     from launcher.runtime.records import CheckpointFile, CheckpointState, RngState
@@ -112,10 +111,16 @@ def prepare_resume(out: Path) -> Resume:
     for rel in FINAL:
         path = out / rel
         if path.is_dir():
-            shutil.rmtree(path)
+            _rmtree(path)
         else:
             path.unlink(missing_ok=True)
     return folder, state
+
+
+def _rmtree(path: Path, ignore_errors: bool = False) -> None:
+    import shutil  # here: shutil imports bz2 and lzma, paid before the recipe's first line at module level
+
+    shutil.rmtree(path, ignore_errors=ignore_errors)
 
 
 def python_numpy_state() -> RngState:
@@ -184,7 +189,7 @@ class Checkpoints:
         name = checkpoint_name(epoch + 1)
         tmp = root / f".{name}.partial"
         if tmp.exists():
-            shutil.rmtree(tmp)
+            _rmtree(tmp)
         tmp.mkdir(parents=True)
         save(tmp)
         fp.write_json(tmp / RNG, python_numpy_state())
@@ -194,11 +199,11 @@ class Checkpoints:
         fp.write_json(tmp / STATE, state)
         final = root / name
         if final.exists():
-            shutil.rmtree(final)
+            _rmtree(final)
         os.replace(tmp, final)
         pointer: CheckpointFile = {"name": name}
         fp.write_atomic(self.out / LATEST, (json.dumps(pointer, sort_keys=True) + "\n").encode())
         for old in root.iterdir():
             if old.is_dir() and old.name != name:
-                shutil.rmtree(old, ignore_errors=True)
+                _rmtree(old, ignore_errors=True)
         return final

@@ -1,16 +1,16 @@
 """Digests of data, weights and batches, and the canonical model file.
 
 Pure standard library plus numpy (imported lazily). Every digest is ``sha256:<hex>`` and every
-document is canonical JSON, so the same inputs always give the same bytes.
+document is canonical JSON, so the same inputs always give the same bytes. hashlib and zipfile are
+imported where they are used: the recipe's interpreter writes runtime.json before the recipe's first
+line and hashes only later.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
-import zipfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,10 +35,14 @@ Layers = Sequence[tuple[str, Sequence[Any]]]  # (layer name, [array, ...]) in mo
 
 
 def sha256_bytes(data: bytes) -> str:
+    import hashlib
+
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def sha256_file(path: Path) -> str:
+    import hashlib
+
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(CHUNK), b""):
@@ -87,6 +91,8 @@ def array_digest(value: Any) -> str:
     a = as_array(value)
     if a.dtype.byteorder == ">":
         a = a.astype(a.dtype.newbyteorder("<"))
+    import hashlib
+
     h = hashlib.sha256(f"{a.dtype.str}|{list(a.shape)}|".encode())
     h.update(a.tobytes(order="C"))
     return "sha256:" + h.hexdigest()
@@ -146,6 +152,8 @@ def arrays_npz_bytes(arrays: NamedArrays) -> bytes:
 
 
 def _stored_npz(arrays: NamedArrays) -> bytes:
+    import zipfile
+
     import numpy as np
 
     entries: list[tuple[str, bytes]] = []

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import atexit
 import functools
-import importlib.util
+import importlib
 import os
-import platform
 import random
 import sys
 import types
@@ -25,11 +24,11 @@ from typing import TYPE_CHECKING, Any
 from launcher.runtime import fingerprints as fp
 from launcher.runtime import frameworks, importwatch, seedcalls
 from launcher.runtime.frameworks import DETERMINISTIC, Framework
+from launcher.runtime.outfiles import RUNTIME_JSON
 from launcher.runtime.record import Recorder, recorder
-from launcher.runtime.records import RUNTIME_JSON
 
 if TYPE_CHECKING:
-    from launcher.runtime.records import Applied, Determinism, RuntimeDocument
+    from launcher.runtime.records import Applied, Determinism, PlatformInfo, PythonInfo, RuntimeDocument
 
 SEEDED = (*DETERMINISTIC, "seeded")
 # the variables runtime.json keeps: launcher's, the profile's common ones, and every framework's
@@ -44,15 +43,51 @@ def settings() -> tuple[str, int | None, int | None]:
     return profile, int(seed) if seed else None, int(threads) if threads else None
 
 
-def _seed_python_numpy(seed: int) -> dict[str, int]:
-    random.seed(seed)
-    applied = {"python_random": seed}
-    if importlib.util.find_spec("numpy") is not None:
-        import numpy as np
+def _seed_numpy_at_import(watch: importwatch.ImportWatch, rt: Runtime, seed: int) -> None:
+    """NumPy's global generator seeded the moment the code imports NumPy, not before: an interpreter
+    whose code never imports it does not pay for its import. The generator lives in numpy.random,
+    which NumPy 2 loads only on first use: the import of numpy brings it in, and its seeding runs
+    right after numpy.random's own code, before the code's seed calls are wrapped (registered after
+    this) and before any code can draw from it."""
 
-        np.random.seed(seed)
-        applied["numpy"] = seed
-    return applied
+    def seed_numpy(module: types.ModuleType) -> None:
+        module.seed(seed)
+        rt.seeded["numpy"] = seed
+        rt.write()
+
+    def bring_random(module: types.ModuleType) -> None:
+        importlib.import_module("numpy.random")
+
+    watch.on_import("numpy.random", seed_numpy)
+    watch.on_import("numpy", bring_random)
+
+
+def python_info() -> PythonInfo:
+    """The interpreter, as the platform module names it. CPython's version is the first word of
+    sys.version, which is what platform reads (with ".0" added to a two-part version); any other
+    interpreter is left to platform itself, whose import is otherwise paid before the code's first line."""
+    version = sys.version.split(None, 1)[0] if sys.version else ""
+    if sys.implementation.name == "cpython" and version.count(".") == 2 and "PyPy" not in sys.version \
+            and "IronPython" not in sys.version and not sys.platform.startswith("java") \
+            and version.replace(".", "").replace("+", "").isalnum():
+        return {"version": version, "implementation": "CPython", "executable": sys.executable}
+    import platform
+
+    return {"version": platform.python_version(), "implementation": platform.python_implementation(),
+            "executable": sys.executable}
+
+
+def platform_info() -> PlatformInfo:
+    """The machine, as the platform module names it: on a POSIX system os.uname()'s fields (platform
+    takes them unchanged there), elsewhere platform's own answer."""
+    uname = getattr(os, "uname", None)
+    if uname is not None and sys.platform.startswith(("linux", "darwin")):
+        u = uname()
+        return {"system": u.sysname, "machine": u.machine, "release": u.release, "cpu_count": os.cpu_count()}
+    import platform
+
+    return {"system": platform.system(), "machine": platform.machine(), "release": platform.release(),
+            "cpu_count": os.cpu_count()}
 
 
 def _importer() -> str | None:
@@ -121,10 +156,8 @@ class Runtime:
             "seed_calls": list(self.seed_calls.calls),
             "seed_calls_total": self.seed_calls.count,
             "determinism": self.determinism(),
-            "python": {"version": platform.python_version(), "implementation": platform.python_implementation(),
-                       "executable": sys.executable},
-            "platform": {"system": platform.system(), "machine": platform.machine(),
-                         "release": platform.release(), "cpu_count": os.cpu_count()},
+            "python": python_info(),
+            "platform": platform_info(),
             "env": {k: os.environ[k] for k in (*ENV_KEYS, *frameworks.deterministic_env("1")) if k in os.environ},
         }
 
@@ -172,13 +205,15 @@ def _run_hook(rt: Runtime, framework: Framework, hook: Any, module: types.Module
 
 
 def install() -> Runtime:
-    """Seed Python and NumPy now; apply the profile to each framework when the code imports it."""
+    """Seed Python now, and NumPy and each framework (the profile applied) when the code imports it."""
     profile, seed, threads = settings()
     rt = Runtime(profile, seed, threads, recorder())
     rt.rec.checkpoints  # noqa: B018 - read now: a resumed run keeps the first segment's records
-    if seed is not None:
-        rt.seeded = _seed_python_numpy(seed)
     watch = importwatch.install()
+    if seed is not None:
+        random.seed(seed)
+        rt.seeded["python_random"] = seed
+        _seed_numpy_at_import(watch, rt, seed)
     for framework in frameworks.all_frameworks():
         watch_framework(watch, rt, framework)
     for name in seedcalls.seeders():  # after launcher's own seeding (above, and at each import): not listed

@@ -8,18 +8,21 @@ else about the import changes: the same file, loader, package path and module ob
 
 from __future__ import annotations
 
-import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
 import types
 from collections.abc import Callable, Sequence
+
+# importlib.abc.Loader is this class (importlib.abc re-exports it); importlib.abc itself would bring
+# importlib.resources in before the recipe's first line
+from importlib._abc import Loader as _AbcLoader
 from typing import Any
 
 Callback = Callable[[types.ModuleType], None]
 
 
-class _Loader(importlib.abc.Loader):
+class _Loader(_AbcLoader):
     """The module's own loader, then the callbacks."""
 
     def __init__(self, inner: Any, done: Callable[[types.ModuleType], None]) -> None:
@@ -38,8 +41,11 @@ class _Loader(importlib.abc.Loader):
         return getattr(self.inner, name)
 
 
-class ImportWatch(importlib.abc.MetaPathFinder):
-    """Callbacks per top-level module name, each called once, after that module is first imported."""
+class ImportWatch:
+    """Callbacks per top-level module name, each called once, after that module is first imported.
+
+    A meta path finder by its methods (``find_spec``, ``invalidate_caches``), as the import system
+    asks of one; importlib.abc.MetaPathFinder adds nothing else."""
 
     def __init__(self) -> None:
         self.callbacks: dict[str, list[Callback]] = {}
@@ -66,6 +72,9 @@ class ImportWatch(importlib.abc.MetaPathFinder):
             return spec
         spec.loader = _Loader(spec.loader, self._imported)
         return spec
+
+    def invalidate_caches(self) -> None:
+        """Nothing cached here (importlib.invalidate_caches() asks every finder)."""
 
     def _imported(self, module: types.ModuleType) -> None:
         for callback in self.callbacks.pop(module.__name__, []):

@@ -23,7 +23,8 @@ PROBE_KEYS = frozenset({"split", "count", "indices", "gradcam", "layer", "finger
 PROBE_SPLITS = ("validation",)
 DEFAULT_PROBES = 16
 OFF = "off"
-_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+# patterns compiled at first use (and cached by re): a plain script's run checks none
+_DIGEST = r"^sha256:[0-9a-f]{64}$"
 
 
 class ProbeError(ValueError):
@@ -79,7 +80,7 @@ def check_probes(raw: Any) -> ProbeSpec:
     _need(layer is None or (isinstance(layer, str) and bool(layer)), "must name a layer of the model",
           "probes.layer")
     fpr = raw.get("fingerprint")
-    _need(fpr is None or (isinstance(fpr, str) and bool(_DIGEST.match(fpr))),
+    _need(fpr is None or (isinstance(fpr, str) and bool(re.match(_DIGEST, fpr))),
           "must look like sha256:<64 hex digits>", "probes.fingerprint")
     return ProbeSpec(split=split, count=len(indices) if indices else count, indices=tuple(indices),
                      gradcam=gradcam, layer=layer, fingerprint=fpr)

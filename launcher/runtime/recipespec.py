@@ -77,11 +77,6 @@ from launcher.runtime.systemspec import SystemSpecError, check_system
 if TYPE_CHECKING:
     from launcher.runtime.records import DatasetRecord, ProbeConfig
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    tomllib = None  # type: ignore[assignment]
-
 RECIPE_FILE = "recipe.toml"
 
 
@@ -95,9 +90,10 @@ TOP_KEYS = frozenset({"name", "framework", "entry", "description", "params", "da
                       "variant", "probes", "system"})
 PARAM_KEYS = frozenset({"default", "choices", "min", "max", "also", "help"})
 DATASET_KEYS = frozenset({"name", "param", "source", "format", "fingerprint", "files", "description"})
-_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_VARIANT = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")  # as launcher.workspace.VARIANT_NAME (not importable here)
+# patterns compiled at first use (and cached by re): a plain script's run checks none
+_DIGEST = r"^sha256:[0-9a-f]{64}$"
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+_VARIANT = r"^[a-z0-9][a-z0-9._-]{0,63}$"  # as launcher.workspace.VARIANT_NAME (not importable here)
 ParamValue = str | int | float | bool
 _TYPE_WORDS = {"bool": "a boolean", "int": "an integer", "float": "a number", "str": "a string"}
 _ANY_WORDS = {"int": "any integer", "float": "any number"}
@@ -393,12 +389,12 @@ def _check_dataset(path: Path, i: int, raw: Any, params: dict[str, ParamValue]) 
     source = raw.get("source", "builtin")
     _need(source in SOURCES, path, f"must be one of {', '.join(SOURCES)}", f"{where}.source")
     fp = raw.get("fingerprint")
-    _need(fp is None or (isinstance(fp, str) and bool(_DIGEST.match(fp))), path,
+    _need(fp is None or (isinstance(fp, str) and bool(re.match(_DIGEST, fp))), path,
           "must look like sha256:<64 hex digits>", f"{where}.fingerprint")
     files = raw.get("files", {})
     _need(isinstance(files, dict), path, "must be a table of relative path = digest", f"{where}.files")
     for rel, digest in files.items():
-        _need(isinstance(digest, str) and bool(_DIGEST.match(digest)) and not rel.startswith("/")
+        _need(isinstance(digest, str) and bool(re.match(_DIGEST, digest)) and not rel.startswith("/")
               and ".." not in Path(rel).parts, path, "must map a relative path to sha256:<hex>",
               f"{where}.files.{rel}")
     for key in ("format", "description"):
@@ -429,14 +425,14 @@ def parse_spec(path: Path, data: dict[str, Any], folder: Path) -> RecipeSpec:
           "must be a path inside the recipe folder", "entry")
     _need((folder / entry_rel).is_file(), path, f"entry point {entry} does not exist in {folder}", "entry")
     name = data.get("name", folder.name)
-    _need(isinstance(name, str) and bool(_NAME.match(name)), path,
+    _need(isinstance(name, str) and bool(re.match(_NAME, name)), path,
           "must be letters, digits, '_', '-' or '.'", "name")
     framework = data.get("framework", "tensorflow")
     _need(framework in known_frameworks(), path, f"must be one of {', '.join(known_frameworks())}", "framework")
     description = data.get("description", "")
     _need(isinstance(description, str), path, "must be a string", "description")
     variant = data.get("variant")
-    _need(variant is None or (isinstance(variant, str) and bool(_VARIANT.match(variant))), path,
+    _need(variant is None or (isinstance(variant, str) and bool(re.match(_VARIANT, variant))), path,
           "must name an image variant: lowercase letters, digits, '.', '_' or '-' (e.g. \"torch-cpu\")",
           "variant")
     raw_params = data.get("params", {})
@@ -465,8 +461,10 @@ def parse_spec(path: Path, data: dict[str, Any], folder: Path) -> RecipeSpec:
 
 def load_spec(folder: Path) -> RecipeSpec:
     path = folder / RECIPE_FILE
-    if tomllib is None:
-        raise SpecError(path, "reading recipe.toml needs Python 3.11 or newer (tomllib)")
+    try:  # imported here: a plain script's run reads no recipe.toml and does not pay for the parser
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        raise SpecError(path, "reading recipe.toml needs Python 3.11 or newer (tomllib)") from None
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)

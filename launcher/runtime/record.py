@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, SupportsFloat, cast
 
-from launcher.runtime import checkpoint, optrace, steps
+from launcher.runtime import checkpoint
 from launcher.runtime import fingerprints as fp
-from launcher.runtime.records import (
+from launcher.runtime.outfiles import (
     ARRAYS_JSON,
     BATCHES,
     CANONICAL_MODEL,
@@ -26,6 +26,7 @@ from launcher.runtime.records import (
 )
 
 if TYPE_CHECKING:
+    from launcher.runtime import optrace, steps
     from launcher.runtime.records import (
         ArraysFingerprint,
         CheckpointState,
@@ -86,6 +87,8 @@ class Recorder:
     def trace(self) -> steps.StepTrace:
         """The run's step fingerprints (launcher.runtime.steps), set by LAUNCHER_TRACE_EVERY."""
         if self._trace is None:
+            from launcher.runtime import steps  # on first use: a run that records no steps does not import it
+
             self._trace = steps.from_env(self.path(STEPS))
         return self._trace
 
@@ -93,7 +96,9 @@ class Recorder:
     def optrace(self) -> optrace.OpTrace | None:
         """The operation trace of a `launcher diverge` re-execution (LAUNCHER_OPTRACE), else None."""
         if not self._optrace_read:
-            self._optrace, self._optrace_read = optrace.from_env(self.out), True
+            from launcher.runtime import optrace as trace  # on first use, as steps
+
+            self._optrace, self._optrace_read = trace.from_env(self.out), True
         return self._optrace
 
     @property

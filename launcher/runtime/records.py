@@ -16,17 +16,17 @@ if TYPE_CHECKING:
 
     from numpy.typing import ArrayLike
 
-# the files the runtime writes, relative to the outputs folder
-RUNTIME_JSON = "_launcher/runtime.json"
-EXIT_JSON = "_launcher/exit.json"
-DATASET_JSON = "fingerprints/dataset.json"
-ARRAYS_JSON = "fingerprints/arrays.json"
-INITIAL_WEIGHTS = "fingerprints/initial_weights.json"
-BATCHES = "fingerprints/batches.jsonl"
-STEPS = "fingerprints/steps.jsonl"
-METRICS = "metrics.jsonl"
-LAYERS_JSON = "weights/layers.json"
-CANONICAL_MODEL = "model/canonical.npz"
+# the files the runtime writes, relative to the outputs folder (named in launcher.runtime.outfiles)
+from launcher.runtime.outfiles import ARRAYS_JSON as ARRAYS_JSON
+from launcher.runtime.outfiles import BATCHES as BATCHES
+from launcher.runtime.outfiles import CANONICAL_MODEL as CANONICAL_MODEL
+from launcher.runtime.outfiles import DATASET_JSON as DATASET_JSON
+from launcher.runtime.outfiles import EXIT_JSON as EXIT_JSON
+from launcher.runtime.outfiles import INITIAL_WEIGHTS as INITIAL_WEIGHTS
+from launcher.runtime.outfiles import LAYERS_JSON as LAYERS_JSON
+from launcher.runtime.outfiles import METRICS as METRICS
+from launcher.runtime.outfiles import RUNTIME_JSON as RUNTIME_JSON
+from launcher.runtime.outfiles import STEPS as STEPS
 
 # a JSON value as json.loads gives it: a plain script's params are any JSON the user passes
 JsonValue = str | int | float | bool | None | list["JsonValue"] | dict[str, "JsonValue"]

@@ -12,11 +12,10 @@ import argparse
 import io
 import json
 import os
-import platform
 import signal
 import subprocess
 import sys
-from datetime import datetime, timezone
+import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -26,8 +25,8 @@ from launcher.runtime import code as codemod
 from launcher.runtime import explain as explainmod
 from launcher.runtime import fingerprints as fp
 from launcher.runtime import recipespec as recipe_spec
+from launcher.runtime.outfiles import DATASET_JSON, EXIT_JSON, METRICS, RUNTIME_JSON
 from launcher.runtime.record import EXIT_BAD_DATA, EXIT_BAD_RECIPE, EXIT_NOT_RESUMABLE, EXIT_USAGE, expected_mismatch
-from launcher.runtime.records import DATASET_JSON, EXIT_JSON, METRICS, RUNTIME_JSON
 
 if TYPE_CHECKING:
     from launcher.runtime.records import JsonValue
@@ -45,11 +44,43 @@ class RunError(Exception):
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def terminal_columns() -> int:
+    """shutil.get_terminal_size().columns: $COLUMNS when a positive integer, else the width of the
+    terminal on stdout, else 80."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns > 0:
+        return columns
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
+class _Formatter(argparse.HelpFormatter):
+    """argparse's help formatter, its width found as argparse finds it but without importing shutil
+    (and bz2 and lzma with it), which argparse does for every argument added, before every run."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        super().__init__(prog, indent_increment, max_help_position, terminal_columns() - 2 if width is None else width)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser with :class:`_Formatter`; its subcommands' parsers are of this class too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m launcher.runtime",
         description="Run a recipe with determinism applied and fingerprints recorded, or explain a saved "
         "model's prediction for one image.")
@@ -393,6 +424,8 @@ def run(args: argparse.Namespace) -> int:
             rc = exc.code
         finally:
             if not (out / RUNTIME_JSON).exists():
+                import platform  # only here: a child that started wrote runtime.json itself
+
                 fp.write_json(out / RUNTIME_JSON, {
                     "profile": os.environ.get("LAUNCHER_PROFILE", "off"), "framework": None,
                     "python": {"version": platform.python_version()},

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from launcher.runtime import fingerprints as fp
-from launcher.runtime.records import STEPS as STEPS  # where the rows go (defined with the runtime's other files)
+from launcher.runtime.outfiles import STEPS as STEPS  # where the rows go (named with the runtime's other files)
 
 if TYPE_CHECKING:
     from launcher.runtime.records import StepRow

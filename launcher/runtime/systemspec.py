@@ -16,10 +16,11 @@ import re
 from typing import Any
 
 SYSTEM_KEYS = frozenset({"apt"})
+# patterns compiled at first use (and cached by re)
 # Debian policy 5.6.1: at least two characters, lower-case letters, digits, '+', '-', '.'; alphanumeric first.
-APT_NAME = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
+APT_NAME = r"^[a-z0-9][a-z0-9+.-]+$"
 # Policy 5.6.12: [epoch:]upstream[-revision], the upstream part starting with a digit.
-APT_VERSION = re.compile(r"^(?:[0-9]+:)?[0-9][A-Za-z0-9.+~-]*$")
+APT_VERSION = r"^(?:[0-9]+:)?[0-9][A-Za-z0-9.+~-]*$"
 
 
 class SystemSpecError(ValueError):
@@ -34,11 +35,11 @@ class SystemSpecError(ValueError):
 def split_package(entry: str) -> tuple[str, str | None]:
     """``NAME`` or ``NAME=VERSION`` -> (name, version or None); SystemSpecError when either is malformed."""
     name, sep, version = entry.partition("=")
-    if not APT_NAME.match(name):
+    if not re.match(APT_NAME, name):
         why = "an architecture qualifier (NAME:ARCH) is not supported" if ":" in name else \
             "a Debian package name is lower-case letters, digits, '+', '-' and '.' (at least 2, alphanumeric first)"
         raise SystemSpecError(f"{entry!r} is not a Debian package: {why}", "system.apt")
-    if sep and not APT_VERSION.match(version):
+    if sep and not re.match(APT_VERSION, version):
         raise SystemSpecError(f"{entry!r}: {version!r} is not a Debian version ([epoch:]upstream[-revision], "
                               "starting with a digit)", "system.apt")
     return name, (version if sep else None)

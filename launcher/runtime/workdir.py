@@ -10,12 +10,12 @@ import re
 from pathlib import Path
 
 MAX_NAMED = 3
+# patterns, compiled (and cached by re) only when a run failed
 # 'data/x.txt' or "data/x.txt" after FileNotFoundError / No such file or directory / does not exist
-_MISSING = re.compile(r"(?:FileNotFoundError|No such file or directory|does not exist|not found)[^\n]*?"
-                      r"""['"]((?!/)[^'"\n]+)['"]""")
+_MISSING = (r"(?:FileNotFoundError|No such file or directory|does not exist|not found)[^\n]*?"
+            r"""['"]((?!/)[^'"\n]+)['"]""")
 
-_LOOKED_FOR = re.compile(r"^(?:AssertionError|FileNotFoundError|NotADirectoryError)\b|No such file or directory",
-                         re.MULTILINE)
+_LOOKED_FOR = r"(?m)^(?:AssertionError|FileNotFoundError|NotADirectoryError)\b|No such file or directory"
 
 
 def data_folders(code_root: Path) -> list[str]:
@@ -44,13 +44,13 @@ def notice(code_root: Path, out: Path) -> str | None:
 def hint_after_failure(log_tail: str, code_root: Path, out: Path) -> str | None:
     """A hint when the failure's text names a relative path the code folder has and the working
     directory has not; None otherwise."""
-    for found in _MISSING.finditer(log_tail):
+    for found in re.finditer(_MISSING, log_tail):
         rel = found.group(1).removeprefix("./")
         if rel and ".." not in Path(rel).parts and (code_root / rel).exists() and not (out / rel).exists():
             return (f"{found.group(1)} is relative to the working directory {out}, not to the code: the file is "
                     f"{code_root / rel}; pass that path, or the folder with --data (then /launcher/data)")
     folders = data_folders(code_root)
-    if folders and _LOOKED_FOR.search(log_tail):  # a path check that failed without naming the path
+    if folders and re.search(_LOOKED_FOR, log_tail):  # a path check that failed without naming the path
         return (f"if the script looked for ./{folders[0]} or another path beside its code: the working directory is "
                 f"{out}, the code's {folders[0]}/ is {code_root / folders[0]}; pass that path")
     return None

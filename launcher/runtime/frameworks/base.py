@@ -15,8 +15,8 @@ at module level.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from launcher.runtime.records import Applied
@@ -31,8 +31,10 @@ Seeders = Mapping[str, tuple[tuple[str, str], ...]]
 DETERMINISTIC = ("strict", "deterministic")
 
 
-@dataclass(frozen=True)
-class Framework:
+class Framework(NamedTuple):
+    """A frozen record (a NamedTuple rather than a dataclass: the recipe's interpreter reads every
+    framework before the recipe's first line, and dataclasses' import of inspect would be paid there)."""
+
     name: str  # as recipe.toml (`framework = ...`), runtime.json and the CLI name it
     label: str  # for people: "TensorFlow/Keras"
     modules: tuple[str, ...]  # top-level import names that mean it; the first is the one the profile is applied on
@@ -40,7 +42,7 @@ class Framework:
     variant: str | None  # the image variant its recipes run in (None: the workspace's default variant)
     apply: Apply
     env: Callable[[str], dict[str, str]] = lambda threads: {}  # the deterministic profile's variables for it
-    seeders: Seeders = field(default_factory=dict)
+    seeders: Seeders = MappingProxyType({})
     hooks: tuple[tuple[str, Hook], ...] = ()  # (module, hook) run when that module is imported, after apply
     scaffold: str | None = None  # train.py of `launcher recipes new --framework NAME` ({name} filled in)
 
