@@ -84,3 +84,31 @@ def test_the_local_host_lists_in_process_what_the_host_script_lists(tmp_path: Pa
         assert in_process == by_script
         assert {e.kind for e in in_process} == {"file", "dir", "symlink"}
     assert host.list_dir(str(tmp_path / "missing")) == Host.list_dir(host, str(tmp_path / "missing")) == []
+
+
+def test_the_local_host_does_in_process_what_the_shell_commands_do(tmp_path: Path) -> None:
+    """makedirs, free_bytes, exists and owner answer here as `mkdir -p`, `df -Pk`, `test -e` and `id` do."""
+    import pytest
+
+    from launcher.errors import CommandFailed
+    from launcher.hosts.base import Host
+
+    host = LocalHost(tmp_path)
+    host.makedirs(str(tmp_path / "a" / "b"))
+    Host.makedirs(host, str(tmp_path / "c" / "d"))
+    host.makedirs(str(tmp_path / "a" / "b"))  # already there: as mkdir -p, nothing to say
+    assert (tmp_path / "a" / "b").is_dir() and (tmp_path / "c" / "d").is_dir()
+    (tmp_path / "file").write_text("x")
+    for makedirs in (host.makedirs, lambda p: Host.makedirs(host, p)):
+        with pytest.raises(CommandFailed, match=r"^mkdir failed: mkdir: "):
+            makedirs(str(tmp_path / "file" / "sub"))
+    # df's blocks are whole KiB; other processes write meanwhile: the two agree within a few MiB
+    assert abs(host.free_bytes(str(tmp_path)) - Host.free_bytes(host, str(tmp_path))) < 64 << 20
+    assert host.free_bytes(str(tmp_path)) % 1024 == 0
+    for free_bytes in (host.free_bytes, lambda p: Host.free_bytes(host, p)):
+        with pytest.raises(CommandFailed, match=r"^df failed: df: "):
+            free_bytes(str(tmp_path / "missing"))
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    for path in ("a", "file", "missing", "dangling"):
+        assert host.exists(str(tmp_path / path)) == Host.exists(host, str(tmp_path / path))
+    assert host.owner() == Host.owner(host) and host.owner() is not None
