@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher import proc
+from launcher import memo, proc
 from launcher.errors import NotFound, UsageError
 from launcher.runs.records import MOUNTED, CodePlan, GitState
 from launcher.runtime import code as codedigest
@@ -46,6 +46,12 @@ class CodeTree:
 
 
 def git_toplevel(path: Path) -> Path | None:
+    """The root of the git work tree holding path, or None: asked of git once per folder in a memo.kept()
+    block (a run's steps each want the project folder)."""
+    return memo.remembered(("git toplevel", os.path.abspath(path)), lambda: _ask_toplevel(path))
+
+
+def _ask_toplevel(path: Path) -> Path | None:
     done = proc.run(["git", "-C", path, "rev-parse", "--show-toplevel"], check=False)
     return Path(done.out.strip()).resolve() if done.returncode == 0 and done.out.strip() else None
 

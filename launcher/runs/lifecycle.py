@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, cast
 
+from launcher import memo
 from launcher.errors import CommandFailed, Corrupt, ExitCode, LauncherError, NotFound, UnsafePath, UsageError
 from launcher.hashing import atomic_write_json
 from launcher.hosts.base import Host
@@ -534,7 +535,15 @@ def run_recipe(
     host_spec: how to reopen the host later (recorded in each launch record)."""
     if runs < 1:
         raise UsageError(f"--runs must be at least 1, not {runs}", "drop --runs or give a positive number")
-    placement = placement_for(target, host_spec)
+    with memo.kept():  # git's and the engine's answers asked once by the steps before a start
+        return _run_group(ws, spec, placement_for(target, host_spec), reporter, runs=runs, seeds=seeds, on_log=on_log,
+                          facts=facts, cache_dir=cache_dir, poll_s=poll_s, prepared=prepared)
+
+
+def _run_group(ws: Workspace, spec: RunSpec, placement: Placement, reporter: Reporter | None, *, runs: int,
+               seeds: Sequence[int | None], on_log: LogSink | None, facts: HostFacts | None, cache_dir: Path | None,
+               poll_s: float, prepared: bool) -> RunOutcome:
+    """run_recipe's work, once its placement is open."""
     seed_list = list(seeds) or [spec.seed]
     recipe = _checked(ws, spec, seed_list)
     spec, facts = _image_facts_ready(ws, spec, recipe, placement, reporter, facts, prepared)
