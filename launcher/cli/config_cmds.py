@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
 from launcher import config as config_mod
@@ -53,6 +52,8 @@ def apply_defaults(ctx: typer.Context) -> None:
 
 
 def _text(result: Result[ConfigRecord]) -> None:
+    from rich.table import Table
+
     d = result.data
     where = d["file"] or "none (not in a workspace)"
     state = "" if not d["file"] else (" (read)" if d["file_exists"] else " (not present)")

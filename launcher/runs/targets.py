@@ -122,6 +122,8 @@ def scheduler_names() -> list[str]:
 def select(scheduler: str | None, options: TargetOptions) -> Target | None:
     """The target a command's --scheduler names (None: the direct one), its options checked; a usage
     error for a scheduler nobody registered or options that do not fit together."""
+    if scheduler is None and not options.given():
+        return None  # the direct target, without importing the others (a run on one host starts sooner)
     names = scheduler_names()
     if scheduler is None:
         if options.given():
