@@ -11,27 +11,19 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.filesize import decimal
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    Progress,
-    ProgressColumn,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
-from rich.progress import Task as RichTask
-from rich.text import Text
 
 from launcher.errors import ExitCode, LauncherError
 from launcher.progress import NullReporter, Reporter, Task
 from launcher.result import D, Result, error_envelope
 from launcher.workspace import Workspace
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 
 @dataclass
@@ -40,39 +32,6 @@ class Options:
     json: bool = False
     debug: bool = False
     quiet: bool = False
-
-
-class _AmountColumn(ProgressColumn):
-    """Bytes and speed for byte-counted tasks, M/N for counted ones, nothing when unknown."""
-
-    def render(self, task: RichTask) -> Text:
-        unit = task.fields.get("unit", "")
-        if unit == "B":
-            total = decimal(int(task.total)) if task.total else "?"
-            speed = f" {decimal(int(task.speed))}/s" if task.speed else ""
-            return Text(f"{decimal(int(task.completed))}/{total}{speed}", style="progress.download")
-        if task.total:
-            return Text(f"{int(task.completed)}/{int(task.total)}{(' ' + unit) if unit else ''}",
-                        style="progress.download")
-        return Text("")
-
-
-class _RichTask:
-    def __init__(self, progress: Progress, task_id: Any) -> None:
-        self._p, self._id = progress, task_id
-
-    def advance(self, amount: float = 1) -> None:
-        self._p.advance(self._id, amount)
-
-    def update(self, *, completed: float | None = None, total: float | None = None,
-               description: str | None = None) -> None:
-        self._p.update(self._id, completed=completed, total=total, description=description)  # None: unchanged
-
-    def close(self) -> None:
-        task = self._p.tasks[self._p.task_ids.index(self._id)]
-        if task.total is not None:
-            self._p.update(self._id, completed=task.total)
-        self._p.stop_task(self._id)
 
 
 class RichReporter:
@@ -84,16 +43,17 @@ class RichReporter:
 
     def _ensure(self) -> Progress:
         if self._progress is None:
-            self._progress = Progress(
-                SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=30),
-                _AmountColumn(), TimeElapsedColumn(), console=self.console, transient=False,
-            )
+            from launcher.cli import bars  # rich's progress bars, imported by the first command that shows one
+
+            self._progress = bars.progress(self.console)
             self._progress.start()
         return self._progress
 
     def task(self, description: str, total: float | None = None, unit: str = "") -> Task:
+        from launcher.cli.bars import BarTask
+
         p = self._ensure()
-        return _RichTask(p, p.add_task(description, total=total, unit=unit))
+        return BarTask(p, p.add_task(description, total=total, unit=unit))
 
     def note(self, message: str) -> None:
         if self._progress is not None:
