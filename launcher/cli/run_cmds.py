@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
@@ -50,7 +51,6 @@ from launcher.cli.run_opts import (
 )
 from launcher.errors import UsageError, run_exit_code
 from launcher.hosts.hostspec import HostSpec
-from launcher.images import wheelsources
 from launcher.result import Result
 
 if TYPE_CHECKING:
@@ -203,9 +203,18 @@ def run_cmd(
         detach=detach, ship_via=ship_via, args=list(script_args or []), code=str(code_dir) if code_dir else None,
         entry=entry, mount=mount, build=not no_build, probes=probes, trace_every=trace_every,
         checkpoint_every=checkpoint_every, env=dict(user_env.plain), secret_env=dict(user_env.secret),
-        find_links=[str(d) for d in wheelsources.check_dirs(find_links or ())],
+        find_links=_wheel_dirs(find_links),
         ca_bundle=str(ca_bundle) if ca_bundle else None)
     _run(ctx, ws, spec, host, runs_n, seed or [], (scheduler, partition, slurm_opt, max_parallel))
+
+
+def _wheel_dirs(dirs: list[Path] | None) -> list[str]:
+    """--find-links folders, each checked (the module that reads wheel sources only when some are given)."""
+    if not dirs:
+        return []
+    from launcher.images import wheelsources
+
+    return [str(d) for d in wheelsources.check_dirs(dirs)]
 
 
 def _run(ctx: typer.Context, ws: Workspace, spec: RunSpec, host: HostSpec, runs_n: int, seeds: list[int],
