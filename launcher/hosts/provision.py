@@ -151,7 +151,7 @@ def parse_facts(text: str) -> HostFacts:
 
 
 def gather_facts(host: Host) -> HostFacts:
-    done = host.run(["sh", "-c", host_script("facts.sh")], check=False)
+    done = host.fact_sheet()
     if not done.out.strip():
         raise HostNotReady(
             f"could not read facts from {host.name}: {done.last_error_line()}",
