@@ -19,8 +19,7 @@ from launcher.errors import BuildFailed, ImageOutOfDate, NotFound
 from launcher.hashing import atomic_write_bytes, atomic_write_json, sha256_bytes
 from launcher.hosts import engine
 from launcher.images import pins as images
-from launcher.images import tree as imagetree
-from launcher.images.buildrecord import BuildRecord, read_record
+from launcher.images.buildrecord import DEFAULT_EPOCH, BuildRecord, read_record
 from launcher.images.lock import parse_lock
 from launcher.progress import NullReporter, Reporter
 from launcher.runtime import code as codedigest
@@ -173,7 +172,7 @@ class EnvImage:
 
 
 def build(ws: Workspace, variant: str = "cpu", *, nocache: bool = False, force: bool = False,
-          ca_bundle: Path | None = None, find_links: Sequence[Path] = (), epoch: int = imagetree.DEFAULT_EPOCH,
+          ca_bundle: Path | None = None, find_links: Sequence[Path] = (), epoch: int = DEFAULT_EPOCH,
           tag: str | None = None, write_record: bool = True, keep_image: bool = True,
           git: tuple[str, bool] | None = None, reporter: Reporter | None = None) -> BuildRecord:
     """Build (or find) the image of variant; the result is normalised to a content-only image ID.
@@ -183,6 +182,7 @@ def build(ws: Workspace, variant: str = "cpu", *, nocache: bool = False, force: 
     recipe edit costs seconds. git: the (commit, dirty) labels to use instead of the work tree's.
     """
     from launcher.images import recipelayer
+    from launcher.images import tree as imagetree
 
     rep = reporter or NullReporter()
     started = time.monotonic()
@@ -243,6 +243,7 @@ def _env_record(ws: Workspace, inputs: Inputs) -> Path:
 def _existing_env(ws: Workspace, inputs: Inputs) -> EnvImage | None:
     """The environment image of these inputs, if it was built here and the engine still has it."""
     from launcher.images import recipelayer
+    from launcher.images import tree as imagetree
 
     path = _env_record(ws, inputs)
     tree_path = path.with_suffix(".tree.json.gz")
@@ -261,6 +262,7 @@ def _existing_env(ws: Workspace, inputs: Inputs) -> EnvImage | None:
 def _build_env(ws: Workspace, inputs: Inputs, *, nocache: bool, ca_bundle: Path | None, find_links: Sequence[Path],
                epoch: int, write_record: bool, keep_image: bool, reporter: Reporter) -> EnvImage:
     """Build the Dockerfile (offline, from the wheelhouse) and normalise the result."""
+    from launcher.images import tree as imagetree
     from launcher.images import wheels
 
     _ensure_base(inputs.pin)
@@ -419,12 +421,14 @@ class RebuildReport:
 def rebuild(ws: Workspace, variant: str = "cpu", *, verify: bool = True, ca_bundle: Path | None = None,
             find_links: Sequence[Path] = (), reporter: Reporter | None = None) -> RebuildReport:
     """Rebuild from scratch (no cache) and compare with the recorded build."""
+    from launcher.images import tree as imagetree
+
     started = time.monotonic()
     record = read_record(ws, variant)
     if verify and record is None:
         raise NotFound(f"no recorded build of the {variant} image to verify against",
                        f"run `launcher build --variant {variant}` first")
-    epoch = int(record.extra.get("epoch", imagetree.DEFAULT_EPOCH)) if record else imagetree.DEFAULT_EPOCH
+    epoch = int(record.extra.get("epoch", DEFAULT_EPOCH)) if record else DEFAULT_EPOCH
     # A verifying rebuild needs only the digests of the normalised image, not the image itself.
     git = None
     if record is not None:
