@@ -14,8 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 from launcher.errors import ExitCode, LauncherError
 from launcher.progress import NullReporter, Reporter, Task
@@ -23,6 +21,7 @@ from launcher.result import D, Result, error_envelope
 from launcher.workspace import Workspace
 
 if TYPE_CHECKING:
+    from rich.console import Console
     from rich.progress import Progress
 
 
@@ -34,10 +33,34 @@ class Options:
     quiet: bool = False
 
 
+class LazyConsole:
+    """A rich Console made when first printed to: rich's import (some 30 ms) then waits for the first line a
+    command prints, which for a run comes once its container has started."""
+
+    def __init__(self, *, stderr: bool = False) -> None:
+        self._stderr = stderr
+        self._console: Console | None = None
+
+    @property
+    def console(self) -> Console:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(stderr=self._stderr, highlight=False, soft_wrap=True)
+        return self._console
+
+    def print(self, *objects: Any, **options: Any) -> None:
+        self.console.print(*objects, **options)
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.console.is_terminal
+
+
 class RichReporter:
     """Progress bars on stderr, so stdout stays clean for --json."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: LazyConsole) -> None:
         self.console = console
         self._progress: Progress | None = None
 
@@ -45,7 +68,7 @@ class RichReporter:
         if self._progress is None:
             from launcher.cli import bars  # rich's progress bars, imported by the first command that shows one
 
-            self._progress = bars.progress(self.console)
+            self._progress = bars.progress(self.console.console)
             self._progress.start()
         return self._progress
 
@@ -79,8 +102,8 @@ def workspace_of(ctx: typer.Context) -> Workspace:
     return Workspace.discover()
 
 
-stdout = Console(highlight=False, soft_wrap=True)
-stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+stdout = LazyConsole()
+stderr = LazyConsole(stderr=True)
 
 
 class _NotesOnly(NullReporter):
@@ -96,7 +119,7 @@ def reporter(ctx: typer.Context) -> Iterator[Reporter]:
     if opts.quiet:
         yield NullReporter()
         return
-    if not stderr.is_terminal and opts.json:  # scripts: no progress bars, but what launcher decided
+    if opts.json and not stderr.is_terminal:  # scripts: no progress bars, but what launcher decided
         yield _NotesOnly()
         return
     rep = RichReporter(stderr)
@@ -124,7 +147,8 @@ def fail(ctx: typer.Context | None, command: str, exc: LauncherError) -> None:
     line = exc.one_line()
     if opts.json:
         sys.stdout.write(json.dumps(error_envelope(command, exc.exit_code, line), indent=2) + "\n")
-    # escaped: a hint such as pip install 'launcher[export]' is text, not markup
+    from rich.markup import escape  # escaped: a hint such as pip install 'launcher[export]' is text, not markup
+
     stderr.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
 
 

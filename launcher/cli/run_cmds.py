@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
-from rich.text import Text
 
 from launcher.cli.common import command, options, render, reporter, stdout, workspace_of
 from launcher.cli.hostopts import (
@@ -299,6 +298,7 @@ def ps_cmd(
 
     def text(result: Result[PsListing]) -> None:
         from rich.table import Column, Table
+        from rich.text import Text
 
         if not result.data["runs"]:
             where = f" or on {host.name}" if not host.local else ""
