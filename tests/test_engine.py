@@ -172,6 +172,13 @@ def test_in_a_kept_block_the_local_engine_reads_an_image_once_for_its_check_and_
         assert host.calls == [["docker", "image", "inspect", "--format", "{{json .}}", "sha256:abc"]]
         e.inspect_image("sha256:abc")  # handed over once: a later look asks again
         assert len(host.calls) == 2
+    host.calls.clear()
+    with memo.kept():
+        e.ask_image("sha256:abc")  # asked ahead (while git lists a run's code): the check and the ship read it
+        assert e.holds_image("sha256:abc") and e.inspect_image("sha256:abc")["Size"] == 5
+        assert len(host.calls) == 1
+    e.ask_image("sha256:abc")  # outside a block: nothing to keep, nothing asked
+    assert len(host.calls) == 1
     remote = FakeHost({("docker", "image", "inspect"): (0, info, "")})
     with memo.kept():
         Engine(remote).holds_image("sha256:abc")

@@ -37,6 +37,7 @@ from launcher.proc import Completed
 
 DOCKER = "docker"
 _IMAGE_JSON = "local image JSON"  # memo key: holds_image's answer kept for inspect_image
+_IMAGE_ASKED = "local image asked"  # memo key: ask_image's answer kept for holds_image
 
 
 # What docker prints when a registry wants credentials the user has none of (Basic), or refuses those
@@ -166,7 +167,9 @@ class Engine:
         here, HostNotReady on a host), which has_image reads as absent. Through the docker CLI: the
         module's image_exists goes through docker-py, whose import costs a quarter of a second."""
         keeping = self.host.kind == "local" and memo.active()  # for inspect_image's next look at ref
-        done = self._run("image", "inspect", "--format", "{{json .}}" if keeping else "{{.Id}}", ref)
+        asked = memo.take((_IMAGE_ASKED, ref)) if keeping else None  # ask_image's answer, asked ahead
+        done = asked if isinstance(asked, Completed) else self._inspect_json(ref) if keeping else \
+            self._run("image", "inspect", "--format", "{{.Id}}", ref)
         if done.returncode == 0:
             if keeping:
                 memo.keep((_IMAGE_JSON, ref), json.loads(done.out))
@@ -174,6 +177,15 @@ class Engine:
         if "no such" in done.err.lower():
             return False
         self._unavailable(done)
+
+    def ask_image(self, ref: str) -> None:
+        """Ask the local engine about ref now, for holds_image(ref) to read later in the memo.kept() block (a
+        run asks while git lists its code); nothing outside one."""
+        if self.host.kind == "local" and memo.active():
+            memo.keep((_IMAGE_ASKED, ref), self._inspect_json(ref))
+
+    def _inspect_json(self, ref: str) -> Completed:
+        return self._run("image", "inspect", "--format", "{{json .}}", ref)
 
     def inspect_image(self, ref: str) -> dict[str, Any]:  # Docker's image JSON, its schema Docker's
         """Docker's JSON of the image ref; the local engine's answer to holds_image(ref) just before, when

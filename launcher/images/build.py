@@ -361,6 +361,14 @@ def changed_parts(ws: Workspace, record: BuildRecord | None, inputs: Inputs, *, 
     return names
 
 
+def ask_ahead(ws: Workspace, variant: str) -> None:
+    """Ask the engine now for the recorded image of variant, which ensure_current checks next (Engine.ask_image;
+    only in a memo.kept() block): a run asks while it lists its code."""
+    record = read_record(ws, variant)
+    if record is not None:
+        engine.local().ask_image(record.image_id)
+
+
 def ensure_current(ws: Workspace, variant: str, *, recipes: bool = True, allow_build: bool = True,
                    find_links: Sequence[Path] = (), ca_bundle: Path | None = None,
                    reporter: Reporter | None = None) -> BuildRecord:

@@ -464,8 +464,9 @@ def _with_image(ws: Workspace, spec: RunSpec, recipe: Recipe, reporter: Reporter
     from launcher.images import build
     from launcher.runs import project
 
-    project.ensure_lock(ws, spec, recipe, reporter)  # before the code is planned: the lock is part of the project
-    plan = plan_code(ws, spec, recipe)
+    with Meanwhile(build.ask_ahead, ws, spec.variant):  # the engine asked about the image while git lists the code
+        project.ensure_lock(ws, spec, recipe, reporter)  # before the code is planned: the lock is part of the project
+        plan = plan_code(ws, spec, recipe)
     spec = replace(spec, code_plan=plan)
     build.ensure_current(ws, spec.variant, recipes=plan.get("source") == BAKED, allow_build=spec.build,
                          find_links=[Path(p) for p in spec.find_links],
