@@ -118,24 +118,26 @@ def test_the_local_host_does_in_process_what_the_shell_commands_do(tmp_path: Pat
 
 
 def test_the_local_fact_sheet_reads_as_the_host_script_does(tmp_path: Path) -> None:
-    """LocalHost.fact_sheet (in this process) and facts.sh (as on any host) give the same facts."""
-    from launcher.hosts.base import Host
-    from launcher.hosts.provision import parse_facts
+    """The local host's facts read in this process (hosts/localfacts.py) and by facts.sh (as on any host)."""
+    from launcher.hosts import localfacts
+    from launcher.hosts.provision import gather_facts, parse_facts
 
     host = LocalHost(tmp_path)
-    in_process, by_script = host.fact_sheet(), Host.fact_sheet(host)
-    assert in_process.returncode == by_script.returncode == 0
-    here, there = parse_facts(in_process.out), parse_facts(by_script.out)
+    in_process, by_script = localfacts.sheet(), host.fact_sheet()
+    assert by_script.returncode == 0
+    here, there = parse_facts(in_process), parse_facts(by_script.out)
     free_here, free_there = here.pop("disk_free_bytes"), there.pop("disk_free_bytes")
     assert here == there
     assert free_here is not None and free_there is not None and abs(free_here - free_there) < 64 << 20
-    assert [line.split("=", 1)[0] for line in in_process.out.splitlines()] == \
+    assert [line.split("=", 1)[0] for line in in_process.splitlines()] == \
         [line.split("=", 1)[0] for line in by_script.out.splitlines()]  # the same keys, in the same order
     assert here["docker"]["installed"] and here["cpu_cores"]  # this machine runs the engine the tests use
+    gathered = gather_facts(host)
+    assert gathered.pop("host") == {"name": "local", "kind": "local"} and gathered["os"] == here["os"]
 
 
 def test_the_local_fact_sheet_without_docker_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from launcher.hosts.base import Host
+    from launcher.hosts import localfacts
     from launcher.hosts.provision import parse_facts
 
     bare = tmp_path / "bin"
@@ -145,7 +147,7 @@ def test_the_local_fact_sheet_without_docker_says_so(tmp_path: Path, monkeypatch
             (bare / tool).symlink_to(found)
     monkeypatch.setenv("PATH", str(bare))
     host = LocalHost(tmp_path)
-    here, there = parse_facts(host.fact_sheet().out), parse_facts(Host.fact_sheet(host).out)
+    here, there = parse_facts(localfacts.sheet()), parse_facts(host.fact_sheet().out)
     here.pop("disk_free_bytes")
     there.pop("disk_free_bytes")
     assert here == there and here["docker"] == {"installed": False, "usable": False, "client": "",

@@ -66,9 +66,9 @@ class RichReporter:
 
     def _ensure(self) -> Progress:
         if self._progress is None:
-            from launcher.cli import bars  # rich's progress bars, imported by the first command that shows one
+            from launcher.cli.bars import progress  # rich's bars, imported by the first command that shows one
 
-            self._progress = bars.progress(self.console.console)
+            self._progress = progress(self.console.console)
             self._progress.start()
         return self._progress
 

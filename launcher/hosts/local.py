@@ -103,12 +103,6 @@ class LocalHost(Host):
         except OSError as exc:
             raise _failed(("df", "-Pk", path), exc) from None
 
-    def fact_sheet(self) -> Completed:
-        """facts.sh's lines, read in this process (hosts/localfacts.py): a local run's start waits for them."""
-        from launcher.hosts import localfacts
-
-        return Completed(("facts.sh",), 0, localfacts.sheet().encode(), b"")
-
     def exists(self, path: str) -> bool:
         """As `test -e` on any host (a link by what it points to), in this process."""
         return os.path.exists(path)

@@ -1,4 +1,5 @@
-"""hosts/scripts/facts.sh's fact sheet of this machine, read in this process (LocalHost.fact_sheet).
+"""hosts/scripts/facts.sh's fact sheet of this machine, read in this process (provision.gather_facts of
+the local host).
 
 The script forks some twenty processes one after the other (uname, id, sed, awk, df, docker twice, ...),
 which every local run waits for before its container starts. Here the files and the system calls answer
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 
 from launcher import proc
 from launcher.errors import NotFound
+from launcher.hosts import engine
 
 DOCKER_INFO = "{{.ServerVersion}}|{{json .Runtimes}}|{{.DockerRootDir}}"
 GPU_QUERY = ("nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader")
@@ -117,9 +119,9 @@ def _user() -> str:
 def sheet() -> str:
     """facts.sh's output on this machine."""
     sudo = _Asked(["sudo", "-n", "true"], keep_stdout=False) if shutil.which("sudo") else None
-    docker = shutil.which("docker") is not None
-    version = _Asked(["docker", "--version"]) if docker else None
-    info = _Asked(["docker", "info", "--format", DOCKER_INFO], merge_stderr=True) if docker else None
+    docker = engine.installed()
+    version = _Asked(engine.command("--version")) if docker else None
+    info = _Asked(engine.command("info", "--format", DOCKER_INFO), merge_stderr=True) if docker else None
     gpus = _Asked(GPU_QUERY) if shutil.which("nvidia-smi") else None
     release = _os_release()
 
@@ -142,7 +144,7 @@ def sheet() -> str:
             lines += ["docker_usable=1", f"docker_info={out}"]
         else:
             # docker version says why (no daemon, or a socket this user may not open); info's --format hides it
-            why = _last_line(_Asked(["docker", "version", "--format", "{{.Server.Version}}"],
+            why = _last_line(_Asked(engine.command("version", "--format", "{{.Server.Version}}"),
                                     keep_stdout=False).answer()[2])
             lines += ["docker_usable=0", f"docker_error={_last_line(why or out)}"]
     else:
