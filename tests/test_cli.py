@@ -169,3 +169,14 @@ def test_a_command_imports_its_own_module_only(tmp_path: Path) -> None:
     env = {**os.environ, "_LAUNCHER_COMPLETE": "complete_bash", "COMP_WORDS": "launcher re", "COMP_CWORD": "1"}
     completed = subprocess.run([Path(sys.executable).with_name("launcher")], env=env, capture_output=True, text=True)
     assert completed.stdout.split() == ["rebuild", "recipes", "resume", "report", "reproduce"]
+
+
+def test_a_command_looked_up_alone_is_the_one_its_module_declares() -> None:
+    """The root builds only the command it runs (cli/lazy.py); listing builds the rest, the same."""
+    from launcher.cli.lazy import declared
+
+    alone, full = declared("run_cmds", only="run"), declared("run_cmds")
+    assert list(alone) == ["run"] and len(full) > 1
+    assert [p.name for p in alone["run"].params] == [p.name for p in full["run"].params]
+    assert alone["run"].help == full["run"].help
+    assert list(declared("images_cmds", only="base")) == ["base"]  # a group among commands

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from launcher.runs import code
 
@@ -38,3 +41,26 @@ def test_clean_only_when_the_code_is_committed(tmp_path: Path) -> None:
     copy.mkdir(parents=True)
     (copy / "train.py").write_text("print(1)\n")
     assert code.git_state(copy)["dirty"] is True  # an ignored copy is not committed code
+
+
+def test_a_folders_work_tree_is_asked_of_git_once_in_a_kept_block(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from launcher import memo, proc
+    from launcher.runs import code
+
+    asked: list[tuple[str, ...]] = []
+    real = proc.run
+
+    def counting(argv: Any, **kw: Any) -> proc.Completed:
+        asked.append(tuple(map(str, argv)))
+        return real(argv, **kw)
+
+    monkeypatch.setattr(proc, "run", counting)
+    (tmp_path / "proj").mkdir()
+    assert code.git_toplevel(tmp_path / "proj") is None and code.git_toplevel(tmp_path / "proj") is None
+    assert len(asked) == 2
+    with memo.kept():
+        assert code.git_toplevel(tmp_path / "proj") is None and code.git_toplevel(tmp_path / "proj") is None
+        assert len(asked) == 3
+        proc.run(["git", "init", "-q", str(tmp_path / "proj")])
+    assert code.git_toplevel(tmp_path / "proj") == (tmp_path / "proj").resolve()  # the block ended: asked again

@@ -154,3 +154,33 @@ def test_a_container_started_by_image_id_records_that_id_without_asking(tmp_path
     assert not any(c[:2] == ["docker", "inspect"] for c in host.calls)  # a full ID is the image that runs
     DirectPlacement(host).start(replace(job, image_id="tiny:latest"))  # a name: the engine says what it was
     assert host.calls[-1][:4] == ["docker", "inspect", "--format", "{{.Image}}"]
+
+
+def test_in_a_kept_block_the_local_engine_reads_an_image_once_for_its_check_and_its_inspect() -> None:
+    from launcher import memo
+
+    info = '{"Id": "sha256:abc", "RepoTags": ["img:1"], "Size": 5}'
+    host = FakeHost({("docker", "image", "inspect"): (0, info, "")})
+    host.kind = "local"
+    e = Engine(host)
+    assert e.holds_image("sha256:abc") and e.inspect_image("sha256:abc")["RepoTags"] == ["img:1"]
+    assert len(host.calls) == 2 and host.calls[0][-2] == "{{.Id}}"  # outside a block: each asks
+    host.calls.clear()
+    with memo.kept():
+        assert e.holds_image("sha256:abc")
+        assert e.inspect_image("sha256:abc") == {"Id": "sha256:abc", "RepoTags": ["img:1"], "Size": 5}
+        assert host.calls == [["docker", "image", "inspect", "--format", "{{json .}}", "sha256:abc"]]
+        e.inspect_image("sha256:abc")  # handed over once: a later look asks again
+        assert len(host.calls) == 2
+    host.calls.clear()
+    with memo.kept():
+        e.ask_image("sha256:abc")  # asked ahead (while git lists a run's code): the check and the ship read it
+        assert e.holds_image("sha256:abc") and e.inspect_image("sha256:abc")["Size"] == 5
+        assert len(host.calls) == 1
+    e.ask_image("sha256:abc")  # outside a block: nothing to keep, nothing asked
+    assert len(host.calls) == 1
+    remote = FakeHost({("docker", "image", "inspect"): (0, info, "")})
+    with memo.kept():
+        Engine(remote).holds_image("sha256:abc")
+        Engine(remote).inspect_image("sha256:abc")
+    assert [c[-2] for c in remote.calls] == ["{{.Id}}", "{{json .}}"]  # a host over SSH: asked each time

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import shutil
 from pathlib import Path
+
+import pytest
 
 from launcher.hosts import open_host
 from launcher.hosts.local import LocalHost
@@ -84,3 +87,68 @@ def test_the_local_host_lists_in_process_what_the_host_script_lists(tmp_path: Pa
         assert in_process == by_script
         assert {e.kind for e in in_process} == {"file", "dir", "symlink"}
     assert host.list_dir(str(tmp_path / "missing")) == Host.list_dir(host, str(tmp_path / "missing")) == []
+
+
+def test_the_local_host_does_in_process_what_the_shell_commands_do(tmp_path: Path) -> None:
+    """makedirs, free_bytes, exists and owner answer here as `mkdir -p`, `df -Pk`, `test -e` and `id` do."""
+    import pytest
+
+    from launcher.errors import CommandFailed
+    from launcher.hosts.base import Host
+
+    host = LocalHost(tmp_path)
+    host.makedirs(str(tmp_path / "a" / "b"))
+    Host.makedirs(host, str(tmp_path / "c" / "d"))
+    host.makedirs(str(tmp_path / "a" / "b"))  # already there: as mkdir -p, nothing to say
+    assert (tmp_path / "a" / "b").is_dir() and (tmp_path / "c" / "d").is_dir()
+    (tmp_path / "file").write_text("x")
+    for makedirs in (host.makedirs, lambda p: Host.makedirs(host, p)):
+        with pytest.raises(CommandFailed, match=r"^mkdir failed: mkdir: "):
+            makedirs(str(tmp_path / "file" / "sub"))
+    # df's blocks are whole KiB; other processes write meanwhile: the two agree within a few MiB
+    assert abs(host.free_bytes(str(tmp_path)) - Host.free_bytes(host, str(tmp_path))) < 64 << 20
+    assert host.free_bytes(str(tmp_path)) % 1024 == 0
+    for free_bytes in (host.free_bytes, lambda p: Host.free_bytes(host, p)):
+        with pytest.raises(CommandFailed, match=r"^df failed: df: "):
+            free_bytes(str(tmp_path / "missing"))
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    for path in ("a", "file", "missing", "dangling"):
+        assert host.exists(str(tmp_path / path)) == Host.exists(host, str(tmp_path / path))
+    assert host.owner() == Host.owner(host) and host.owner() is not None
+
+
+def test_the_local_fact_sheet_reads_as_the_host_script_does(tmp_path: Path) -> None:
+    """The local host's facts read in this process (hosts/localfacts.py) and by facts.sh (as on any host)."""
+    from launcher.hosts import localfacts
+    from launcher.hosts.provision import gather_facts, parse_facts
+
+    host = LocalHost(tmp_path)
+    in_process, by_script = localfacts.sheet(), host.fact_sheet()
+    assert by_script.returncode == 0
+    here, there = parse_facts(in_process), parse_facts(by_script.out)
+    free_here, free_there = here.pop("disk_free_bytes"), there.pop("disk_free_bytes")
+    assert here == there
+    assert free_here is not None and free_there is not None and abs(free_here - free_there) < 64 << 20
+    assert [line.split("=", 1)[0] for line in in_process.splitlines()] == \
+        [line.split("=", 1)[0] for line in by_script.out.splitlines()]  # the same keys, in the same order
+    assert here["docker"]["installed"] and here["cpu_cores"]  # this machine runs the engine the tests use
+    gathered = gather_facts(host)
+    assert gathered.pop("host") == {"name": "local", "kind": "local"} and gathered["os"] == here["os"]
+
+
+def test_the_local_fact_sheet_without_docker_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from launcher.hosts import localfacts
+    from launcher.hosts.provision import parse_facts
+
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    for tool in ("sh", "uname", "id", "sed", "head", "getconf", "awk", "df", "cat"):
+        if (found := shutil.which(tool)) is not None:
+            (bare / tool).symlink_to(found)
+    monkeypatch.setenv("PATH", str(bare))
+    host = LocalHost(tmp_path)
+    here, there = parse_facts(localfacts.sheet()), parse_facts(host.fact_sheet().out)
+    here.pop("disk_free_bytes")
+    there.pop("disk_free_bytes")
+    assert here == there and here["docker"] == {"installed": False, "usable": False, "client": "",
+                                                "server_version": None, "runtimes": [], "nvidia_runtime": False}

@@ -11,27 +11,18 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.filesize import decimal
-from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    Progress,
-    ProgressColumn,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
-from rich.progress import Task as RichTask
-from rich.text import Text
 
 from launcher.errors import ExitCode, LauncherError
 from launcher.progress import NullReporter, Reporter, Task
 from launcher.result import D, Result, error_envelope
 from launcher.workspace import Workspace
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
 
 
 @dataclass
@@ -42,58 +33,50 @@ class Options:
     quiet: bool = False
 
 
-class _AmountColumn(ProgressColumn):
-    """Bytes and speed for byte-counted tasks, M/N for counted ones, nothing when unknown."""
+class LazyConsole:
+    """A rich Console made when first printed to: rich's import (some 30 ms) then waits for the first line a
+    command prints, which for a run comes once its container has started."""
 
-    def render(self, task: RichTask) -> Text:
-        unit = task.fields.get("unit", "")
-        if unit == "B":
-            total = decimal(int(task.total)) if task.total else "?"
-            speed = f" {decimal(int(task.speed))}/s" if task.speed else ""
-            return Text(f"{decimal(int(task.completed))}/{total}{speed}", style="progress.download")
-        if task.total:
-            return Text(f"{int(task.completed)}/{int(task.total)}{(' ' + unit) if unit else ''}",
-                        style="progress.download")
-        return Text("")
+    def __init__(self, *, stderr: bool = False) -> None:
+        self._stderr = stderr
+        self._console: Console | None = None
 
+    @property
+    def console(self) -> Console:
+        if self._console is None:
+            from rich.console import Console
 
-class _RichTask:
-    def __init__(self, progress: Progress, task_id: Any) -> None:
-        self._p, self._id = progress, task_id
+            self._console = Console(stderr=self._stderr, highlight=False, soft_wrap=True)
+        return self._console
 
-    def advance(self, amount: float = 1) -> None:
-        self._p.advance(self._id, amount)
+    def print(self, *objects: Any, **options: Any) -> None:
+        self.console.print(*objects, **options)
 
-    def update(self, *, completed: float | None = None, total: float | None = None,
-               description: str | None = None) -> None:
-        self._p.update(self._id, completed=completed, total=total, description=description)  # None: unchanged
-
-    def close(self) -> None:
-        task = self._p.tasks[self._p.task_ids.index(self._id)]
-        if task.total is not None:
-            self._p.update(self._id, completed=task.total)
-        self._p.stop_task(self._id)
+    @property
+    def is_terminal(self) -> bool:
+        return self.console.is_terminal
 
 
 class RichReporter:
     """Progress bars on stderr, so stdout stays clean for --json."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: LazyConsole) -> None:
         self.console = console
         self._progress: Progress | None = None
 
     def _ensure(self) -> Progress:
         if self._progress is None:
-            self._progress = Progress(
-                SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=30),
-                _AmountColumn(), TimeElapsedColumn(), console=self.console, transient=False,
-            )
+            from launcher.cli.bars import progress  # rich's bars, imported by the first command that shows one
+
+            self._progress = progress(self.console.console)
             self._progress.start()
         return self._progress
 
     def task(self, description: str, total: float | None = None, unit: str = "") -> Task:
+        from launcher.cli.bars import BarTask
+
         p = self._ensure()
-        return _RichTask(p, p.add_task(description, total=total, unit=unit))
+        return BarTask(p, p.add_task(description, total=total, unit=unit))
 
     def note(self, message: str) -> None:
         if self._progress is not None:
@@ -119,8 +102,8 @@ def workspace_of(ctx: typer.Context) -> Workspace:
     return Workspace.discover()
 
 
-stdout = Console(highlight=False, soft_wrap=True)
-stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+stdout = LazyConsole()
+stderr = LazyConsole(stderr=True)
 
 
 class _NotesOnly(NullReporter):
@@ -136,7 +119,7 @@ def reporter(ctx: typer.Context) -> Iterator[Reporter]:
     if opts.quiet:
         yield NullReporter()
         return
-    if not stderr.is_terminal and opts.json:  # scripts: no progress bars, but what launcher decided
+    if opts.json and not stderr.is_terminal:  # scripts: no progress bars, but what launcher decided
         yield _NotesOnly()
         return
     rep = RichReporter(stderr)
@@ -164,7 +147,8 @@ def fail(ctx: typer.Context | None, command: str, exc: LauncherError) -> None:
     line = exc.one_line()
     if opts.json:
         sys.stdout.write(json.dumps(error_envelope(command, exc.exit_code, line), indent=2) + "\n")
-    # escaped: a hint such as pip install 'launcher[export]' is text, not markup
+    from rich.markup import escape  # escaped: a hint such as pip install 'launcher[export]' is text, not markup
+
     stderr.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
 
 

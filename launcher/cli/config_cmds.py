@@ -6,8 +6,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.table import Table
-from rich.text import Text
 
 from launcher import config as config_mod
 from launcher.cli.common import command, render, stdout
@@ -53,6 +51,9 @@ def apply_defaults(ctx: typer.Context) -> None:
 
 
 def _text(result: Result[ConfigRecord]) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
     d = result.data
     where = d["file"] or "none (not in a workspace)"
     state = "" if not d["file"] else (" (read)" if d["file_exists"] else " (not present)")

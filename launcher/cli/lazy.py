@@ -14,6 +14,7 @@ from typing import Any
 import typer
 import typer.main
 from typer._click.core import Command
+from typer.models import TyperInfo
 
 from launcher.cli.params import LauncherGroup
 
@@ -35,12 +36,27 @@ COMMANDS: dict[str, str] = {
 }
 
 
-def declared(module: str) -> dict[str, Command]:
+def declared(module: str, only: str | None = None) -> dict[str, Command]:
     """The commands and groups a cli/*_cmds.py module declares, as Click commands: its `app` added to the
-    root as a named group (`launcher recipes ...`) or, nameless, its commands at the top level."""
+    root as a named group (`launcher recipes ...`) or, nameless, its commands at the top level. only: of a
+    nameless app, that command or group alone (Typer builds each command's options from its signature, a few
+    milliseconds a command that `launcher run` need not spend on `ps` and `logs`)."""
+    app = importlib.import_module(f"launcher.cli.{module}").app
+    if only is not None and not isinstance(app.info.name, str):
+        one = typer.Typer()
+        one.registered_commands = [c for c in app.registered_commands if c.name == only]
+        one.registered_groups = [g for g in app.registered_groups if _group_name(g) == only]
+        app = one
     holder = typer.Typer()
-    holder.add_typer(importlib.import_module(f"launcher.cli.{module}").app, cls=LauncherGroup)
+    holder.add_typer(app, cls=LauncherGroup)
     return dict(typer.main.get_group(holder).commands)
+
+
+def _group_name(info: TyperInfo) -> object:
+    """The name a group added to an app goes by: given to add_typer, else its own Typer's."""
+    if isinstance(info.name, str) or info.typer_instance is None:
+        return info.name
+    return info.typer_instance.info.name
 
 
 class LazyCommands(MutableMapping[str, Command]):
@@ -57,6 +73,8 @@ class LazyCommands(MutableMapping[str, Command]):
                 self._loaded.setdefault(name, cmd)
 
     def __getitem__(self, name: str) -> Command:
+        if name not in self._loaded and name in COMMANDS and COMMANDS[name] not in self._imported:
+            self._loaded.update(declared(COMMANDS[name], only=name))  # the rest of its module when listed
         if name not in self._loaded and name in COMMANDS:
             self._load(COMMANDS[name])
         return self._loaded[name]

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
-from rich.table import Column, Table
-from rich.text import Text
 
 from launcher.cli.common import command, options, render, reporter, stdout, workspace_of
 from launcher.cli.hostopts import (
@@ -37,7 +36,6 @@ from launcher.cli.params import (
     threads_for,
     variant_for,
 )
-from launcher.cli.provision_text import cluster_text, facts_text
 from launcher.cli.run_opts import (
     CodeDirOpt,
     DataFromOpt,
@@ -52,7 +50,6 @@ from launcher.cli.run_opts import (
 )
 from launcher.errors import UsageError, run_exit_code
 from launcher.hosts.hostspec import HostSpec
-from launcher.images import wheelsources
 from launcher.result import Result
 
 if TYPE_CHECKING:
@@ -62,7 +59,6 @@ if TYPE_CHECKING:
     from launcher.runs.runspec import RunSpec
     from launcher.workspace import Workspace
 from launcher.runs import targets
-from launcher.runs.store import resolve_run_id
 
 app = typer.Typer()
 
@@ -103,6 +99,7 @@ def provision_cmd(
     """Inspect a host (OS, CPU, RAM, disk, Docker, GPU) and install Docker / the NVIDIA toolkit.
     With --scheduler slurm: the cluster behind the login node (partitions, nodes, Docker on each),
     and its settings (--registry, --container-runtime)."""
+    from launcher.cli.provision_text import cluster_text, facts_text
     from launcher.hosts import provision
 
     ws = workspace_of(ctx)
@@ -205,9 +202,18 @@ def run_cmd(
         detach=detach, ship_via=ship_via, args=list(script_args or []), code=str(code_dir) if code_dir else None,
         entry=entry, mount=mount, build=not no_build, probes=probes, trace_every=trace_every,
         checkpoint_every=checkpoint_every, env=dict(user_env.plain), secret_env=dict(user_env.secret),
-        find_links=[str(d) for d in wheelsources.check_dirs(find_links or ())],
+        find_links=_wheel_dirs(find_links),
         ca_bundle=str(ca_bundle) if ca_bundle else None)
     _run(ctx, ws, spec, host, runs_n, seed or [], (scheduler, partition, slurm_opt, max_parallel))
+
+
+def _wheel_dirs(dirs: list[Path] | None) -> list[str]:
+    """--find-links folders, each checked (the module that reads wheel sources only when some are given)."""
+    if not dirs:
+        return []
+    from launcher.images import wheelsources
+
+    return [str(d) for d in wheelsources.check_dirs(dirs)]
 
 
 def _run(ctx: typer.Context, ws: Workspace, spec: RunSpec, host: HostSpec, runs_n: int, seeds: list[int],
@@ -252,6 +258,7 @@ def resume_cmd(
     with the bits an uninterrupted run of the same seed ends with; the manifest lists each container
     as a segment."""
     from launcher.runs import resume as resume_mod
+    from launcher.runs.store import resolve_run_id
 
     ws = workspace_of(ctx)
     run_id = resolve_run_id(ws, run_id)
@@ -290,6 +297,9 @@ def ps_cmd(
             rows = runcontrol.list_runs(ws, target(h, host, scheduler, None, None, None))
 
     def text(result: Result[PsListing]) -> None:
+        from rich.table import Column, Table
+        from rich.text import Text
+
         if not result.data["runs"]:
             where = f" or on {host.name}" if not host.local else ""
             stdout.print(f"no runs in {ws.runs}{where} yet; start one with `launcher run RECIPE`", markup=False)
@@ -322,6 +332,7 @@ def logs_cmd(
 ) -> None:
     """Print a run's logs (from its container while it exists, else the pulled train.log)."""
     from launcher.runs import control as runcontrol
+    from launcher.runs.store import resolve_run_id
 
     lines: list[str] = []
     ws = workspace_of(ctx)
@@ -334,6 +345,7 @@ def logs_cmd(
 def attach_cmd(ctx: typer.Context, run_id: RunArg) -> None:
     """Follow a detached run's logs to its end, then pull its outputs."""
     from launcher.runs import control as runcontrol
+    from launcher.runs.store import resolve_run_id
 
     lines: list[str] = []
     ws = workspace_of(ctx)
@@ -356,6 +368,7 @@ def pull_cmd(
 ) -> None:
     """Copy a run's outputs back, verified (resumable: verified files are skipped)."""
     from launcher.runs import lifecycle as runs
+    from launcher.runs.store import resolve_run_id
 
     ws = workspace_of(ctx)
     run_id = resolve_run_id(ws, run_id)
@@ -376,6 +389,7 @@ def stop_cmd(ctx: typer.Context, run_id: RunArg) -> None:
     """Stop a run's container (its outputs so far stay on the host: `launcher pull RUN`). A cluster run:
     cancel its whole job array, and pull every replicate's outputs and manifest."""
     from launcher.runs import control as runcontrol
+    from launcher.runs.store import resolve_run_id
 
     ws = workspace_of(ctx)
     run_id = resolve_run_id(ws, run_id)
@@ -411,6 +425,7 @@ def clean_cmd(
     pulled and still match their manifests (the local run directories stay); with --datasets,
     the datasets sent there that nothing mounts."""
     from launcher.runs import control as runcontrol
+    from launcher.runs.store import resolve_run_id
 
     if not run_ids and not datasets:
         raise UsageError("nothing to clean", "name runs (`launcher clean RUN...`) or add --datasets --host HOST")

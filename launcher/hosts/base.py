@@ -233,6 +233,10 @@ class Host(ABC):
             raise CommandFailed(done, f"could not list {remote_dir} on {self.name}: {done.last_error_line()}")
         return parse_listing(done.out)
 
+    def fact_sheet(self) -> Completed:
+        """hosts/scripts/facts.sh run on the host: its key=value lines, as provision.parse_facts reads them."""
+        return self.run(["sh", "-c", host_script("facts.sh")], check=False)
+
     def exists(self, path: str) -> bool:
         return self.run(["test", "-e", path], check=False).returncode == 0
 

@@ -20,6 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, NoReturn, TypedDict, cast
 
+from launcher import memo
 from launcher.errors import (
     BuildFailed,
     EngineUnavailable,
@@ -35,6 +36,8 @@ from launcher.hosts.scripts import text as host_script
 from launcher.proc import Completed
 
 DOCKER = "docker"
+_IMAGE_JSON = "local image JSON"  # memo key: holds_image's answer kept for inspect_image
+_IMAGE_ASKED = "local image asked"  # memo key: ask_image's answer kept for holds_image
 
 
 # What docker prints when a registry wants credentials the user has none of (Basic), or refuses those
@@ -176,14 +179,32 @@ class Engine:
         """Whether the engine holds ref, told apart from an engine that does not answer (EngineUnavailable
         here, HostNotReady on a host), which has_image reads as absent. Through the docker CLI: the
         module's image_exists goes through docker-py, whose import costs a quarter of a second."""
-        done = self._run("image", "inspect", "--format", "{{.Id}}", ref)
+        keeping = self.host.kind == "local" and memo.active()  # for inspect_image's next look at ref
+        asked = memo.take((_IMAGE_ASKED, ref)) if keeping else None  # ask_image's answer, asked ahead
+        done = asked if isinstance(asked, Completed) else self._inspect_json(ref) if keeping else \
+            self._run("image", "inspect", "--format", "{{.Id}}", ref)
         if done.returncode == 0:
+            if keeping:
+                memo.keep((_IMAGE_JSON, ref), json.loads(done.out))
             return True
         if "no such" in done.err.lower():
             return False
         self._unavailable(done)
 
+    def ask_image(self, ref: str) -> None:
+        """Ask the local engine about ref now, for holds_image(ref) to read later in the memo.kept() block (a
+        run asks while git lists its code); nothing outside one."""
+        if self.host.kind == "local" and memo.active():
+            memo.keep((_IMAGE_ASKED, ref), self._inspect_json(ref))
+
+    def _inspect_json(self, ref: str) -> Completed:
+        return self._run("image", "inspect", "--format", "{{json .}}", ref)
+
     def inspect_image(self, ref: str) -> dict[str, Any]:  # Docker's image JSON, its schema Docker's
+        """Docker's JSON of the image ref; the local engine's answer to holds_image(ref) just before, when
+        a memo.kept() block keeps it (a run's check, then its ship, read the image once)."""
+        if self.host.kind == "local" and (kept := memo.take((_IMAGE_JSON, ref))) is not None:
+            return cast(dict[str, Any], kept)  # holds_image kept what this reads
         done = self._run("image", "inspect", "--format", "{{json .}}", ref)
         if done.returncode != 0:
             if "No such" in done.err or "no such" in done.err:

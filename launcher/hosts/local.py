@@ -17,6 +17,11 @@ from launcher.hosts.base import Host, ListedEntry, PopenProcess, RemoteEntry
 from launcher.proc import Completed
 
 
+def _failed(argv: tuple[str, ...], exc: OSError) -> proc.CommandFailed:
+    """What the command argv's failure raises on any host, for the same work done in this process."""
+    return proc.CommandFailed(Completed(argv, 1, b"", f"{argv[0]}: {exc}".encode()))
+
+
 class LocalHost(Host):
     kind = "local"
 
@@ -83,6 +88,28 @@ class LocalHost(Host):
             done = Completed(("listdir.py", remote_dir), 1, b"", f"{type(exc).__name__}: {exc}".encode())
             why = done.last_error_line()
             raise proc.CommandFailed(done, f"could not list {remote_dir} on {self.name}: {why}") from None
+
+    def makedirs(self, path: str) -> None:
+        """As `mkdir -p` on any host, in this process (its failure a CommandFailed as there)."""
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as exc:
+            raise _failed(("mkdir", "-p", path), exc) from None
+
+    def free_bytes(self, path: str) -> int:
+        """As `df -Pk` answers on any host (the space available to the user, in whole KiB), in this process."""
+        try:
+            return shutil.disk_usage(path).free // 1024 * 1024
+        except OSError as exc:
+            raise _failed(("df", "-Pk", path), exc) from None
+
+    def exists(self, path: str) -> bool:
+        """As `test -e` on any host (a link by what it points to), in this process."""
+        return os.path.exists(path)
+
+    def owner(self) -> str | None:
+        """"UID:GID" of this process's user, as `id -u`, `id -g` say it on any host."""
+        return f"{os.getuid()}:{os.getgid()}"
 
     def home(self) -> str:
         return str(Path.home())

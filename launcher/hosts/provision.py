@@ -151,7 +151,12 @@ def parse_facts(text: str) -> HostFacts:
 
 
 def gather_facts(host: Host) -> HostFacts:
-    done = host.run(["sh", "-c", host_script("facts.sh")], check=False)
+    if host.kind == "local":  # this machine: facts.sh's lines read in this process, its slow questions at once
+        from launcher.hosts import localfacts
+
+        done = Completed(("facts.sh",), 0, localfacts.sheet().encode(), b"")
+    else:
+        done = host.fact_sheet()
     if not done.out.strip():
         raise HostNotReady(
             f"could not read facts from {host.name}: {done.last_error_line()}",

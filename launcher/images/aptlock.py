@@ -14,7 +14,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict, cast
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import tomllib
 
@@ -22,13 +22,15 @@ from launcher.config import FILE as PROJECT_FILE
 from launcher.config import PROJECT_TABLE
 from launcher.errors import BadConfig, BadRecipe, LockFailed, NotFound
 from launcher.hashing import atomic_write_text, sha256_file
-from launcher.images import aptdriver, aptplan, pins
 from launcher.images import lock as pylock
-from launcher.images.aptplan import DebPackage
+from launcher.images import pins
 from launcher.progress import NullReporter, Reporter
 from launcher.runtime import recipespec as rspec
 from launcher.runtime.systemspec import SystemSpecError, check_system, merge_packages
 from launcher.workspace import Workspace
+
+if TYPE_CHECKING:
+    from launcher.images.aptplan import DebPackage
 
 LOCK_FILE = "system.lock"
 LOCK_VERSION = 1
@@ -177,6 +179,8 @@ def resolve(ws: Workspace, variant: str, packages: tuple[str, ...], reporter: Re
             where: str = "[system] apt") -> SystemLock:
     """The .debs that installing `packages` adds to the variant's pinned base, resolved by apt inside a
     container of that base (with network) against its own Debian release and sources."""
+    from launcher.images import aptdriver, aptplan  # apt's side: only where a project declares OS packages
+
     rep = reporter or NullReporter()
     requested = merge_packages(list(packages))
     try:
@@ -205,6 +209,8 @@ def resolve(ws: Workspace, variant: str, packages: tuple[str, ...], reporter: Re
 
 def read(path: Path) -> SystemLock:
     """system.lock, checked; LockFailed when it is not one launcher wrote."""
+    from launcher.images.aptplan import DebPackage
+
     fix = f"regenerate it with `launcher lock {path.parent}`"
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -229,8 +235,10 @@ def read(path: Path) -> SystemLock:
 
 
 def _digest(value: Any) -> str:
+    from launcher.images.aptplan import SHA256_HEX
+
     text = str(value)
-    if not (text.startswith("sha256:") and aptplan.SHA256_HEX.match(text[7:])):
+    if not (text.startswith("sha256:") and SHA256_HEX.match(text[7:])):
         raise ValueError(f"sha256 {text!r} is not sha256:<64 hex digits>")
     return text
 

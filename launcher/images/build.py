@@ -12,19 +12,24 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from launcher import __version__, proc
 from launcher.errors import BuildFailed, ImageOutOfDate, NotFound
 from launcher.hashing import atomic_write_bytes, atomic_write_json, sha256_bytes
 from launcher.hosts import engine
-from launcher.images import offline, recipelayer, wheels
 from launcher.images import pins as images
-from launcher.images import tree as imagetree
-from launcher.images.buildrecord import BuildRecord, read_record
+from launcher.images.buildrecord import DEFAULT_EPOCH, BuildRecord, read_record
 from launcher.images.lock import parse_lock
 from launcher.progress import NullReporter, Reporter
 from launcher.runtime import code as codedigest
 from launcher.workspace import Workspace
+
+if TYPE_CHECKING:
+    from launcher.images import wheels
+
+# What builds (the wheelhouse, the recipe layer, an offline build's errors) is imported by the functions that
+# build: a run whose image is current only checks it.
 
 LABEL = "org.launcher."
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # launcher/
@@ -96,6 +101,8 @@ def env_content_of(variant: str, dockerfile_text: str, lock_sha256: str, base_re
 
 
 def _context(ws: Workspace, inputs: Inputs, house: wheels.Wheelhouse, into: Path) -> None:
+    from launcher.images import wheels
+
     shutil.copyfile(inputs.dockerfile, into / "Dockerfile")
     shutil.copyfile(inputs.lockfile, into / "lock.txt")
     wheels.link_into(house, into / "wheels")
@@ -118,6 +125,8 @@ def _run_build(context: Path, inputs: Inputs, labels: dict[str, str], nocache: b
                reporter: Reporter, created: list[str]) -> str:
     """Build the Dockerfile; the image ID. created: every step's image this build made (not those it took
     from the engine's cache, nor the base), in order, for the caller to remove: they are launcher's own."""
+    from launcher.images import offline
+
     task = reporter.task(f"building {inputs.variant} image", total=None)
     image_id: str | None = None
     log: list[str] = []
@@ -163,7 +172,7 @@ class EnvImage:
 
 
 def build(ws: Workspace, variant: str = "cpu", *, nocache: bool = False, force: bool = False,
-          ca_bundle: Path | None = None, find_links: Sequence[Path] = (), epoch: int = imagetree.DEFAULT_EPOCH,
+          ca_bundle: Path | None = None, find_links: Sequence[Path] = (), epoch: int = DEFAULT_EPOCH,
           tag: str | None = None, write_record: bool = True, keep_image: bool = True,
           git: tuple[str, bool] | None = None, reporter: Reporter | None = None) -> BuildRecord:
     """Build (or find) the image of variant; the result is normalised to a content-only image ID.
@@ -172,6 +181,9 @@ def build(ws: Workspace, variant: str = "cpu", *, nocache: bool = False, force: 
     changed; the recipes are launcher's own last layer on top of it (recipelayer.py), so a
     recipe edit costs seconds. git: the (commit, dirty) labels to use instead of the work tree's.
     """
+    from launcher.images import recipelayer
+    from launcher.images import tree as imagetree
+
     rep = reporter or NullReporter()
     started = time.monotonic()
     inputs = gather(ws, variant)
@@ -230,6 +242,9 @@ def _env_record(ws: Workspace, inputs: Inputs) -> Path:
 
 def _existing_env(ws: Workspace, inputs: Inputs) -> EnvImage | None:
     """The environment image of these inputs, if it was built here and the engine still has it."""
+    from launcher.images import recipelayer
+    from launcher.images import tree as imagetree
+
     path = _env_record(ws, inputs)
     tree_path = path.with_suffix(".tree.json.gz")
     try:
@@ -247,6 +262,9 @@ def _existing_env(ws: Workspace, inputs: Inputs) -> EnvImage | None:
 def _build_env(ws: Workspace, inputs: Inputs, *, nocache: bool, ca_bundle: Path | None, find_links: Sequence[Path],
                epoch: int, write_record: bool, keep_image: bool, reporter: Reporter) -> EnvImage:
     """Build the Dockerfile (offline, from the wheelhouse) and normalise the result."""
+    from launcher.images import tree as imagetree
+    from launcher.images import wheels
+
     _ensure_base(inputs.pin)
     house = wheels.download(inputs.lockfile, ws.wheelhouse, python=inputs.pin.python,
                             platform=inputs.pin.platform, ca_bundle=ca_bundle, find_links=find_links,
@@ -334,11 +352,21 @@ def changed_parts(ws: Workspace, record: BuildRecord | None, inputs: Inputs, *, 
     now = inputs.parts()
     names = [k for k in ("dockerfile", "lock", "base", "runtime") if old.get(k) != now[k]]
     if recipes and old.get("recipes") != now["recipes"]:
+        from launcher.images import recipelayer
+
         before = record.extra.get("recipes") or {}
         after = recipelayer.recipe_digests(ws.recipes)
         changed = sorted(n for n in set(before) | set(after) if before.get(n) != after.get(n))
         names += [f"recipe {n}" for n in changed] or ["recipes/"]
     return names
+
+
+def ask_ahead(ws: Workspace, variant: str) -> None:
+    """Ask the engine now for the recorded image of variant, which ensure_current checks next (Engine.ask_image;
+    only in a memo.kept() block): a run asks while it lists its code."""
+    record = read_record(ws, variant)
+    if record is not None:
+        engine.local().ask_image(record.image_id)
 
 
 def ensure_current(ws: Workspace, variant: str, *, recipes: bool = True, allow_build: bool = True,
@@ -400,12 +428,14 @@ class RebuildReport:
 def rebuild(ws: Workspace, variant: str = "cpu", *, verify: bool = True, ca_bundle: Path | None = None,
             find_links: Sequence[Path] = (), reporter: Reporter | None = None) -> RebuildReport:
     """Rebuild from scratch (no cache) and compare with the recorded build."""
+    from launcher.images import tree as imagetree
+
     started = time.monotonic()
     record = read_record(ws, variant)
     if verify and record is None:
         raise NotFound(f"no recorded build of the {variant} image to verify against",
                        f"run `launcher build --variant {variant}` first")
-    epoch = int(record.extra.get("epoch", imagetree.DEFAULT_EPOCH)) if record else imagetree.DEFAULT_EPOCH
+    epoch = int(record.extra.get("epoch", DEFAULT_EPOCH)) if record else DEFAULT_EPOCH
     # A verifying rebuild needs only the digests of the normalised image, not the image itself.
     git = None
     if record is not None:

@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from launcher.workspace import Workspace
 
 RECORD_VERSION = 1
+# a build's SOURCE_DATE_EPOCH unless one is given: 1980-01-01T00:00:00Z, the earliest date a zip entry can carry
+DEFAULT_EPOCH = 315532800
 
 
 class BuildExtra(TypedDict, total=False):

@@ -27,7 +27,6 @@ from launcher.errors import (
 from launcher.hashing import atomic_write_text, sha256_file
 from launcher.hosts import engine
 from launcher.hosts.engine import Engine
-from launcher.images import companions, lockdriver, wheelsources
 from launcher.images import pins as images
 from launcher.proc import Completed
 from launcher.progress import NullReporter, Reporter
@@ -199,6 +198,8 @@ def lock_variant(ws: Workspace, variant: str, *, upgrade: bool = False, upgrade_
     own interpreter, and write lockfiles/VARIANT.txt atomically (nothing when resolution fails).
     The .in's index options head the lock (so wheels are fetched from there); indexes this machine
     cannot reach are left out of the resolution, and find_links folders are mounted into it."""
+    from launcher.images import companions, wheelsources  # for resolving only: a run reads the lock
+
     rep = reporter or NullReporter()
     images.check_variant(variant)
     src = ws.lock_in(variant)
@@ -313,6 +314,8 @@ def _driver_source() -> str:
 
 
 def _answer(done: Completed, pin: images.BasePin) -> LockAnswer:
+    from launcher.images import lockdriver
+
     for line in done.out.splitlines():
         if line.startswith(lockdriver.MARKER):
             answer = json.loads(line[len(lockdriver.MARKER):])

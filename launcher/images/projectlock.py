@@ -20,7 +20,7 @@ import tomllib
 
 from launcher.errors import LockFailed, NotFound, UsageError
 from launcher.hashing import atomic_write_text, sha256_bytes, sha256_file
-from launcher.images import companions, lock, wheelsources
+from launcher.images import lock
 from launcher.images import pins as images
 from launcher.images.lock import LockedRequirement, parse_lock
 from launcher.progress import NullReporter, Reporter
@@ -154,6 +154,8 @@ def lock_project(ws: Workspace, folder: Path, variant: str, *, upgrade: bool = F
     """Lock the project's requirements into FOLDER/requirements.lock for the variant's image: resolved
     inside its pinned base image, constrained by lockfiles/VARIANT.txt, companions checked against the
     framework build. Written atomically, and only when it changed."""
+    from launcher.images import wheelsources
+
     rep = reporter or NullReporter()
     folder = folder.resolve()
     req = find(folder)
@@ -251,6 +253,8 @@ def _inputs(req: Requirements, constraints_text: str, held: Sequence[LockedRequi
     """The files pip-compile works on: the requirement files its input includes (-r, -c), its input
     constrained by the variant's pins and headed by the indexes this machine reaches, and the pins
     of its existing lock that the image does not fix (kept unless an upgrade is asked for)."""
+    from launcher.images import wheelsources
+
     files = _included(req.folder, req.text)
     indexes = "".join(f"{o} {u}\n" for o, u in wheelsources.index_options(constraints_text))
     files[req.input_name] = f"{indexes}{req.text.rstrip()}\n-c {CONSTRAINTS}\n"
@@ -283,6 +287,8 @@ def _included(folder: Path, text: str, seen: dict[str, str] | None = None) -> di
 
 def _check_against(reqs: Sequence[LockedRequirement], held: Sequence[LockedRequirement], req: Requirements,
                    variant: str, folder: Path) -> None:
+    from launcher.images import companions
+
     pins = {r.name: r.version for r in held}
     for r in reqs:
         if r.name in pins and pins[r.name] != r.version:  # the constraints make this impossible; never trust it
@@ -332,6 +338,8 @@ def conflict(output: str, diagnosis: str, source: str, variant: str,
 
 def _failure(answer: lock.LockAnswer, req: Requirements, variant: str, held: Sequence[LockedRequirement],
              pin: images.BasePin, ca_path: Path | None, dropped: Sequence[str]) -> LockFailed:
+    from launcher.images import wheelsources
+
     output = str(answer.get("output", ""))
     found = conflict(output, str(answer.get("diagnosis", "")), req.source.name, variant, held)
     if found is not None and dropped:  # the pinned build lives on an index this machine cannot reach

@@ -26,9 +26,9 @@ from typing import IO, NotRequired, TypedDict, cast
 
 from launcher.errors import BuildFailed
 from launcher.hosts import engine
+from launcher.images.buildrecord import DEFAULT_EPOCH as DEFAULT_EPOCH  # its home; named here as always
 from launcher.images.layertar import BLOCK, Entry, rewrite_layer
 
-DEFAULT_EPOCH = 315532800  # 1980-01-01T00:00:00Z, the earliest date a zip entry can carry
 STAMP_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # every date an image launcher makes carries: the build epoch, in UTC
 
 

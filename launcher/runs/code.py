@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher import proc
+from launcher import memo, proc
 from launcher.errors import NotFound, UsageError
 from launcher.runs.records import MOUNTED, CodePlan, GitState
 from launcher.runtime import code as codedigest
@@ -46,6 +46,12 @@ class CodeTree:
 
 
 def git_toplevel(path: Path) -> Path | None:
+    """The root of the git work tree holding path, or None: asked of git once per folder in a memo.kept()
+    block (a run's steps each want the project folder)."""
+    return memo.remembered(("git toplevel", os.path.abspath(path)), lambda: _ask_toplevel(path))
+
+
+def _ask_toplevel(path: Path) -> Path | None:
     done = proc.run(["git", "-C", path, "rev-parse", "--show-toplevel"], check=False)
     return Path(done.out.strip()).resolve() if done.returncode == 0 and done.out.strip() else None
 
@@ -65,11 +71,13 @@ def git_state(path: Path) -> GitState:
     return {"commit": head.out.strip(), "dirty": dirty}
 
 
-def _git_listing(root: Path) -> list[str] | None:
+def _git_listing(root: Path) -> tuple[list[str] | None, bool]:
     """The files git would take under root (tracked, and untracked but not ignored), or None
-    without git. A folder outside any work tree gets the same rules from a throwaway index."""
+    without git; and whether root is in a git work tree. A folder outside any work tree gets the
+    same rules from a throwaway index."""
+    in_tree = False
     try:
-        if git_toplevel(root) is not None:
+        if in_tree := git_toplevel(root) is not None:
             done = proc.run(["git", "-C", root, "ls-files", "-z", "--cached", "--others", "--exclude-standard",
                              "--", "."], check=False)
         else:
@@ -78,10 +86,10 @@ def _git_listing(root: Path) -> list[str] | None:
                 done = proc.run(["git", f"--git-dir={gd}", f"--work-tree={root}", "-C", root, "ls-files", "-z",
                                  "--others", "--exclude-standard"], check=False)
     except NotFound:
-        return None
+        return None, in_tree
     if done.returncode != 0:
-        return None
-    return sorted({p for p in done.out.split("\0") if p})
+        return None, in_tree
+    return sorted({p for p in done.out.split("\0") if p}), in_tree
 
 
 def _is_venv(folder: Path) -> bool:
@@ -100,7 +108,9 @@ def select(root: Path, entry: Path | None = None) -> CodeTree:
             raise UsageError(f"the script {entry} is not inside the code folder {root}",
                              "pick a --code DIR that holds the script")
         rel_entry = entry.relative_to(root).as_posix()
-    listing = _git_listing(root)
+    listing, in_tree = _git_listing(root)
+    # outside a work tree git has no commit to name ({}): not asked again (a process) once the listing said so
+    ask_git = in_tree or listing is None
     if listing is None:
         listing = [rel for rel, _ in codedigest.iter_files(root)]
     files: list[str] = []
@@ -136,7 +146,7 @@ def select(root: Path, entry: Path | None = None) -> CodeTree:
             f"{MAX_TOTAL_BYTES >> 20} MiB of code",
             "send data with --data-from DIR, add large folders to .gitignore, or choose a smaller --code DIR")
     digest = codedigest.digest_lines([codedigest.file_line(rel, root / rel) for rel in files])
-    return CodeTree(root, tuple(files), rel_entry, digest, total, git_state(root))
+    return CodeTree(root, tuple(files), rel_entry, digest, total, git_state(root) if ask_git else {})
 
 
 def snapshot(tree: CodeTree, cache_dir: Path) -> Path:

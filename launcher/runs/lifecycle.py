@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, cast
 
+from launcher import memo
 from launcher.errors import CommandFailed, Corrupt, ExitCode, LauncherError, NotFound, UnsafePath, UsageError
 from launcher.hashing import atomic_write_json
 from launcher.hosts.base import Host
@@ -31,7 +32,6 @@ from launcher.progress import NullReporter, Reporter
 from launcher.runs.container import ContainerJob
 from launcher.runs.determinism import SEED_ENV, THREADS_ENV
 from launcher.runs.placement import Placement, RunState, placement_for, remote_outputs
-from launcher.runs.pull import PullResult, pull_outputs
 from launcher.runs.recipes import ParamValue, Recipe
 from launcher.runs.records import (
     BAKED,
@@ -49,7 +49,6 @@ from launcher.runs.records import (
     PullStatus,
     RunRecord,
 )
-from launcher.runs.replicates import Failure, failure_of, is_failed, seed_override_note
 from launcher.runs.rundir import RunDir
 from launcher.runs.runspec import (
     RunSpec,
@@ -64,7 +63,6 @@ from launcher.runs.runspec import (
     probes_record,
     trace_option,
 )
-from launcher.runs.store import resolve_run_id
 from launcher.runs.targets import open_placement
 from launcher.runs.userenv import UserEnv
 from launcher.runtime.checkpoint import ENV_EVERY as CHECKPOINT_ENV
@@ -75,6 +73,8 @@ from launcher.workspace import Workspace
 
 if TYPE_CHECKING:
     from launcher.hosts.provision import HostFacts
+    from launcher.runs.pull import PullResult
+    from launcher.runs.replicates import Failure
 
 LogSink = Callable[[str], None]
 
@@ -331,11 +331,12 @@ def wait_run(
     """Wait for the run to end (streaming its logs) and return its exit code."""
     launch = read_launch(ws, run_id)
     placement = placement_for(target)
-    if on_log is not None:  # the log ends with the run
-        for line in placement.logs(launch, follow=True):
-            on_log(line.rstrip("\n"))
-    else:
-        placement.until_ended(launch)
+    with Meanwhile(_import_collecting):
+        if on_log is not None:  # the log ends with the run
+            for line in placement.logs(launch, follow=True):
+                on_log(line.rstrip("\n"))
+        else:
+            placement.until_ended(launch)
     while True:
         state = placement.state(launch)
         if state is None:
@@ -346,6 +347,12 @@ def wait_run(
         if state.ended:
             return -1 if state.exit_code is None else state.exit_code
         time.sleep(poll_s)
+
+
+def _import_collecting() -> None:
+    """Import what pulling a run and judging a group need, on a thread while the run goes (the caller only
+    waits for its log then): not before the start, nor after the end."""
+    from launcher.runs import manifest, pull, replicates, store  # noqa: F401
 
 
 def pull_run(
@@ -378,6 +385,9 @@ def pull_record(
     Returns the manifest, or, while the run still goes (and watch is None), a status record.
     run_id: the run's id, or any unique part of it (runs.store.resolve_run_id).
     """
+    from launcher.runs.pull import pull_outputs
+    from launcher.runs.store import resolve_run_id
+
     run_id = resolve_run_id(ws, run_id)
     launch = read_launch(ws, run_id)
     own = target is None
@@ -454,8 +464,9 @@ def _with_image(ws: Workspace, spec: RunSpec, recipe: Recipe, reporter: Reporter
     from launcher.images import build
     from launcher.runs import project
 
-    project.ensure_lock(ws, spec, recipe, reporter)  # before the code is planned: the lock is part of the project
-    plan = plan_code(ws, spec, recipe)
+    with Meanwhile(build.ask_ahead, ws, spec.variant):  # the engine asked about the image while git lists the code
+        project.ensure_lock(ws, spec, recipe, reporter)  # before the code is planned: the lock is part of the project
+        plan = plan_code(ws, spec, recipe)
     spec = replace(spec, code_plan=plan)
     build.ensure_current(ws, spec.variant, recipes=plan.get("source") == BAKED, allow_build=spec.build,
                          find_links=[Path(p) for p in spec.find_links],
@@ -481,6 +492,8 @@ def _one_by_one(ws: Workspace, placement: Placement, specs: Sequence[RunSpec], g
         launch = begin(one)
         wait_run(ws, launch["run_id"], placement, on_log=on_log, poll_s=poll_s)
         pulled = pull_record(ws, launch["run_id"], placement, reporter)
+        from launcher.runs.replicates import failure_of, is_failed  # imported while the run went (wait_run)
+
         outcome.runs.append(pulled)
         if is_failed(pulled):
             outcome.failure = failure_of(ws, pulled, placement, not_started=len(specs) - i - 1)
@@ -534,7 +547,15 @@ def run_recipe(
     host_spec: how to reopen the host later (recorded in each launch record)."""
     if runs < 1:
         raise UsageError(f"--runs must be at least 1, not {runs}", "drop --runs or give a positive number")
-    placement = placement_for(target, host_spec)
+    with memo.kept():  # git's and the engine's answers asked once by the steps before a start
+        return _run_group(ws, spec, placement_for(target, host_spec), reporter, runs=runs, seeds=seeds, on_log=on_log,
+                          facts=facts, cache_dir=cache_dir, poll_s=poll_s, prepared=prepared)
+
+
+def _run_group(ws: Workspace, spec: RunSpec, placement: Placement, reporter: Reporter | None, *, runs: int,
+               seeds: Sequence[int | None], on_log: LogSink | None, facts: HostFacts | None, cache_dir: Path | None,
+               poll_s: float, prepared: bool) -> RunOutcome:
+    """run_recipe's work, once its placement is open."""
     seed_list = list(seeds) or [spec.seed]
     recipe = _checked(ws, spec, seed_list)
     spec, facts = _image_facts_ready(ws, spec, recipe, placement, reporter, facts, prepared)
@@ -560,6 +581,8 @@ def run_recipe(
         return RunOutcome(group=group, runs=list(launches), detached=True)
     else:
         outcome = _one_by_one(ws, placement, specs, group, reporter, begin, on_log=on_log, poll_s=poll_s)
+    from launcher.runs.replicates import seed_override_note
+
     if len(set(seed_list)) > 1 and (note := seed_override_note(outcome.runs)):
         outcome.notes.append(note)
     return outcome
@@ -573,6 +596,8 @@ def collect_together(ws: Workspace, placement: Placement, launches: Sequence[Lau
     log is streamed to its end first, so a failure of another is acted on once that one has ended.
     on_error: given a run's id and the error that stopped its pull (the run is then left out of the
     outcome); without it the error is raised."""
+    from launcher.runs.replicates import failure_of, is_failed
+
     if on_log is not None and launches:
         for line in placement.logs(launches[0], follow=True):
             on_log(line.rstrip("\n"))

@@ -21,18 +21,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from launcher.errors import ImageOutOfDate, LockFailed, NotFound
 from launcher.hosts import engine
-from launcher.images import aptlock, buildrecord, projectlayer, projectlock
+from launcher.images import aptlock, buildrecord, projectlock
 from launcher.images import pins as images
 from launcher.images.projectlock import Requirements
-from launcher.images.tree import DEFAULT_EPOCH
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.recipes import Recipe
 from launcher.runs.records import ProjectRecord
 from launcher.runs.runspec import RunSpec, baked, image_record, script_root
 from launcher.workspace import Workspace
+
+if TYPE_CHECKING:
+    from launcher.images.projectlayer import SystemPart
 
 SYSTEM_LOCK = "system.lock"
 
@@ -83,6 +86,9 @@ def with_image(ws: Workspace, spec: RunSpec, recipe: Recipe, reporter: Reporter 
             return spec
         if system is None and req is not None and not _beyond_image(ws, req, spec.variant):
             return spec  # every requirement is one the image pins: its own image, no layer
+        from launcher.images import projectlayer  # and what builds a layer: only for a project that needs one
+        from launcher.images.tree import DEFAULT_EPOCH
+
         base = image_record(ws, spec.variant)
         record = buildrecord.read_record(ws, spec.variant)
         extra = record.extra if record is not None else {}
@@ -159,7 +165,7 @@ def ensure_system_lock(ws: Workspace, root: Path, variant: str, build: bool, rep
 
 @contextmanager
 def system_part(ws: Workspace, root: Path, variant: str,
-                reporter: Reporter) -> Iterator[projectlayer.SystemPart | None]:
+                reporter: Reporter) -> Iterator[SystemPart | None]:
     """The project's OS packages for its layer: its system.lock's .deb files fetched into the cache (each
     checked against its sha256) and unpacked, without maintainer scripts, into a temporary folder by the
     APT side (aptlock.current, debs.unpack_lock); None when the project has no system.lock."""
@@ -175,6 +181,8 @@ def system_part(ws: Workspace, root: Path, variant: str,
         unpacked = debs.unpack_lock(lock, ws.cache_dir, tree, reporter)
         meta = {e.path: (e.mode, e.uid, e.gid) for e in unpacked.entries}
         names = tuple(f"{p.name}={p.version}" for p in lock.packages)
-        yield projectlayer.SystemPart(aptlock.lock_sha256(path), tree, names, meta)
+        from launcher.images.projectlayer import SystemPart
+
+        yield SystemPart(aptlock.lock_sha256(path), tree, names, meta)
     finally:
         shutil.rmtree(tree, ignore_errors=True)

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import json
 import re
-import tarfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import IO, Any, Protocol, TypedDict, cast
+from typing import IO, TYPE_CHECKING, Any, Protocol, TypedDict, cast
 
 from launcher.errors import (
     CommandFailed,
@@ -43,11 +42,14 @@ from launcher.hashing import CHUNK, atomic_write_json
 from launcher.hosts import engine
 from launcher.hosts.base import Host, write_atomic_argv
 from launcher.hosts.engine import Engine, chain_ids
-from launcher.images import blobs
-from launcher.images import tree as imagetree
 from launcher.progress import CountingReader, NullReporter, Reporter, Task
-from launcher.runs import shipstaged
 from launcher.runs.records import ShipRecord
+
+if TYPE_CHECKING:
+    import tarfile
+
+# What only sending an image to another host needs (tarfile, the layer cache, staged loads) is imported
+# where it is sent: a run on the local engine ships nothing.
 
 LAYER_MAP_FILE = "layer-dirs.json"
 SHIP_REPO = "launcher/ship"
@@ -107,6 +109,8 @@ def rewrite_save_stream(
 ) -> SavedImage:
     """Copy a `docker save` stream, emptying `<dir>/layer.tar` where skip_dirs(dir); return manifest.json's
     (first) entry, {} where the stream had none."""
+    import tarfile
+
     manifest: list[SavedImage] = []
     with (
         tarfile.open(fileobj=src, mode="r|", bufsize=CHUNK) as tin,
@@ -194,6 +198,8 @@ class Shipment:
     @cached_property
     def cached(self) -> tuple[bytes, list[Path | None]] | None:
         """The image's config and layer files in the build's layer cache, when it was built with it."""
+        from launcher.images import tree as imagetree
+
         return imagetree.cached_image(self.cache_dir / "images", self.image_id) if self.cache_dir else None
 
     def check_room(self) -> None:
@@ -276,12 +282,17 @@ class Compressed:
     name = "compressed"
 
     def fits(self, s: Shipment) -> bool:
+        from launcher.images import blobs
+        from launcher.runs import shipstaged
+
         if s.cache_dir is None or s.host.kind == "local" or s.need < shipstaged.SMALL_SHIP:
             return False
         warm = all(blobs.cached(s.cache_dir, s.diff_ids[i]) is not None for i in s.missing)
         return shipstaged.wanted(s.host, warm)
 
     def send(self, s: Shipment) -> ShipResult:
+        from launcher.runs import shipstaged
+
         assert s.cache_dir is not None
         sent = shipstaged.send_compressed(s.host, s.eng, s.image_id, s.diff_ids, s.missing, s.cached, s.cache_dir,
                                           s.rep)
@@ -300,6 +311,8 @@ class FromCache:
             f is not None or c in s.present for f, c in zip(s.cached[1], s.chains, strict=False))
 
     def send(self, s: Shipment) -> ShipResult:
+        from launcher.images import tree as imagetree
+
         assert s.cached is not None
         cfg, files = s.cached
         result = ShipResult(s.image_id, skipped=False)
@@ -427,6 +440,8 @@ def _docker_load(host: Host) -> Iterator[IO[bytes]]:
         load.stdin.close()
         out = load.stdout.read().decode("utf-8", "replace")
         if load.wait() != 0:
+            from launcher.runs import shipstaged
+
             raise shipstaged.load_failed(host, (load.stderr_text() + out).strip())
 
 

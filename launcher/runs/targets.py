@@ -24,7 +24,9 @@ from launcher.runs.placement import DirectPlacement, Placement
 from launcher.runs.records import LaunchRecord, placement_kind
 from launcher.workspace import Workspace
 
-BUILTIN = ("launcher.runs.slurm_target",)  # modules that register a target when imported
+# the built-in scheduled targets by name, and the module that registers each when imported (only once a
+# command names one, or reopens a run placed by one: a run on one host imports none)
+BUILTIN = {"slurm": "launcher.runs.slurm_target"}
 
 
 @dataclass(frozen=True)
@@ -109,19 +111,23 @@ def targets() -> dict[str, Target]:
     global _loaded
     if not _loaded:
         _loaded = True
-        for module in BUILTIN:
+        for module in BUILTIN.values():
             importlib.import_module(module)
     return dict(_REGISTRY)
 
 
 def scheduler_names() -> list[str]:
-    """What --scheduler may name."""
-    return [name for name, t in targets().items() if t.scheduled]
+    """What --scheduler may name: the built-in schedulers (without importing them) and every other scheduled
+    target registered."""
+    builtin = [n for n in BUILTIN if not _loaded or (n in _REGISTRY and _REGISTRY[n].scheduled)]
+    return builtin + [n for n, t in _REGISTRY.items() if t.scheduled and n not in BUILTIN]
 
 
 def select(scheduler: str | None, options: TargetOptions) -> Target | None:
     """The target a command's --scheduler names (None: the direct one), its options checked; a usage
     error for a scheduler nobody registered or options that do not fit together."""
+    if scheduler is None and not options.given():
+        return None  # the direct target, without importing the others (a run on one host starts sooner)
     names = scheduler_names()
     if scheduler is None:
         if options.given():
