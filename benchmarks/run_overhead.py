@@ -29,70 +29,26 @@ bootstrapped into the local registry (started if needed) and builds its cpu imag
 first time, less with the layers cached). With --workspace, the cpu image is built there first if
 it is missing or out of date, and each launcher run adds a run directory under its runs/.
 
-Measured on this machine (2 cores, shared with other work, so single runs vary by a second or more),
-best of 5, each "before" a checkout without these changes on its own workspace and image, measured
-in the same few minutes as the "after":
-  against fw26 as it was first (ab5cb5b), load average about 2:
-    before: docker 5.26 s, launcher 6.62 s: +1.35 s (an earlier run: +1.49 s)
-    after:  docker 4.39 s, launcher 5.34 s: +0.95 s
-  against fw26's later tip (docker-py already out of the CLI's import, prepare() once per group),
-  load average 3-4:
-    before: docker 5.59 s, launcher 6.53 s: +0.94 s
-    after:  docker 4.53 s, launcher 5.28 s: +0.75 s
-Not within 0.5 s.
-What the changes took off: `launcher run` no longer imports docker-py (and paramiko under it, about
-0.2 s) to check its image: the docker CLI does, as for the rest of the run; the image compiles the
-bytecode of the runtime and of the standard library (the base's normalised mtimes made Debian's .pyc
-stale, so the runtime's two interpreters compiled ~80 modules per run: 0.2-0.4 s; the plain side
-gains too, as TensorFlow's import compiled stdlib modules as well); two docker calls fewer when
-shipping to the local engine; `--json` runs wait with `docker wait` instead of polling every second.
-What remains, by timestamps on each subprocess: 0.4-0.6 s from the CLI's start to its first action
-(Python, typer with pydantic and rich, about 60 modules of launcher's own: every command module is
-imported whatever the command); about 0.2 s of checks before the container starts (the host's fact
-sheet, image and engine checks, the code snapshot); about 0.15 s after it ends (state, outputs listed
-and pulled through two host-script interpreters, the manifest, `docker rm`); under 0.1 s in the
-container (the runtime's parent and child interpreters). The container's own start and teardown
-are paid by both sides.
-
-Then (issue 26 item 8), against 53ed0c7, each pair measured back to back on one workspace and image:
-  load average 0.2-1.1:  before: docker 4.06 s, launcher 4.76 s: +0.71 s
-                         after:  docker 3.79 s, launcher 4.48 s: +0.69 s
-  load average 2-2.7:    before: docker 3.74 s, launcher 4.65 s: +0.91 s
-                         after:  docker 3.90 s, launcher 4.63 s: +0.73 s
-  load average 3-4:      after:  docker 4.07 s, launcher 4.54 s: +0.48 s (its "before" unusable: -0.45 s)
-  launcher alone, before and after alternating 6 times (load about 1): mean 6.73 s -> 6.37 s, best 6.25 -> 5.41 s.
-About +0.5 to +0.7 s: at the target at best, not reliably within it; the docker side alone moves by 0.3 s
-between runs here, as much as what was cut. This sandbox sets PYTHONDONTWRITEBYTECODE, with which every
-launcher run compiles its modules again (about 0.3 s more); the launcher side now drops it (all the numbers
-of this paragraph are measured so, before and after).
-What the changes took off: the root imports a command's module only when that command is looked up
-(cli/lazy.py; help and completion load them all), so `launcher run` no longer imports the other eleven
-command modules and what only they need (CPU time of `launcher run --help`, under load: 0.42-0.48 s before,
-0.34-0.43 s after); the local host runs its stdlib-only host scripts (the outputs' listing and pull) with
-`python -I -S`, without site-packages (each interpreter starts in 10-20 ms instead of 60-80 ms here); two
-docker calls fewer: the pull after the wait reuses the ended state the wait saw, and a container started
-by a full image ID records that ID instead of `docker inspect`ing it.
-What remains: about 0.35 s from the CLI's start to its first subprocess (of which typer's parameter
-coercion imports pydantic and builds a TypeAdapter per parameter: 0.1-0.15 s, beyond launcher's reach
-short of replacing typer's coercion); about 0.15 s of docker calls before the container starts (the image
-checked, the host's fact sheet with `docker info`, `docker version`, the image inspected again to ship it,
-the engine's security options); after it ends, one `docker inspect`, the two host scripts and `docker rm`.
-
-Then (issue 26 item 8, against 242ccf8, the same workspace each), measured outside the script, load about 1:
-  before: 2.37-2.54 s outside the script (plain docker 1.27-1.40 s): about +1.1 s
-  after:  docker 1.28 s, launcher 2.10 s (medians of 7): +0.82 s; single traced runs 2.0-2.2 s.
-Not within 0.5 s. Where a traced run's time goes (after): the CLI's start to its first docker call
-0.2-0.32 s (0.47-0.50 s before); the checks before the container starts 0.18 s (0.25 s before: the fact
-sheet and the engine's checks now run while the image is checked); `docker run -d` 0.28 s (paid by the
-plain side too); the runtime's two interpreters until the script's first line 0.22 s; TensorFlow's
-teardown the same on both sides; after the container ends 0.17 s (state, pull, manifest, `docker rm`).
-Taken off: typer's pydantic coercion for plain option types (cli/coercion.py, ~0.13 s); one docker call
-(the engine's security options read as it is checked); the fact sheet and checks overlapped; the local
-outputs listed in process; OpenSSL and urllib no longer imported by a run; the lock parsed once; the
-runtime's package list read without importlib.metadata; the interpreter's teardown skipped after the
-last line (~50 ms). What remains is mostly fixed cost: Python, typer and rich at the CLI's start
-(~0.2 s), and the runtime's parent and child interpreters in the container, which keep a crashing
-script's exit code and log.
+Measured on this machine (2 cores, shared with other work), `--workspace` with the image built, load 0.9-1.5:
+  this state:      docker 0.97 s, launcher 1.32 s outside the script (medians of 7): +0.35 s; again +0.41 s
+  the state before (c30d746), on its own image minutes apart: docker 1.01 s, launcher 1.54 s: +0.53 s
+  (under load 1-2 the same state measured +0.82 s; when issue 26 set the target, whole commands: about +1.8 s)
+Within 0.5 s. Where the time went, by timestamps on each subprocess and in the container:
+  * before the container: the CLI's start to `docker run -d` 0.52 s -> 0.23-0.37 s. The local host makes
+    folders, reads free space, ownership and its fact sheet in process (mkdir, df, id and facts.sh were
+    subprocesses); the image is inspected once (the check's JSON serves the ship) and while git lists the
+    code; git is asked once per folder; a run imports neither the other commands' modules, nor docker-py,
+    pydantic, the lock's and the project layer's machinery, nor rich before its container has started;
+    what collecting the run needs (manifest, pull) is imported on a thread while the container runs.
+  * in the container: the runtime's two interpreters reach the script's first line in ~0.10 s instead of
+    ~0.17 s (quiet; 0.16 s instead of 0.38 s under load): NumPy is seeded by the import watch when the code
+    imports it instead of being imported for every script, and each interpreter imports only what a plain
+    run needs (no tomllib, platform, dataclasses, hashlib, zipfile, shutil, regexes compiled at first use).
+  * after the container ends: one `docker inspect`, the pull, the manifest, `docker rm`: about as long as
+    plain `docker run --rm` takes to remove its container and return.
+What remains is mostly fixed cost: Python and typer at the CLI's start (~0.15 s), the runtime's parent and
+child interpreters (the parent keeps a crashing script's exit code and log), `docker logs --follow` started
+after `docker run -d` returns.
 """
 
 from __future__ import annotations
