@@ -26,7 +26,7 @@ from launcher.runtime import code as codedigest
 from launcher.workspace import Workspace
 
 if TYPE_CHECKING:
-    from launcher.images import wheels
+    from launcher.images import recipelayer, wheels
 
 # What builds (the wheelhouse, the recipe layer, an offline build's errors) is imported by the functions that
 # build: a run whose image is current only checks it.
@@ -171,6 +171,31 @@ class EnvImage:
     labels: dict[str, str]
 
 
+def _recipes_layer(ws: Workspace, env: EnvImage, inputs: Inputs, labels: dict[str, str], epoch: int,
+                   out_tag: str, *, write_record: bool, keep_image: bool,
+                   reporter: Reporter) -> tuple[recipelayer.RecipesLayer, str]:
+    """The recipes' layer on the environment image: its layer and the image's ID (loaded into the engine as
+    out_tag with keep_image, the image that tag named before removed when nothing else uses it)."""
+    from launcher.images import recipelayer
+
+    layer_cache = ws.cache_dir / "images"
+    task = reporter.task("adding the recipes layer")
+    try:
+        layer = recipelayer.write_layer(ws.recipes, layer_cache, epoch)
+        config = recipelayer.compose_config(env.config, layer, labels, epoch, inputs.recipes_digest)
+        image_id = recipelayer.image_id_of(config)
+        if write_record:
+            atomic_write_bytes(layer_cache / "configs" / f"{image_id.removeprefix('sha256:')}.json", config)
+        if keep_image:
+            previous = engine.tagged_id(out_tag)
+            recipelayer.load(config, layer, out_tag)
+            if previous is not None and previous != image_id:
+                engine.remove_unreferenced([previous], launcher_only=True)
+    finally:
+        task.close()
+    return layer, image_id
+
+
 def build(ws: Workspace, variant: str = "cpu", *, nocache: bool = False, force: bool = False,
           ca_bundle: Path | None = None, find_links: Sequence[Path] = (), epoch: int = DEFAULT_EPOCH,
           tag: str | None = None, write_record: bool = True, keep_image: bool = True,
@@ -181,7 +206,6 @@ def build(ws: Workspace, variant: str = "cpu", *, nocache: bool = False, force: 
     changed; the recipes are launcher's own last layer on top of it (recipelayer.py), so a
     recipe edit costs seconds. git: the (commit, dirty) labels to use instead of the work tree's.
     """
-    from launcher.images import recipelayer
     from launcher.images import tree as imagetree
 
     rep = reporter or NullReporter()
@@ -204,21 +228,8 @@ def build(ws: Workspace, variant: str = "cpu", *, nocache: bool = False, force: 
         LABEL + "git-commit": commit,
         LABEL + "git-dirty": "true" if dirty else "false",
     }
-    layer_cache = ws.cache_dir / "images"
-    task = rep.task("adding the recipes layer")
-    try:
-        layer = recipelayer.write_layer(ws.recipes, layer_cache, epoch)
-        config = recipelayer.compose_config(env.config, layer, labels, epoch, inputs.recipes_digest)
-        image_id = recipelayer.image_id_of(config)
-        if write_record:
-            atomic_write_bytes(layer_cache / "configs" / f"{image_id.removeprefix('sha256:')}.json", config)
-        if keep_image:
-            previous = engine.tagged_id(out_tag)
-            recipelayer.load(config, layer, out_tag)
-            if previous is not None and previous != image_id:
-                engine.remove_unreferenced([previous], launcher_only=True)
-    finally:
-        task.close()
+    layer, image_id = _recipes_layer(ws, env, inputs, labels, epoch, out_tag, write_record=write_record,
+                                     keep_image=keep_image, reporter=rep)
     tree = imagetree.apply_entries(env.tree, layer.entries)
     result = BuildRecord(
         variant=variant, image_id=image_id, tag=out_tag, content=inputs.content, base=inputs.pin.ref,
