@@ -15,7 +15,7 @@ from test_reproduce import cli, ssh_args
 from testhost import TestHost
 
 from launcher.errors import ExitCode
-from launcher.runs import lifecycle as runs
+from launcher.runs.collect import read_launch
 
 pytestmark = [pytest.mark.tfimage]
 
@@ -124,7 +124,7 @@ def test_a_keras_run_killed_on_the_ssh_test_host_resumes_there(
     run = resumed["data"]["run"]
     assert [s["resumed_from"] for s in run["segments"]] == [None, name]
     assert run["segments"][0]["exit_code"] == 137 and run["host"]["name"] == launch["host"]["name"]
-    assert runs.read_launch(cpu_image["workspace"], run["run_id"])["segments"][1]["host"] == launch["host"]["name"]
+    assert read_launch(cpu_image["workspace"], run["run_id"])["segments"][1]["host"] == launch["host"]["name"]
     assert canonical(ws, run) == canonical(ws, uninterrupted)  # the same bits on the test host as here
 
 

@@ -11,7 +11,7 @@ import pytest
 from fakeplacement import FakeArray, FakePlacement, Script, make_project, make_workspace
 
 from launcher.images import build
-from launcher.runs import lifecycle
+from launcher.runs import collect, lifecycle
 from launcher.runs.lifecycle import RunSpec, run_recipe
 from launcher.runs.manifest import load_manifest
 from launcher.runs.userenv import UserEnv, secret_digest
@@ -28,7 +28,7 @@ def ws(tmp_path: Path) -> Workspace:
     return make_workspace(tmp_path)
 
 
-def _run(ws: Workspace, target: FakePlacement, script: Path, **kw: object) -> lifecycle.RunOutcome:
+def _run(ws: Workspace, target: FakePlacement, script: Path, **kw: object) -> collect.RunOutcome:
     spec_kw = {k: kw.pop(k) for k in ("env", "secret_env", "args") if k in kw}
     return run_recipe(ws, RunSpec(recipe=str(script), **spec_kw), target, facts={}, poll_s=0, **kw)  # type: ignore[arg-type]
 
@@ -136,12 +136,12 @@ def _failing_at(bad: int, calls: list[object]) -> object:
     """An experiment's launch function whose run number `bad` fails (in the order runs are started)."""
     from launcher.runs.replicates import Failure
 
-    def launch(job: object, host: object) -> lifecycle.RunOutcome:
+    def launch(job: object, host: object) -> collect.RunOutcome:
         calls.append(job)
         n = len(calls) - 1
         run = {"run_id": f"r{n}", "status": "failed" if n == bad else "succeeded", "exit_code": 1 if n == bad else 0}
         failure = Failure(f"r{n}", "g", n, 1, ["Traceback", "ImportError: nope"]) if n == bad else None
-        return lifecycle.RunOutcome(group="g", runs=[run], failure=failure)
+        return collect.RunOutcome(group="g", runs=[run], failure=failure)
 
     return launch
 
@@ -163,10 +163,10 @@ def test_an_experiment_stops_starting_runs_after_one_fails(ws: Workspace) -> Non
 def test_an_experiment_warns_when_different_seeds_are_overridden(ws: Workspace) -> None:
     from launcher.runs.experiment import PlannedRun, experiment
 
-    def launch(job: PlannedRun, host: object) -> lifecycle.RunOutcome:
+    def launch(job: PlannedRun, host: object) -> collect.RunOutcome:
         seed = job.seed
         runtime = {"seed_calls": [{"api": "torch.manual_seed", "seed": 1}, {"api": "random.seed", "seed": seed}]}
-        return lifecycle.RunOutcome(group="g", runs=[{"run_id": f"r{seed}", "status": "succeeded", "seed": seed,
+        return collect.RunOutcome(group="g", runs=[{"run_id": f"r{seed}", "status": "succeeded", "seed": seed,
                                                       "runtime": runtime}])
 
     res = experiment(ws, "tiny", 2, "different", launch=launch, base_seed=[5, 6])  # type: ignore[arg-type]
@@ -182,9 +182,9 @@ def test_an_experiment_of_a_script_passes_its_args_and_env_and_names_groups_by_p
 
     seen: list[RunSpec] = []
 
-    def run_recipe(ws_: Workspace, spec: RunSpec, *a: object, **kw: object) -> lifecycle.RunOutcome:
+    def run_recipe(ws_: Workspace, spec: RunSpec, *a: object, **kw: object) -> collect.RunOutcome:
         seen.append(spec)
-        return lifecycle.RunOutcome(group=spec.group or "", runs=[{"run_id": "r", "status": "succeeded"}])
+        return collect.RunOutcome(group=spec.group or "", runs=[{"run_id": "r", "status": "succeeded"}])
 
     monkeypatch.setattr(lifecycle, "run_recipe", run_recipe)
     script = make_project(tmp_path, "myproj")

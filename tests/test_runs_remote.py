@@ -358,7 +358,7 @@ def test_a_plain_script_runs_with_the_profile_injected(testhost: TestHost, tiny_
 def test_a_network_black_hole_ends_the_wait_and_a_later_pull_gets_everything(
     testhost: TestHost, tiny_workspace: Path
 ) -> None:
-    from launcher.runs import lifecycle as runs
+    from launcher.runs.collect import wait_run
 
     code, env, err = cli(
         tiny_workspace, "run", "tiny", *ssh_args(testhost), "--detach", "--param", "sleep=12"
@@ -377,7 +377,7 @@ def test_a_network_black_hole_ends_the_wait_and_a_later_pull_gets_everything(
 
     def follow() -> None:
         try:
-            runs.wait_run(Workspace.at(tiny_workspace), run_id, host, on_log=lambda _: None)
+            wait_run(Workspace.at(tiny_workspace), run_id, host, on_log=lambda _: None)
         except BaseException as exc:
             failure.append(exc)
 

@@ -19,7 +19,8 @@ from launcher.hosts.hostspec import HostSpec
 from launcher.hosts.local import LocalHost
 from launcher.images import build
 from launcher.runs import control, targets
-from launcher.runs.lifecycle import RunSpec, read_launch, run_recipe
+from launcher.runs.collect import read_launch
+from launcher.runs.lifecycle import RunSpec, run_recipe
 from launcher.runs.slurm import SlurmPlacement
 from launcher.runs.targets import TargetOptions
 from launcher.workspace import Workspace

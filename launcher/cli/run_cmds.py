@@ -367,13 +367,13 @@ def pull_cmd(
     ] = None,
 ) -> None:
     """Copy a run's outputs back, verified (resumable: verified files are skipped)."""
-    from launcher.runs import lifecycle as runs
+    from launcher.runs.collect import pull_run
     from launcher.runs.store import resolve_run_id
 
     ws = workspace_of(ctx)
     run_id = resolve_run_id(ws, run_id)
     with reporter(ctx) as rep:
-        out = runs.pull_run(ws, run_id, reporter=rep, watch=watch)
+        out = pull_run(ws, run_id, reporter=rep, watch=watch)
     code = run_exit_code(out.get("status"), ended=out.get("status") != "running")
     if out.get("status") == "running":
         summary = f"{run_id} is still running; pulled {out['pulled']['transferred']} files so far"

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 from launcher.errors import CommandFailed, HostUnreachable, LauncherError, NotFound, UsageError
 from launcher.hosts.base import Host
 from launcher.progress import Reporter
-from launcher.runs.lifecycle import LogSink, pull_run, read_launch, run_dir, wait_run
+from launcher.runs.collect import LogSink, pull_run, read_launch, wait_run
+from launcher.runs.lifecycle import run_dir
 from launcher.runs.manifest import describe_code, read_json_object
 from launcher.runs.placement import Placement, placement_for
 from launcher.runs.rundir import RunDir

@@ -28,7 +28,8 @@ from typing import TypedDict
 
 from launcher.errors import RunFailed, UsageError
 from launcher.progress import NullReporter, Reporter
-from launcher.runs.lifecycle import pull_record, read_launch, start_run, wait_run
+from launcher.runs.collect import pull_record, read_launch, wait_run
+from launcher.runs.lifecycle import start_run
 from launcher.runs.manifest import Manifest, load_manifest
 from launcher.runs.records import LaunchRecord, placement_kind
 from launcher.runs.replicates import is_failed

@@ -344,8 +344,9 @@ def _on_cluster(ws: Workspace, base: Any, jobs: Sequence[PlannedRun], target: An
                 reporter: Reporter, done: Callable[[Outcome[PlannedRun]], None]
                 ) -> tuple[list[Outcome[PlannedRun]], Failure | None]:
     """Submit each group as one job array (detached), then wait for and pull every replicate; the first
-    that fails cancels the arrays (runs.lifecycle.collect_together)."""
+    that fails cancels the arrays (runs.collect.collect_together)."""
     from launcher.runs import lifecycle as runs
+    from launcher.runs.collect import collect_together
 
     outcomes = [Outcome(job, host=name) for job in jobs]
     started: dict[int, LaunchRecord] = {}
@@ -371,7 +372,7 @@ def _on_cluster(ws: Workspace, base: Any, jobs: Sequence[PlannedRun], target: An
         out.error, out.exit_code = exc.one_line(), int(exc.exit_code)
         done(out)
 
-    collected = runs.collect_together(ws, target, [started[i] for i in sorted(started)], reporter,
+    collected = collect_together(ws, target, [started[i] for i in sorted(started)], reporter,
                                       on_error=failed_pull)
     for manifest in collected.runs:
         out = outcomes[by_run[manifest["run_id"]]]

@@ -1,9 +1,9 @@
 """Where runs are placed, and how one run there is started, watched, stopped and collected.
 
-:class:`Placement` is the seam a run target implements; :mod:`launcher.runs.lifecycle` and
-:mod:`launcher.runs.control` call nothing else to reach a target. :class:`DirectPlacement` puts
-containers on one host's Docker engine (the local one, or one over SSH); a Slurm cluster is
-:class:`launcher.runs.slurm.SlurmPlacement`; a cloud VM launcher creates would be a direct placement
+:class:`Placement` is the seam a run target implements; :mod:`launcher.runs.lifecycle`,
+:mod:`launcher.runs.collect` and :mod:`launcher.runs.control` call nothing else to reach a target.
+:class:`DirectPlacement` puts containers on one host's Docker engine (the local one, or one over SSH);
+a Slurm cluster is :class:`launcher.runs.slurm.SlurmPlacement`; a cloud VM launcher creates would be a direct placement
 on the host it created. Each is named in the launch record by its ``kind`` and reopened from it by
 :func:`launcher.runs.targets.open_placement`. The contract a target meets is in docs/design.md.
 """

@@ -296,7 +296,7 @@ class PullSummary(TypedDict):
 
 
 class PullStatus(TypedDict):
-    """What launcher.runs.lifecycle.pull_record answers for a run that still goes (``launcher pull``)."""
+    """What launcher.runs.collect.pull_record answers for a run that still goes (``launcher pull``)."""
 
     run_id: str
     status: str  # RUNNING

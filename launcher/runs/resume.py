@@ -24,7 +24,7 @@ from launcher.errors import LauncherError, NotResumable
 from launcher.hashing import atomic_write_json
 from launcher.hosts.hostspec import HostSpec
 from launcher.progress import NullReporter, Reporter
-from launcher.runs.lifecycle import LogSink, pull_run, read_launch, wait_run
+from launcher.runs.collect import LogSink, pull_run, read_launch, wait_run
 from launcher.runs.manifest import run_segments
 from launcher.runs.placement import DirectPlacement, Placement, RunState, output_owner, remote_outputs
 from launcher.runs.pull import pull_outputs
