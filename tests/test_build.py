@@ -71,18 +71,64 @@ def test_rebuild_verify_gives_the_same_image_id(small_ws: Workspace) -> None:
     assert data["tree_matches"] and data["image_id_matches"], data
 
 
-def test_rebuild_verify_names_a_changed_recipe_file(small_ws: Workspace) -> None:
+def test_rebuild_verify_after_an_unbuilt_edit_names_the_changed_file(small_ws: Workspace) -> None:
     build_mod.build(small_ws, "cpu")
     script = small_ws.recipes / "hello" / "train.py"
     original = script.read_text()
     script.write_text("print('changed')\n")
+    (small_ws.recipes / "hello" / "extra.py").write_text("X = 1\n")
     try:
         res = runner.invoke(app, ["-w", str(small_ws.root), "--json", "rebuild", "cpu", "--verify"])
     finally:
         script.write_text(original)
+        (small_ws.recipes / "hello" / "extra.py").unlink()
+    assert res.exit_code == ExitCode.IMAGE_OUT_OF_DATE, res.output
+    error = json.loads(res.stdout)["data"]["error"]
+    assert "recipes/hello/train.py (changed)" in error and "recipes/hello/extra.py (added)" in error, error
+    assert "not reproducible" not in res.output and "Traceback" not in res.output
+
+
+def test_rebuild_verify_after_an_edit_built_and_reverted_verifies_the_build_of_the_reverted_inputs(
+        small_ws: Workspace) -> None:
+    before = build_mod.build(small_ws, "cpu")
+    script = small_ws.recipes / "hello" / "train.py"
+    original = script.read_text()
+    script.write_text("print('edited, built, then reverted')\n")
+    try:
+        edited = build_mod.build(small_ws, "cpu")  # what a run does: the workspace's record is now of the edit
+    finally:
+        script.write_text(original)
+    assert edited.image_id != before.image_id
+    res = runner.invoke(app, ["-w", str(small_ws.root), "--json", "rebuild", "cpu", "--verify"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)["data"]
+    assert data["tree_matches"] and data["image_id_matches"], data
+    assert data["recorded_image_id"] == data["rebuilt_image_id"] == before.image_id
+
+
+def test_rebuild_verify_that_differs_names_the_paths(small_ws: Workspace) -> None:
+    """A rebuild whose tree is not the recorded one (here the recorded tree is altered, as a build that picked up
+    something else would have it) is not reproducible, with the paths that differ."""
+    from launcher.images import tree as imagetree
+
+    build_mod.build(small_ws, "cpu")
+    tree_path = small_ws.build_record("cpu").with_suffix(".tree.json.gz")
+    saved = tree_path.read_bytes()
+    tree = imagetree.load_tree(tree_path)
+    path = "opt/launcher/recipes/hello/train.py"
+    tree[path] = tree[path].replace(" 644 ", " 755 ")
+    record = json.loads(small_ws.build_record("cpu").read_text())
+    record_bytes = small_ws.build_record("cpu").read_bytes()
+    record["tree_digest"] = imagetree.lines_digest(tree)
+    imagetree.save_tree(tree_path, tree)
+    small_ws.build_record("cpu").write_text(json.dumps(record))
+    try:
+        res = runner.invoke(app, ["-w", str(small_ws.root), "--json", "rebuild", "cpu", "--verify"])
+    finally:
+        tree_path.write_bytes(saved)
+        small_ws.build_record("cpu").write_bytes(record_bytes)
     assert res.exit_code == ExitCode.NOT_REPRODUCIBLE, res.output
-    changes = json.loads(res.stdout)["data"]["changes"]
-    assert {"path": "/opt/launcher/recipes/hello/train.py", "change": "changed"} in changes
+    assert {"path": "/" + path, "change": "changed"} in json.loads(res.stdout)["data"]["changes"]
 
 
 def test_tampered_hash_fails_and_tags_nothing(small_ws: Workspace, tmp_path: Path,

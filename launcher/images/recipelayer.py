@@ -77,6 +77,14 @@ def recipe_digests(folder: Path) -> dict[str, str]:
             if p.is_dir() and (p / RECIPE_FILE).is_file()}
 
 
+def tree_lines(folder: Path, epoch: int) -> dict[str, str]:
+    """The recipes layer's entries as a saved tree holds them (path -> line), without writing the layer."""
+    buf = io.BytesIO()
+    write_tar(folder, buf, epoch)
+    entries, _, _ = layertar.rewrite_layer(io.BytesIO(buf.getvalue()), None, epoch, clamp=False)
+    return {e.path: e.line() for e in entries}
+
+
 def write_layer(folder: Path, layer_cache: Path, epoch: int) -> RecipesLayer:
     """Write the recipes layer into the layer cache (by its diff ID) and index it."""
     buf = io.BytesIO()
