@@ -161,8 +161,8 @@ class Config:
         """Why launcher.toml's value of key is not used, when it sets one."""
         if key not in self.ignored:
             return None
-        return (f"{self.file}'s {key} is not used: a workspace cannot choose whom its reviewer trusts, "
-                "or a cloned project could vouch for itself")
+        return (f"{self.file}'s {key} is not used: a workspace cannot choose whom its reviewer trusts "
+                "(a cloned project could vouch for itself)")
 
     def defaults(self) -> dict[str, SettingValue]:
         """Parameter name -> the default it gets, for the settings set in the environment or the file."""

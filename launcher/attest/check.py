@@ -135,18 +135,20 @@ class Verified:
         return out
 
     def summary_line(self) -> str:
-        who = f"signed by {', '.join(self.signers)}, trusting {self.trust_text}"
-        files = f"; all {self.files_checked} files it names match {self.run_dir}" if self.run_dir is not None else ""
+        who, trust = f"signed by {', '.join(self.signers)}", f"; trusting {self.trust_text}"
         if self.predicate_type != st.VSA_TYPE:
-            return f"valid: {self.path.name} is a {kind_of(self.predicate_type)} statement {who}{files}"
+            files = f"; all {self.files_checked} files it names match {self.run_dir}" if self.run_dir else ""
+            return f"valid: {self.path.name} is a {kind_of(self.predicate_type)} statement {who}{files}{trust}"
+        files = (f"; {self.run_dir} is the run it is about: all {self.files_checked} files of its signed provenance "
+                 "match") if self.run_dir else ""
         pred = self.statement["predicate"]
         levels = _at(pred, "verifiedLevels")
         named = ", ".join(str(x) for x in levels) if isinstance(levels, list) else "no level"
         result = _at(pred, "verificationResult")
         if self.exit_code == ExitCode.OK:
-            return f"valid: {self.path.name} is a verification summary {who} ({result}: {named}){files}"
+            return f"valid: {self.path.name} is a verification summary {who}: {result} ({named}){files}{trust}"
         return (f"{result}: {self.path.name} is a valid verification summary {who}, of a reproduction that did not "
-                f"pass ({named}){files}")
+                f"pass ({named}){files}{trust}")
 
 
 def file_problem(run_dir: Path, name: str) -> str | None:

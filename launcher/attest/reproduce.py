@@ -101,6 +101,7 @@ class ReproduceOutcomeRecord(TypedDict):
     image: ImageCheck
     base: str
     signed_by: list[str]
+    trusted: list[dict[str, str]]  # what the bundle's signatures were checked against (Trust.roots())
     runs: list[ReproductionRecord]
 
 
@@ -112,6 +113,7 @@ class ReproduceOutcome:
     base: str
     runs: list[Reproduction] = field(default_factory=list)
     signed_by: list[str] = field(default_factory=list)
+    trusted: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def exit_code(self) -> ExitCode:
@@ -119,7 +121,7 @@ class ReproduceOutcome:
 
     def to_dict(self) -> ReproduceOutcomeRecord:
         return {"bundle": str(self.bundle), "workspace": str(self.workspace), "image": self.image, "base": self.base,
-                "signed_by": self.signed_by, "runs": [r.to_dict() for r in self.runs]}
+                "signed_by": self.signed_by, "trusted": self.trusted, "runs": [r.to_dict() for r in self.runs]}
 
     def summary_line(self) -> str:
         rebuilt, recorded = self.image["rebuilt"][7:19], self.image["recorded"][7:19]
@@ -368,17 +370,23 @@ def reproduce(bundle: Path, into: Path, target: Host | Placement, *, trust: Trus
     rep, secrets, into = reporter or NullReporter(), dict(secret_env or {}), into.resolve()
     if not bundle.is_file():
         raise NotFound(f"no bundle {bundle}", "give the file `launcher bundle` wrote")
+    made = not into.exists()
     _fresh(into)
-    opened = open_bundle(bundle, trust, into / BUNDLE_DIR, rep)
-    runs = _choose(opened, only)
-    for run in runs:
-        for note in _preflight(run, allow_other_image=allow_other_image, data_from=data_from, secret_env=secrets,
-                               salts=cache_dir):
-            rep.note(note)
+    try:
+        opened = open_bundle(bundle, trust, into / BUNDLE_DIR, rep)
+        runs = _choose(opened, only)
+        notes = [n for run in runs for n in _preflight(run, allow_other_image=allow_other_image, data_from=data_from,
+                                                       secret_env=secrets, salts=cache_dir)]
+    except BaseException:
+        if made:  # refused before anything was built: leave no folder behind
+            shutil.rmtree(into, ignore_errors=True)
+        raise
+    for note in notes:
+        rep.note(note)
     ws = _workspace(opened, runs[0], into, cache_dir)
     base = _base(runs[0], ws)
     image = _image(ws, runs[0], opened.image_dir(runs[0].image) / "config.json", allow_other_image, rep)
-    outcome = ReproduceOutcome(bundle, into, image, base, signed_by=opened.bundle.signers)
+    outcome = ReproduceOutcome(bundle, into, image, base, signed_by=opened.bundle.signers, trusted=trust.roots())
     for run in runs:
         shutil.copytree(run.folder, ws.runs / run.run_id)
         spec = _spec(run, _code(run, ws), data_from, secrets)

@@ -200,7 +200,9 @@ def bundle_cmd(
 
 def _print_reproduced(result: Result[ReproduceOutcomeRecord]) -> None:
     d = result.data
-    stdout.print(f"bundle {d['bundle']}: signed by {', '.join(d['signed_by'])}; base {d['base']}", markup=False)
+    trusted = ", ".join(f"{t.get('allowed_signers') or t.get('key')} (from {t['from']})" for t in d["trusted"])
+    stdout.print(f"bundle {d['bundle']}: signed by {', '.join(d['signed_by'])}, trusting {trusted}; base {d['base']}",
+                 markup=False)
     image = d["image"]
     same = "the recorded one" if image["same"] else f"NOT the recorded one ({image.get('differs_in')})"
     stdout.print(f"image {image['rebuilt'][7:19]} rebuilt: {same}", markup=False)
@@ -239,15 +241,20 @@ def reproduce_cmd(
 ) -> None:
     """Repeat a bundled run in a fresh workspace and sign the verdict.
 
-    The bundle's signatures and files are checked first (a bundle changed after signing is refused before
-    anything is built); the base is made pullable from the bundle; the image is rebuilt and must have the
-    recorded ID (or pass --allow-other-image); the run is repeated on the host (or on its Slurm cluster, with
-    the option --scheduler slurm) with the same code, params, seed, profile and arguments; `verify checksums`
-    compares it with the bundled outputs; the reproduction's provenance and an SLSA verification summary
-    (verification.dsse.json) are signed with --key.
+    The bundle's signatures and files are checked first, against whom you trust (--allowed-signers or
+    --trusted-key, else LAUNCHER_ALLOWED_SIGNERS, else your own ~/.config/launcher/allowed_signers; never the
+    workspace's): nothing is written before its signature is checked, and a bundle changed after signing is
+    refused before anything is built. The base is made pullable from the bundle; the image is rebuilt and
+    must have the recorded ID (or pass --allow-other-image); the run is repeated on the host (or on its Slurm
+    cluster, with the option --scheduler slurm) with the same code, params, seed, profile and arguments (git
+    never runs on the bundled code); `verify checksums` compares it with the bundled outputs; the
+    reproduction's provenance and an SLSA verification summary (verification.dsse.json, naming your key as
+    its verifier) are signed with --key.
 
     Exit codes: 0 identical; 37 inconclusive; 3 differs; 44 another image (OTHER_IMAGE); 41, 42, 43 the
-    bundle's signatures or files (BAD_SIGNATURE, DIGEST_MISMATCH, UNKNOWN_SIGNER).
+    bundle's signatures or files (BAD_SIGNATURE, DIGEST_MISMATCH, UNKNOWN_SIGNER); 21 a bundle entry or path
+    that leaves its folders, a link, a sparse member, a .git entry (UNSAFE_PATH); 13 not a bundle launcher
+    reads (CORRUPT); 14 larger than the free disk (DISK_FULL); 2 no trust root given (USAGE).
     """
     from launcher.attest.reproduce import reproduce
     from launcher.runs import userenv
