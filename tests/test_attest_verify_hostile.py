@@ -198,6 +198,7 @@ def test_a_corrupt_co_signature_does_not_break_a_good_one(
     trust = Trust.of(None, [public, colleague_public])
     ok = verify_file(both, trust)
     assert ok.signers == [str(public)] and [c.outcome for c in ok.signatures] == ["good", "bad"]
+    assert "1 signature by a trusted key that does not verify" in ok.summary_line()
     # and a later attest by the author keeps working
     attest_run(run_dir, author, tmp_path / "cache")
     assert verify_file(both, trust).signers == [str(public)]

@@ -135,7 +135,10 @@ class Verified:
         return out
 
     def summary_line(self) -> str:
-        who, trust = f"signed by {', '.join(self.signers)}", f"; trusting {self.trust_text}"
+        bad = sum(c.outcome == "bad" for c in self.signatures)
+        other = f" (and {bad} signatures by a trusted key that do not verify)" if bad > 1 else \
+            " (and 1 signature by a trusted key that does not verify)" if bad else ""
+        who, trust = f"signed by {', '.join(self.signers)}{other}", f"; trusting {self.trust_text}"
         if self.predicate_type != st.VSA_TYPE:
             files = f"; all {self.files_checked} files it names match {self.run_dir}" if self.run_dir else ""
             return f"valid: {self.path.name} is a {kind_of(self.predicate_type)} statement {who}{files}{trust}"
