@@ -1,7 +1,8 @@
 """Property-based tests (hypothesis) of what reads a stranger's files: random tars and honest bundles changed
 at random, fed to the bundle reader; random and mutated envelopes fed to `launcher attest verify`.
 
-Whatever the input: nothing is written outside the folder the bundle is opened into, nothing is executed
+Whatever the input: nothing is written outside the folder the bundle is opened into (nor in it, when the
+bundle is refused: nothing is written before its signature and listing check out), nothing is executed
 (no process starts: the trust is a PEM key, checked in-process), the failure is a LauncherError whose exit
 code is one `attest verify` documents, and a bundle that is accepted holds exactly the files its signed
 statement names. Bounded (a fixed number of examples, derandomized, no example database) so the suite's
@@ -99,6 +100,7 @@ def open_checked(raw: bytes, trust: Trust, signed: dict[str, str] | None = None)
         except LauncherError as exc:
             assert exc.exit_code in BUNDLE_CODES, (exc.exit_code, exc.message)
             assert "\n" not in exc.one_line()
+            assert not into.exists(), "a refused bundle left files behind"  # nothing is written before it checks out
             opened = None
         outside = {p for p in listing(tmp) - before if not p.startswith("open/") and p != "open"}
         assert outside == set(), f"written outside the folder: {sorted(outside)}"
