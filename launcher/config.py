@@ -8,10 +8,14 @@ root and `LAUNCHER_*` environment variables.
     determinism = "deterministic"  # --determinism
     threads = 4               # --threads (the deterministic profile's thread count; strict runs on 1)
     signing_key = "~/.ssh/id_ed25519"        # --key of attest, bundle, reproduce (SSH or PEM private key)
-    allowed_signers = "allowed_signers"      # --allowed-signers of attest verify, reproduce
 
 Precedence: the command line, then the environment (LAUNCHER_HOST, LAUNCHER_VARIANT,
-LAUNCHER_DETERMINISM, LAUNCHER_THREADS), then the file, then launcher's built-in default. Each
+LAUNCHER_DETERMINISM, LAUNCHER_THREADS), then the file, then launcher's built-in default.
+
+Whom `attest verify` and `reproduce` trust (allowed_signers) is never a workspace's to say: a cloned
+project could name an attacker's key as a colleague's. It comes from --allowed-signers, else
+LAUNCHER_ALLOWED_SIGNERS, else the user's own ~/.config/launcher/allowed_signers ($XDG_CONFIG_HOME); a
+launcher.toml that sets it is not read for it (`launcher config` says so). Each
 setting is one row of SETTINGS: its key, its variable, the command-line parameter it is the default of
 (in every command that has one of that name) and its check. A later default (a cluster's partition, a
 VM's size) is one more row; defaults that are not an option's get a table of their own beside
@@ -30,7 +34,7 @@ import tomllib
 
 from launcher.errors import BadConfig
 from launcher.runs.determinism import DEFAULT_PROFILE, PROFILES, default_threads
-from launcher.workspace import VARIANTS, Workspace
+from launcher.workspace import VARIANTS, Workspace, user_allowed_signers
 
 FILE = "launcher.toml"
 PROJECT_TABLE = "system"  # a project's OS packages, when the workspace is also the project (images/aptlock.py)
@@ -89,6 +93,7 @@ class Setting:
     builtin: SettingValue
     check: Callable[[Any, Workspace | None], str | int]
     help: str
+    workspace: bool = True  # False: a trust root, never taken from a workspace's launcher.toml
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -102,8 +107,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("signing_key", "LAUNCHER_SIGNING_KEY", "key", None, _path,
             "the key attest, bundle and reproduce sign with (--key): an SSH or PEM private key"),
     Setting("allowed_signers", "LAUNCHER_ALLOWED_SIGNERS", "allowed_signers", None, _path,
-            "whose signatures attest verify and reproduce accept (--allowed-signers): an allowed-signers file"),
+            "whose signatures attest verify and reproduce accept (--allowed-signers): an allowed-signers file; "
+            "from the environment or your own configuration, never a workspace's", workspace=False),
 )
+USER = "user configuration"  # a Value's source: the user's own file (~/.config/launcher/...)
 
 
 class ValueRecord(TypedDict):
@@ -122,8 +129,8 @@ class ValueRecord(TypedDict):
 class Value:
     setting: Setting
     value: SettingValue
-    source: str  # environment | file | built-in
-    origin: str  # LAUNCHER_HOST, /ws/launcher.toml, or "launcher"
+    source: str  # environment | file | user configuration | built-in
+    origin: str  # LAUNCHER_HOST, /ws/launcher.toml, ~/.config/launcher/allowed_signers, or "launcher"
 
     def to_dict(self) -> ValueRecord:
         return {"key": self.setting.key, "value": self.value, "source": self.source, "origin": self.origin,
@@ -138,12 +145,24 @@ class ConfigRecord(TypedDict):
     file_exists: bool
     precedence: list[str]
     settings: list[ValueRecord]
+    ignored: dict[str, str]  # a setting launcher.toml sets but may not (a trust root) -> why
 
 
 @dataclass(frozen=True)
 class Config:
     file: Path | None  # the workspace's launcher.toml, whether or not it exists (None outside a workspace)
     values: tuple[Value, ...]
+    ignored: tuple[str, ...] = ()  # keys launcher.toml sets that a workspace may not (Setting.workspace False)
+
+    def value(self, key: str) -> Value:
+        return next(v for v in self.values if v.setting.key == key)
+
+    def ignored_note(self, key: str) -> str | None:
+        """Why launcher.toml's value of key is not used, when it sets one."""
+        if key not in self.ignored:
+            return None
+        return (f"{self.file}'s {key} is not used: a workspace cannot choose whom its reviewer trusts "
+                "(a cloned project could vouch for itself)")
 
     def defaults(self) -> dict[str, SettingValue]:
         """Parameter name -> the default it gets, for the settings set in the environment or the file."""
@@ -153,7 +172,8 @@ class Config:
         return {"file": str(self.file) if self.file else None,
                 "file_exists": bool(self.file and self.file.is_file()),
                 "precedence": ["command line", "environment", "file", "built-in"],
-                "settings": [v.to_dict() for v in self.values]}
+                "settings": [v.to_dict() for v in self.values],
+                "ignored": {k: str(self.ignored_note(k)) for k in self.ignored}}
 
 
 def read_file(path: Path, ws: Workspace | None) -> dict[str, str | int]:
@@ -193,6 +213,7 @@ def resolve(ws: Workspace | None, environ: Mapping[str, str] | None = None) -> C
     path = ws.root / FILE if ws is not None else None
     from_file = read_file(path, ws) if path is not None and path.is_file() else {}
     values = []
+    mine = user_allowed_signers(env)
     for s in SETTINGS:
         raw = env.get(s.env)
         if raw is not None and raw != "":
@@ -200,8 +221,11 @@ def resolve(ws: Workspace | None, environ: Mapping[str, str] | None = None) -> C
                 values.append(Value(s, s.check(raw, ws), "environment", s.env))
             except _Bad as exc:
                 raise BadConfig(f"{s.env}={raw!r} is not allowed", f"set {s.env} to {exc}, or unset it") from None
-        elif s.key in from_file:
+        elif s.key in from_file and s.workspace:
             values.append(Value(s, from_file[s.key], "file", str(path)))
+        elif s.key == "allowed_signers" and mine.is_file():
+            values.append(Value(s, str(mine), USER, str(mine)))
         else:
             values.append(Value(s, s.builtin, "built-in", "launcher"))
-    return Config(path, tuple(values))
+    ignored = tuple(s.key for s in SETTINGS if not s.workspace and s.key in from_file)
+    return Config(path, tuple(values), ignored)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,19 @@ def default_cache_dir() -> Path:
         return Path(env)
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "launcher"
+
+
+def user_config_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """The user's own launcher configuration, which no workspace can write for them: $XDG_CONFIG_HOME/launcher,
+    else ~/.config/launcher."""
+    env = os.environ if environ is None else environ
+    xdg = env.get("XDG_CONFIG_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".config") / "launcher"
+
+
+def user_allowed_signers(environ: Mapping[str, str] | None = None) -> Path:
+    """Whom this user trusts when no --allowed-signers or LAUNCHER_ALLOWED_SIGNERS says otherwise."""
+    return user_config_dir(environ) / "allowed_signers"
 
 
 @dataclass(frozen=True)

@@ -242,6 +242,7 @@ def test_pem_keys_sign_and_verify_and_the_wrong_key_is_an_unknown_signer(run_dir
 
 
 def _cli(ws: Workspace, *args: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any], str]:
+    env = {"LAUNCHER_ALLOWED_SIGNERS": "", "XDG_CONFIG_HOME": str(ws.root / ".no-user-config"), **(env or {})}
     r = runner.invoke(app, ["--workspace", str(ws.root), "--quiet", "--json", *args], env=env)
     return r.exit_code, json.loads(r.stdout) if r.stdout.strip() else {}, r.stderr
 
@@ -252,23 +253,29 @@ def test_the_commands_attest_with_the_configured_key_and_verify_with_exit_codes(
     alice = ssh_key(tmp_path / "keys", "alice", "alice@example.com")
     mallory = ssh_key(tmp_path / "keys", "mallory", "mallory@example.com")
     allowed_signers(ws.root / "allowed_signers", ("alice@example.com", alice))
-    (ws.root / "launcher.toml").write_text(f'[defaults]\nsigning_key = "{alice}"\n'
-                                           'allowed_signers = "allowed_signers"\n')
+    (ws.root / "launcher.toml").write_text(f'[defaults]\nsigning_key = "{alice}"\n')
+    # whom a reviewer trusts comes from the reviewer (here LAUNCHER_ALLOWED_SIGNERS), never the workspace
+    env = {"LAUNCHER_ALLOWED_SIGNERS": str(ws.root / "allowed_signers"), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
     run_id = run_dir.name
     code, out, err = _cli(ws, "attest", run_id[-6:])
     assert code == 0, err
     assert out["data"]["runs"][0]["run_id"] == run_id and "signed with SSH key" in out["summary"]
     envelope = str(run_dir / "attestation" / ENVELOPE_FILE)
-    code, out, err = _cli(ws, "attest", "verify", envelope, "--run", str(run_dir))
+    code, out, err = _cli(ws, "attest", "verify", envelope, "--run", str(run_dir), env=env)
     assert code == 0, err
     assert out["data"]["valid"] is True and out["data"]["run_id"] == run_id
-    (run_dir / "outputs" / "metrics.jsonl").write_text("{}\n")
-    code, out, err = _cli(ws, "attest", "verify", envelope, "--run", str(run_dir))
+    assert out["data"]["trusted"] == [{"allowed_signers": env["LAUNCHER_ALLOWED_SIGNERS"],
+                                       "from": "LAUNCHER_ALLOWED_SIGNERS"}]
+    metrics = run_dir / "outputs" / "metrics.jsonl"
+    original = metrics.read_bytes()
+    metrics.write_text("{}\n")
+    code, out, err = _cli(ws, "attest", "verify", envelope, "--run", str(run_dir), env=env)
     assert code == ExitCode.DIGEST_MISMATCH == 42 and "metrics.jsonl" in err
+    metrics.write_bytes(original)
     Path(envelope).unlink()
     code, _, err = _cli(ws, "attest", run_id, "--key", str(mallory))
     assert code == 0, err
-    code, _, err = _cli(ws, "attest", "verify", envelope)
+    code, _, err = _cli(ws, "attest", "verify", envelope, env=env)
     assert code == ExitCode.UNKNOWN_SIGNER == 43, err
     raw = json.loads(Path(envelope).read_text())
     raw["payload"] = base64.b64encode(base64.b64decode(raw["payload"]).replace(b"42", b"43", 1)).decode()
@@ -276,10 +283,10 @@ def test_the_commands_attest_with_the_configured_key_and_verify_with_exit_codes(
     code, _, err = _cli(ws, "attest", "verify", envelope, "--allowed-signers", str(ws.root / "allowed_signers"),
                         "--key", str(mallory.with_suffix(".pub")))
     assert code == ExitCode.BAD_SIGNATURE == 41, err
-    code, _, err = _cli(ws, "attest", "verify", str(run_dir / "attestation" / STATEMENT_FILE))
+    code, _, err = _cli(ws, "attest", "verify", str(run_dir / "attestation" / STATEMENT_FILE), env=env)
     assert code == ExitCode.UNKNOWN_SIGNER and "unsigned" in err
     (tmp_path / "junk.json").write_text("[1, 2]")
-    code, _, err = _cli(ws, "attest", "verify", str(tmp_path / "junk.json"))
+    code, _, err = _cli(ws, "attest", "verify", str(tmp_path / "junk.json"), env=env)
     assert code == ExitCode.CORRUPT and "not a DSSE envelope" in err
 
 
@@ -306,6 +313,7 @@ def test_a_reproduction_repeats_what_the_manifest_recorded_and_checks_secrets_by
 
     d = write_run(ws.runs, FakeRun(run_id="20261125T100000-mnist_convnet-cccccc", seed=7, threads=3))
     data = json.loads((d / "manifest.json").read_text())
+    # a manifest of an older launcher: the secret's plain sha256, which is still checked
     data["env"] = {"WANDB_MODE": {"value": "offline"}, "HF_TOKEN": {"sha256": secret_digest("s3cret")}}
     data["recipe"]["args"] = ["--lr", "0.1"]
     data["probes"] = {"source": "option", "option": "off", "config": None}
@@ -321,9 +329,11 @@ def test_a_reproduction_repeats_what_the_manifest_recorded_and_checks_secrets_by
     assert (spec.recipe, spec.seed, spec.profile, spec.threads) == ("mnist_convnet", 7, "deterministic", 3)
     assert spec.params == {"epochs": 3, "batch_size": 32} and spec.args == ["--lr", "0.1"] and spec.probes == "off"
     assert spec.env == {"WANDB_MODE": "offline"} and spec.secret_env == {"HF_TOKEN": "s3cret"}
+    assert spec.code_plan == {"source": "image", "git": {}}  # planned here: nothing plans it again with git
     project = tmp_path / "code" / "myproj"
     data["recipe"].update(identity="myproj/train.py", entry="train.py", code_source="mounted")
     (d / "manifest.json").write_text(json.dumps(data))
     run.manifest = load_manifest(d)
-    spec = _spec(run, project, None, {"HF_TOKEN": "s3cret"})
-    assert (spec.recipe, spec.code) == (str(project / "train.py"), str(project))
+    plan: Any = {"source": "mounted", "root": str(project), "entry": "train.py", "local": str(tmp_path / "snap")}
+    spec = _spec(run, plan, None, {"HF_TOKEN": "s3cret"})
+    assert (spec.recipe, spec.code, spec.code_plan) == (str(project / "train.py"), str(project), plan)

@@ -24,8 +24,9 @@ VARS = ("LAUNCHER_HOST", "LAUNCHER_VARIANT", "LAUNCHER_DETERMINISM", "LAUNCHER_T
 
 @pytest.fixture()
 def ws(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    for var in VARS:
+    for var in (*VARS, "LAUNCHER_SIGNING_KEY", "LAUNCHER_ALLOWED_SIGNERS"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "user-config"))  # the user's own, empty
     root = tmp_path / "ws"
     assert runner.invoke(app, ["init", str(root)]).exit_code == 0
     assert runner.invoke(app, ["-w", str(root), "recipes", "new", "tiny_model"]).exit_code == 0
@@ -158,3 +159,23 @@ def test_resolve_is_the_library_view(ws: Path) -> None:
     cfg = config.resolve(workspace, {"LAUNCHER_VARIANT": "gpu"})
     assert cfg.defaults() == {"host": "a", "variant": "gpu"}
     assert [v.source for v in cfg.values] == ["file", "environment", "built-in", "built-in", "built-in", "built-in"]
+
+
+def test_whom_a_reviewer_trusts_is_never_a_workspace_s_setting(ws: Path, tmp_path: Path) -> None:
+    # a cloned project's launcher.toml naming its own allowed signers: shown as ignored, never a default
+    (ws / "launcher.toml").write_text('[defaults]\nallowed_signers = "allowed_signers"\n')
+    data = json.loads(runner.invoke(app, ["config", "--json"]).stdout)["data"]
+    settings = {s["key"]: s for s in data["settings"]}
+    assert (settings["allowed_signers"]["value"], settings["allowed_signers"]["source"]) == (None, "built-in")
+    assert "a workspace cannot choose whom its reviewer trusts" in data["ignored"]["allowed_signers"]
+    assert "ignored:" in runner.invoke(app, ["config"], env={"COLUMNS": "200"}).output
+    # the user's own configuration is read (and the environment before it)
+    mine = tmp_path / "user-config" / "launcher" / "allowed_signers"
+    mine.parent.mkdir(parents=True)
+    mine.write_text("")
+    settings = {s["key"]: s for s in json.loads(runner.invoke(app, ["config", "--json"]).stdout)["data"]["settings"]}
+    assert (settings["allowed_signers"]["value"], settings["allowed_signers"]["source"]) == (
+        str(mine), "user configuration")
+    res = runner.invoke(app, ["config", "--json"], env={"LAUNCHER_ALLOWED_SIGNERS": str(tmp_path / "team")})
+    settings = {s["key"]: s for s in json.loads(res.stdout)["data"]["settings"]}
+    assert settings["allowed_signers"]["origin"] == "LAUNCHER_ALLOWED_SIGNERS"

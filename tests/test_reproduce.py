@@ -38,6 +38,27 @@ def ssh_args(th: TestHost) -> list[str]:
             "--ssh-config", "/dev/null"]
 
 
+def spy_processes(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """Every command launcher runs from now on, as it is run."""
+    from launcher import proc
+
+    ran: list[list[str]] = []
+    real = proc.run
+
+    def spy(argv: Any, *a: Any, **kw: Any) -> Any:
+        ran.append([str(x) for x in argv])
+        return real(argv, *a, **kw)
+
+    monkeypatch.setattr(proc, "run", spy)
+    return ran
+
+
+def git_on_bundled_files(ran: list[list[str]], into: Path) -> list[list[str]]:
+    """The git commands that ran on the bundle's files (its recipes, its code) in the reproduction's workspace."""
+    bundled = tuple(str(into / part) for part in ("recipes", "code", ".launcher"))
+    return [a for a in ran if Path(a[0]).name == "git" and any(x.startswith(bundled) for x in a)]
+
+
 @pytest.fixture
 def people(tmp_path: Path) -> dict[str, Path]:
     """The author (an SSH key) and the reviewer (an SSH key), and an allowed-signers file naming both."""
@@ -69,7 +90,8 @@ def write_project(root: Path) -> Path:
 
 @pytest.mark.testhost
 def test_a_bundle_is_reproduced_in_a_fresh_workspace_on_the_ssh_test_host(
-        testhost: TestHost, tiny_workspace: Path, people: dict[str, Path], tmp_path: Path) -> None:
+        testhost: TestHost, tiny_workspace: Path, people: dict[str, Path], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     data = tmp_path / "data"
     data.mkdir()
     (data / "numbers.txt").write_text("1 2 3\n")
@@ -95,9 +117,11 @@ def test_a_bundle_is_reproduced_in_a_fresh_workspace_on_the_ssh_test_host(
     assert not (tmp_path / "reviewer-cache" / "builds").exists()  # no image was built
 
     into = tmp_path / "review"
+    ran = spy_processes(monkeypatch)
     code, done, err = cli(None, "reproduce", str(bundle), "--into", str(into), *ssh_args(testhost),
                           "--allowed-signers", str(people["allowed"]), "--key", str(people["reviewer"]),
                           env=reviewer_env)
+    assert git_on_bundled_files(ran, into) == []  # git obeys a repository's config and hooks: never a stranger's
     # the tiny image has no framework, so determinism is not in force: identical outputs, but inconclusive
     assert code == ExitCode.INCONCLUSIVE, err
     d = done["data"]
@@ -112,10 +136,24 @@ def test_a_bundle_is_reproduced_in_a_fresh_workspace_on_the_ssh_test_host(
 
     vsa = Path(rep["verification"])
     code, checked, err = cli(None, "attest", "verify", str(vsa), "--allowed-signers", str(people["allowed"]),
-                             "--run", str(into / "runs" / original["run_id"]))
-    assert code == 0, err
+                             "--run", str(into / "runs" / original["run_id"]), "--verifier", "reviewer@example.com",
+                             "--predicate-type", "summary")
+    # a valid summary of a reproduction that did not pass: its verdict's exit code, not 0
+    assert code == ExitCode.INCONCLUSIVE, err
+    assert checked["data"]["valid"] is True and checked["data"]["passed"] is False
     assert checked["data"]["verification_result"] == "FAILED"
     assert checked["data"]["verified_levels"] == ["LAUNCHER_REPRODUCED_INCONCLUSIVE"]
+    assert checked["data"]["trusted"] == [{"allowed_signers": str(people["allowed"]), "from": "--allowed-signers"}]
+    # the summary names the reviewer's key, which signed it
+    reviewer_key = checked["data"]["signatures"][0]["keyid"]
+    assert checked["data"]["verifier"] == f"urn:launcher:verifier:{reviewer_key}"
+    code, _, err = cli(None, "attest", "verify", str(vsa), "--allowed-signers", str(people["allowed"]),
+                       "--verifier", "author@example.com")
+    assert code == ExitCode.UNKNOWN_SIGNER, err
+    # the summary checked against another run's folder (the reproduction's own): refused
+    code, _, err = cli(None, "attest", "verify", str(vsa), "--allowed-signers", str(people["allowed"]),
+                       "--run", str(into / "runs" / rep["reproduced"]))
+    assert code == ExitCode.DIGEST_MISMATCH, err
     statement = payload(vsa)
     protobuf_check(statement)
     pred = statement["predicate"]
@@ -155,11 +193,17 @@ def test_another_image_is_refused_before_running_unless_allowed_and_then_named(
     assert code == ExitCode.OTHER_IMAGE == 44, err
     assert "runtime" in err and "--allow-other-image" in err
     assert not (tmp_path / "no" / "runs").exists()
+    ran = spy_processes(monkeypatch)
     code, done, err = cli(None, "reproduce", str(bundle), "--into", str(tmp_path / "yes"), *args,
                           "--allow-other-image")
+    assert git_on_bundled_files(ran, tmp_path / "yes") == []
     assert code == ExitCode.INCONCLUSIVE, err
     image = done["data"]["image"]
     assert image["same"] is False and "org.launcher.runtime-digest" in image["differs_in"]
     assert "another image than the recorded one" in done["summary"]
     vsa = payload(Path(done["data"]["runs"][0]["verification"]))
     assert vsa["predicate"]["verifiedLevels"] == ["LAUNCHER_REPRODUCED_INCONCLUSIVE", "LAUNCHER_OTHER_IMAGE"]
+    assert vsa["predicate"]["verificationResult"] == "FAILED"  # another image never passes the policy
+    code, _, err = cli(None, "attest", "verify", done["data"]["runs"][0]["verification"],
+                       "--allowed-signers", str(people["allowed"]))
+    assert code == ExitCode.OTHER_IMAGE, err

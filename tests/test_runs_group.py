@@ -14,7 +14,7 @@ from launcher.images import build
 from launcher.runs import collect, lifecycle
 from launcher.runs.lifecycle import RunSpec, run_recipe
 from launcher.runs.manifest import load_manifest
-from launcher.runs.userenv import UserEnv, secret_digest
+from launcher.runs.userenv import UserEnv, find_salt, secret_digest, secret_hmac
 from launcher.workspace import Workspace
 
 
@@ -108,7 +108,11 @@ def test_user_env_reaches_the_container_and_the_records_a_secret_by_hash_only(ws
     assert target.env_files[run_id] == "HF_TOKEN=hf_s3cr3t value\n"
     assert not (Path(target.jobs[0].run_dir) / "secret.env").exists()  # gone once the container started
     assert target.jobs[0].user_env_names == ["HF_TOKEN", "WANDB_MODE"]
-    record = {"HF_TOKEN": {"sha256": secret_digest("hf_s3cr3t value")}, "WANDB_MODE": {"value": "offline"}}
+    # the secret by an HMAC whose salt (the run's own) stays in this machine's cache: no dictionary opens it
+    salt = find_salt(ws.cache_dir, run_id)
+    assert salt is not None and secret_digest("hf_s3cr3t value")[7:] not in json.dumps(load_manifest(
+        ws.runs / run_id).data)
+    record = {"HF_TOKEN": {"hmac": secret_hmac("hf_s3cr3t value", salt)}, "WANDB_MODE": {"value": "offline"}}
     assert load_manifest(ws.runs / run_id).data["env"] == record
     for path in (ws.runs / run_id).rglob("*"):
         if path.is_file():

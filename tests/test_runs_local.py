@@ -43,7 +43,7 @@ def test_user_env_reaches_a_real_container_and_a_failed_replicate_stops_the_rest
     seen = json.loads((run_dir / "outputs" / "env.json").read_text())
     assert seen == {"MODE": "a b", "TOKEN": "hunter2 s3cr3t", "FROM_HERE": "this machine's"}
     assert m["env"]["MODE"] == {"value": "a b"} and m["env"]["FROM_HERE"] == {"value": "this machine's"}
-    assert set(m["env"]["TOKEN"]) == {"sha256"}
+    assert set(m["env"]["TOKEN"]) == {"hmac"}  # keyed with the run's salt, which stays in this machine's cache
     assert m["recipe"]["identity"] == "envproj/train.py" and "-envproj_train.py-" in m["run_id"]
     for root in (tiny_workspace / "runs", tiny_workspace / ".launcher" / "host-runs"):
         for path in root.rglob("*"):

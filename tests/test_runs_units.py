@@ -156,13 +156,13 @@ def test_ps_short_ids_are_unique_readable_and_taken_back(tmp_path: Path) -> None
 
 
 def test_env_items_take_values_from_here_or_as_given() -> None:
-    from launcher.runs.userenv import parse, secret_digest
+    from launcher.runs.userenv import parse, secret_hmac
 
     got = parse(["WANDB_MODE", "LR=0.1", "EMPTY="], ["HF_TOKEN"], {"WANDB_MODE": "offline", "HF_TOKEN": "t0k"})
     assert dict(got.plain) == {"WANDB_MODE": "offline", "LR": "0.1", "EMPTY": ""}
     assert dict(got.secret) == {"HF_TOKEN": "t0k"}
-    assert got.record()["HF_TOKEN"] == {"sha256": secret_digest("t0k")}
-    assert "t0k" not in json.dumps(got.record()) and "t0k" not in repr(got)
+    assert got.record(b"salt")["HF_TOKEN"] == {"hmac": secret_hmac("t0k", b"salt")}
+    assert "t0k" not in json.dumps(got.record(b"salt")) and "t0k" not in repr(got)
     assert got.names == ["EMPTY", "HF_TOKEN", "LR", "WANDB_MODE"]
 
 

@@ -7,6 +7,9 @@
   cryptography) and what a verifier trusts (an allowed-signers file, a public key);
 - :mod:`check`: `launcher attest verify`: signature, schema and, given a run folder, every digest;
 - :mod:`bundle`: `launcher bundle`: a deterministic tar of what it takes to rebuild and rerun;
+- :mod:`tarread`, :mod:`unpack`, :mod:`deps`: a bundle read as a stranger's file (headers first, the envelope
+  verified before anything is written, only the files it names extracted) and held against each run's
+  provenance;
 - :mod:`reproduce`: `launcher reproduce`: the bundle checked, the image rebuilt, the run repeated,
   compared, and a signed verification summary (SLSA VSA v1, :mod:`summary`).
 """

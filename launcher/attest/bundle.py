@@ -176,9 +176,7 @@ def stage_image(ws: Workspace, m: Manifest, staged: Staged, tmp: Path) -> tuple[
                       str(facts["runtimeDigest"])) != facts["envContent"]:
         raise NotFound(f"{dockerfile} is not the Dockerfile image {image_id[7:19]} was built from",
                        "restore it (e.g. `git checkout` the commit the run names), then bundle again")
-    staged.add(f"{prefix}/lockfiles/{variant}.txt", lock)
-    if ws.lock_in(variant).is_file():
-        staged.add(f"{prefix}/lockfiles/{variant}.in", ws.lock_in(variant))
+    staged.add(f"{prefix}/lockfiles/{variant}.txt", lock)  # not its .in: no image is built from it
     staged.add(f"{prefix}/dockerfiles/{variant}.Dockerfile", dockerfile)
     staged.add(f"{prefix}/lockfiles/images.lock", _write(tmp, f"{prefix}/images.lock", _pin_text(
         ws, variant, str(built.base_ref))))
@@ -315,7 +313,9 @@ def _seal(staged: Staged, predicate: BundlePredicate, out: Path, signer: Signer,
         digests[name] = sha256_file(path)
         task.advance()
     task.close()
-    statement = st.make([st.descriptor(n, d) for n, d in sorted(digests.items())], st.BUNDLE_TYPE, predicate)
+    # each file's size beside its sha256: a reader refuses a larger member from its header, before writing it
+    statement = st.make([st.descriptor(n, d, annotations={"size": staged.files[n].stat().st_size})
+                         for n, d in sorted(digests.items())], st.BUNDLE_TYPE, predicate)
     envelope = dsse.sign(st.encode(statement), st.PAYLOAD_TYPE, [signer]).to_bytes()
     total = sum(p.stat().st_size for p in staged.files.values())
     task = rep.task(f"writing {out}", total=total, unit="B")

@@ -93,21 +93,23 @@ def read(path: Path) -> Envelope:
 
 
 def verify(envelope: Envelope, trust: Trust, source: str) -> list[Checked]:
-    """Check every signature against what the verifier trusts. Passes when one is good and none by a
-    trusted key is bad; raises BadSignature (a trusted key's signature does not verify: the payload
-    was changed) or UnknownSigner (no signature is by a trusted key, or there is none)."""
+    """Check every signature against what the verifier trusts. Passes when one is good: a good signature
+    by a trusted key authenticates the payload, whatever else the envelope carries (a co-signature that
+    was corrupted is listed as bad, not fatal). Without a good one: BadSignature when a trusted key's
+    signature does not verify (the payload was changed), else UnknownSigner (no signature is by a trusted
+    key, or there is none)."""
     data = pae(envelope.payload_type, envelope.payload)
     checked = [trust.check(data, keyid, sig) for keyid, sig in envelope.signatures]
+    if any(c.outcome == "good" for c in checked):
+        return checked
     bad = [c for c in checked if c.outcome == "bad"]
     if bad:
         raise BadSignature(
             f"{source}: the signature by {bad[0].signer or bad[0].keyid or 'a trusted key'} does not verify: "
             "what it signed was changed after signing",
             "ask its author for the file again; do not trust this copy")
-    if not any(c.outcome == "good" for c in checked):
-        who = ", ".join(sorted({c.keyid for c in checked if c.keyid})) or "nobody"
-        raise UnknownSigner(f"{source} is signed by {who}, whom {trust.describe()} does not name"
-                            if checked else f"{source} carries no signature",
-                            "add the author's key to your allowed-signers file (or pass it with --key PUB) "
-                            "once you have checked it is theirs")
-    return checked
+    who = ", ".join(sorted({c.keyid for c in checked if c.keyid})) or "nobody launcher can name"
+    raise UnknownSigner(f"{source} is signed by {who}, whom {trust.describe()} does not name"
+                        if checked else f"{source} carries no signature",
+                        "add the author's key to your allowed-signers file (or pass it with --key PUB) "
+                        "once you have checked it is theirs")

@@ -28,7 +28,7 @@ from launcher import __version__
 from launcher.attest import dsse, schema
 from launcher.attest import statement as st
 from launcher.attest.signers import Signer
-from launcher.errors import Corrupt, UsageError
+from launcher.errors import Corrupt, DigestMismatch, UsageError
 from launcher.hashing import atomic_write_bytes, sha256_file
 from launcher.images import imagerecord
 from launcher.images.imagerecord import BuiltImage
@@ -313,10 +313,32 @@ def _signed(path: Path, payload: bytes, signer: Signer) -> dsse.Envelope:
     return dsse.Envelope(old.payload_type, payload, (*kept, (keyid, sig)))
 
 
+def _as_recorded(m: Manifest) -> None:
+    """Every output is the regular file the manifest records, hashed again: a signature covers the files as
+    they are, not as they were when the run was pulled."""
+    from launcher.attest.check import file_problem
+
+    wrong = []
+    for a in m.artifacts:
+        problem = file_problem(m.run_dir, a.path)
+        if problem is None and sha256_file(m.run_dir / a.path) != a.sha256:
+            problem = "changed since the run"
+        if problem is not None:
+            wrong.append(f"{a.path} ({problem})")
+    if wrong:
+        more = f" and {len(wrong) - 3} more" if len(wrong) > 3 else ""
+        raise DigestMismatch(f"run {m.run_id}: {len(wrong)} outputs are not what its manifest records: "
+                             + "; ".join(wrong[:3]) + more + "; nothing was signed",
+                             f"restore them (`launcher pull {m.run_id}` again where the host still has them), or "
+                             "run again")
+
+
 def attest_run(run_dir: Path, signer: Signer | None, cache_dir: Path) -> Attested:
     """Write runs/<id>/attestation/provenance.json and, with a signer, provenance.dsse.json (atomically; a
-    signature by another key on the same statement is kept beside the new one)."""
+    signature by another key on the same statement is kept beside the new one). The outputs are hashed
+    again first: DigestMismatch names any that changed."""
     m = load_manifest(run_dir)
+    _as_recorded(m)
     project = m.image.get("project")
     image_id = str((project.get("variant_image_id") if project else None) or m.image.get("id") or "")
     statement = provenance(m, imagerecord.find(cache_dir, image_id) if image_id else None)

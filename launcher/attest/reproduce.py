@@ -3,15 +3,19 @@
 1. the bundle is unpacked and checked (:mod:`launcher.attest.unpack`): its signature, every file, each
    run's signed provenance against the files the reproduction uses. Nothing is built before this passes;
 2. a fresh workspace is made from the bundle (the recipes as the image held them, the lock, the
-   Dockerfile, images.lock), the pinned base made pullable from the bundle (:mod:`launcher.images.basearchive`);
-3. the image is built with the recorded build date and git labels, and its ID compared with the one the
-   run recorded: another image is refused (OTHER_IMAGE, 44) unless ``allow_other_image``, which the
-   verdict then names;
+   Dockerfile, images.lock: each checked against the provenance or the image config it names; not a
+   lock's .in, which no image is built from), the pinned base made pullable from the bundle
+   (:mod:`launcher.images.basearchive`);
+3. the image is built with the build date and git labels of the recorded image's config, and its ID
+   compared with the one the run recorded: another image is refused (OTHER_IMAGE, 44) unless
+   ``allow_other_image``, which the verdict then names (and which cannot pass);
 4. the run is repeated (the same code, params, seed, profile, threads, script arguments, variables) on the
    target, then ``verify checksums`` compares it with the original (its outputs are in the bundle):
-   identical (0), inconclusive (37) or differs (3);
+   identical (0), inconclusive (37) or differs (3). The bundled code is copied (the files its digest
+   covers, nothing else) and planned here, without git: git never runs on a stranger's code, whose
+   configuration or hooks it would obey;
 5. the reproduction's own provenance is signed, and a verification summary (:mod:`launcher.attest.summary`)
-   naming the original statement, the verifier, the verdict and each output's result.
+   naming the original statement, the verifier's key, the verdict and each output's result.
 """
 
 from __future__ import annotations
@@ -23,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
-from launcher import proc
 from launcher.attest import dsse
 from launcher.attest import statement as st
 from launcher.attest.bundle import RUNS_DIR
@@ -31,7 +34,7 @@ from launcher.attest.provenance import ATTESTATION_DIR, attest_run
 from launcher.attest.signers import Signer, Trust
 from launcher.attest.summary import ENVELOPE_FILE, STATEMENT_FILE, OutputResult, summary
 from launcher.attest.unpack import OpenedBundle, OpenedRun, open_bundle
-from launcher.errors import ExitCode, NotFound, OtherImage, RunFailed, UsageError
+from launcher.errors import Corrupt, DigestMismatch, ExitCode, NotFound, OtherImage, RunFailed, UsageError
 from launcher.hashing import atomic_write_bytes, sha256_file
 from launcher.hosts import engine
 from launcher.hosts.base import Host
@@ -42,12 +45,12 @@ from launcher.images.tree import DEFAULT_EPOCH
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.manifest import Manifest
 from launcher.runs.placement import Placement
+from launcher.runs.records import BAKED, CodePlan
 from launcher.runs.runspec import RunSpec
-from launcher.runs.userenv import secret_digest
 from launcher.runtime import code as codedigest
 from launcher.verify.differences import REFERENCE
 from launcher.verify.verdicts import verify_checksums
-from launcher.workspace import Workspace
+from launcher.workspace import Workspace, default_cache_dir
 
 BUNDLE_DIR = ".launcher/bundle"  # where the bundle is unpacked inside the reproduction's workspace
 _WORST = (ExitCode.OK, ExitCode.INCONCLUSIVE, ExitCode.NOT_REPRODUCIBLE)
@@ -98,6 +101,7 @@ class ReproduceOutcomeRecord(TypedDict):
     image: ImageCheck
     base: str
     signed_by: list[str]
+    trusted: list[dict[str, str]]  # what the bundle's signatures were checked against (Trust.roots())
     runs: list[ReproductionRecord]
 
 
@@ -109,6 +113,7 @@ class ReproduceOutcome:
     base: str
     runs: list[Reproduction] = field(default_factory=list)
     signed_by: list[str] = field(default_factory=list)
+    trusted: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def exit_code(self) -> ExitCode:
@@ -116,7 +121,7 @@ class ReproduceOutcome:
 
     def to_dict(self) -> ReproduceOutcomeRecord:
         return {"bundle": str(self.bundle), "workspace": str(self.workspace), "image": self.image, "base": self.base,
-                "signed_by": self.signed_by, "runs": [r.to_dict() for r in self.runs]}
+                "signed_by": self.signed_by, "trusted": self.trusted, "runs": [r.to_dict() for r in self.runs]}
 
     def summary_line(self) -> str:
         rebuilt, recorded = self.image["rebuilt"][7:19], self.image["recorded"][7:19]
@@ -144,21 +149,50 @@ def _choose(opened: OpenedBundle, only: str | None) -> list[OpenedRun]:
 
 
 def _workspace(opened: OpenedBundle, run: OpenedRun, into: Path, cache_dir: Path | None) -> Workspace:
-    """The fresh workspace: the bundle's recipes, lockfiles and Dockerfile for the run's variant."""
+    """The fresh workspace: the bundle's recipes, the variant's lock, images.lock and Dockerfile (each checked
+    when the bundle was opened). A lock's .in is no input of the image: an older bundle's is left out."""
     src = opened.image_dir(run.image)
-    shutil.copytree(src / "recipes", into / "recipes")
-    shutil.copytree(src / "lockfiles", into / "lockfiles")
-    shutil.copytree(src / "dockerfiles", into / "dockerfiles")
     variant = str(run.image_facts["variant"])
-    if not (into / "lockfiles" / f"{variant}.in").is_file():  # a variant is a .in and a Dockerfile
-        (into / "lockfiles" / f"{variant}.in").write_text(f"# locked in {variant}.txt (from a bundle)\n")
+    shutil.copytree(src / "recipes", into / "recipes")
+    (into / "lockfiles").mkdir()
+    (into / "dockerfiles").mkdir()
+    for part in (f"lockfiles/{variant}.txt", "lockfiles/images.lock", f"dockerfiles/{variant}.Dockerfile"):
+        shutil.copyfile(src / part, into / part)
+    (into / "lockfiles" / f"{variant}.in").write_text(f"# locked in {variant}.txt (from a bundle)\n")
     (into / RUNS_DIR).mkdir()
     return Workspace.at(into, cache_dir)
 
 
+def _secrets(run: OpenedRun, secret_env: Mapping[str, str], salts: Path) -> list[str]:
+    """The run's --secret-env variables: each given, and the same value where this machine can tell (the
+    machine that ran it keeps each run's salt); notes for those it cannot check."""
+    from launcher.runs import userenv
+
+    notes = []
+    env = run.manifest.data.get("env") if isinstance(run.manifest.data.get("env"), dict) else {}
+    for name, rec in sorted((env or {}).items()):
+        if not isinstance(rec, dict) or not userenv.is_name(name) or userenv.reserved_reason(name):
+            raise Corrupt(f"run {run.run_id} records an environment variable {name!r} launcher would refuse",
+                          "do not use this bundle: launcher never records such a variable")
+        if not userenv.is_secret(rec):
+            continue
+        if name not in secret_env:
+            raise UsageError(f"run {run.run_id} was given the secret variable {name} (its value is not recorded)",
+                             f"pass it: --secret-env {name} (its value from your environment; ask the author)")
+        same = userenv.secret_matches(secret_env[name], rec, userenv.find_salt(salts, run.run_id))
+        if same is False:
+            raise UsageError(f"--secret-env {name}: the value differs from the one the run was given",
+                             f"ask the author for {name}'s value")
+        if same is None:
+            notes.append(f"--secret-env {name}: not checked against the run's record (its salt stays on the machine "
+                         "that ran it); a wrong value shows as outputs that differ")
+    return notes
+
+
 def _preflight(run: OpenedRun, *, allow_other_image: bool, data_from: Path | None,
-               secret_env: Mapping[str, str]) -> None:
-    """What would make the reproduction pointless or impossible, said before anything is built."""
+               secret_env: Mapping[str, str], salts: Path | None = None) -> list[str]:
+    """What would make the reproduction pointless or impossible, said before anything is built; notes for
+    what cannot be checked here."""
     facts = run.image_facts
     if facts.get("project"):
         raise UsageError(f"run {run.run_id} ran in its project's own image layer (requirements.lock, system.lock), "
@@ -171,20 +205,28 @@ def _preflight(run: OpenedRun, *, allow_other_image: bool, data_from: Path | Non
                          f"{str(facts['variantImageId'])[7:19]} holds ({str(facts.get('runtimeDigest'))[7:19]}): "
                          "the rebuilt image would differ", f"use launcher {version} (pip install it in a venv), or "
                          "pass --allow-other-image to run it anyway")
-    env = run.manifest.data.get("env") if isinstance(run.manifest.data.get("env"), dict) else {}
-    for name, rec in sorted((env or {}).items()):
-        if "sha256" in rec:
-            if name not in secret_env:
-                raise UsageError(f"run {run.run_id} was given the secret variable {name} (recorded by its sha256 only)",
-                                 f"pass it: --secret-env {name} (its value from your environment, checked against "
-                                 "that sha256)")
-            if secret_digest(secret_env[name]) != rec["sha256"]:
-                raise UsageError(f"--secret-env {name}: the value differs from the one the run was given "
-                                 "(its sha256)", f"ask the author for {name}'s value")
+    notes = _secrets(run, secret_env, salts or default_cache_dir())
     if run.manifest.data.get("data") and run.data is None and data_from is None:
         raise UsageError(f"run {run.run_id} read a dataset, which the bundle does not carry",
                          "pass --data-from DIR (the same files: verify compares the dataset's fingerprint), or ask "
                          "for a bundle made --with-data")
+    if data_from is not None and run.data is None:
+        _same_data(run, data_from)
+    return notes
+
+
+def _same_data(run: OpenedRun, data_from: Path) -> None:
+    """--data-from holds the dataset the run's provenance names (where it names one)."""
+    from launcher.attest import provenance as prov
+    from launcher.runs.datasets import scan
+
+    dep = st.dependency(run.provenance.statement, prov.DATASET)
+    want = st.from_digest_set(dep.get("digest")) if dep else None
+    got = scan(data_from).digest
+    if want is not None and got != want:
+        raise DigestMismatch(f"--data-from {data_from}: these files ({got[7:19]}) are not the dataset run "
+                             f"{run.run_id} was sent ({want[7:19]}), which its signed provenance names",
+                             "give the same files (ask the author, or for a bundle made --with-data)")
 
 
 def _base(run: OpenedRun, ws: Workspace) -> str:
@@ -216,11 +258,12 @@ def image_difference(recorded: bytes, rebuilt: bytes) -> str:
 
 
 def _image(ws: Workspace, run: OpenedRun, config: Path, allow_other_image: bool, rep: Reporter) -> ImageCheck:
+    """The image rebuilt with the git labels and build date of the recorded image's config (which the
+    provenance names by its sha256), and compared with it."""
     facts = run.image_facts
-    git = facts.get("git") or {}
-    record = build(ws, str(facts["variant"]), git=(str(git.get("commit") or "unknown"), bool(git.get("dirty"))),
-                   epoch=int(facts.get("epoch") or DEFAULT_EPOCH), reporter=rep)
     recorded = str(facts["variantImageId"])
+    original = imagerecord.BuiltImage(recorded, config.read_bytes(), None)
+    record = build(ws, str(facts["variant"]), git=original.git, epoch=original.epoch or DEFAULT_EPOCH, reporter=rep)
     out: ImageCheck = {"recorded": recorded, "rebuilt": record.image_id, "same": record.image_id == recorded}
     if not out["same"]:
         rebuilt = imagerecord.find(ws.cache_dir, record.image_id)
@@ -234,28 +277,28 @@ def _image(ws: Workspace, run: OpenedRun, config: Path, allow_other_image: bool,
     return out
 
 
-def _code(run: OpenedRun, ws: Workspace) -> Path | None:
-    """The mounted code, as a folder named like the author's project (a plain script's identity is
-    project/path), made its own git work tree so no ignore rule (an enclosing repository's, or its own
-    .gitignore) drops a file of the snapshot; checked against the recorded digest before anything runs."""
+def _code(run: OpenedRun, ws: Workspace) -> CodePlan | None:
+    """The mounted code's plan, made here without git (git obeys a repository's own configuration and
+    hooks, and this is a stranger's code): the files its digest covers, copied to a folder named like the
+    author's project (a plain script's identity is project/path) and snapshotted by that digest, which
+    must be the recorded one before anything runs. None for a baked recipe."""
     if run.code is None:
         return None
-    target = ws.root / "code" / run.code.name
-    shutil.copytree(run.code, target)
-    try:  # every file staged: the snapshot is already the author's selection, ignored-but-tracked files too
-        proc.run(["git", "init", "-q", target], check=False)
-        proc.run(["git", "-C", target, "add", "--all", "--force", "."], check=False)
-    except NotFound:  # without git, launcher lists a code folder by walking it: no ignore rule applies
-        pass
-    from launcher.runs import code
+    from launcher.runs.code import CodeTree, snapshot
 
-    entry = str(run.manifest.recipe.get("entry") or "")
-    selected = code.select(target, target / entry if run.manifest.recipe.get("identity") else None)
-    if selected.digest != run.manifest.recipe.get("tree_digest"):
-        raise UsageError(f"the code of run {run.run_id} unpacked to {target} takes other files here "
-                         f"({selected.digest[7:19]}, recorded {str(run.manifest.recipe.get('tree_digest'))[7:19]})",
-                         "this should not happen: report it to launcher's maintainers with both digests")
-    return target
+    files = tuple(rel for rel, _ in codedigest.iter_files(run.code))
+    target = ws.root / "code" / run.code.name
+    for rel in files:
+        (target / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(run.code / rel, target / rel)
+    digest = codedigest.digest_lines([codedigest.file_line(rel, target / rel) for rel in files])
+    recorded = str(run.manifest.recipe.get("tree_digest"))
+    if digest != recorded:
+        raise DigestMismatch(f"the code of run {run.run_id} copied to {target} is not the code it ran "
+                             f"({digest[7:19]}, recorded {recorded[7:19]})", "nothing was run; make the bundle again")
+    entry = str(run.manifest.recipe.get("entry") or "") if run.manifest.recipe.get("identity") else ""
+    tree = CodeTree(target, files, entry, digest, sum((target / rel).stat().st_size for rel in files), {})
+    return tree.plan(snapshot(tree, ws.cache_dir))
 
 
 def _record(m: Manifest, key: str) -> Mapping[str, Any]:
@@ -264,12 +307,17 @@ def _record(m: Manifest, key: str) -> Mapping[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _spec(run: OpenedRun, code_dir: Path | None, data_from: Path | None, secret_env: Mapping[str, str]) -> RunSpec:
+def _spec(run: OpenedRun, plan: CodePlan | None, data_from: Path | None, secret_env: Mapping[str, str]) -> RunSpec:
+    """The run as recorded, its code already planned (so nothing plans it again with git)."""
+    from launcher.runs.userenv import is_secret
+
     m = run.manifest
     det = m.determinism
     env, probes, trace = (_record(m, key) for key in ("env", "probes", "trace"))
+    code_dir = Path(str(plan["root"])) if plan is not None and plan.get("root") else None
     if code_dir is None:
         recipe, code = m.recipe_name, None
+        plan = {"source": BAKED, "git": {}}  # the image's copy, checked against the recorded digest
     elif m.recipe.get("identity"):
         recipe, code = str(code_dir / str(m.recipe.get("entry"))), str(code_dir)
     else:
@@ -283,7 +331,7 @@ def _spec(run: OpenedRun, code_dir: Path | None, data_from: Path | None, secret_
                    probes=probes.get("option") if probes.get("source") == "option" else None,
                    trace_every=str(trace["every"]) if trace.get("every") else None,
                    env={k: v["value"] for k, v in env.items() if "value" in v},
-                   secret_env={k: secret_env[k] for k, v in env.items() if "sha256" in v})
+                   secret_env={k: secret_env[k] for k, v in env.items() if is_secret(v)}, code_plan=plan)
 
 
 def _judge(ws: Workspace, run: OpenedRun, new_id: str, signer: Signer, other_image: bool) -> Reproduction:
@@ -300,7 +348,7 @@ def _judge(ws: Workspace, run: OpenedRun, new_id: str, signer: Signer, other_ima
     assert reproduced.envelope is not None
     rel = reproduced.envelope.relative_to(ws.root).as_posix()
     statement = summary(run.provenance, run.run_id, {"uri": rel, "envelope_sha256": sha256_file(reproduced.envelope)},
-                        report.verdict, results, other_image=other_image)
+                        report.verdict, results, other_image=other_image, verifier_key=signer.keyid())
     folder = ws.runs / new_id / ATTESTATION_DIR
     payload = st.encode(statement)
     atomic_write_bytes(folder / STATEMENT_FILE, payload)
@@ -322,15 +370,23 @@ def reproduce(bundle: Path, into: Path, target: Host | Placement, *, trust: Trus
     rep, secrets, into = reporter or NullReporter(), dict(secret_env or {}), into.resolve()
     if not bundle.is_file():
         raise NotFound(f"no bundle {bundle}", "give the file `launcher bundle` wrote")
+    made = not into.exists()
     _fresh(into)
-    opened = open_bundle(bundle, trust, into / BUNDLE_DIR, rep)
-    runs = _choose(opened, only)
-    for run in runs:
-        _preflight(run, allow_other_image=allow_other_image, data_from=data_from, secret_env=secrets)
+    try:
+        opened = open_bundle(bundle, trust, into / BUNDLE_DIR, rep)
+        runs = _choose(opened, only)
+        notes = [n for run in runs for n in _preflight(run, allow_other_image=allow_other_image, data_from=data_from,
+                                                       secret_env=secrets, salts=cache_dir)]
+    except BaseException:
+        if made:  # refused before anything was built: leave no folder behind
+            shutil.rmtree(into, ignore_errors=True)
+        raise
+    for note in notes:
+        rep.note(note)
     ws = _workspace(opened, runs[0], into, cache_dir)
     base = _base(runs[0], ws)
     image = _image(ws, runs[0], opened.image_dir(runs[0].image) / "config.json", allow_other_image, rep)
-    outcome = ReproduceOutcome(bundle, into, image, base, signed_by=opened.bundle.signers)
+    outcome = ReproduceOutcome(bundle, into, image, base, signed_by=opened.bundle.signers, trusted=trust.roots())
     for run in runs:
         shutil.copytree(run.folder, ws.runs / run.run_id)
         spec = _spec(run, _code(run, ws), data_from, secrets)

@@ -23,6 +23,11 @@ VSA_TYPE = "https://slsa.dev/verification_summary/v1"
 # this one prefix: launcher has no web address, and a URN claims none.
 URI = "urn:launcher"
 BUNDLE_TYPE = f"{URI}:bundle:v1"
+VERIFIER = f"{URI}:verifier:"  # a verification summary's verifier.id: this, then the signing key's id
+CHECKED_DIGESTS = ("sha256", "sha384", "sha512")
+# a verification summary's levels (verifiedLevels): the verdict, and whether another image ran it
+REPRODUCED = "LAUNCHER_REPRODUCED_"
+OTHER_IMAGE = "LAUNCHER_OTHER_IMAGE"  # the DigestSet algorithms a file is checked by
 
 
 P = TypeVar("P")
@@ -112,18 +117,49 @@ def _byproducts(predicate: object) -> list[object]:
     return list(found) if isinstance(found, list) else []
 
 
-def subject_digests(statement: Statement[P], *, byproducts: bool = True) -> dict[str, str]:
-    """name -> ``sha256:<hex>`` of every subject (and of a provenance's byproducts: they are files too)."""
-    out: dict[str, str] = {}
+def _entries(statement: Statement[P], byproducts: bool) -> list[object]:
     entries: list[object] = list(statement["subject"])
     if byproducts and statement["predicateType"] == PROVENANCE_TYPE:
         entries += _byproducts(statement["predicate"])
-    for entry in entries:
+    return entries
+
+
+def _twice(name: str) -> Corrupt:
+    return Corrupt(f"the statement names {name} twice: which digest was signed for it is ambiguous",
+                   "ask its author for the statement again")
+
+
+def subject_digests(statement: Statement[P], *, byproducts: bool = True) -> dict[str, str]:
+    """name -> ``sha256:<hex>`` of every subject (and of a provenance's byproducts: they are files too);
+    a name given twice is Corrupt (the first, wrong digest would otherwise go unchecked)."""
+    out: dict[str, str] = {}
+    for entry in _entries(statement, byproducts):
         if not isinstance(entry, Mapping):
             continue
         digest, name = from_digest_set(entry.get("digest")), entry.get("name")
         if digest and isinstance(name, str):
+            if name in out:
+                raise _twice(name)
             out[name] = digest
+    return out
+
+
+def checkable(statement: Statement[P], *, byproducts: bool = True) -> dict[str, dict[str, str]]:
+    """name -> {algorithm: hex} of every subject (and byproduct), for checking files: each must have a name
+    and a digest of an algorithm launcher checks (CHECKED_DIGESTS), else Corrupt (it would be skipped)."""
+    out: dict[str, dict[str, str]] = {}
+    for i, entry in enumerate(_entries(statement, byproducts)):
+        name = entry.get("name") if isinstance(entry, Mapping) else None
+        digests = entry.get("digest") if isinstance(entry, Mapping) else None
+        wanted = {k: str(v) for k, v in digests.items() if k in CHECKED_DIGESTS} if isinstance(digests, Mapping) else {}
+        if not isinstance(name, str) or not name or not wanted:
+            what = f"subject {name!r}" if isinstance(name, str) and name else f"subject {i} (it has no name)"
+            raise Corrupt(f"the statement's {what} names no file by a digest launcher checks "
+                          f"({', '.join(CHECKED_DIGESTS)}): there would be nothing to check",
+                          "ask its author for a statement whose subjects are files named by sha256")
+        if name in out:
+            raise _twice(name)
+        out[name] = wanted
     return out
 
 

@@ -10,6 +10,7 @@ import typer
 from launcher.cli.common import command, options, render, reporter, stdout, workspace_of
 from launcher.cli.hostopts import MaxParallelOpt, PartitionOpt, SchedulerOpt, SlurmOpt, target, with_host
 from launcher.cli.params import LauncherGroup, RunsArg, SecretEnvOpt
+from launcher.errors import UsageError
 from launcher.hosts.hostspec import HostSpec
 from launcher.result import Result
 
@@ -27,8 +28,9 @@ KeyOpt = Annotated[str | None, typer.Option(
     "key. Default: signing_key in launcher.toml (LAUNCHER_SIGNING_KEY).")]
 AllowedSignersOpt = Annotated[Path | None, typer.Option(
     "--allowed-signers", metavar="FILE", help="An OpenSSH allowed-signers file (as git's gpg.ssh.allowedSignersFile: "
-    "'PRINCIPAL namespaces=\"launcher\" ssh-ed25519 AAAA...'): whose SSH signatures count. Default: allowed_signers "
-    "in launcher.toml (LAUNCHER_ALLOWED_SIGNERS).")]
+    "'PRINCIPAL namespaces=\"launcher\" ssh-ed25519 AAAA...'): whose SSH signatures count. Default: "
+    "LAUNCHER_ALLOWED_SIGNERS, else your own ~/.config/launcher/allowed_signers; never a workspace's launcher.toml "
+    "(a project you review could vouch for itself).")]
 
 
 class DefaultCommandGroup(LauncherGroup):
@@ -53,10 +55,21 @@ attest_app = typer.Typer(
 app.add_typer(attest_app)
 
 
-def _trust(allowed_signers: Path | None, keys: list[Path] | None) -> Any:
+def _trust(ctx: typer.Context, allowed_signers: Path | None, keys: list[Path] | None, key_option: str) -> Any:
+    """What the reviewer trusts, and where it came from (the verdict names it): --allowed-signers, else
+    LAUNCHER_ALLOWED_SIGNERS, else the user's own configuration; a workspace's launcher.toml never."""
+    from launcher import config
     from launcher.attest.signers import Trust
+    from launcher.cli.params import workspace_for
 
-    return Trust.of(allowed_signers, list(keys or []))
+    cfg = config.resolve(workspace_for(ctx))
+    origin = "--allowed-signers"
+    given = getattr(ctx.get_parameter_source("allowed_signers"), "name", None) == "COMMANDLINE"
+    if allowed_signers is not None and not given:
+        found = cfg.value("allowed_signers")
+        origin = found.origin if found.source == "environment" else "your configuration"
+    return Trust.of(allowed_signers, list(keys or []), origin=origin, key_option=key_option,
+                    ignored=cfg.ignored_note("allowed_signers"))
 
 
 def signer_of(key: str | None) -> Any:
@@ -104,28 +117,49 @@ def attest_verify_cmd(
         ".pub line; repeatable.")] = None,
     run: Annotated[Path | None, typer.Option(
         "--run", metavar="DIR", help="The run's folder (runs/RUN, or one unpacked from a bundle): check every "
-        "file the statement names against its sha256.")] = None,
+        "file the statement names against its digest, and that its outputs/ holds nothing else. For a "
+        "verification summary, the folder must hold the provenance the summary names.")] = None,
+    predicate_type: Annotated[str | None, typer.Option(
+        "--predicate-type", metavar="TYPE", help="Require this kind of statement: provenance, summary (a "
+        "reproduction's verification summary), bundle, or a predicate type URI.")] = None,
+    verifier: Annotated[str | None, typer.Option(
+        "--verifier", metavar="WHO", help="Require a good signature by WHO: a principal of your allowed signers "
+        "(alice@example.com), a key id (SHA256:... or sha256:...) or a --key file; for a verification summary, "
+        "the verifier it names.")] = None,
 ) -> None:
     """Check a signed statement: its signature (by a key you trust), its schema and, with --run, every file.
 
-    Exit codes: 0 valid; 43 no signature by a key you trust (UNKNOWN_SIGNER); 41 a trusted key's signature
-    does not verify: the statement was changed (BAD_SIGNATURE); 42 a file differs from its signed sha256
-    (DIGEST_MISMATCH); 13 not an envelope or statement launcher reads (CORRUPT).
+    Whom you trust comes from --allowed-signers or --key, else LAUNCHER_ALLOWED_SIGNERS, else your own
+    ~/.config/launcher/allowed_signers; never from the workspace or project you are checking. The verdict
+    names the file or key it trusted.
+
+    Exit codes: 0 valid; 43 no good signature by a key you trust, or not by the --verifier you asked for
+    (UNKNOWN_SIGNER); 41 a trusted key's signature does not verify: the statement was changed (BAD_SIGNATURE);
+    42 a file differs from its signed digest, is missing, is a link or was added (DIGEST_MISMATCH); 13 not an
+    envelope or statement launcher reads, or one naming nothing it can check (CORRUPT); 16 not the
+    --predicate-type asked for (INCOMPATIBLE); 21 a bundle entry that leaves its folder (UNSAFE_PATH); 14 a
+    bundle larger than the free disk (DISK_FULL); a valid verification summary of a reproduction that did not
+    pass: 3 (the outputs differ), 37 (inconclusive), 44 (another image ran it).
     """
     import tarfile
 
-    from launcher.attest.check import verify_file
+    from launcher.attest.check import require, verify_file
 
-    trust = _trust(allowed_signers, public_key)
+    trust = _trust(ctx, allowed_signers, public_key, "--key")
     if file.is_file() and tarfile.is_tarfile(file):  # a bundle: its signature, every file, each run's provenance
         from launcher.attest.unpack import verify_bundle
 
+        if run is not None:
+            raise UsageError(f"--run is for a signed statement; {file} is a bundle, which carries its runs",
+                             "drop --run (each bundled run's files are checked), or give a .dsse.json file")
+
         with reporter(ctx) as rep:
             opened = verify_bundle(file, trust, rep)
+        require(opened.bundle, predicate_type, verifier)
         render(ctx, Result("attest verify", {"valid": True, **opened.to_dict()}, summary=opened.summary_line()))
         return
-    res = verify_file(file, trust, run)
-    render(ctx, Result("attest verify", res.to_dict(), summary=res.summary_line()))
+    res = verify_file(file, trust, run, predicate_type=predicate_type, verifier=verifier)
+    render(ctx, Result("attest verify", res.to_dict(), exit_code=res.exit_code, summary=res.summary_line()))
 
 
 def _print_bundle(result: Result[BundleOutcomeRecord]) -> None:
@@ -166,7 +200,9 @@ def bundle_cmd(
 
 def _print_reproduced(result: Result[ReproduceOutcomeRecord]) -> None:
     d = result.data
-    stdout.print(f"bundle {d['bundle']}: signed by {', '.join(d['signed_by'])}; base {d['base']}", markup=False)
+    trusted = ", ".join(f"{t.get('allowed_signers') or t.get('key')} (from {t['from']})" for t in d["trusted"])
+    stdout.print(f"bundle {d['bundle']}: signed by {', '.join(d['signed_by'])}, trusting {trusted}; base {d['base']}",
+                 markup=False)
     image = d["image"]
     same = "the recorded one" if image["same"] else f"NOT the recorded one ({image.get('differs_in')})"
     stdout.print(f"image {image['rebuilt'][7:19]} rebuilt: {same}", markup=False)
@@ -205,21 +241,26 @@ def reproduce_cmd(
 ) -> None:
     """Repeat a bundled run in a fresh workspace and sign the verdict.
 
-    The bundle's signatures and files are checked first (a bundle changed after signing is refused before
-    anything is built); the base is made pullable from the bundle; the image is rebuilt and must have the
-    recorded ID (or pass --allow-other-image); the run is repeated on the host (or on its Slurm cluster, with
-    the option --scheduler slurm) with the same code, params, seed, profile and arguments; `verify checksums`
-    compares it with the bundled outputs; the reproduction's provenance and an SLSA verification summary
-    (verification.dsse.json) are signed with --key.
+    The bundle's signatures and files are checked first, against whom you trust (--allowed-signers or
+    --trusted-key, else LAUNCHER_ALLOWED_SIGNERS, else your own ~/.config/launcher/allowed_signers; never the
+    workspace's): nothing is written before its signature is checked, and a bundle changed after signing is
+    refused before anything is built. The base is made pullable from the bundle; the image is rebuilt and
+    must have the recorded ID (or pass --allow-other-image); the run is repeated on the host (or on its Slurm
+    cluster, with the option --scheduler slurm) with the same code, params, seed, profile and arguments (git
+    never runs on the bundled code); `verify checksums` compares it with the bundled outputs; the
+    reproduction's provenance and an SLSA verification summary (verification.dsse.json, naming your key as
+    its verifier) are signed with --key.
 
     Exit codes: 0 identical; 37 inconclusive; 3 differs; 44 another image (OTHER_IMAGE); 41, 42, 43 the
-    bundle's signatures or files (BAD_SIGNATURE, DIGEST_MISMATCH, UNKNOWN_SIGNER).
+    bundle's signatures or files (BAD_SIGNATURE, DIGEST_MISMATCH, UNKNOWN_SIGNER); 21 a bundle entry or path
+    that leaves its folders, a link, a sparse member, a .git entry (UNSAFE_PATH); 13 not a bundle launcher
+    reads (CORRUPT); 14 larger than the free disk (DISK_FULL); 2 no trust root given (USAGE).
     """
     from launcher.attest.reproduce import reproduce
     from launcher.runs import userenv
 
     secrets = userenv.parse([], secret_env or []).secret
-    trust = _trust(allowed_signers, trusted_key)
+    trust = _trust(ctx, allowed_signers, trusted_key, "--trusted-key")
     signer = signer_of(key)
     opts = options(ctx)
     sink = None if opts.json else (lambda line: stdout.print(line, markup=False, highlight=False))

@@ -60,10 +60,13 @@ def _text(result: Result[ConfigRecord]) -> None:
     stdout.print(f"file: {where}{state}", markup=False)
     table = Table("setting", "value", "from", "option", "variable", box=None)
     for s in d["settings"]:
-        origin = {"environment": s["env"], "file": config_mod.FILE, "built-in": "built-in"}[s["source"]]
+        origin = {"environment": s["env"], "file": config_mod.FILE, "built-in": "built-in",
+                  config_mod.USER: s["origin"]}[s["source"]]
         value = "-" if s["value"] is None else s["value"]  # a setting with no built-in value (the keys)
         table.add_row(*(Text(str(x)) for x in (s["key"], value, origin, s["option"], s["env"])))
     stdout.print(table)
+    for note in d["ignored"].values():
+        stdout.print(f"ignored: {note}", markup=False)
     stdout.print(result.summary, markup=False)
 
 
@@ -74,8 +77,9 @@ def config_cmd(ctx: typer.Context) -> None:
 
     They come from the command line, else the environment (LAUNCHER_HOST, LAUNCHER_VARIANT,
     LAUNCHER_DETERMINISM, LAUNCHER_THREADS, LAUNCHER_SIGNING_KEY, LAUNCHER_ALLOWED_SIGNERS), else the workspace's
-    launcher.toml (\\[defaults] host, variant, determinism, threads, signing_key, allowed_signers), else
-    launcher's own. `--host local` overrides a default host.
+    launcher.toml (\\[defaults] host, variant, determinism, threads, signing_key), else launcher's own.
+    `--host local` overrides a default host. Whom attest verify and reproduce trust (allowed_signers) is never
+    read from a workspace: LAUNCHER_ALLOWED_SIGNERS, else your own ~/.config/launcher/allowed_signers.
     """
     cfg = config_mod.resolve(workspace_for(ctx))
     summary = "precedence: command line > environment > launcher.toml > built-in"

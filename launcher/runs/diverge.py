@@ -37,6 +37,7 @@ from launcher.runs.rundir import RunDir
 from launcher.runs.runspec import RunSpec
 from launcher.runs.store import resolve_run_id
 from launcher.runs.targets import open_placement
+from launcher.runs.userenv import is_secret
 from launcher.verify import opdiff
 from launcher.verify.environment import environment_diff
 from launcher.verify.opdiff import OpDifference
@@ -146,7 +147,7 @@ def respec(ws: Workspace, m: Manifest, launch: LaunchRecord, window: tuple[int, 
         name = m.recipe_name
     env = launch.get("env") or {}
     plain = {k: str(v["value"]) for k, v in env.items() if isinstance(v, dict) and "value" in v}
-    if any(isinstance(v, dict) and "sha256" in v for v in env.values()):
+    if any(is_secret(v) for v in env.values()):
         raise UsageError(f"run {m.run_id} was given --secret-env variables, which launcher does not keep",
                          "run both again with the same --secret-env, then diverge the new runs")
     return RunSpec(recipe=name, variant=str(launch["image"].get("variant") or launch.get("variant")),

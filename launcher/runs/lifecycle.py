@@ -38,6 +38,7 @@ from launcher.runs.records import (
     MOUNTED,
     CodePlan,
     DeterminismRecord,
+    EnvValue,
     ImageRecord,
     LaunchRecipe,
     LaunchRecord,
@@ -57,7 +58,7 @@ from launcher.runs.runspec import (
     probes_record,
     trace_option,
 )
-from launcher.runs.userenv import UserEnv
+from launcher.runs.userenv import UserEnv, new_salt
 from launcher.runtime.checkpoint import ENV_EVERY as CHECKPOINT_ENV
 from launcher.runtime.optrace import ENV as OPTRACE_ENV
 from launcher.runtime.steps import ENV as TRACE_ENV
@@ -200,6 +201,11 @@ def _determinism(spec: RunSpec, env: dict[str, str]) -> DeterminismRecord:
             "env": env}
 
 
+def _env_record(spec: RunSpec, cache_dir: Path, run_id: str) -> dict[str, EnvValue]:
+    """The user's variables as recorded: a secret by its HMAC, keyed with a salt this machine alone keeps."""
+    return UserEnv(spec.env, spec.secret_env).record(new_salt(cache_dir, run_id) if spec.secret_env else None)
+
+
 def _launch_recipe(spec: RunSpec, recipe: Recipe, plan: CodePlan, baked_digest: str | None,
                    code_identity: str | None) -> LaunchRecipe:
     """The launch record's recipe: what the host expects to run (the manifest records what the container
@@ -267,7 +273,7 @@ def _launch(
         "trace": {"every": trace_option(spec.trace_every)},
         "seed": int(env[SEED_ENV]) if SEED_ENV in env else spec.seed,
         "determinism": _determinism(spec, env),
-        "env": UserEnv(spec.env, spec.secret_env).record(),
+        "env": _env_record(spec, cache_dir or ws.cache_dir, run_id),
         "image": image,
         "data": data,
         "data_source": spec.data_source or ({"kind": "host", "path": data} if data else None),
@@ -305,7 +311,8 @@ def _with_image(ws: Workspace, spec: RunSpec, recipe: Recipe, reporter: Reporter
 
     with Meanwhile(build.ask_ahead, ws, spec.variant):  # the engine asked about the image while git lists the code
         project.ensure_lock(ws, spec, recipe, reporter)  # before the code is planned: the lock is part of the project
-        plan = plan_code(ws, spec, recipe)
+        # a plan given (launcher reproduce plans a bundle's code itself, without git) is kept
+        plan = spec.code_plan if spec.code_plan is not None else plan_code(ws, spec, recipe)
     spec = replace(spec, code_plan=plan)
     build.ensure_current(ws, spec.variant, recipes=plan.get("source") == BAKED, allow_build=spec.build,
                          find_links=[Path(p) for p in spec.find_links],

@@ -25,6 +25,11 @@ ParamValue = rspec.ParamValue
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 
 
+def is_recipe_name(text: str) -> bool:
+    """Whether text is a recipe's name (a folder of recipes/: nothing that reads as a path)."""
+    return bool(_NAME.match(text))
+
+
 class RecipeListing(rspec.RecipeRecord):
     """RecipeSpec.as_dict (launcher.runtime.recipespec) and the recipe's digest: `recipes show`'s Result data."""
 

@@ -129,9 +129,11 @@ class DeterminismRecord(TypedDict):
 
 
 class EnvValue(TypedDict, total=False):
-    """One --env value ({"value"}) or --secret-env value ({"sha256"}), as launcher.runs.userenv records it."""
+    """One --env value ({"value"}) or --secret-env value ({"hmac"}: keyed with the run's salt, which stays on
+    the machine that ran it; {"sha256"} from an older launcher), as launcher.runs.userenv records it."""
 
     value: str
+    hmac: str
     sha256: str
 
 

@@ -32,6 +32,7 @@ from launcher.runs.records import MOUNTED, SUCCEEDED, LaunchRecord, Segment, pla
 from launcher.runs.rundir import RunDir
 from launcher.runs.store import resolve_run_id
 from launcher.runs.targets import open_placement
+from launcher.runs.userenv import is_secret
 from launcher.runtime.checkpoint import ENV_RESUME, LATEST
 from launcher.workspace import Workspace
 
@@ -61,7 +62,7 @@ def _check(ws: Workspace, run_id: str, launch: LaunchRecord) -> None:
     if manifest.is_file() and json.loads(manifest.read_text()).get("status") == SUCCEEDED:
         raise NotResumable(f"run {run_id} finished (succeeded): there is nothing to resume",
                            "resume a run that was stopped or killed, or start a new one")
-    if any(isinstance(v, dict) and "sha256" in v for v in (launch.get("env") or {}).values()):
+    if any(is_secret(v) for v in (launch.get("env") or {}).values()):
         raise NotResumable(f"run {run_id} was started with --secret-env, whose values launcher does not keep",
                            "start it again with `launcher run`")
 

@@ -35,6 +35,11 @@ RUNTIME_RECORD = "_launcher/runtime.json"
 _RUN_ID = re.compile(r"^[0-9]{8}T[0-9]{6}-[A-Za-z0-9_.-]+-[0-9a-f]{6}$")
 
 
+def is_run_id(text: str) -> bool:
+    """Whether text is a run id launcher makes (one folder name: no separator, nothing to escape with)."""
+    return bool(_RUN_ID.match(text))
+
+
 @dataclass(frozen=True)
 class RunDir:
     path: Path
