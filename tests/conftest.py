@@ -26,7 +26,8 @@ from launcher.workspace import Workspace, default_cache_dir
 REPO = Path(__file__).resolve().parents[1]
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-pytest_plugins = ["conftest_testhost"]  # the SSH test host and a tiny image (tests/testhost.py)
+# the SSH test host and a tiny image (tests/testhost.py); the tiers of the suite (tests/tiers.py)
+pytest_plugins = ["conftest_testhost", "tiers"]
 
 
 def need(ok: bool, reason: str) -> None:

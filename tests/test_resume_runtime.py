@@ -14,6 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from test_runtime_torch import REPO, torch_python
 
 from launcher.runs.determinism import profile_env
@@ -41,6 +42,7 @@ def recipe(out: Path) -> list[str]:
     return argv(out, ["--recipe", str(REPO / "recipes/mnist_torch"), "--params", PARAMS])
 
 
+@pytest.mark.slow
 def test_mnist_torch_killed_after_a_checkpoint_resumes_to_the_same_bytes(tmp_path: Path) -> None:
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     done = subprocess.run(recipe(whole), env=env(), capture_output=True, text=True, timeout=600)
@@ -71,6 +73,7 @@ def test_mnist_torch_killed_after_a_checkpoint_resumes_to_the_same_bytes(tmp_pat
     assert again.returncode == 45 and "finished (exit code 0): there is nothing to resume" in again.stderr
 
 
+@pytest.mark.slow
 def test_a_torch_script_without_the_checkpoint_api_is_refused_before_it_trains(tmp_path: Path) -> None:
     script = tmp_path / "plain.py"
     script.write_text("import torch\nm = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"

@@ -17,6 +17,8 @@ import pytest
 
 from launcher.runs.determinism import profile_env
 
+pytestmark = pytest.mark.slow  # PyTorch trains on the host
+
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = json.dumps({"epochs": 2, "train_samples": 256, "test_samples": 64, "device": "cpu"})
 COMPARED = ("fingerprints/dataset.json", "fingerprints/initial_weights.json", "fingerprints/batches.jsonl",

@@ -189,6 +189,7 @@ def _run_torch(out: Path, script: Path, *args: str, trace: str | None = None) ->
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_a_torch_script_is_fingerprinted_at_each_epoch_without_a_line_of_launcher(tmp_path: Path) -> None:
     script = tmp_path / "code" / "main.py"
     script.parent.mkdir()
@@ -203,6 +204,7 @@ def test_a_torch_script_is_fingerprinted_at_each_epoch_without_a_line_of_launche
     assert len({r["digest"] for r in rows}) == 4
 
 
+@pytest.mark.slow
 def test_two_torch_runs_nudged_at_step_9_part_between_8_and_10(tmp_path: Path) -> None:
     script = tmp_path / "code" / "main.py"
     script.parent.mkdir()
@@ -274,6 +276,7 @@ torch.save(model.state_dict(), "model.pt")
 """
 
 
+@pytest.mark.slow
 def test_a_thread_count_taking_effect_after_step_4_is_traced_to_the_norm_layer_on_step_5(tmp_path: Path) -> None:
     from launcher.runtime.optrace import ENV as OPTRACE
     from launcher.verify.opdiff import OpDifference, compare_traces, op_phrase
@@ -341,6 +344,7 @@ def test_the_causes_tried_follow_what_differs_between_the_runs(tmp_path: Path) -
     assert [(c.name, c.both) for c in both] == [("deterministic ops for both (profile deterministic)", True)]
 
 
+@pytest.mark.slow
 def test_a_loop_that_updates_its_parameters_by_hand_is_fingerprinted_by_its_backward_calls(tmp_path: Path) -> None:
     script = tmp_path / "code" / "main.py"
     script.parent.mkdir()
