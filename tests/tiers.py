@@ -42,6 +42,7 @@ FIXTURE_MARKERS: dict[str, tuple[str, ...]] = {
     "base_ref": ("docker", "registry", "image"),  # a base bootstrapped by debootstrap (root)
     "make_workspace": ("docker", "registry", "image"),
     "tf_workspace": ("docker", "registry", "image"),
+    "six_lock": ("docker", "registry", "image", "network"),  # resolved against PyPI in the base
     "tiny_image": ("docker", "registry", "image"),
     "cpu_image": ("docker", "registry", "tfimage", "image", "slow"),
     "testhost": ("docker", "testhost", "slow"),
