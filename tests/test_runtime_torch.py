@@ -13,6 +13,7 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,21 +37,21 @@ def torch_python() -> str:
     return sys.executable
 
 
-def run(out: Path, env: dict[str, str]) -> None:
+def run(out: Path, env: dict[str, str], recipe: Path = REPO / "recipes/mnist_torch", params: str = PARAMS) -> None:
     full = {k: v for k, v in os.environ.items() if not k.startswith(("LAUNCHER_", "TF_"))}
     full.update(env)
     full["PYTHONPATH"] = str(REPO)
-    argv = [torch_python(), "-m", "launcher.runtime", "run", "--recipe", str(REPO / "recipes/mnist_torch"),
-            "--out", str(out), "--params", PARAMS]
+    argv = [torch_python(), "-m", "launcher.runtime", "run", "--recipe", str(recipe), "--out", str(out),
+            "--params", params]
     res = subprocess.run(argv, env=full, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
 
 
-def run_all(jobs: dict[Path, dict[str, str]]) -> None:
+def run_all(jobs: dict[Path, dict[str, str]], **recipe: Any) -> None:
     """Independent runs, two at a time: most of one is Python importing torch, on one core (the bits do
     not depend on it: the profile fixes the thread counts)."""
     with ThreadPoolExecutor(max_workers=2) as pool:
-        for future in [pool.submit(run, out, env) for out, env in jobs.items()]:
+        for future in [pool.submit(run, out, env, **recipe) for out, env in jobs.items()]:
             future.result()
 
 
@@ -86,12 +87,6 @@ def test_a_scaffolded_torch_recipe_runs_and_repeats(tmp_path: Path) -> None:
     for d in ("lockfiles", "dockerfiles", "recipes"):
         (tmp_path / "ws" / d).mkdir(parents=True)
     recipe = scaffold_recipe(Workspace.at(tmp_path / "ws"), "mine", "torch")
-    for name in ("a", "b"):
-        full = {k: v for k, v in os.environ.items() if not k.startswith(("LAUNCHER_", "TF_"))}
-        full.update(profile_env("deterministic", 2))
-        full["PYTHONPATH"] = str(REPO)
-        res = subprocess.run([torch_python(), "-m", "launcher.runtime", "run", "--recipe", str(recipe.path),
-                              "--out", str(tmp_path / name)], env=full, capture_output=True, text=True, timeout=300)
-        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    run_all({tmp_path / name: profile_env("deterministic", 2) for name in "ab"}, recipe=recipe.path, params="{}")
     for rel in ("model/canonical.npz", "fingerprints/batches.jsonl", "metrics.jsonl"):
         assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes(), rel
