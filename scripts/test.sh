@@ -35,9 +35,13 @@ timed mypy .venv/bin/mypy
 # the scripts launcher sends to hosts (launcher/hosts/scripts, launcher/vms)
 timed shellcheck find launcher -name '*.sh' -exec shellcheck {} +
 
+# the fast tier on two workers (pytest-xdist): its tests share nothing but the CPU; the other tiers share
+# one Docker engine, its images and the test hosts, and run in one process
+workers=()
+[ "$tier" = fast ] && workers=(-n 2)
 report=$(mktemp)
 rc=0
-LAUNCHER_TIER_REPORT=$report timed pytest .venv/bin/pytest --durations=15 --tier "$tier" "${args[@]}" || rc=$?
+LAUNCHER_TIER_REPORT=$report timed pytest .venv/bin/pytest --durations=15 --tier "$tier" "${workers[@]}" "${args[@]}" || rc=$?
 echo "scripts/test.sh --tier $tier: wall time of each step"
 total=0
 for entry in "${times[@]}"; do
