@@ -150,8 +150,10 @@ def test_every_session_fixture_of_the_conftest_files_is_classified() -> None:
     """A new session fixture (most likely infrastructure, started once) must say what it needs, and a
     renamed one must not leave its tests unmarked."""
     defined = set().union(*(session_fixtures(p) for p in HERE.glob("conftest*.py")))
-    assert defined - set(tiers.FIXTURE_MARKERS) - tiers.HARMLESS_FIXTURES == set()
-    assert set(tiers.FIXTURE_MARKERS) - defined == set()
+    unclassified = defined - set(tiers.FIXTURE_MARKERS) - tiers.HARMLESS_FIXTURES
+    assert not unclassified, f"name {sorted(unclassified)} in tests/tiers.py: FIXTURE_MARKERS (with the markers of " \
+                             "what it starts or needs) or HARMLESS_FIXTURES"
+    assert set(tiers.FIXTURE_MARKERS) - defined == set(), "tests/tiers.py names a fixture no conftest defines"
 
 
 @pytest.mark.parametrize(("markers", "tier"), [
