@@ -69,7 +69,6 @@ INFRA_COMMANDS = frozenset({
 FRAMEWORKS = ("tensorflow", "torch", "jax", "keras")
 NO_DOCKER_HOST = "unix:///nonexistent/the-fast-tier-has-no-docker-engine.sock"
 FAST_SECONDS = 5.0  # longer than this in the fast tier: reported as a candidate for `slow`
-FAST_BUDGET_S = 180.0
 SPY = '''\
 import atexit, os, sys
 def _launcher_tier_spy():
