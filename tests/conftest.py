@@ -26,7 +26,8 @@ from launcher.workspace import Workspace, default_cache_dir
 REPO = Path(__file__).resolve().parents[1]
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-pytest_plugins = ["conftest_testhost"]  # the SSH test host and a tiny image (tests/testhost.py)
+# the SSH test host and a tiny image (tests/testhost.py); the tiers of the suite (tests/tiers.py)
+pytest_plugins = ["conftest_testhost", "tiers"]
 
 
 def need(ok: bool, reason: str) -> None:
@@ -100,6 +101,30 @@ def make_workspace(base_ref: str, repo_workspace: Workspace) -> Callable[[Path],
         return ws
 
     return make
+
+
+SIX_LOCK_IN = "six==1.17.0\npip\nsetuptools\n"
+
+
+@pytest.fixture(scope="session")
+def six_lock(make_workspace: Callable[..., Workspace], tmp_path_factory: pytest.TempPathFactory
+             ) -> Callable[[Workspace], Workspace]:
+    """Puts the lock of the small image (six, pip, setuptools) in a workspace: lockfiles/cpu.in and the
+    cpu.txt that `launcher lock` resolved for it in the bootstrapped base, once per session (the build,
+    cache and ship tests of small images need a real lock, not each its own resolution)."""
+    from launcher.images import lock
+
+    ws = make_workspace(tmp_path_factory.mktemp("six-lock") / "ws", recipes=False)
+    ws.lock_in("cpu").write_text(SIX_LOCK_IN)
+    lock.lock_variant(ws, "cpu")
+    locked = ws.lock_txt("cpu").read_text()
+
+    def put(into: Workspace) -> Workspace:
+        into.lock_in("cpu").write_text(SIX_LOCK_IN)
+        into.lock_txt("cpu").write_text(locked)
+        return into
+
+    return put
 
 
 @pytest.fixture(scope="session")

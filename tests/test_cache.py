@@ -14,7 +14,7 @@ import pytest
 
 from launcher import cache
 from launcher.hosts import engine as docker_engine
-from launcher.images import build, lock
+from launcher.images import build
 from launcher.workspace import Workspace
 
 
@@ -101,13 +101,11 @@ def _cli(cache_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.docker
 def test_prune_for_real_after_the_engine_drops_a_build(
-    make_workspace: Callable[..., Workspace], tmp_path: Path
+    make_workspace: Callable[..., Workspace], six_lock: Callable[[Workspace], Workspace], tmp_path: Path
 ) -> None:
-    ws = Workspace.at(make_workspace(tmp_path / "ws", recipes=False).root, tmp_path / "cache")
+    ws = six_lock(Workspace.at(make_workspace(tmp_path / "ws", recipes=False).root, tmp_path / "cache"))
     (ws.recipes / "hello").mkdir()
     (ws.recipes / "hello" / "train.py").write_text("print('cache prune')\n")
-    ws.lock_in("cpu").write_text("six==1.17.0\npip\nsetuptools\n")
-    lock.lock_variant(ws, "cpu")
     rec = build.build(ws, "cpu")
     cached = cache.usage(ws.cache_dir)
     assert next(a for a in cached if a.name == "images").files >= 2

@@ -14,7 +14,7 @@ import typer
 from typer.testing import CliRunner
 
 from launcher import config
-from launcher.cli import app
+from launcher.cli import app, common
 from launcher.errors import ExitCode
 from launcher.workspace import Workspace
 
@@ -98,7 +98,7 @@ def test_defaults_reach_every_command_that_has_the_option(ws: Path, monkeypatch:
     assert "[default: all]" in runner.invoke(app, ["lock", "--help"], env={"COLUMNS": "200"}).output
 
 
-def test_config_shows_each_value_and_where_it_comes_from(ws: Path) -> None:
+def test_config_shows_each_value_and_where_it_comes_from(ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     res = runner.invoke(app, ["config", "--json"])
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)["data"]
@@ -116,6 +116,8 @@ def test_config_shows_each_value_and_where_it_comes_from(ws: Path) -> None:
     assert settings["host"]["option"] == "--host" and settings["host"]["env"] == "LAUNCHER_HOST"
     # a key's path is the workspace's when relative (launcher.toml sits at its root)
     assert (settings["signing_key"]["value"], settings["signing_key"]["option"]) == (str(ws / "keys/me"), "--key")
+    # a console keeps the width it was made with, by whichever test printed first: a fresh one, made at 200
+    monkeypatch.setattr(common.stdout, "_console", None)
     text = runner.invoke(app, ["config"], env={"LAUNCHER_THREADS": "6", "COLUMNS": "200"}).output
     assert "launcher.toml" in text and "LAUNCHER_THREADS" in text and "command line > environment" in text
     # outside a workspace: the environment and the built-in values

@@ -38,6 +38,7 @@ def _checkpoint(torch: object, path: Path, epoch: int = 3, bump: float = 0.0) ->
     t.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch}, path)  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
 def test_torch_checkpoints_saved_twice_are_identical_in_content(tmp_path: Path) -> None:
     torch = _torch()
     a, b, c, d = (tmp_path / n / "ckpt.pt" for n in "abcd")
@@ -57,6 +58,7 @@ def test_torch_checkpoints_saved_twice_are_identical_in_content(tmp_path: Path) 
     assert other is not None and not other.same and other.difference == "epoch: 3 -> 4"
 
 
+@pytest.mark.slow
 def test_torch_state_dict_is_read_without_torch(tmp_path: Path) -> None:
     torch = _torch()
     a, c = tmp_path / "a.pt", tmp_path / "c.pt"

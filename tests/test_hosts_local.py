@@ -117,6 +117,7 @@ def test_the_local_host_does_in_process_what_the_shell_commands_do(tmp_path: Pat
     assert host.owner() == Host.owner(host) and host.owner() is not None
 
 
+@pytest.mark.docker  # this machine's Docker client and engine are among the facts compared
 def test_the_local_fact_sheet_reads_as_the_host_script_does(tmp_path: Path) -> None:
     """The local host's facts read in this process (hosts/localfacts.py) and by facts.sh (as on any host)."""
     from launcher.hosts import localfacts

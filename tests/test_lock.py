@@ -82,6 +82,7 @@ def test_missing_ca_bundle_is_refused_before_anything_runs(tmp_path: Path) -> No
     assert not ws.lock_txt("cpu").exists()
 
 
+@pytest.mark.docker  # the docker client, pointed at no engine
 def test_no_docker_engine_is_engine_unavailable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ws = small_workspace(tmp_path, "six\npip\nsetuptools\n")
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")

@@ -156,6 +156,7 @@ def test_keras2_h5_follows_layer_order_attributes(tmp_path: Path) -> None:
     assert (d.first_difference.layer, d.first_difference.array) == ("conv2d_1", "1")
 
 
+@pytest.mark.slow
 def test_torch_state_dict(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch", reason="torch is optional; install it to test .pt state dicts")
     m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))

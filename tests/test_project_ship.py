@@ -11,7 +11,7 @@ from testhost import TestHost
 
 from launcher.hosts.engine import Engine
 from launcher.hosts.ssh import SSHHost
-from launcher.images import build, lock
+from launcher.images import build
 from launcher.runs import project, ship
 from launcher.runs.recipes import load_recipe
 from launcher.runs.runspec import RunSpec
@@ -28,10 +28,9 @@ def remote(testhost: TestHost) -> Iterator[SSHHost]:
 
 
 def test_the_project_layer_ships_alone_to_a_host_that_has_the_variants_image(
-        remote: SSHHost, testhost: TestHost, make_workspace: Callable[..., Workspace], tmp_path: Path) -> None:
-    ws = Workspace.at(make_workspace(tmp_path / "ws", recipes=False).root, tmp_path / "cache")
-    ws.lock_in("cpu").write_text("six==1.17.0\npip\nsetuptools\n")
-    lock.lock_variant(ws, "cpu")
+        remote: SSHHost, testhost: TestHost, make_workspace: Callable[..., Workspace],
+        six_lock: Callable[[Workspace], Workspace], tmp_path: Path) -> None:
+    ws = six_lock(Workspace.at(make_workspace(tmp_path / "ws", recipes=False).root, tmp_path / "cache"))
     variant = build.build(ws, "cpu")
     first = ship.ship_image(remote, variant.tag, cache_dir=ws.cache_dir)
     assert not first.skipped

@@ -71,6 +71,14 @@ def docker_run(image: str, out: Path, *, recipe: str | None = None, script: Path
     return res.returncode, log
 
 
+def docker_runs(image: str, jobs: dict[Path, dict[str, Any]]) -> dict[Path, tuple[int, str]]:
+    """Several independent runs, two at a time: most of a run is TensorFlow starting and building the
+    model, one core each (the bits do not depend on it: the thread counts are the profile's)."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        done = {out: pool.submit(docker_run, image, out, **kwargs) for out, kwargs in jobs.items()}
+        return {out: future.result() for out, future in done.items()}
+
+
 def read(out: Path, rel: str) -> bytes:
     return (out / rel).read_bytes()
 
@@ -79,14 +87,13 @@ def read(out: Path, rel: str) -> bytes:
 def test_recipe_trains_bit_identically_with_the_same_seed_and_differently_with_another(
         recipe: str, cpu_image: dict[str, Any], tmp_path: Path) -> None:
     params, count_line = RECIPES[recipe]
-    outs = {}
-    for name, seed in (("a", 1), ("b", 1), ("c", 2)):
-        rc, log = docker_run(cpu_image["id"], tmp_path / name, recipe=recipe, params=params,
-                             env=profile_env("deterministic", seed))
+    a, b, c = (tmp_path / name for name in "abc")
+    done = docker_runs(cpu_image["id"], {out: {"recipe": recipe, "params": params,
+                                               "env": profile_env("deterministic", seed)}
+                                         for out, seed in ((a, 1), (b, 1), (c, 2))})
+    for rc, log in done.values():
         assert rc == 0, log[-4000:]
         assert count_line in log, f"{recipe} printed no '{count_line}'"
-        outs[name] = tmp_path / name
-    a, b, c = outs["a"], outs["b"], outs["c"]
     for rel in COMPARED:
         if rel == TRAIN_DATA and not (a / rel).exists():  # fit() got a tf.data pipeline, not arrays
             assert not (b / rel).exists()
@@ -247,9 +254,9 @@ def test_a_scaffolded_recipe_folder_of_ones_own_runs_the_same_way(cpu_image: dic
     for d in ("lockfiles", "dockerfiles", "recipes"):
         (tmp_path / "ws" / d).mkdir(parents=True)
     recipe = scaffold_recipe(Workspace.at(tmp_path / "ws"), "mine")
-    for name in ("a", "b"):
-        rc, log = docker_run(cpu_image["id"], tmp_path / name, script=recipe.path, params={"epochs": 2},
-                             env=profile_env("deterministic", 9))
+    done = docker_runs(cpu_image["id"], {tmp_path / name: {"script": recipe.path, "params": {"epochs": 2},
+                                                           "env": profile_env("deterministic", 9)} for name in "ab"})
+    for rc, log in done.values():
         assert rc == 0, log[-4000:]
     for rel in COMPARED:
         assert read(tmp_path / "a", rel) == read(tmp_path / "b", rel), rel
@@ -275,9 +282,9 @@ def test_off_leaves_a_self_seeded_script_repeatable(cpu_image: dict[str, Any], t
     code = tmp_path / "code"
     code.mkdir()
     (code / "self_seeded.py").write_text(SELF_SEEDED)
-    for name in ("a", "b"):
-        rc, log = docker_run(cpu_image["id"], tmp_path / name, script=code / "self_seeded.py",
-                             env=profile_env("off"))
+    done = docker_runs(cpu_image["id"], {tmp_path / name: {"script": code / "self_seeded.py", "env": profile_env("off")}
+                                         for name in "ab"})
+    for rc, log in done.values():
         assert rc == 0, log[-4000:]
     # the batch order and the initial weights come from the script's own seed; the final weights
     # would also need op determinism, which `off` leaves out
@@ -316,9 +323,12 @@ def _bad_folders(root: Path) -> dict[str, tuple[str, dict[str, Any], Path, str]]
 
 
 def test_wrong_data_folders_fail_with_the_file_named(cpu_image: dict[str, Any], tmp_path: Path) -> None:
-    for name, (recipe, params, data, words) in _bad_folders(tmp_path / "data").items():
-        rc, log = docker_run(cpu_image["id"], tmp_path / "out" / name, recipe=recipe, params=params, data=data,
-                             env=profile_env("deterministic", 1))
+    cases = _bad_folders(tmp_path / "data")
+    done = docker_runs(cpu_image["id"], {tmp_path / "out" / name: {"recipe": recipe, "params": params, "data": data,
+                                                                   "env": profile_env("deterministic", 1)}
+                                         for name, (recipe, params, data, _) in cases.items()})
+    for name, (_, _, _, words) in cases.items():
+        rc, log = done[tmp_path / "out" / name]
         assert rc == 17, f"{name}: exit {rc}\n{log[-2000:]}"
         assert words in log, f"{name}: {words!r} not in\n{log[-2000:]}"
 

@@ -130,6 +130,7 @@ def make_project(root: Path, files: dict[str, str]) -> Path:
     return root / "train.py"
 
 
+@pytest.mark.slow
 def test_a_script_importing_torch_only_through_its_modules_is_seeded_and_made_deterministic(tmp_path: Path) -> None:
     pytest.importorskip("torch", reason="torch is not installed in this interpreter (pip install -e '.[dev]')")
     script = make_project(tmp_path / "proj", TORCH_PROJECT)
@@ -146,6 +147,7 @@ def test_a_script_importing_torch_only_through_its_modules_is_seeded_and_made_de
     assert doc["seed_calls"] == []  # launcher's own seeding is not the script's
 
 
+@pytest.mark.slow
 def test_the_seeds_a_script_sets_itself_are_listed(tmp_path: Path) -> None:
     pytest.importorskip("torch", reason="torch is not installed in this interpreter (pip install -e '.[dev]')")
     files = dict(TORCH_PROJECT)

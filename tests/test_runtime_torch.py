@@ -11,11 +11,15 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from launcher.runs.determinism import profile_env
+
+pytestmark = pytest.mark.slow  # PyTorch trains on the host
 
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = json.dumps({"epochs": 2, "train_samples": 256, "test_samples": 64, "device": "cpu"})
@@ -33,20 +37,27 @@ def torch_python() -> str:
     return sys.executable
 
 
-def run(out: Path, env: dict[str, str]) -> None:
+def run(out: Path, env: dict[str, str], recipe: Path = REPO / "recipes/mnist_torch", params: str = PARAMS) -> None:
     full = {k: v for k, v in os.environ.items() if not k.startswith(("LAUNCHER_", "TF_"))}
     full.update(env)
     full["PYTHONPATH"] = str(REPO)
-    argv = [torch_python(), "-m", "launcher.runtime", "run", "--recipe", str(REPO / "recipes/mnist_torch"),
-            "--out", str(out), "--params", PARAMS]
+    argv = [torch_python(), "-m", "launcher.runtime", "run", "--recipe", str(recipe), "--out", str(out),
+            "--params", params]
     res = subprocess.run(argv, env=full, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
 
 
+def run_all(jobs: dict[Path, dict[str, str]], **recipe: Any) -> None:
+    """Independent runs, two at a time: most of one is Python importing torch, on one core (the bits do
+    not depend on it: the profile fixes the thread counts)."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for future in [pool.submit(run, out, env, **recipe) for out, env in jobs.items()]:
+            future.result()
+
+
 def test_mnist_torch_is_bit_identical_with_the_default_profile_and_seed_sensitive(tmp_path: Path) -> None:
-    run(tmp_path / "a", profile_env("deterministic", 3))
-    run(tmp_path / "b", profile_env("deterministic", 3))
-    run(tmp_path / "c", profile_env("deterministic", 4))
+    run_all({tmp_path / "a": profile_env("deterministic", 3), tmp_path / "b": profile_env("deterministic", 3),
+             tmp_path / "c": profile_env("deterministic", 4)})
     for rel in COMPARED:
         assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes(), rel
     for rel in ("fingerprints/initial_weights.json", "fingerprints/batches.jsonl", "model/canonical.npz"):
@@ -62,8 +73,7 @@ def test_mnist_torch_is_bit_identical_with_the_default_profile_and_seed_sensitiv
 
 
 def test_mnist_torch_off_profile_is_unseeded(tmp_path: Path) -> None:
-    run(tmp_path / "a", profile_env("off"))
-    run(tmp_path / "b", profile_env("off"))
+    run_all({tmp_path / "a": profile_env("off"), tmp_path / "b": profile_env("off")})
     a, b = (tmp_path / "a/model/canonical.npz").read_bytes(), (tmp_path / "b/model/canonical.npz").read_bytes()
     assert a != b
     assert json.loads((tmp_path / "a/_launcher/runtime.json").read_text())["framework"][
@@ -77,12 +87,6 @@ def test_a_scaffolded_torch_recipe_runs_and_repeats(tmp_path: Path) -> None:
     for d in ("lockfiles", "dockerfiles", "recipes"):
         (tmp_path / "ws" / d).mkdir(parents=True)
     recipe = scaffold_recipe(Workspace.at(tmp_path / "ws"), "mine", "torch")
-    for name in ("a", "b"):
-        full = {k: v for k, v in os.environ.items() if not k.startswith(("LAUNCHER_", "TF_"))}
-        full.update(profile_env("deterministic", 2))
-        full["PYTHONPATH"] = str(REPO)
-        res = subprocess.run([torch_python(), "-m", "launcher.runtime", "run", "--recipe", str(recipe.path),
-                              "--out", str(tmp_path / name)], env=full, capture_output=True, text=True, timeout=300)
-        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    run_all({tmp_path / name: profile_env("deterministic", 2) for name in "ab"}, recipe=recipe.path, params="{}")
     for rel in ("model/canonical.npz", "fingerprints/batches.jsonl", "metrics.jsonl"):
         assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes(), rel

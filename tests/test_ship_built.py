@@ -12,7 +12,7 @@ from testhost import TestHost
 from launcher.hosts import engine
 from launcher.hosts.engine import Engine
 from launcher.hosts.ssh import SSHHost
-from launcher.images import build, lock
+from launcher.images import build
 from launcher.runs import ship
 from launcher.workspace import Workspace
 
@@ -27,14 +27,13 @@ def remote(testhost: TestHost) -> Iterator[SSHHost]:
 
 
 def test_rebuilt_recipe_layer_ships_alone_from_the_layer_cache(
-    remote: SSHHost, testhost: TestHost, make_workspace: Callable[..., Workspace], tmp_path: Path
+    remote: SSHHost, testhost: TestHost, make_workspace: Callable[..., Workspace],
+    six_lock: Callable[[Workspace], Workspace], tmp_path: Path
 ) -> None:
-    ws = Workspace.at(make_workspace(tmp_path / "ws", recipes=False).root, tmp_path / "cache")
+    ws = six_lock(Workspace.at(make_workspace(tmp_path / "ws", recipes=False).root, tmp_path / "cache"))
     (ws.recipes / "hello").mkdir()
     script = ws.recipes / "hello" / "train.py"
     script.write_text("print('one')\n")
-    ws.lock_in("cpu").write_text("six==1.17.0\npip\nsetuptools\n")
-    lock.lock_variant(ws, "cpu")
     first = build.build(ws, "cpu")
     one = ship.ship_image(remote, first.tag, cache_dir=ws.cache_dir)
     assert not one.skipped and Engine(remote).has_image(first.image_id)

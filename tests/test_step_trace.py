@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -189,12 +190,20 @@ def _run_torch(out: Path, script: Path, *args: str, trace: str | None = None) ->
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
 
 
+def _run_torch_twice(outs: tuple[Path, Path], script: Path, *args: str, trace: str | None = None) -> None:
+    """The same run twice, side by side: most of one is Python importing torch, on one core (the bits do
+    not depend on it: the profile fixes the thread count)."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for future in [pool.submit(_run_torch, out, script, *args, trace=trace) for out in outs]:
+            future.result()
+
+
+@pytest.mark.slow
 def test_a_torch_script_is_fingerprinted_at_each_epoch_without_a_line_of_launcher(tmp_path: Path) -> None:
     script = tmp_path / "code" / "main.py"
     script.parent.mkdir()
     script.write_text(TORCH_SCRIPT)
-    _run_torch(tmp_path / "a", script, "--epochs", "3")
-    _run_torch(tmp_path / "b", script, "--epochs", "3")
+    _run_torch_twice((tmp_path / "a", tmp_path / "b"), script, "--epochs", "3")
     rows = _rows(tmp_path / "a")
     # step 0, then each epoch's end (found when the test pass opens its DataLoader), named by the model's layers
     assert [(r["step"], r.get("epoch")) for r in rows] == [(0, None), (6, 0), (12, 1), (18, 2)]
@@ -203,15 +212,16 @@ def test_a_torch_script_is_fingerprinted_at_each_epoch_without_a_line_of_launche
     assert len({r["digest"] for r in rows}) == 4
 
 
+@pytest.mark.slow
 def test_two_torch_runs_nudged_at_step_9_part_between_8_and_10(tmp_path: Path) -> None:
     script = tmp_path / "code" / "main.py"
     script.parent.mkdir()
     script.write_text(TORCH_SCRIPT)
     ws = Workspace.at(make_workspace(tmp_path / "ws"), tmp_path / "cache")
     ids = []
+    _run_torch_twice((tmp_path / "o1", tmp_path / "o2"), script, "--part-at", "9", "--save-model", trace="2")
     for n in (1, 2):
         out = tmp_path / f"o{n}"
-        _run_torch(out, script, "--part-at", "9", "--save-model", trace="2")
         run_id = f"20261125T10000{n}-main.py-00000{n}"
         adopt_outputs(ws.runs, run_id, out, recipe="main.py", seed=1, replicate=n - 1)
         ids.append(run_id)
@@ -274,6 +284,7 @@ torch.save(model.state_dict(), "model.pt")
 """
 
 
+@pytest.mark.slow
 def test_a_thread_count_taking_effect_after_step_4_is_traced_to_the_norm_layer_on_step_5(tmp_path: Path) -> None:
     from launcher.runtime.optrace import ENV as OPTRACE
     from launcher.verify.opdiff import OpDifference, compare_traces, op_phrase
@@ -341,6 +352,7 @@ def test_the_causes_tried_follow_what_differs_between_the_runs(tmp_path: Path) -
     assert [(c.name, c.both) for c in both] == [("deterministic ops for both (profile deterministic)", True)]
 
 
+@pytest.mark.slow
 def test_a_loop_that_updates_its_parameters_by_hand_is_fingerprinted_by_its_backward_calls(tmp_path: Path) -> None:
     script = tmp_path / "code" / "main.py"
     script.parent.mkdir()
@@ -349,8 +361,7 @@ def test_a_loop_that_updates_its_parameters_by_hand_is_fingerprinted_by_its_back
         "opt.step()", "[p.data.add_(p.grad, alpha=-0.1) for p in model.parameters()]").replace(
         "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n", ""))
     assert "optim" not in script.read_text()
-    _run_torch(tmp_path / "a", script, "--save-model", trace="4")
-    _run_torch(tmp_path / "b", script, "--save-model", trace="4")
+    _run_torch_twice((tmp_path / "a", tmp_path / "b"), script, "--save-model", trace="4")
     rows = _rows(tmp_path / "a")
     # step 0, every 4 backward calls, each epoch's end (the test pass opens its DataLoader), the last update
     assert [(r["step"], r.get("epoch")) for r in rows] == [(0, None), (4, None), (6, 0), (8, None), (12, 1)]

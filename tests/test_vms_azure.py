@@ -240,6 +240,7 @@ def test_a_failure_half_way_leaves_nothing(azure: AzureDouble, ssh_key: Path, ki
 
 
 @pytest.mark.usefixtures("azure_sdk")
+@pytest.mark.slow
 def test_no_credentials_is_its_own_exit_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ssh_key: Path) -> None:
     for var in ("AZURE_CLIENT_ID", "AZURE_TENANT_ID", "AZURE_CLIENT_SECRET", "AZURE_CLIENT_CERTIFICATE_PATH",
                 "AZURE_USERNAME", "AZURE_FEDERATED_TOKEN_FILE", "IDENTITY_ENDPOINT", "MSI_ENDPOINT",
