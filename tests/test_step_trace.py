@@ -294,15 +294,19 @@ def test_a_thread_count_taking_effect_after_step_4_is_traced_to_the_norm_layer_o
     rows = [json.loads(line) for line in (outs[0] / "optrace/ops.jsonl").read_text().splitlines()]
     assert sorted({r["step"] for r in rows}) == [3, 4, 5, 6]
     step3 = [(r["kind"], r["name"]) for r in rows if r["step"] == 3]
-    assert step3[:6] == [("input", "fc1"), ("output", "fc1"), ("input", "norm"), ("output", "norm"),
-                         ("input", "fc2"), ("output", "fc2")]
-    assert step3[6:] == [("input", "Net"), ("output", "Net"), ("grad", "fc2.bias"), ("grad", "fc2.weight"),
-                         ("grad", "fc1.bias"), ("grad", "fc1.weight")]  # the whole model last; backward's order
+    state = [("fc1", "fc1.weight"), ("fc1", "fc1.bias"), ("fc2", "fc2.weight"), ("fc2", "fc2.bias")]
+    # the weights as the first forward call reads them, then each layer in the order called
+    assert [(r.get("layer"), r["name"]) for r in rows if r["step"] == 3 and r["kind"] == "weights"] == state
+    assert step3[4:10] == [("input", "fc1"), ("output", "fc1"), ("input", "norm"), ("output", "norm"),
+                           ("input", "fc2"), ("output", "fc2")]
+    assert step3[10:16] == [("input", "Net"), ("output", "Net"), ("grad", "fc2.bias"), ("grad", "fc2.weight"),
+                            ("grad", "fc1.bias"), ("grad", "fc1.weight")]  # the whole model last; backward's order
+    assert [(r.get("layer"), r["name"]) for r in rows if r["step"] == 3 and r["kind"] == "updated"] == state
     d = compare_traces(outs[0], outs[1])
     assert conforms(d, OpDifference) == []
     assert d["found"] and (d["step"], d["kind"], d["name"], d["input_agrees"]) == (5, "output", "norm", True), d
     assert d["size"]["differing"] > 0 and 0 < d["size"]["max_abs_diff"] < 1e-3
-    assert "step 5: the output of norm differs first while its input agrees" in op_phrase(d)
+    assert "step 5: the output of norm differs first while its input and the weights agree" in op_phrase(d)
 
 
 def test_diverge_refuses_what_it_cannot_localise_and_says_when_runs_agree(tmp_path: Path) -> None:

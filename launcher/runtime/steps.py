@@ -196,6 +196,8 @@ class TorchSteps:
         best = max(roots, key=lambda m: sum(p.numel() for p in m.parameters()), default=None)
         if best is not None:
             self.model = weakref.ref(best)
+            if self.ops is not None:
+                self.ops.model_found(best)
         return best
 
     def backward(self) -> None:
@@ -223,13 +225,13 @@ class TorchSteps:
             self.trace.start(self.layers)
             if self.ops is not None:
                 self.ops.grads()
-                self.ops.trace.end()
 
     def after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.optimizer is None:
             self.optimizer = optimizer
         self.trace.stepped(self.trace.step + 1, self.layers)
         if self.ops is not None and optimizer is self.optimizer:
+            self.ops.updated()
             self.ops.trace.begin(self.trace.step + 1)
 
     def boundary(self, epoch: int | None = None) -> None:
