@@ -12,7 +12,7 @@ from launcher.cli.params import complete_run
 from launcher.result import Result
 
 if TYPE_CHECKING:
-    from launcher.runs.diverge import DivergenceLines
+    from launcher.runs.divergence import DivergenceLines
 
 app = typer.Typer()
 
@@ -55,4 +55,4 @@ def diverge_cmd(
         res = diverge(ws, reference, other, causes=not no_causes, reporter=rep)
     lines = res.lines()
     data: DivergenceLines = {**res.to_dict(), "lines": lines}
-    render(ctx, Result("diverge", data, summary=lines[-1]), _print)
+    render(ctx, Result("diverge", data, exit_code=res.exit_code, summary=lines[-1]), _print)

@@ -34,6 +34,9 @@ _EXACT_CATEGORY = {
     "host.name": "info", "host.kind": "info",
     "determinism.env.LAUNCHER_TRACE_EVERY": "info",  # what is recorded, not what is computed
     "determinism.env.LAUNCHER_OPTRACE": "info",
+    # where checkpoints are written and whether the run starts from one: training's bits are the same
+    "determinism.env.LAUNCHER_CHECKPOINT_EVERY": "info", "determinism.env.LAUNCHER_CHECKPOINT_KEEP": "info",
+    "determinism.env.LAUNCHER_RESUME": "info",
 }
 _SEED_ENV = ("LAUNCHER_SEED", "PYTHONHASHSEED")
 _HARDWARE_WORDS = ("cpu", "gpu", "driver", "cuda", "cudnn", "device", "arch", "machine", "cores", "nproc",
