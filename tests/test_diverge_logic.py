@@ -55,7 +55,7 @@ def test_a_reexecution_that_repeats_its_run_up_to_the_window_is_believed() -> No
     check = check_repeat("A", "A2", recorded, again, computed_from=0, upto=5, parting=10)
     assert conforms(check, RepeatCheck) == []
     assert check["repeats"] and check["steps_checked"] == [0, 5] and check["parting_repeated"] is True
-    assert repeat_phrase(check) == "A2 repeats A at every step checked up to 5 (2: 0, 5)"
+    assert repeat_phrase(check) == "A2 repeats A at each step it computed up to step 5 (steps 0, 5)"
 
 
 def test_a_reexecution_that_departs_before_the_window_is_not_believed() -> None:
@@ -110,10 +110,10 @@ def test_a_change_outside_the_traced_operations_is_the_answer_and_no_setting_is_
     d = _divergence(_weights_difference(["run"]))
     lines = d.lines()
     assert conforms(d.to_dict(), DivergenceRecord) == []
-    assert "exact step: the re-executions' weights agree up to step 7 and differ from step 8 on (first layer out)" \
+    assert "exact step: the re-executions' weights agree up to step 7 and differ from step 8 on (layers out)" \
         in lines
     assert ("step 8: the weights of layer out changed between the optimizer update of step 7 and the forward pass of "
-            "step 8 outside the traced operations (a callback, a constraint, a direct assignment), in the run (B2); "
+            "step 8 outside the traced operations (a callback, a constraint, a direct assignment), in B; "
             "1 of 320 elements of out/kernel differ, max |Δ| 0.001 (values up to 0.5)") in lines
     assert lines[-1] == ("cause: a change the code made to the weights outside the traced operations (not a setting: "
                          "none was tried)")

@@ -36,6 +36,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from launcher.errors import RunFailed, UsageError
+from launcher.hosts import provision
 from launcher.progress import NullReporter, Reporter
 from launcher.runs import rewind
 from launcher.runs.collect import pull_record, read_launch, wait_run
@@ -103,7 +104,8 @@ def _execute(ws: Workspace, launch: LaunchRecord, spec: RunSpec, rep: Reporter,
         if folder is not None and point is not None:
             spec = replace(spec, start_from={"folder": str(folder), "point": point})
         with open_placement(ws, launch) as placement:
-            started = start_run(ws, spec, placement, rep)
+            facts = provision.facts_for_run(ws, placement.host)  # the host as it is now, compared with the run's
+            started = start_run(ws, spec, placement, rep, facts=facts)
             run_id = str(started["run_id"])
             wait_run(ws, run_id, placement, on_log=on_log)
             manifest = pull_record(ws, run_id, placement, rep)

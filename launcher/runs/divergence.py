@@ -150,7 +150,7 @@ class Divergence:
         out: list[str] = []
         if self.exact is not None:
             out.append("exact step: the re-executions' weights " + exact_phrase(self.exact))
-        names = (self.reruns.get(self.reference, "A"), self.reruns.get(self.run, "B"))
+        names = (self.reference, self.run)
         if self.first is not None:
             out.append(opdiff.op_phrase(self.first, names))
         out += [f"{c['rerun']} does not repeat {c['run']}'s own fingerprint at step {c['parting']}, where the "
@@ -185,7 +185,9 @@ def exact_phrase(d: StepsDiff) -> str:
     """Where the re-executions' fingerprints (every step of the window) part."""
     if d["same"] is not False:
         return "agree at every step recorded in both"
-    first = f" (first layer {d['first_layer']})" if d.get("first_layer") else ""
+    layers = d.get("layers_differing") or []
+    first = f" (layers {', '.join(layers)})" if 0 < len(layers) <= 4 else \
+        f" ({len(layers)} layers, first {layers[0]})" if layers else ""
     if d["agree_until"] is None:
         return f"already differ at step {d['parts_by']}{first}"
     return f"agree up to step {d['agree_until']} and differ from step {d['parts_by']} on{first}"

@@ -24,11 +24,12 @@ the step that *makes* step fingerprint s):
 - ``optrace/trace.json``: what could be traced, and how (:func:`OpTrace.describe`).
 
 PyTorch: global module forward hooks (calls under ``torch.no_grad()``, such as a test pass, are
-left out) and the parameters' ``.grad`` when ``optimizer.step()`` begins. Keras: each layer's call
-inside fit()'s training function is given an identity step that digests its value as it is computed
-(the values and their order are untouched), and the gradients are observed as the optimizer's
-``apply`` receives them. fit() compiled with XLA stays compiled with XLA: a Python tap cannot be
-compiled, so only the weights are traced then, and trace.json says so.
+left out) and the parameters' ``.grad`` when ``optimizer.step()`` begins. Keras: beside each layer's
+call inside fit()'s training function, an op that digests its weights, input and output as they are
+computed, and beside the optimizer's ``apply`` one for each gradient it receives; nothing is put on
+the path the values take, so the training step computes the same bits as the run traced (`launcher
+diverge` checks that it does). fit() compiled with XLA stays compiled with XLA: a Python call cannot
+be compiled, so only the weights are traced then, and trace.json says so.
 """
 
 from __future__ import annotations
@@ -242,13 +243,17 @@ class KerasOps:
 
         return self.tf.py_function(record, [tensor], Tout=self.tf.int64)
 
-    def tap(self, kind: str, name: str, tensor: Any, after: list[Any] | None = None) -> Any:
-        """``tensor`` through an identity whose side effect records its value (when tracing)."""
+    def tap(self, kind: str, name: str, tensor: Any) -> Any:
+        """``tensor`` itself, unchanged, with an op beside it that records its value (when tracing).
+
+        Nothing is put on the path the values take: an identity there changes what Keras computes (its
+        crossentropy reads the logits a softmax output carries as an attribute, which an identity drops,
+        and falls back to the probabilities), so the traced run would not compute what the run did. A
+        stateful op that nothing consumes still runs: a tf.function runs each one, in program order."""
         tf = self.tf
-        if not isinstance(tensor, (tf.Tensor, tf.Variable)) or tensor.dtype == tf.resource:
-            return tensor
-        with tf.control_dependencies([self._record(kind, name, tensor), *(after or [])]):
-            return tf.identity(tensor)
+        if isinstance(tensor, (tf.Tensor, tf.Variable)) and tensor.dtype != tf.resource:
+            self._record(kind, name, tensor)
+        return tensor
 
     def read_weights(self, layer: Any) -> list[Any]:
         """Ops that record each weight of layer as its call reads it, in the step fingerprints' order."""
@@ -273,9 +278,9 @@ class KerasOps:
             if not ops.taps or not args or ops.tf.executing_eagerly() or not ops.is_model_layer(layer):
                 return original(layer, *args, **kwargs)
             name = layer.name  # as the step fingerprints name it
-            first = ops.tap(INPUT, name, args[0], after=ops.read_weights(layer))
-            out = original(layer, first, *args[1:], **kwargs)
-            return ops.tap(OUTPUT, name, out)
+            ops.read_weights(layer)
+            ops.tap(INPUT, name, args[0])
+            return ops.tap(OUTPUT, name, original(layer, *args, **kwargs))
 
         __call__.__launcher_optrace__ = True  # type: ignore[attr-defined]
         layer_cls.__call__ = __call__
@@ -287,8 +292,9 @@ class KerasOps:
         def apply(grads: Any, trainable_variables: Any = None, *args: Any, **kwargs: Any) -> Any:
             variables = trainable_variables if trainable_variables is not None else optimizer._trainable_variables
             if ops.taps and not ops.tf.executing_eagerly():
-                grads = [g if g is None else ops.tap(GRAD, getattr(v, "path", None) or v.name, g)
-                         for g, v in zip(grads, variables, strict=False)]
+                for g, v in zip(grads, variables, strict=False):
+                    if g is not None:
+                        ops.tap(GRAD, getattr(v, "path", None) or v.name, g)
             return original(grads, trainable_variables, *args, **kwargs)
 
         optimizer.apply = apply

@@ -250,8 +250,7 @@ def _size_phrase(d: OpDifference) -> str:
 
 
 def _whose(changed: list[str], names: tuple[str, str]) -> str:
-    return " and ".join(f"{'the reference' if side == 'reference' else 'the run'} ({name})"
-                        for side, name in zip(SIDES, names, strict=True) if side in changed)
+    return " and ".join(name for side, name in zip(SIDES, names, strict=True) if side in changed)
 
 
 def weights_phrase(d: OpDifference, names: tuple[str, str] = ("A", "B")) -> str:
@@ -280,12 +279,14 @@ def op_phrase(d: OpDifference, names: tuple[str, str] = ("A", "B")) -> str:
     kind = d["kind"]
     if kind == WEIGHTS:
         return weights_phrase(d, names)
+    if kind == UPDATED and not d.get("operations_traced"):
+        return (f"step {d['step']}: the weights first differ right after its optimizer update, at {d['name']} "
+                f"(layer {d.get('layer')}; the operations inside the step are not traced)" + _size_phrase(d))
     if kind == UPDATED:
-        seen = "the weights it read, each layer's input and output and each gradient agree, " \
-            if d.get("operations_traced") else "its operations are not traced; "
-        return (f"step {d['step']}: {seen}yet the weights of layer {d.get('layer')} differ right after its optimizer "
-                "update: the update itself differs (the optimizer's state, a constraint, or code inside the step "
-                "the trace does not see)" + _size_phrase(d))
+        return (f"step {d['step']}: the weights it read, each layer's input and output and each gradient agree, yet "
+                f"the weights of layer {d.get('layer')} differ right after its optimizer update: the update itself "
+                "differs (the optimizer's state, a constraint, or code inside the step the trace does not see)"
+                + _size_phrase(d))
     what = {INPUT: "the input of", OUTPUT: "the output of", GRAD: "the gradient of"}.get(kind, kind)
     line = f"step {d['step']}: {what} {d['name']} differs first"
     if kind == OUTPUT and d.get("input_agrees") is True:

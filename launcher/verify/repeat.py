@@ -79,8 +79,8 @@ def repeat_phrase(check: RepeatCheck) -> str:
         if not steps:
             return (f"{check['rerun']} ({start}) computed no step before the window to check against "
                     f"{check['run']}")
-        return (f"{check['rerun']} repeats {check['run']} at every step checked up to {check['upto']} "
-                f"({len(steps)}: {_steps(steps)})")
+        return (f"{check['rerun']} repeats {check['run']} at each step it computed up to step {check['upto']} "
+                f"({'step' if len(steps) == 1 else 'steps'} {_steps(steps)})")
     differs = f" ({', '.join(check['differences'][:3])} differ)" if check["differences"] else ""
     return (f"{check['rerun']} does not repeat {check['run']}: its weights depart at step {check['departs_at']} "
             f"(layers {', '.join(check['layers']) or '?'}), before the window{differs}")
