@@ -297,3 +297,19 @@ def test_diverge_stops_when_a_reexecution_does_not_repeat_its_run(faked: dict[st
            "fingerprint" in r.stdout
     assert "stopped: a re-execution that does not repeat its run" in r.stdout and "cause" not in r.stdout
     assert len(faked["executed"]) == 2
+
+
+def test_runs_whose_initial_weights_differ_are_not_reexecuted(tmp_path: Path) -> None:
+    """Another seed: the weights differ at step 0, before any update; nothing a re-execution traces explains it."""
+    ws = Workspace.at(make_workspace(tmp_path / "ws"), tmp_path / "cache")
+    a, b = pair(ws.runs)
+    for run, layers in ((a, {"dense": "1"}), (b, {"dense": "2"})):
+        (run / "outputs" / ck.STEPS).write_text(json.dumps({"step": 0, "digest": layers["dense"], "layers": layers})
+                                                + "\n")
+    r = runner.invoke(app, ["--workspace", str(ws.root), "--json", "diverge", a.name, b.name])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)["data"]
+    assert data["outcome"] == "initial" and data["window"] is None and data["reruns"] == {}
+    assert "weights already differ at step 0, the first recorded in both" in data["lines"][0]
+    assert data["lines"][1].startswith("nothing to re-execute: the runs part before any update, in their initial")
+    assert sorted(d.name for d in ws.runs.iterdir()) == sorted([a.name, b.name])  # nothing was executed

@@ -21,7 +21,7 @@ from test_verify_records import conforms
 
 from launcher.runs.determinism import profile_env
 from launcher.runtime import optrace, steps
-from launcher.verify.opdiff import OpDifference, compare_traces, op_phrase
+from launcher.verify.opdiff import OpDifference, compare_traces, op_phrase, read_ops
 
 pytestmark = [pytest.mark.slow]
 
@@ -126,11 +126,30 @@ def test_an_edit_the_forward_pass_feels_is_named_before_the_layer_it_changes(edi
     assert reverse["changed_in"] == ["reference"]
 
 
+def test_a_loop_that_updates_by_hand_is_traced_and_its_edit_is_found_in_its_update(tmp_path: Path) -> None:
+    """No optimizer (the update is the loop's own code, as in PyTorch's word-language-model example): the edit
+    after step 3 belongs to step 3's update, which no hook sees; the traces say so at step 4."""
+    script = tmp_path / "code" / "main.py"
+    script.parent.mkdir()
+    script.write_text(EDIT_SCRIPT.replace("opt.zero_grad()", "model.zero_grad()").replace(
+        "opt.step()", "[p.data.add_(p.grad, alpha=-0.1) for p in model.parameters()]").replace(
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n", ""))
+    plain = traced_run(tmp_path / "plain", script)
+    edited = traced_run(tmp_path / "edited", script, "--edit-at", "3", "--column", "1")
+    prints = [fingerprints(out) for out in (plain, edited)]
+    assert next(s for s in prints[0] if prints[0][s] != prints[1][s]) == 3  # the fingerprint after step 3's update
+    d = compare_traces(plain, edited)
+    assert (d["step"], d["kind"], d["layer"], d["changed_in"]) == (4, "weights", "fc1", []), d
+    assert "born in the update of step 3, which the trace does not see" in op_phrase(d)
+    ops = read_ops(edited)
+    assert sorted(ops) == [2, 3, 4, 5, 6]  # steps begin as each backward returns
+    assert {k for k, _, _ in ops[3].by_key} == {"weights", "input", "output", "grad"}
+
+
 def test_what_the_trace_records_is_what_the_fingerprints_show(edited: dict[str, Path]) -> None:
     """In each run, the weights the forward pass of step s reads are the fingerprint of step s-1 (but
     after the edit), and the weights after the update of step s are the fingerprint of step s."""
     from launcher.runtime import fingerprints as fp
-    from launcher.verify.opdiff import read_ops
 
     for name, out in edited.items():
         prints, ops = fingerprints(out), read_ops(out)

@@ -180,6 +180,8 @@ def _reexecute(ws: Workspace, result: Divergence, ms: list[Manifest], launches: 
     for m, point in zip(ms, points, strict=True):
         rerun = result.reruns[m.run_id]
         out = RunDir(ws.runs / rerun).outputs
+        if point is not None:
+            result.started_from[m.run_id] = {**point, "rerun_seconds": rewind.seconds(load_manifest(ws.runs / rerun))}
         check = check_repeat(m.run_id, rerun, read_steps(m.file("outputs")), read_steps(out),
                              computed_from=point["step"] if point else 0, upto=agree_until,
                              parting=result.steps["parts_by"])
@@ -229,8 +231,8 @@ def diverge(ws: Workspace, reference: str, other: str, *, causes: bool = True,
         raise UsageError("the runs have no step fingerprints in common (fingerprints/steps.jsonl)",
                          "run them again with this launcher (it records them by default, --trace-every N)")
     parts_by = steps["parts_by"]  # a step wherever the runs part (same False)
-    if steps["same"] is not False or parts_by is None:
-        return result
+    if steps["same"] is not False or parts_by is None or parts_by == 0:
+        return result  # they agree, or their initial weights differ: no training step to trace
     result.window = ((steps["agree_until"] or 0) + 1, parts_by)
     launches = [read_launch(ws, i) for i in ids]
     specs = [respec(ws, m, launch, result.window) for m, launch in zip(ms, launches, strict=True)]

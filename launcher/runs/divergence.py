@@ -22,6 +22,7 @@ from launcher.verify.repeat import RepeatCheck, repeat_phrase
 from launcher.verify.stepdiff import StepsDiff, steps_phrase
 
 LOCALISED, NOT_REPEATED, AGREE, PARTING_NOT_REPEATED = "localised", "not_repeated", "agree", "parting_not_repeated"
+INITIAL = "initial"  # the runs differ at step 0, before any update
 OUTSIDE = "a change the code made to the weights outside the traced operations"
 
 
@@ -44,7 +45,7 @@ class DivergenceRecord(TypedDict):
 
     reference: str
     run: str
-    outcome: str | None  # localised | not_repeated | parting_not_repeated | agree (None: the runs do not part)
+    outcome: str | None  # localised | initial | not_repeated | parting_not_repeated | agree (None: they do not part)
     steps: StepsDiff | None
     window: list[int] | None
     reruns: dict[str, str]
@@ -103,7 +104,7 @@ class Divergence:
     @property
     def outcome(self) -> str | None:
         if self.window is None:
-            return None
+            return INITIAL if self.steps and self.steps["same"] is False and self.steps["parts_by"] == 0 else None
         if self.checks and not all(c["repeats"] for c in self.checks):
             return NOT_REPEATED
         found = self.first is not None and self.first.get("found")
@@ -122,6 +123,10 @@ class Divergence:
     def lines(self) -> list[str]:
         out = [f"{self.run} against {self.reference}: " + (steps_phrase(self.steps) if self.steps else
                                                             "no step fingerprints")]
+        if self.outcome == INITIAL:
+            out.append("nothing to re-execute: the runs part before any update, in their initial weights, which "
+                       "come from the seed, the data and the code, not from a training step (`launcher verify "
+                       "checksums` names which of them differ)")
         if self.window is None:
             return out
         out += self._execution_lines()
@@ -143,7 +148,8 @@ class Divergence:
         out += [f"{reason}: re-executed from the start" for reason in self.not_from_checkpoint]
         out += ["check: " + repeat_phrase(c) for c in self.checks]
         if self.trace and not self.trace.get("operations", True):
-            out.append(f"the trace saw the weights {self.trace.get('weights')}; not the operations inside a step")
+            out.append(f"what the trace saw: the weights ({self.trace.get('weights')}), not the operations inside a "
+                       "step")
         return out
 
     def _finding_lines(self) -> list[str]:
@@ -198,8 +204,8 @@ def start_phrase(rerun: str, p: StartPoint) -> str:
     line = (f"{rerun} started from {p['run']}'s checkpoint {p['checkpoint']} (step {p['step']}, after epoch "
             f"{p['epochs']}): steps 1..{p['step']} not re-executed")
     if p.get("steps_total"):
-        line += f" ({p['step']} of {p['steps_total']}"
-        if p.get("seconds_saved") is not None and p.get("seconds") is not None:
-            line += f"; about {p['seconds_saved']:.0f} s of the {p['seconds']:.0f} s the run took"
-        line += ")"
+        line += f", {p['step']} of the run's {p['steps_total']}"
+    took, run = p.get("rerun_seconds"), p.get("seconds")
+    if took is not None and run is not None:
+        line += f"; it took {took:.0f} s, the run {run:.0f} s from the start"
     return line

@@ -252,6 +252,7 @@ class StartPoint(TypedDict):
     steps_total: int | None  # the steps the run made in all (its last step fingerprint)
     seconds: float | None  # how long the run took, start to end (its manifest)
     seconds_saved: float | None  # the run's time for the steps not re-executed, in proportion of steps
+    rerun_seconds: NotRequired[float | None]  # how long the re-execution took (launcher diverge's answer)
 
 
 class StartFrom(TypedDict):

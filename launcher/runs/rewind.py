@@ -51,6 +51,11 @@ def checkpoints(outputs: Path) -> list[tuple[str, CheckpointState]]:
     return sorted(found, key=lambda item: item[1]["step"])
 
 
+def seconds(m: Manifest) -> float | None:
+    """How long a run took, from its start to its end (its manifest)."""
+    return _seconds(m)
+
+
 def _seconds(m: Manifest) -> float | None:
     try:
         start = datetime.fromisoformat(str(m.data["started_at"]).replace("Z", "+00:00"))

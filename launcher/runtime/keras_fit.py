@@ -283,8 +283,8 @@ def _trace_ops(keras: Any, tf: Any, rec: Recorder, model: Any) -> tuple[Any, Any
         ops.wrap_apply(model.optimizer)
     xla = bool(getattr(model, "jit_compile", False))
     ops.taps = not xla
-    where = ("as each step begins, after every callback (fit() is compiled with XLA, as in the run traced, "
-             "which cannot compile a tap inside the step)" if xla
+    where = ("as each step begins, after every callback, and after its update; fit() is compiled with XLA, as in "
+             "the run traced, which cannot compile a tap inside the step" if xla
              else "as each layer's call inside fit()'s compiled training step reads them")
     trace.describe({"framework": "keras", "operations": not xla, "xla": xla, "weights": where})
     if xla:

@@ -265,7 +265,9 @@ def weights_phrase(d: OpDifference, names: tuple[str, str] = ("A", "B")) -> str:
         line = (f"step {step}: the weights of layer {layer} differ as the forward pass of step {step} reads them "
                 "(no step fingerprint of the step before to tell whether they changed outside the traced operations)")
     else:
-        line = f"step {step}: the weights of layer {layer} already differ as the forward pass reads them"
+        line = (f"step {step}: the weights of layer {layer} differ as its forward pass reads them, as they did in the "
+                f"fingerprints right after step {step - 1}: the difference was born in the update of step {step - 1}, "
+                "which the trace does not see (an update the loop makes by hand, without an optimizer)")
     return line + _size_phrase(d)
 
 
