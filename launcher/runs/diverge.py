@@ -34,6 +34,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 from launcher.errors import RunFailed, UsageError
 from launcher.hosts import provision
@@ -198,7 +199,10 @@ def _try_causes(ws: Workspace, result: Divergence, ms: list[Manifest], launches:
     """One setting at a time until the operation agrees (see :func:`candidates`)."""
     assert result.first is not None
     step = int(result.first["step"])
-    points = [result.started_from.get(m.run_id) for m in ms]
+    points: list[StartPoint | None] = []
+    for m in ms:  # where each re-execution started, as the launch record keeps it
+        point = result.started_from.get(m.run_id)
+        points.append(cast(StartPoint, {k: v for k, v in point.items() if k != "rerun_seconds"}) if point else None)
     for cand in candidates(ms[0], ms[1], launches[0], launches[1]):
         spec = replace(specs[1], optrace=f"{step}:{step}", **cand.setting)
         rep.note(f"re-executing {ms[1].run_id} with {cand.name}")
