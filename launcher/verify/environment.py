@@ -66,7 +66,8 @@ def environment_view(m: Manifest) -> dict[str, Any]:
             _flatten(key, m.data[key], flat)
     flat["seed"] = m.seed
     flat.pop("recipe.name", None)
-    return {k: v for k, v in flat.items() if not _is_volatile_key(k)}
+    # a param is the user's input whatever its name (a `decay_at`, a `start_time` is no timestamp of the run)
+    return {k: v for k, v in flat.items() if k.startswith("params.") or not _is_volatile_key(k)}
 
 
 def _is_volatile_key(key: str) -> bool:
