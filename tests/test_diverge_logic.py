@@ -313,3 +313,30 @@ def test_runs_whose_initial_weights_differ_are_not_reexecuted(tmp_path: Path) ->
     assert "weights already differ at step 0, the first recorded in both" in data["lines"][0]
     assert data["lines"][1].startswith("nothing to re-execute: the runs part before any update, in their initial")
     assert sorted(d.name for d in ws.runs.iterdir()) == sorted([a.name, b.name])  # nothing was executed
+
+
+def test_runs_whose_inputs_differ_are_localised_and_no_setting_is_tried(faked: dict[str, Any]) -> None:
+    """An argument of the script differs (another learning rate): diverge says so first, shows where it first
+    acts (the update of step 8, seen in the weights step 9 reads), and tries no setting."""
+    from runfactory import edit_manifest
+
+    ws, (a, b) = faked["ws"], faked["ids"]
+    edit_manifest(ws.runs / b, params={"epochs": 3, "batch_size": 32, "lr": 0.5})
+
+    def edit(run: str, outputs: Path) -> None:  # the second run's update of step 8 differs
+        moved = run == b
+        _every_step(outputs, lambda s: {"dense": "1", "out": kernel(1.5 if moved and s >= 8 else 1.0)})
+        _traced(outputs, range(6, 11), lambda s: 1.5 if moved and s >= 9 else 1.0)
+
+    faked["edit"] = edit
+    r = runner.invoke(app, ["--workspace", str(ws.root), "--json", "diverge", a, b])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)["data"]
+    assert [row["key"] for row in data["inputs"]] == ["params.lr"]
+    assert data["lines"][1] == ("their inputs differ: params.lr (null against 0.5); what follows shows where that "
+                                "first acts")
+    first = data["first_difference"]
+    assert (first["step"], first["kind"], first["changed_in"]) == (9, "weights", [])
+    assert "born in the update of step 8, which the trace does not see" in "\n".join(data["lines"])
+    assert data["cause"] == "their inputs differ: params.lr" and data["candidates"] == []
+    assert len(faked["executed"]) == 2  # the two re-executions, no candidate

@@ -59,6 +59,7 @@ from launcher.runs.runspec import RunSpec
 from launcher.runs.store import resolve_run_id
 from launcher.runs.targets import open_placement
 from launcher.verify import opdiff
+from launcher.verify.differences import INPUT_CATEGORIES
 from launcher.verify.environment import environment_diff
 from launcher.verify.repeat import check_repeat, environment_changes
 from launcher.verify.stepdiff import read_steps, rows_diff, steps_diff
@@ -231,6 +232,7 @@ def diverge(ws: Workspace, reference: str, other: str, *, causes: bool = True,
     ms = [load_manifest(ws.runs / i) for i in ids]
     steps = steps_diff(ms[0], ms[1])
     result = Divergence(ids[0], ids[1], steps)
+    result.inputs = [row for row in environment_diff(ms[0], ms[1]) if row["category"] in INPUT_CATEGORIES]
     if steps is None:
         raise UsageError("the runs have no step fingerprints in common (fingerprints/steps.jsonl)",
                          "run them again with this launcher (it records them by default, --trace-every N)")
@@ -246,6 +248,6 @@ def diverge(ws: Workspace, reference: str, other: str, *, causes: bool = True,
     result.trace = dict(opdiff.trace_info(outs[0]))
     result.exact = rows_diff(read_steps(outs[0]), read_steps(outs[1]))
     result.first = opdiff.compare_traces(outs[0], outs[1])
-    if causes and result.first.get("found") and not outside_change(result.first):
+    if causes and result.first.get("found") and not outside_change(result.first) and not result.inputs:
         _try_causes(ws, result, ms, launches, specs, outs, rep, on_log)
     return result

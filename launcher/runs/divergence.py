@@ -10,6 +10,7 @@ then the settings tried.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import TypedDict
 
@@ -17,6 +18,7 @@ from launcher.errors import ExitCode
 from launcher.runs.records import StartPoint
 from launcher.runtime.optrace import WEIGHTS
 from launcher.verify import opdiff
+from launcher.verify.environment import EnvironmentRow
 from launcher.verify.opdiff import OpDifference
 from launcher.verify.repeat import RepeatCheck, repeat_phrase
 from launcher.verify.stepdiff import StepsDiff, steps_phrase
@@ -56,6 +58,7 @@ class DivergenceRecord(TypedDict):
     exact: StepsDiff | None  # the re-executions' step fingerprints compared
     first_difference: OpDifference | None
     candidates: list[CandidateRecord]
+    inputs: list[EnvironmentRow]  # what verify would name as the runs' differing inputs (code, data, seed, params)
     cause: str | None
 
 
@@ -76,8 +79,35 @@ class Candidate:
 
 
 def outside_change(first: OpDifference | None) -> bool:
-    """The first difference is in the weights a forward pass read: no setting explains it."""
-    return bool(first and first.get("found") and first.get("kind") == WEIGHTS)
+    """The first difference is a change a run's code made to its weights between an update and the next
+    forward pass (launcher.verify.opdiff's changed_in): no setting explains it."""
+    return bool(first and first.get("found") and first.get("kind") == WEIGHTS and first.get("changed_in"))
+
+
+def _short(value: object) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _values(ref: object, run: object) -> str:
+    """Two values of one input; of two lists (a script's arguments), only the part that differs."""
+    if not (isinstance(ref, list) and isinstance(run, list)):
+        return f"{_short(ref)} against {_short(run)}"
+    head = 0
+    while head < min(len(ref), len(run)) and ref[head] == run[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(ref), len(run)) - head and ref[-1 - tail] == run[-1 - tail]:
+        tail += 1
+    parts = [[str(x) for x in v[head:len(v) - tail]] for v in (ref, run)]
+    return "where they differ: " + ", ".join(f"{_short(' '.join(p)) if p else 'nothing'} in the {side}"
+                                             for p, side in zip(parts, ("reference", "run"), strict=True))
+
+
+def inputs_phrase(rows: list[EnvironmentRow]) -> str:
+    """The inputs in which two runs differ, each with both values (shortened)."""
+    return ", ".join(f"{r['key']} ({_values(r['reference'], r['run'])})" for r in rows[:3]) + \
+        (f" and {len(rows) - 3} more" if len(rows) > 3 else "")
 
 
 @dataclass
@@ -94,11 +124,14 @@ class Divergence:
     exact: StepsDiff | None = None
     first: OpDifference | None = None  # the traces compared (launcher.verify.opdiff.compare_traces)
     candidates: list[Candidate] = field(default_factory=list)
+    inputs: list[EnvironmentRow] = field(default_factory=list)  # the inputs that differ: code, data, seed, params
 
     @property
     def cause(self) -> str | None:
         if outside_change(self.first):
             return OUTSIDE
+        if self.inputs and self.outcome == LOCALISED:
+            return "their inputs differ: " + ", ".join(r["key"] for r in self.inputs)
         return next((c.name for c in self.candidates if c.agrees), None)
 
     @property
@@ -123,10 +156,13 @@ class Divergence:
     def lines(self) -> list[str]:
         out = [f"{self.run} against {self.reference}: " + (steps_phrase(self.steps) if self.steps else
                                                             "no step fingerprints")]
+        if self.inputs:
+            out.append(f"their inputs differ: {inputs_phrase(self.inputs)}"
+                       + ("; what follows shows where that first acts" if self.window else ""))
         if self.outcome == INITIAL:
             out.append("nothing to re-execute: the runs part before any update, in their initial weights, which "
-                       "come from the seed, the data and the code, not from a training step (`launcher verify "
-                       "checksums` names which of them differ)")
+                       "come from the seed, the data and the code, not from a training step"
+                       + ("" if self.inputs else " (`launcher verify checksums` names which of them differ)"))
         if self.window is None:
             return out
         out += self._execution_lines()
@@ -170,6 +206,8 @@ class Divergence:
             out.append(f"with {c.name}: the operation {verdict} ({c.run_id})")
         if outside_change(self.first):
             out.append(f"cause: {OUTSIDE} (not a setting: none was tried)")
+        elif self.inputs and self.cause is not None:
+            out.append(f"cause: {self.cause} (no setting was tried)")
         elif self.cause is not None:
             out.append(f"cause: {self.cause} makes step {self.first['step'] if self.first else '?'} agree")
         elif self.candidates:
@@ -184,7 +222,7 @@ class Divergence:
                 "checks": self.checks, "trace": self.trace, "exact": self.exact, "first_difference": self.first,
                 "candidates": [{"name": c.name, "setting": c.setting, "run_id": c.run_id, "agrees": c.agrees}
                                for c in self.candidates],
-                "cause": self.cause}
+                "inputs": self.inputs, "cause": self.cause}
 
 
 def exact_phrase(d: StepsDiff) -> str:
