@@ -227,6 +227,14 @@ def _launch_recipe(spec: RunSpec, recipe: Recipe, plan: CodePlan, baked_digest: 
     return rec
 
 
+def _run_dir(spec: RunSpec, placement: Placement, run_id: str, data: str | None, rep: Reporter) -> str:
+    """The run's directory on its target, its outputs folder holding the checkpoint it starts from, if any."""
+    remote = placement.run_dir(run_id, data)
+    if spec.start_from:
+        rewind.place(placement.host, Path(spec.start_from["folder"]), remote_outputs(remote), rep)
+    return remote
+
+
 def _checkpoints_of(spec: RunSpec, launch: LaunchRecord) -> None:
     """The launch record's checkpoints: those the run writes, and the one it starts from."""
     if spec.checkpoint_every:
@@ -263,9 +271,7 @@ def _launch(
     data = str(PurePosixPath(spec.data)) if spec.data else None
     code_identity = identity.from_plan(plan) if recipe.adhoc else None
     run_id = new_run_id(identity.slug(recipe.name, code_identity))
-    remote = placement.run_dir(run_id, data)
-    if spec.start_from:
-        rewind.place(placement.host, Path(spec.start_from["folder"]), remote_outputs(remote), rep)
+    remote = _run_dir(spec, placement, run_id, data, rep)
     shipped = placement.ship(image, via=spec.ship_via, reporter=rep, cache_dir=cache_dir or ws.cache_dir)
     job = _job(ws, spec, recipe, plan, run_id, image, env, remote, params, probes)
     launch: LaunchRecord = {
