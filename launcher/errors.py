@@ -67,6 +67,7 @@ class ExitCode(IntEnum):
     UNKNOWN_SIGNER = 43  # no signature is by a key the verifier trusts (allowed signers, --key), or none at all
     OTHER_IMAGE = 44  # `reproduce`: the rebuilt image differs from the one the run recorded (--allow-other-image)
     NOT_RESUMABLE = 45  # `resume`: no checkpoint, finished or still running; or training that cannot resume bitwise
+    NOT_REPEATED = 46  # `diverge`: a re-execution does not repeat the run it stands for (or their parting)
     INTERRUPTED = 130
 
 

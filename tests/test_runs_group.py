@@ -247,3 +247,23 @@ def test_the_fact_sheet_and_the_targets_checks_run_meanwhile_and_fail_in_the_old
     out = run_recipe(ws, RunSpec(recipe=str(script)), FakePlacement(ws), poll_s=0)
     manifest = load_manifest(ws.runs / out.runs[0]["run_id"])
     assert manifest.data["host"]["facts"]["os"] == "made-up"  # type: ignore[typeddict-item]
+
+
+def test_a_run_started_from_a_checkpoint_finds_it_in_its_outputs_and_resumes(ws: Workspace, tmp_path: Path) -> None:
+    """launcher diverge's re-execution from a run's checkpoint (launcher.runs.rewind): the prepared folder is the
+    outputs folder before the container starts, which starts with LAUNCHER_RESUME=1; the launch record says
+    where it started."""
+    folder = tmp_path / "prepared"
+    (folder / "checkpoints/epoch-0001").mkdir(parents=True)
+    (folder / "checkpoints/epoch-0001/state.json").write_text('{"epoch": 0, "next_epoch": 1, "step": 5}')
+    (folder / "checkpoints/latest.json").write_text('{"name": "epoch-0001"}')
+    point = {"run": "earlier", "checkpoint": "epoch-0001", "step": 5, "epochs": 1, "steps_total": 15,
+             "seconds": 9.0, "seconds_saved": 3.0}
+    target = FakePlacement(ws)
+    spec = RunSpec(recipe=str(make_project(tmp_path)), start_from={"folder": str(folder), "point": point})  # type: ignore[typeddict-item]
+    out = run_recipe(ws, spec, target, facts={}, poll_s=0)
+    job = target.jobs[0]
+    assert job.env["LAUNCHER_RESUME"] == "1"
+    assert json.loads((Path(job.host_out) / "checkpoints/latest.json").read_text()) == {"name": "epoch-0001"}
+    launch = json.loads((ws.runs / out.runs[0]["run_id"] / "launch.json").read_text())
+    assert launch["start_from"] == point and launch["determinism"]["env"]["LAUNCHER_RESUME"] == "1"

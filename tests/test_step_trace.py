@@ -305,15 +305,19 @@ def test_a_thread_count_taking_effect_after_step_4_is_traced_to_the_norm_layer_o
     rows = [json.loads(line) for line in (outs[0] / "optrace/ops.jsonl").read_text().splitlines()]
     assert sorted({r["step"] for r in rows}) == [3, 4, 5, 6]
     step3 = [(r["kind"], r["name"]) for r in rows if r["step"] == 3]
-    assert step3[:6] == [("input", "fc1"), ("output", "fc1"), ("input", "norm"), ("output", "norm"),
-                         ("input", "fc2"), ("output", "fc2")]
-    assert step3[6:] == [("input", "Net"), ("output", "Net"), ("grad", "fc2.bias"), ("grad", "fc2.weight"),
-                         ("grad", "fc1.bias"), ("grad", "fc1.weight")]  # the whole model last; backward's order
+    state = [("fc1", "fc1.weight"), ("fc1", "fc1.bias"), ("fc2", "fc2.weight"), ("fc2", "fc2.bias")]
+    # the weights as the first forward call reads them, then each layer in the order called
+    assert [(r.get("layer"), r["name"]) for r in rows if r["step"] == 3 and r["kind"] == "weights"] == state
+    assert step3[4:10] == [("input", "fc1"), ("output", "fc1"), ("input", "norm"), ("output", "norm"),
+                           ("input", "fc2"), ("output", "fc2")]
+    assert step3[10:16] == [("input", "Net"), ("output", "Net"), ("grad", "fc2.bias"), ("grad", "fc2.weight"),
+                            ("grad", "fc1.bias"), ("grad", "fc1.weight")]  # the whole model last; backward's order
+    assert [(r.get("layer"), r["name"]) for r in rows if r["step"] == 3 and r["kind"] == "updated"] == state
     d = compare_traces(outs[0], outs[1])
     assert conforms(d, OpDifference) == []
     assert d["found"] and (d["step"], d["kind"], d["name"], d["input_agrees"]) == (5, "output", "norm", True), d
     assert d["size"]["differing"] > 0 and 0 < d["size"]["max_abs_diff"] < 1e-3
-    assert "step 5: the output of norm differs first while its input agrees" in op_phrase(d)
+    assert "step 5: the output of norm differs first while its input and the weights agree" in op_phrase(d)
 
 
 def test_diverge_refuses_what_it_cannot_localise_and_says_when_runs_agree(tmp_path: Path) -> None:
@@ -374,3 +378,36 @@ def test_a_loop_that_updates_its_parameters_by_hand_is_fingerprinted_by_its_back
     final = steps.layer_digests([("fc1", [saved["fc1.weight"], saved["fc1.bias"]]),
                                  ("fc2", [saved["fc2.weight"], saved["fc2.bias"]])])
     assert rows[-1]["layers"] == final
+
+
+def test_a_loop_that_reports_its_steps_is_fingerprinted_and_traced_leaf_by_leaf(tmp_path: Path) -> None:
+    """launcher.runtime.api.record_step's part (a JAX loop's, here with a plain pytree reader): a row every
+    N steps and at each epoch's end, and on a diverge re-execution each leaf after each update in the window."""
+    from launcher.runtime.optrace import OpTrace
+    from launcher.verify.opdiff import read_ops
+
+    def layers(params: dict[str, dict[str, Any]]) -> list[tuple[str, list[Any]]]:
+        return [(f"['{k}']", list(v.values())) for k, v in params.items()]
+
+    def leaves(params: dict[str, dict[str, Any]]) -> list[tuple[str, str, Any]]:
+        return [(f"['{k}']", f"['{k}']['{n}']", a) for k, v in params.items() for n, a in v.items()]
+
+    trace = steps.StepTrace(tmp_path / steps.STEPS, 3)
+    ops = OpTrace(tmp_path, (4, 5))
+    loop = steps.PytreeSteps(trace, layers, leaves, ops)
+    params = {"hidden": {"b": np.zeros(2, np.float32), "w": np.ones((2, 2), np.float32)}}
+    trace.start(lambda: layers(params))
+    for step in range(1, 9):
+        params = {"hidden": {"b": params["hidden"]["b"] + 1, "w": params["hidden"]["w"]}}
+        loop.stepped(params, loss=np.float32(1.0 / step))
+        if step % 4 == 0:
+            loop.boundary(epoch=step // 4 - 1)
+    rows = _rows(tmp_path)
+    assert [(r["step"], r.get("epoch")) for r in rows] == [(0, None), (3, None), (4, 0), (6, None), (8, 1)]
+    assert list(rows[0]["layers"]) == ["['hidden']"] and rows[1]["loss"] == pytest.approx(1 / 3)
+    traced = read_ops(tmp_path)
+    assert sorted(traced) == [4, 5]
+    assert [(r["kind"], r["name"], r.get("layer")) for _, r in traced[4].rows] == [
+        ("updated", "['hidden']['b']", "['hidden']"), ("updated", "['hidden']['w']", "['hidden']")]
+    info = json.loads((tmp_path / "optrace/trace.json").read_text())
+    assert (info["framework"], info["operations"]) == ("jax", False)

@@ -1,6 +1,8 @@
 """Step fingerprints for real in the TensorFlow CPU image: a plain Keras script (no line of launcher
 in it) whose weights are nudged by OS noise after optimizer step 7 is run twice with
-``--trace-every 3``; verify says the runs agree up to step 6 and part by step 9."""
+``--trace-every 3``; verify says the runs agree up to step 6 and part by step 9, and diverge that the
+out layer's weights changed outside the traced operations between the update of step 7 and the forward
+pass of step 8."""
 
 from __future__ import annotations
 
@@ -76,16 +78,19 @@ def test_two_keras_runs_nudged_after_step_7_part_between_6_and_9(cpu_image: dict
     text = CliRunner().invoke(app, ["-w", str(ws.root), "verify", "checksums", *(r["run_id"] for r in runs)])
     assert "training steps: weights agree up to step 6 and part by step 9 (first layer hidden)" in text.stdout
 
-    # launcher diverge: both runs executed again with steps 7..9 traced op by op. The nudge after step 7
-    # changed the out layer's kernel, so on step 8 the hidden layer agrees and the out layer's output
-    # differs while its input agrees. One thread for both does not make it agree (the noise is the cause).
+    # launcher diverge: both runs executed again with steps 7..9 traced value by value. The nudge after step 7
+    # changed the out layer's kernel in each run by its own noise: the weights the forward pass of step 8
+    # reads differ, each run's from its own fingerprint of step 7. No setting is tried for such a change, and
+    # neither re-execution repeats its run's fingerprint at step 9 (the noise is new each time).
     ids = [r["run_id"] for r in runs]
     d = cli(ws, "diverge", *ids)["data"]
     first = d["first_difference"]
-    assert d["window"] == [7, 9] and (first["step"], first["kind"], first["name"]) == (8, "output", "out"), first
-    assert first["input_agrees"] is True and first["size"]["differing"] > 0
-    assert [(c["name"], c["agrees"]) for c in d["candidates"]] == [("threads 1 for both", False)]
-    assert d["cause"] is None
-    assert "step 8: the output of out differs first while its input agrees" in "\n".join(d["lines"])
+    assert d["window"] == [7, 9] and (first["step"], first["kind"], first["layer"]) == (8, "weights", "out"), first
+    assert first["changed_in"] == ["reference", "run"] and first["size"]["differing"] > 0
+    assert (d["exact"]["agree_until"], d["exact"]["parts_by"]) == (7, 8)
+    assert d["candidates"] == [] and d["cause"] == "a change the code made to the weights outside the traced operations"
+    assert [(c["repeats"], c["parting_repeated"]) for c in d["checks"]] == [(True, False), (True, False)]
+    assert ("step 8: the weights of layer out changed between the optimizer update of step 7 and the forward pass of "
+            "step 8 outside the traced operations") in "\n".join(d["lines"])
     assert all((ws.runs / rerun / "outputs/optrace/ops.jsonl").is_file() for rerun in d["reruns"].values())
 

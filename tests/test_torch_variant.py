@@ -180,6 +180,35 @@ def test_diverge_names_the_step_the_layer_and_the_thread_count_in_the_torch_imag
     assert "cause: threads 1 (the reference's) makes step 5 agree" in d["lines"]
 
 
+@pytest.mark.docker
+@pytest.mark.image
+@pytest.mark.slow
+def test_diverge_names_an_edit_of_param_data_outside_the_traced_operations_in_the_torch_image(
+        torch_ws: tuple[Workspace, dict[str, Any]], tmp_path: Path) -> None:
+    """A plain loop adds 0.25 to one weight of fc1 with param.data after optimizer step 3, a weight whose input
+    is always zero: no layer's input, output or gradient ever differs, the weights do from step 4 on."""
+    from test_diverge_outside import EDIT_SCRIPT
+
+    ws, _ = torch_ws
+    script = tmp_path / "edited" / "main.py"
+    script.parent.mkdir()
+    script.write_text(EDIT_SCRIPT)
+    ids = [cli(ws, "run", str(script), "--trace-every", "2", *extra)["data"]["runs"][0]["run_id"]
+           for extra in ([], ["--", "--edit-at", "3"])]
+    d = cli(ws, "diverge", *ids)["data"]
+    assert (d["steps"]["agree_until"], d["steps"]["parts_by"], d["window"]) == (2, 4, [3, 4]), d["steps"]
+    assert [c["repeats"] for c in d["checks"]] == [True, True]
+    assert (d["exact"]["agree_until"], d["exact"]["parts_by"], d["exact"]["first_layer"]) == (3, 4, "fc1")
+    first = d["first_difference"]
+    assert (first["step"], first["kind"], first["name"], first["changed_in"]) == (4, "weights", "fc1.weight",
+                                                                                  ["run"]), first
+    assert first["size"]["differing"] == 1 and first["size"]["max_abs_diff"] == pytest.approx(0.25, rel=1e-6)
+    assert d["cause"] == "a change the code made to the weights outside the traced operations" and not d["candidates"]
+    assert ("step 4: the weights of layer fc1 changed between the optimizer update of step 3 and the forward pass of "
+            "step 4 outside the traced operations (a callback, a constraint, a direct assignment), in " + ids[1]
+            + "; 1 of 128 elements of fc1.weight differ, max |Δ| 0.25") in "\n".join(d["lines"])
+
+
 def test_mnist_torch_killed_in_its_container_resumes_to_the_bits_of_an_uninterrupted_run(
         torch_ws: tuple[Workspace, dict[str, Any]]) -> None:
     """`run --checkpoint-every 1`, `docker kill` after the first checkpoint, `resume`: the same model bytes

@@ -12,7 +12,7 @@ from launcher.cli.params import complete_run
 from launcher.result import Result
 
 if TYPE_CHECKING:
-    from launcher.runs.diverge import DivergenceLines
+    from launcher.runs.divergence import DivergenceLines
 
 app = typer.Typer()
 
@@ -32,19 +32,25 @@ def diverge_cmd(
     no_causes: Annotated[bool, typer.Option(
         "--no-causes", help="Stop at the operation; do not try settings that might make it agree.")] = False,
 ) -> None:
-    """Find where two runs part: the step, the layer or gradient, and a setting that makes them agree.
+    """Find where two runs part: the step, the layer, the value, and what makes them part.
 
     The runs' step fingerprints (recorded by default at each epoch's end; `launcher run --trace-every N`
     for finer) give the last step at which their weights agree and the first at which they differ.
-    Each run is then executed again from the start in its own environment (its image, host, profile,
-    seed, threads, code, data and arguments, as recorded), with the steps between traced operation by
-    operation: each layer's input and output and each weight's gradient, digested and kept. The first
-    operation whose value differs is named, with whether its input agreed and the size of the
-    difference. Then, unless --no-causes, the second run is executed again with one setting changed at a
-    time (where the runs' environments differ: the reference's thread count, profile, host; else
+    Each run is then executed again in its own environment (its image, host, profile, seed, threads,
+    code, data and arguments, as recorded), from the start or from the last checkpoint it kept before
+    they part (`launcher run --checkpoint-every N --keep-checkpoints`), every step fingerprinted and the
+    steps between traced value by value: the weights each forward pass reads, each layer's input and
+    output, each weight's gradient, the weights after each update. Each re-execution must repeat its
+    run's fingerprints up to there; one that does not stops diverge (exit 46: nothing it traced can be
+    believed). Then: the exact step at which the re-executions' weights part, and the first value that
+    differs, with whether its input agreed and the size of the difference; weights changed between an
+    update and the next forward pass (a callback, a constraint, an edit of param.data) are named as a
+    change outside the traced operations. Then, unless --no-causes, and unless the runs' inputs differ
+    or their code changed the weights itself, the second run is executed again with one setting changed
+    at a time (where the runs' environments differ: the reference's thread count, profile, host; else
     deterministic ops, or one thread, for both), and the setting under which the operation agrees is
-    named as the cause. The re-executions are ordinary runs of the
-    workspace (group diverge-...), left for inspection.
+    named as the cause. The re-executions are ordinary runs of the workspace (group diverge-...), left
+    for inspection.
 
     Example: launcher diverge 1a2b3c 4d5e6f
     """
@@ -55,4 +61,4 @@ def diverge_cmd(
         res = diverge(ws, reference, other, causes=not no_causes, reporter=rep)
     lines = res.lines()
     data: DivergenceLines = {**res.to_dict(), "lines": lines}
-    render(ctx, Result("diverge", data, summary=lines[-1]), _print)
+    render(ctx, Result("diverge", data, exit_code=res.exit_code, summary=lines[-1]), _print)

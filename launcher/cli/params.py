@@ -354,10 +354,17 @@ TraceOpt = Annotated[str | None, typer.Option(
 CheckpointOpt = Annotated[int | None, typer.Option(
     "--checkpoint-every", metavar="N",
     help="Write a checkpoint after every N-th epoch (at epoch ends only, not mid-epoch): model and optimizer "
-    "state, random states and the step, in outputs/checkpoints/ (the latest kept). A run stopped or killed then "
+    "state, random states and the step, in outputs/checkpoints/ (the latest kept; --keep-checkpoints keeps each). "
+    "A run stopped or killed then "
     "goes on with `launcher resume RUN` and ends with the bits of an uninterrupted run. Keras: a script with one "
-    "fit() on arrays; PyTorch: a script calling launcher.runtime.api.resume_point and api.checkpoint. Other "
+    "fit() on arrays; PyTorch: a script calling "
+    "launcher.runtime.api.resume_point and api.checkpoint; JAX: a loop calling api.jax_resume_point and "
+    "api.jax_checkpoint. Other "
     "training is refused before it starts (exit 45).")]
+KeepCheckpointsOpt = Annotated[bool, typer.Option(
+    "--keep-checkpoints",
+    help="With --checkpoint-every: keep every checkpoint, not only the latest, so that `launcher diverge` "
+    "re-executes the run from the last one before two runs part instead of from the start.")]
 DataOpt = Annotated[str | None, typer.Option(
     "--data", metavar="PATH", help="Dataset folder on the host, mounted read-only.")]
 EnvOpt = Annotated[list[str] | None, typer.Option(

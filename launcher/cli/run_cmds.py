@@ -22,6 +22,7 @@ from launcher.cli.params import (
     DeterminismOpt,
     EnvOpt,
     IndexCaOpt,
+    KeepCheckpointsOpt,
     ParamOpt,
     ProbesOpt,
     RunArg,
@@ -163,6 +164,7 @@ def run_cmd(
     probes: ProbesOpt = None,
     trace_every: TraceOpt = None,
     checkpoint_every: CheckpointOpt = None,
+    keep_checkpoints: KeepCheckpointsOpt = False,
     env: EnvOpt = None,
     secret_env: SecretEnvOpt = None,
     runs_n: ReplicatesOpt = 1,
@@ -192,7 +194,7 @@ def run_cmd(
 
     runs.probe_option(probes)  # a bad SPEC stops here, before the workspace is read
     runs.trace_option(trace_every)
-    runs.checkpoint_option(checkpoint_every)
+    runs.checkpoint_option(checkpoint_every, keep_checkpoints)
     user_env = userenv.parse(env or [], secret_env or [])
     ws = workspace_of(ctx)
     spec = runs.RunSpec(
@@ -201,8 +203,8 @@ def run_cmd(
         data_from=str(data_from) if data_from else None, params=runs.parse_params(param or []), group=group,
         detach=detach, ship_via=ship_via, args=list(script_args or []), code=str(code_dir) if code_dir else None,
         entry=entry, mount=mount, build=not no_build, probes=probes, trace_every=trace_every,
-        checkpoint_every=checkpoint_every, env=dict(user_env.plain), secret_env=dict(user_env.secret),
-        find_links=_wheel_dirs(find_links),
+        checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints, env=dict(user_env.plain),
+        secret_env=dict(user_env.secret), find_links=_wheel_dirs(find_links),
         ca_bundle=str(ca_bundle) if ca_bundle else None)
     _run(ctx, ws, spec, host, runs_n, seed or [], (scheduler, partition, slurm_opt, max_parallel))
 

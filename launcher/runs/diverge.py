@@ -1,37 +1,58 @@
-"""`launcher diverge RUN_A RUN_B`: where two runs part, down to the operation, and what makes them agree.
+"""`launcher diverge RUN_A RUN_B`: where two runs part, down to the step, the layer and the operation, and
+what makes them agree.
 
 1. The step fingerprints of both runs (launcher.verify.stepdiff.steps_diff) give the window:
    the runs agree at step S and differ at step S' (the next step recorded in both).
-2. Each run is executed again from the start **in its own environment** — its image, its placement
-   (host or cluster), its determinism profile, seed, thread count, code, data and arguments, as its
-   launch record holds them — with the steps S+1..S' traced operation by operation
-   (launcher.runtime.optrace). Nothing of the original runs is changed.
-3. The two traces are compared (launcher.verify.opdiff): the first step and operation whose value
-   differs, whether its input agreed, and by how much.
-4. Cause: one candidate at a time (:func:`candidates`), the second run is executed again with one
-   setting changed, and its trace compared with the first run's at that step. Where the runs'
-   environments differ: the first run's thread count, its determinism profile, its host. Where they
-   do not: deterministic ops for both when the profile was not `deterministic`, else one thread for
-   both (both runs executed again). The first candidate under which the operation agrees is named as
-   the cause.
+2. Each run is executed again **in its own environment** — its image, its placement (host or cluster),
+   its determinism profile, seed, thread count, code, data and arguments, as its launch record holds
+   them — every step fingerprinted and the steps S+1..S' traced value by value
+   (launcher.runtime.optrace). It starts from the start, or from the run's last checkpoint at or
+   before step S where the run kept one (launcher.runs.rewind). Nothing of the original runs is changed.
+3. Each re-execution is checked against its run (launcher.verify.repeat): its step fingerprints must
+   be the run's at every step it computed up to S. One that is not computes something else than the
+   run did, and diverge stops there (exit NOT_REPEATED).
+4. The re-executions' own fingerprints, taken at every step, give the exact step at which their weights
+   part; their traces (launcher.verify.opdiff) the first value that differs: the weights a forward pass
+   read (changed outside the traced operations since the update before), a layer's input or output, a
+   gradient, or the weights after an update.
+5. Cause: for an operation, one candidate at a time (:func:`candidates`), the second run is executed
+   again with one setting changed, and its trace compared with the first run's at that step. Where the
+   runs' environments differ: the first run's thread count, its determinism profile, its host. Where
+   they do not: deterministic ops for both when the profile was not `deterministic`, else one thread
+   for both (both runs executed again). The first candidate under which the operation agrees is named
+   as the cause. A change to the weights outside the traced operations is the code's own doing: no
+   setting is tried.
 
 Each re-execution is an ordinary run of the workspace (its own run folder, group
-``diverge-<first run's tail>``), so its logs and outputs stay inspectable.
+``diverge-<first run's tail>``), so its logs and outputs stay inspectable. The answer and its lines
+are in launcher.runs.divergence.
 """
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import TypedDict
+from typing import cast
 
 from launcher.errors import RunFailed, UsageError
+from launcher.hosts import provision
 from launcher.progress import NullReporter, Reporter
+from launcher.runs import rewind
 from launcher.runs.collect import pull_record, read_launch, wait_run
+from launcher.runs.divergence import (
+    Candidate,
+    CandidateRecord,
+    Divergence,
+    DivergenceLines,
+    DivergenceRecord,
+    Setting,
+    outside_change,
+)
 from launcher.runs.lifecycle import start_run
 from launcher.runs.manifest import Manifest, load_manifest
-from launcher.runs.records import LaunchRecord, placement_kind
+from launcher.runs.records import LaunchRecord, StartPoint, placement_kind
 from launcher.runs.replicates import is_failed
 from launcher.runs.rundir import RunDir
 from launcher.runs.runspec import RunSpec
@@ -39,101 +60,18 @@ from launcher.runs.store import resolve_run_id
 from launcher.runs.targets import open_placement
 from launcher.runs.userenv import is_secret
 from launcher.verify import opdiff
+from launcher.verify.differences import INPUT_CATEGORIES
 from launcher.verify.environment import environment_diff
-from launcher.verify.opdiff import OpDifference
-from launcher.verify.stepdiff import StepsDiff, steps_diff, steps_phrase
+from launcher.verify.repeat import check_repeat, environment_changes
+from launcher.verify.stepdiff import read_steps, rows_diff, steps_diff
 from launcher.workspace import Workspace
 
-
-class Setting(TypedDict, total=False):
-    """The RunSpec fields a candidate changes (given to dataclasses.replace)."""
-
-    threads: int | None
-    profile: str
-
-
-class CandidateRecord(TypedDict):
-    name: str
-    setting: Setting
-    run_id: str | None
-    agrees: bool | None
-
-
-class DivergenceRecord(TypedDict):
-    """``launcher diverge``'s answer (its JSON output)."""
-
-    reference: str
-    run: str
-    steps: StepsDiff | None
-    window: list[int] | None
-    reruns: dict[str, str]
-    first_difference: OpDifference | None
-    candidates: list[CandidateRecord]
-    cause: str | None
-
-
-class DivergenceLines(DivergenceRecord):
-    """`diverge`'s Result data: the divergence, and the lines that tell it."""
-
-    lines: list[str]
-
-
-@dataclass
-class Candidate:
-    name: str  # what was changed, e.g. "threads 1 (the reference's)"
-    setting: Setting  # the RunSpec fields changed
-    both: bool = False  # the reference is executed again under the same change (else its first trace serves)
-    on_reference_host: bool = False  # the second run is executed where the reference ran
-    run_id: str | None = None
-    agrees: bool | None = None  # the operation agrees with the reference under it
-
-
-@dataclass
-class Divergence:
-    reference: str
-    run: str
-    steps: StepsDiff | None
-    window: tuple[int, int] | None = None
-    reruns: dict[str, str] = field(default_factory=dict)  # original run id -> its traced re-execution
-    first: OpDifference | None = None  # the traces compared (launcher.verify.opdiff.compare_traces)
-    candidates: list[Candidate] = field(default_factory=list)
-
-    @property
-    def cause(self) -> Candidate | None:
-        return next((c for c in self.candidates if c.agrees), None)
-
-    def lines(self) -> list[str]:
-        out = [f"{self.run} against {self.reference}: " + (steps_phrase(self.steps) if self.steps else
-                                                            "no step fingerprints")]
-        if self.window is None:
-            return out
-        lo, hi = self.window
-        out.append(f"re-executed both in their own environments, tracing steps {lo}..{hi} operation by operation: "
-                   + ", ".join(f"{k} -> {v}" for k, v in self.reruns.items()))
-        if self.first is not None:
-            out.append(opdiff.op_phrase(self.first))
-        for c in self.candidates:
-            verdict = {True: "agrees", False: "still differs", None: "not traced"}[c.agrees]
-            out.append(f"with {c.name}: the operation {verdict} ({c.run_id})")
-        cause = self.cause
-        if cause is not None:
-            out.append(f"cause: {cause.name} makes step {self.first['step'] if self.first else '?'} agree")
-        elif self.candidates:
-            out.append("cause: not found among the settings tried (" + ", ".join(c.name for c in self.candidates)
-                       + ")")
-        return out
-
-    def to_dict(self) -> DivergenceRecord:
-        return {"reference": self.reference, "run": self.run, "steps": self.steps,
-                "window": list(self.window) if self.window else None, "reruns": self.reruns,
-                "first_difference": self.first,
-                "candidates": [{"name": c.name, "setting": c.setting, "run_id": c.run_id, "agrees": c.agrees}
-                               for c in self.candidates],
-                "cause": self.cause.name if self.cause else None}
+__all__ = ["Candidate", "CandidateRecord", "Divergence", "DivergenceLines", "DivergenceRecord", "Setting",
+           "candidates", "diverge", "respec"]
 
 
 def respec(ws: Workspace, m: Manifest, launch: LaunchRecord, window: tuple[int, int]) -> RunSpec:
-    """A run's spec again, as its launch record holds it, with the window traced op by op."""
+    """A run's spec again, as its launch record holds it, every step fingerprinted and the window traced."""
     recipe = launch["recipe"]
     code = launch.get("code") or None
     det = m.determinism
@@ -161,14 +99,22 @@ def respec(ws: Workspace, m: Manifest, launch: LaunchRecord, window: tuple[int, 
 
 
 def _execute(ws: Workspace, launch: LaunchRecord, spec: RunSpec, rep: Reporter,
-             on_log: Callable[[str], None] | None) -> str:
+             on_log: Callable[[str], None] | None, point: StartPoint | None = None) -> str:
     """One re-execution, started as the original was: its recorded image and code plan as they are
-    (nothing is planned, locked or built again), on its own placement."""
-    with open_placement(ws, launch) as placement:
-        started = start_run(ws, spec, placement, rep)
-        run_id = str(started["run_id"])
-        wait_run(ws, run_id, placement, on_log=on_log)
-        manifest = pull_record(ws, run_id, placement, rep)
+    (nothing is planned, locked or built again), on its own placement; from the checkpoint point names."""
+    folder = rewind.prepare(load_manifest(ws.runs / point["run"]), point) if point is not None else None
+    try:
+        if folder is not None and point is not None:
+            spec = replace(spec, start_from={"folder": str(folder), "point": point})
+        with open_placement(ws, launch) as placement:
+            facts = provision.facts_for_run(ws, placement.host)  # the host as it is now, compared with the run's
+            started = start_run(ws, spec, placement, rep, facts=facts)
+            run_id = str(started["run_id"])
+            wait_run(ws, run_id, placement, on_log=on_log)
+            manifest = pull_record(ws, run_id, placement, rep)
+    finally:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
     if is_failed(manifest):
         raise RunFailed(f"the traced re-execution of {launch['run_id']} failed ({run_id})",
                         f"see its log with `launcher logs {run_id}`")
@@ -204,6 +150,79 @@ def candidates(ref: Manifest, run: Manifest, ref_launch: LaunchRecord, run_launc
     return out
 
 
+def _start_points(ws: Workspace, result: Divergence, ms: list[Manifest], launches: list[LaunchRecord],
+                  agree_until: int) -> list[StartPoint | None]:
+    """Where each re-execution starts: the run's last checkpoint at or before the last agreeing step, where
+    it was started with --checkpoint-every and kept one; else from the start (and why, in the result)."""
+    points: list[StartPoint | None] = []
+    for m, launch in zip(ms, launches, strict=True):
+        point = None
+        checkpoint = launch.get("checkpoint")
+        if checkpoint and checkpoint.get("every"):
+            rows = read_steps(m.file("outputs"))
+            point = rewind.start_point(m, agree_until, max(rows, default=None))
+            if point is None and (why := rewind.why_none(m, agree_until)):
+                result.not_from_checkpoint.append(why)
+        if point is not None:
+            result.started_from[m.run_id] = point
+        points.append(point)
+    return points
+
+
+def _reexecute(ws: Workspace, result: Divergence, ms: list[Manifest], launches: list[LaunchRecord],
+               specs: list[RunSpec], rep: Reporter, on_log: Callable[[str], None] | None) -> list[Path]:
+    """Both runs executed again, each checked against its run; their outputs folders."""
+    assert result.window is not None and result.steps is not None
+    agree_until = result.steps["agree_until"] or 0
+    points = _start_points(ws, result, ms, launches, agree_until)
+    for m, launch, spec, point in zip(ms, launches, specs, points, strict=True):
+        where = f" from its checkpoint {point['checkpoint']} (step {point['step']})" if point else ""
+        rep.note(f"re-executing {m.run_id}{where} with steps {result.window[0]}..{result.window[1]} traced")
+        result.reruns[m.run_id] = _execute(ws, launch, spec, rep, on_log, point)
+    outs = []
+    for m, point in zip(ms, points, strict=True):
+        rerun = result.reruns[m.run_id]
+        out = RunDir(ws.runs / rerun).outputs
+        if point is not None:
+            result.started_from[m.run_id] = {**point, "rerun_seconds": rewind.seconds(load_manifest(ws.runs / rerun))}
+        check = check_repeat(m.run_id, rerun, read_steps(m.file("outputs")), read_steps(out),
+                             computed_from=point["step"] if point else 0, upto=agree_until,
+                             parting=result.steps["parts_by"])
+        if not check["repeats"]:
+            check["differences"] = environment_changes(m, load_manifest(ws.runs / rerun))
+        result.checks.append(check)
+        outs.append(out)
+    return outs
+
+
+def _try_causes(ws: Workspace, result: Divergence, ms: list[Manifest], launches: list[LaunchRecord],
+                specs: list[RunSpec], outs: list[Path], rep: Reporter,
+                on_log: Callable[[str], None] | None) -> None:
+    """One setting at a time until the operation agrees (see :func:`candidates`)."""
+    assert result.first is not None
+    step = int(result.first["step"])
+    points: list[StartPoint | None] = []
+    for m in ms:  # where each re-execution started, as the launch record keeps it
+        point = result.started_from.get(m.run_id)
+        points.append(cast(StartPoint, {k: v for k, v in point.items() if k != "rerun_seconds"}) if point else None)
+    for cand in candidates(ms[0], ms[1], launches[0], launches[1]):
+        spec = replace(specs[1], optrace=f"{step}:{step}", **cand.setting)
+        rep.note(f"re-executing {ms[1].run_id} with {cand.name}")
+        cand.run_id = _execute(ws, launches[0] if cand.on_reference_host else launches[1], spec, rep, on_log,
+                               points[1])
+        if cand.both:
+            ref_spec = replace(specs[0], optrace=f"{step}:{step}", **cand.setting)
+            ref_out = RunDir(ws.runs / _execute(ws, launches[0], ref_spec, rep, on_log, points[0])).outputs
+        else:
+            ref_out = outs[0]
+        d = opdiff.compare_traces(ref_out, RunDir(ws.runs / cand.run_id).outputs)
+        traced = step in (d.get("steps_traced") or [])
+        cand.agrees = (not d.get("found")) if traced else None
+        result.candidates.append(cand)
+        if cand.agrees:
+            break
+
+
 def diverge(ws: Workspace, reference: str, other: str, *, causes: bool = True,
             reporter: Reporter | None = None, on_log: Callable[[str], None] | None = None) -> Divergence:
     """See the module's text. Raises UsageError for runs that cannot be localised."""
@@ -214,37 +233,22 @@ def diverge(ws: Workspace, reference: str, other: str, *, causes: bool = True,
     ms = [load_manifest(ws.runs / i) for i in ids]
     steps = steps_diff(ms[0], ms[1])
     result = Divergence(ids[0], ids[1], steps)
+    result.inputs = [row for row in environment_diff(ms[0], ms[1]) if row["category"] in INPUT_CATEGORIES]
     if steps is None:
         raise UsageError("the runs have no step fingerprints in common (fingerprints/steps.jsonl)",
                          "run them again with this launcher (it records them by default, --trace-every N)")
     parts_by = steps["parts_by"]  # a step wherever the runs part (same False)
-    if steps["same"] is not False or parts_by is None:
-        return result
-    window = ((steps["agree_until"] or 0) + 1, parts_by)
-    result.window = window
+    if steps["same"] is not False or parts_by is None or parts_by == 0:
+        return result  # they agree, or their initial weights differ: no training step to trace
+    result.window = ((steps["agree_until"] or 0) + 1, parts_by)
     launches = [read_launch(ws, i) for i in ids]
-    specs = [respec(ws, m, launch, window) for m, launch in zip(ms, launches, strict=True)]
-    for m, launch, spec in zip(ms, launches, specs, strict=True):
-        rep.note(f"re-executing {m.run_id} with steps {window[0]}..{window[1]} traced")
-        result.reruns[m.run_id] = _execute(ws, launch, spec, rep, on_log)
-    outs = [RunDir(ws.runs / result.reruns[i]).outputs for i in ids]
-    result.first = opdiff.compare_traces(outs[0], outs[1])
-    if not causes or not result.first.get("found"):
+    specs = [respec(ws, m, launch, result.window) for m, launch in zip(ms, launches, strict=True)]
+    outs = _reexecute(ws, result, ms, launches, specs, rep, on_log)
+    if not all(c["repeats"] for c in result.checks):
         return result
-    step = int(result.first["step"])
-    for cand in candidates(ms[0], ms[1], launches[0], launches[1]):
-        spec = replace(specs[1], optrace=f"{step}:{step}", **cand.setting)
-        rep.note(f"re-executing {ids[1]} with {cand.name}")
-        cand.run_id = _execute(ws, launches[0] if cand.on_reference_host else launches[1], spec, rep, on_log)
-        if cand.both:
-            ref_spec = replace(specs[0], optrace=f"{step}:{step}", **cand.setting)
-            ref_out = RunDir(ws.runs / _execute(ws, launches[0], ref_spec, rep, on_log)).outputs
-        else:
-            ref_out = outs[0]
-        d = opdiff.compare_traces(ref_out, RunDir(ws.runs / cand.run_id).outputs)
-        traced = step in (d.get("steps_traced") or [])
-        cand.agrees = (not d.get("found")) if traced else None
-        result.candidates.append(cand)
-        if cand.agrees:
-            break
+    result.trace = dict(opdiff.trace_info(outs[0]))
+    result.exact = rows_diff(read_steps(outs[0]), read_steps(outs[1]))
+    result.first = opdiff.compare_traces(outs[0], outs[1])
+    if causes and result.first.get("found") and not outside_change(result.first) and not result.inputs:
+        _try_causes(ws, result, ms, launches, specs, outs, rep, on_log)
     return result

@@ -28,6 +28,7 @@ from launcher.hosts.base import Host
 from launcher.hosts.hostspec import HostSpec
 from launcher.proc import Meanwhile
 from launcher.progress import NullReporter, Reporter
+from launcher.runs import rewind
 from launcher.runs.collect import LogSink, RunOutcome, collect_together, pull_record, utc_now, wait_run
 from launcher.runs.container import ContainerJob
 from launcher.runs.determinism import SEED_ENV, THREADS_ENV
@@ -60,6 +61,8 @@ from launcher.runs.runspec import (
 )
 from launcher.runs.userenv import UserEnv, new_salt
 from launcher.runtime.checkpoint import ENV_EVERY as CHECKPOINT_ENV
+from launcher.runtime.checkpoint import ENV_KEEP as CHECKPOINT_KEEP_ENV
+from launcher.runtime.checkpoint import ENV_RESUME as RESUME_ENV
 from launcher.runtime.optrace import ENV as OPTRACE_ENV
 from launcher.runtime.steps import ENV as TRACE_ENV
 from launcher.runtime.steps import EPOCH
@@ -157,6 +160,10 @@ def _job_env(spec: RunSpec) -> dict[str, str]:
         env[OPTRACE_ENV] = spec.optrace
     if checkpoint_option(spec.checkpoint_every):
         env[CHECKPOINT_ENV] = str(spec.checkpoint_every)
+        if spec.keep_checkpoints:
+            env[CHECKPOINT_KEEP_ENV] = "all"
+    if spec.start_from:
+        env[RESUME_ENV] = "1"  # from the checkpoint placed in its outputs (launcher.runs.rewind)
     return env
 
 
@@ -226,6 +233,22 @@ def _launch_recipe(spec: RunSpec, recipe: Recipe, plan: CodePlan, baked_digest: 
     return rec
 
 
+def _run_dir(spec: RunSpec, placement: Placement, run_id: str, data: str | None, rep: Reporter) -> str:
+    """The run's directory on its target, its outputs folder holding the checkpoint it starts from, if any."""
+    remote = placement.run_dir(run_id, data)
+    if spec.start_from:
+        rewind.place(placement.host, Path(spec.start_from["folder"]), remote_outputs(remote), rep)
+    return remote
+
+
+def _checkpoints_of(spec: RunSpec, launch: LaunchRecord) -> None:
+    """The launch record's checkpoints: those the run writes, and the one it starts from."""
+    if spec.checkpoint_every:
+        launch["checkpoint"] = {"every": spec.checkpoint_every, "keep": "all" if spec.keep_checkpoints else "latest"}
+    if spec.start_from:
+        launch["start_from"] = spec.start_from["point"]
+
+
 def _launch(
     ws: Workspace,
     spec: RunSpec,
@@ -254,7 +277,7 @@ def _launch(
     data = str(PurePosixPath(spec.data)) if spec.data else None
     code_identity = identity.from_plan(plan) if recipe.adhoc else None
     run_id = new_run_id(identity.slug(recipe.name, code_identity))
-    remote = placement.run_dir(run_id, data)
+    remote = _run_dir(spec, placement, run_id, data, rep)
     shipped = placement.ship(image, via=spec.ship_via, reporter=rep, cache_dir=cache_dir or ws.cache_dir)
     job = _job(ws, spec, recipe, plan, run_id, image, env, remote, params, probes)
     launch: LaunchRecord = {
@@ -282,8 +305,7 @@ def _launch(
         "ship": shipped.to_dict(),
         "launched_at": utc_now(),
     }
-    if spec.checkpoint_every:
-        launch["checkpoint"] = {"every": spec.checkpoint_every}
+    _checkpoints_of(spec, launch)
     atomic_write_json(RunDir(ws.runs / run_id).launch_file, launch)
     return launch, job
 
@@ -297,7 +319,7 @@ def _checked(ws: Workspace, spec: RunSpec, seed_list: Sequence[int | None]) -> R
     check_params(recipe, spec.params)
     probe_option(spec.probes)
     trace_option(spec.trace_every)
-    checkpoint_option(spec.checkpoint_every)
+    checkpoint_option(spec.checkpoint_every, spec.keep_checkpoints)
     check_framework(ws, recipe, spec.variant)
     for seed in seed_list:
         determinism.profile_env(spec.profile, seed, spec.threads)

@@ -118,6 +118,7 @@ class TraceRecord(TypedDict):
 
 class CheckpointRecord(TypedDict):
     every: int
+    keep: NotRequired[str]  # latest (the default) | all (--keep-checkpoints)
 
 
 class DeterminismRecord(TypedDict):
@@ -243,6 +244,26 @@ class ManifestPlacement(TypedDict):
     node_facts: NotRequired[HostFacts | NoFacts]
 
 
+class StartPoint(TypedDict):
+    """Where a re-execution starts: a run's checkpoint, and what starting there saves."""
+
+    run: str
+    checkpoint: str  # its folder under outputs/checkpoints/
+    step: int  # the optimizer steps done at the checkpoint
+    epochs: int  # the epochs done
+    steps_total: int | None  # the steps the run made in all (its last step fingerprint)
+    seconds: float | None  # how long the run took, start to end (its manifest)
+    seconds_saved: float | None  # the run's time for the steps not re-executed, in proportion of steps
+    rerun_seconds: NotRequired[float | None]  # how long the re-execution took (launcher diverge's answer)
+
+
+class StartFrom(TypedDict):
+    """RunSpec.start_from: the folder prepared here that becomes the outputs, and the point it stands at."""
+
+    folder: str
+    point: StartPoint
+
+
 class LaunchRecord(TypedDict):
     """``runs/<id>/launch.json``: a run as it was started (launcher.runs.lifecycle), completed with what
     its target said when it started it (``container``, ``argv``, ``image_ran``, ``slurm``)."""
@@ -277,6 +298,7 @@ class LaunchRecord(TypedDict):
     slurm: NotRequired[SlurmJob]
     start_error: NotRequired[str]
     segments: NotRequired[list[Segment]]  # launcher resume: each container the run had
+    start_from: NotRequired[StartPoint]  # a diverge re-execution started from a run's checkpoint
 
 
 class PulledFile(TypedDict):

@@ -12,7 +12,7 @@ from launcher.errors import Corrupt, LauncherError, NotFound, UsageError
 from launcher.images.lock import parse_lock
 from launcher.runs import recipes
 from launcher.runs.recipes import ParamValue, Recipe
-from launcher.runs.records import BAKED, CodePlan, DataSource, ImageRecord, ProbesRecord
+from launcher.runs.records import BAKED, CodePlan, DataSource, ImageRecord, ProbesRecord, StartFrom
 from launcher.runtime import frameworks
 from launcher.runtime.probespec import ProbeError, ProbeSpec, parse_option
 from launcher.runtime.steps import EPOCH, parse_every
@@ -44,6 +44,8 @@ class RunSpec:
     trace_every: str | None = None  # --trace-every: epoch (None), off or a step count (launcher.runtime.steps)
     optrace: str | None = None  # LO:HI: trace these steps op by op (a `launcher diverge` re-execution)
     checkpoint_every: int | None = None  # --checkpoint-every N: a checkpoint after every N-th epoch
+    keep_checkpoints: bool = False  # --keep-checkpoints: every checkpoint kept, not only the latest
+    start_from: StartFrom | None = None  # a run's checkpoint the run starts from (a `launcher diverge` re-execution)
     env: dict[str, str] = field(default_factory=dict)  # --env: the user's variables, recorded with their values
     secret_env: dict[str, str] = field(default_factory=dict, repr=False)  # --secret-env: recorded by sha256 only
     find_links: list[str] = field(default_factory=list)  # --find-links DIR: wheels no reachable index serves
@@ -80,11 +82,14 @@ def trace_option(text: str | None) -> str:
     return EPOCH if every is None else str(every)
 
 
-def checkpoint_option(every: int | None) -> int | None:
-    """--checkpoint-every N: None, or N when it is at least 1 (else a UsageError)."""
+def checkpoint_option(every: int | None, keep: bool = False) -> int | None:
+    """--checkpoint-every N: None, or N when it is at least 1 (else a UsageError); --keep-checkpoints only with it."""
     if every is not None and every < 1:
         raise UsageError(f"--checkpoint-every {every}: not a number of epochs of at least 1",
                          "give how many epochs go between checkpoints (--checkpoint-every 1), or drop it")
+    if keep and every is None:
+        raise UsageError("--keep-checkpoints without --checkpoint-every: there are no checkpoints to keep",
+                         "add --checkpoint-every N, or drop --keep-checkpoints")
     return every
 
 

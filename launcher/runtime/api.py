@@ -13,7 +13,10 @@ A Keras recipe that calls ``model.fit`` on arrays needs nothing else: the runtim
 initial weights, batches, metrics and final model itself. A PyTorch recipe has no fit() to hook,
 so it reports those with :func:`record_initial_weights`, :func:`record_epoch` and
 :func:`save_final`, and seeds its DataLoader with :func:`torch_generator`; a JAX recipe the same,
-its pytree of parameters given by :func:`jax_layers`.
+its pytree of parameters given by :func:`jax_layers`, and, since no hook sees a JAX update, each
+optimizer step with :func:`record_step` (step fingerprints, verify by step, diverge to the step and
+the parameter leaf). Checkpoints: :func:`resume_point` and :func:`checkpoint` for PyTorch,
+:func:`jax_resume_point` and :func:`jax_checkpoint` for a JAX loop's state.
 """
 
 from __future__ import annotations
@@ -30,9 +33,11 @@ from launcher.runtime.record import BadData, recorder
 if TYPE_CHECKING:
     from launcher.runtime.records import NamedArrays
 
-__all__ = ["BadData", "checkpoint", "data_dir", "jax_layers", "out_dir", "params", "profile", "record_dataset",
-           "record_epoch", "record_initial_weights", "resume_point", "save_final", "seed", "threads", "torch_generator",
-           "torch_layers"]
+JAX_STATE = "jax.npz"  # a checkpoint's JAX part: the loop's state pytree (launcher.runtime.frameworks.fw_jax)
+
+__all__ = ["BadData", "checkpoint", "data_dir", "jax_checkpoint", "jax_layers", "jax_resume_point", "out_dir", "params",
+           "profile", "record_dataset", "record_epoch", "record_initial_weights", "record_step", "resume_point",
+           "save_final", "seed", "threads", "torch_generator", "torch_layers"]
 
 
 # the user's params are any JSON (recipe.toml's defaults, --param, a plain script's --params), read by
@@ -84,7 +89,22 @@ def jax_layers(params: Any) -> fp.Layers:
 
 
 def record_initial_weights(layers: fp.Layers) -> None:
-    recorder().record_initial_weights(layers)
+    """The weights before training; for a loop no hook sees (JAX), also its step fingerprint of step 0."""
+    rec = recorder()
+    fresh = not rec.initial_recorded and not rec.checkpoints.resume
+    rec.record_initial_weights(layers)
+    if fresh and rec.torch_steps is None:  # PyTorch's hooks take step 0 themselves, before the first update
+        rec.trace.start(lambda: layers)
+
+
+def record_step(params: Any, loss: Any = None) -> None:
+    """An optimizer update was made: ``params`` is the JAX pytree of parameters after it (and ``loss`` the
+    batch's loss, optional). Counts the step; writes a step fingerprint where ``--trace-every N`` asks for
+    one; on a `launcher diverge` re-execution, traces each parameter leaf. Cheap otherwise: nothing is read
+    from the device unless a fingerprint is taken. Call it once per update, after it."""
+    from launcher.runtime.frameworks import fw_jax
+
+    recorder().record_step(params, loss, fw_jax.layers, fw_jax.leaves)
 
 
 def record_epoch(epoch: int, batches: Sequence[Any], metrics: Mapping[str, SupportsFloat | str]) -> None:
@@ -169,3 +189,47 @@ def checkpoint(epoch: int, model: Any, optimizer: Any, generator: Any = None) ->
         torch.save(blob, folder / "torch.pt")
 
     points.write(epoch, rec.trace.step, "torch", save)
+
+
+# ---------------------------------------------------------------- checkpoints (JAX)
+
+def jax_resume_point(state: Any) -> tuple[int, Any]:
+    """(the epoch to start at, the state to go on with): (0, ``state`` as given), or, when the run resumes
+    (``launcher resume RUN``, or a `launcher diverge` re-execution started from a checkpoint), the epoch
+    after the latest checkpoint and the state saved there, with Python's and NumPy's random states put back.
+    ``state`` is any pytree of what the loop carries from epoch to epoch (parameters, optimizer state, PRNG
+    keys, numbers), made as for a fresh start. Call it once, before the epoch loop; with
+    :func:`jax_checkpoint` at each epoch's end it makes the run resumable bit for bit."""
+    from launcher.runtime import checkpoint as ck
+    from launcher.runtime.frameworks import fw_jax
+
+    rec = recorder()
+    points = rec.checkpoints
+    points.engaged = True
+    found = points.resume_from()
+    if found is None:
+        return 0, state
+    folder, done = found
+    if done.get("framework") != "jax":
+        raise ck.NotResumable(f"checkpoint {folder.name} was written by {done.get('framework')}, not jax")
+    try:
+        state = fw_jax.load_state(folder / JAX_STATE, state)
+    except (OSError, KeyError, ValueError) as exc:
+        raise ck.NotResumable(f"checkpoint {folder.name}: {exc}") from None
+    ck.restore_python_numpy(json.loads((folder / ck.RNG).read_text()))
+    rec.resumed_at(done)
+    print(f"launcher: restored checkpoint {folder.name}: the loop's state and random states after epoch "
+          f"{done['next_epoch']} (step {done['step']})", flush=True)
+    return int(done["next_epoch"]), state
+
+
+def jax_checkpoint(epoch: int, state: Any) -> None:
+    """The end of epoch (0-based): a checkpoint of the loop's state (the pytree :func:`jax_resume_point`
+    takes) when ``--checkpoint-every N`` asks for one here. Call it last in the epoch, after :func:`record_epoch`."""
+    rec = recorder()
+    points = rec.checkpoints
+    if not points.due(epoch):
+        return
+    from launcher.runtime.frameworks import fw_jax
+
+    points.write(epoch, rec.trace.step, "jax", lambda folder: fw_jax.save_state(folder / JAX_STATE, state))

@@ -2,7 +2,9 @@
 
 ``launcher run --checkpoint-every N`` sets ``LAUNCHER_CHECKPOINT_EVERY=N``: after every N-th epoch
 the runtime writes ``checkpoints/epoch-NNNN/`` under the outputs folder (NNNN: the epochs done),
-then points ``checkpoints/latest.json`` at it and deletes the older one. A checkpoint holds:
+then points ``checkpoints/latest.json`` at it and deletes the older one (``LAUNCHER_CHECKPOINT_KEEP=all``,
+``launcher run --keep-checkpoints``, keeps every one: `launcher diverge` starts a re-execution from
+one). A checkpoint holds:
 
 - ``state.json``: the last epoch done, the optimizer step, the framework, and the size of each file
   the run appends to (metrics, batch and step fingerprints) at that point;
@@ -41,6 +43,7 @@ if TYPE_CHECKING:
 Resume = tuple[Path, "CheckpointState"]  # a checkpoint's folder and its state.json
 
 ENV_EVERY = "LAUNCHER_CHECKPOINT_EVERY"
+ENV_KEEP = "LAUNCHER_CHECKPOINT_KEEP"  # all: every checkpoint kept (launcher diverge starts from one); else the latest
 ENV_RESUME = "LAUNCHER_RESUME"
 DIR = "checkpoints"
 LATEST = f"{DIR}/latest.json"
@@ -148,10 +151,11 @@ def restore_python_numpy(doc: RngState) -> None:
 class Checkpoints:
     """The run's checkpoints: whether to write one after an epoch, writing it, and the one resumed from."""
 
-    def __init__(self, out: Path, every: int | None, resume: bool) -> None:
+    def __init__(self, out: Path, every: int | None, resume: bool, keep_all: bool = False) -> None:
         self.out = out
         self.every = every
         self.resume = resume
+        self.keep_all = keep_all
         self.engaged = False  # a framework's checkpointing was set up (fit() on Keras, the api on PyTorch)
         self.restored: CheckpointState | None = None  # the state resumed from, once restored
         self._resume_from: Resume | None = None
@@ -162,7 +166,7 @@ class Checkpoints:
             every = parse_every(os.environ.get(ENV_EVERY))
         except ValueError:
             every = None  # checked on the host
-        return cls(out, every, os.environ.get(ENV_RESUME) == "1")
+        return cls(out, every, os.environ.get(ENV_RESUME) == "1", os.environ.get(ENV_KEEP) == "all")
 
     @property
     def active(self) -> bool:
@@ -204,6 +208,6 @@ class Checkpoints:
         pointer: CheckpointFile = {"name": name}
         fp.write_atomic(self.out / LATEST, (json.dumps(pointer, sort_keys=True) + "\n").encode())
         for old in root.iterdir():
-            if old.is_dir() and old.name != name:
+            if old.is_dir() and old.name != name and not (self.keep_all and not old.name.startswith(".")):
                 _rmtree(old, ignore_errors=True)
         return final

@@ -112,7 +112,7 @@ def _applied_phrase(info: Applied, rt: Runtime) -> str:
         parts.append("deterministic ops")
     threads = info.get("threads")
     if isinstance(threads, dict) and threads.get("intra_op"):
-        parts.append(f"{threads['intra_op']} threads")
+        parts.append(f"{threads['intra_op']} thread{'' if threads['intra_op'] == 1 else 's'}")
     return f"{rt.profile} profile ({', '.join(parts) or 'seeded'})"
 
 

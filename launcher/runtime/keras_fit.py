@@ -246,8 +246,11 @@ def _recorder_callback(keras: Any, rec: Recorder, tap: BatchTap,
     return LauncherStepRecorder() if trace.every else LauncherRecorder()
 
 
-def _optrace_callback(keras: Any, ops: optrace.KerasOps) -> Any:
-    """On a diverge re-execution: which step the training function computes (its taps read it)."""
+def _optrace_callbacks(keras: Any, ops: optrace.KerasOps) -> tuple[Any, Any]:
+    """On a diverge re-execution: one callback first among fit()'s, which says which step the training
+    function computes (its taps read it) and records the weights right after its update, before any
+    other callback can change them; and, where the step is compiled with XLA (no taps), one last,
+    which records the weights as the step begins, after every callback."""
 
     class LauncherOpTrace(keras.callbacks.Callback):  # type: ignore[misc]
         def on_train_batch_begin(self, batch: int, logs: Logs = None) -> None:
@@ -256,26 +259,38 @@ def _optrace_callback(keras: Any, ops: optrace.KerasOps) -> Any:
                 ops.trace.begin(done + 1)
 
         def on_train_batch_end(self, batch: int, logs: Logs = None) -> None:
+            if ops.trace.current is not None:
+                ops.trace.weights(optrace.UPDATED, ops.weights_now())
             ops.trace.end()
 
-    return LauncherOpTrace()
+    class LauncherOpTraceLast(keras.callbacks.Callback):  # type: ignore[misc]
+        def on_train_batch_begin(self, batch: int, logs: Logs = None) -> None:
+            if not ops.taps and ops.trace.current is not None:
+                ops.trace.weights(optrace.WEIGHTS, ops.weights_now())
+
+    return LauncherOpTrace(), LauncherOpTraceLast()
 
 
-def _trace_ops(keras: Any, tf: Any, rec: Recorder, model: Any) -> Any:
-    """Taps on the model's layers and gradients for a diverge re-execution; its callback, or None."""
+def _trace_ops(keras: Any, tf: Any, rec: Recorder, model: Any) -> tuple[Any, Any] | None:
+    """Taps on the trained model's layers and gradients for a diverge re-execution; its callbacks, or
+    None. fit() compiled with XLA stays so (what the original run computed), traced at the weights only."""
     trace = rec.optrace
     if trace is None:
         return None
-    ops = optrace.KerasOps(tf, trace)
-    ops.layers = {id(layer) for layer in model.layers}
+    ops = optrace.KerasOps(tf, trace, model)
     ops.wrap_layer_call(keras.layers.Layer)
     if getattr(model, "optimizer", None) is not None:
         ops.wrap_apply(model.optimizer)
-    if getattr(model, "jit_compile", False):
-        model.jit_compile = False  # a tap is a Python call, which XLA cannot compile
-        print("launcher: operation trace: fit() runs without XLA (jit_compile=False) to observe each layer",
-              file=sys.stderr, flush=True)
-    return _optrace_callback(keras, ops)
+    xla = bool(getattr(model, "jit_compile", False))
+    ops.taps = not xla
+    where = ("as each step begins, after every callback, and after its update; fit() is compiled with XLA, as in "
+             "the run traced, which cannot compile a tap inside the step" if xla
+             else "as each layer's call inside fit()'s compiled training step reads them")
+    trace.describe({"framework": "keras", "operations": not xla, "xla": xla, "weights": where})
+    if xla:
+        print("launcher: operation trace: fit() is compiled with XLA, as in the run traced: the weights are traced "
+              "at each step's start and end, the operations inside the step are not", file=sys.stderr, flush=True)
+    return _optrace_callbacks(keras, ops)
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -401,15 +416,20 @@ def _resume_point(rec: Recorder, a: FitArguments, named: dict[str, list[Any]] | 
     return resume
 
 
-def _add_callbacks(keras: Any, model: Any, given: inspect.BoundArguments, ours: list[Any]) -> None:
-    """ours put first among the callbacks of the fit call given (a CallbackList Keras built, or a list)."""
+def _add_callbacks(keras: Any, model: Any, given: inspect.BoundArguments, ours: list[Any],
+                   last: list[Any] | None = None) -> None:
+    """ours put first among the callbacks of the fit call given (a CallbackList Keras built, or a list),
+    and last after them."""
     callbacks = given.arguments.get("callbacks")
     if isinstance(callbacks, keras.callbacks.CallbackList):
         for n, callback in enumerate(ours):
             callback.set_model(model)
             callbacks.callbacks.insert(n, callback)
+        for callback in last or []:
+            callback.set_model(model)
+            callbacks.callbacks.append(callback)
     else:
-        given.arguments["callbacks"] = [*ours, *(callbacks or [])]
+        given.arguments["callbacks"] = [*ours, *(callbacks or []), *(last or [])]
 
 
 def install(keras: Any, tf: Any, rec: Recorder) -> Callable[..., Any]:
@@ -437,8 +457,8 @@ def install(keras: Any, tf: Any, rec: Recorder) -> Callable[..., Any]:
         ours = [_recorder_callback(keras, rec, tap, resume)]
         traced = _trace_ops(keras, tf, rec, self)
         if traced is not None:
-            ours.append(traced)
-        _add_callbacks(keras, self, given, ours)
+            ours.append(traced[0])
+        _add_callbacks(keras, self, given, ours, [traced[1]] if traced is not None else None)
         try:
             import importlib
 

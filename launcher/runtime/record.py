@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, SupportsFloat, cast
+from typing import TYPE_CHECKING, Any, SupportsFloat, cast
 
 from launcher.runtime import checkpoint
 from launcher.runtime import fingerprints as fp
@@ -66,6 +66,7 @@ class Recorder:
         self.metric_epochs = 0
         self._trace: steps.StepTrace | None = None
         self.torch_steps: steps.TorchSteps | None = None  # set when the code imports torch
+        self._pytree_steps: steps.PytreeSteps | None = None  # a loop reporting its steps (api.record_step)
         self._optrace_read = False
         self._optrace: optrace.OpTrace | None = None
         self._checkpoints: checkpoint.Checkpoints | None = None
@@ -118,9 +119,32 @@ class Recorder:
         self.checkpoints.restored = state
 
     def steps_boundary(self, epoch: int | None = None) -> None:
-        """An epoch of a PyTorch loop ended (or the script did): a step fingerprint if it moved."""
-        if self.torch_steps is not None:
+        """An epoch of a PyTorch or JAX loop ended (or the script did): a step fingerprint if it moved."""
+        if self._pytree_steps is not None:
+            self._pytree_steps.boundary(epoch)
+        elif self.torch_steps is not None:
             self.torch_steps.boundary(epoch)
+
+    def record_step(self, params: Any, loss: Any, layers: Callable[[Any], fp.Layers],
+                    leaves: Callable[[Any], list[tuple[str, str, Any]]]) -> None:
+        """A loop's optimizer update, reported by the loop (api.record_step): params after it, read by
+        layers and leaves (launcher.runtime.frameworks.fw_jax's)."""
+        if self._pytree_steps is None:
+            from launcher.runtime import steps
+
+            self.refuse_unresumable()
+            self._pytree_steps = steps.PytreeSteps(self.trace, layers, leaves, self.optrace)
+        self._pytree_steps.stepped(params, loss)
+
+    def refuse_unresumable(self) -> None:
+        """Checkpoints asked for, and training goes on without the checkpoint api: it cannot be resumed."""
+        points = self.checkpoints
+        if points.active and not points.engaged:
+            raise checkpoint.NotResumable(
+                "--checkpoint-every needs a loop launcher cannot hook to call its checkpoint api: for JAX, "
+                "launcher.runtime.api.jax_resume_point(state) before the epoch loop and api.jax_checkpoint(epoch, "
+                "state) at each epoch's end (docs/recipes.md); this one trains without them, so it cannot be resumed "
+                "bit for bit")
 
     # dataset -----------------------------------------------------------------------------------
     def record_dataset_arrays(self, arrays: NamedArrays, *, check: bool = True) -> ArraysFingerprint:

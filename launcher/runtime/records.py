@@ -149,6 +149,17 @@ class OpRow(TypedDict):
     shape: list[int]
     dtype: str
     array: NotRequired[str]  # its key in the step's .npz, when small enough to keep
+    layer: NotRequired[str]  # weights and updated: the layer it belongs to, as the step fingerprints name it
+
+
+class OpTraceInfo(TypedDict):
+    """``optrace/trace.json``: what a re-execution's operation trace could observe, and how."""
+
+    framework: str  # keras | torch | jax
+    operations: bool  # layer inputs and outputs and gradients were traced (False: only the weights)
+    xla: bool  # the training step was compiled with XLA, as in the run traced
+    weights: str  # where the weights were read, in words
+    note: NotRequired[str]
 
 
 JsonlLine = EpochBatches | MetricsLine | StepRow | OpRow  # what fingerprints.append_jsonl writes

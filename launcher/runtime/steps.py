@@ -196,6 +196,8 @@ class TorchSteps:
         best = max(roots, key=lambda m: sum(p.numel() for p in m.parameters()), default=None)
         if best is not None:
             self.model = weakref.ref(best)
+            if self.ops is not None:
+                self.ops.model_found(best)
         return best
 
     def backward(self) -> None:
@@ -208,6 +210,14 @@ class TorchSteps:
             self.model, self.searched = None, False  # an optimizer stepping next finds its own model
         else:
             self.trace.stepped(self.backwards - 1, self.layers)
+
+    def backward_done(self) -> None:
+        """``Tensor.backward()`` returned. In a loop that updates by hand, on a diverge re-execution: the
+        step's gradients are traced, and the next step begins (its update, the loop's own code, comes
+        before its forward pass, whose weights the trace reads there)."""
+        if self.ops is not None and self.by_hand:
+            self.ops.grads()
+            self.ops.trace.begin(self.backwards + 1)
 
     def created(self, optimizer: Any) -> None:
         """An optimizer was made: on a diverge re-execution, find its model now and begin step 1."""
@@ -223,13 +233,13 @@ class TorchSteps:
             self.trace.start(self.layers)
             if self.ops is not None:
                 self.ops.grads()
-                self.ops.trace.end()
 
     def after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.optimizer is None:
             self.optimizer = optimizer
         self.trace.stepped(self.trace.step + 1, self.layers)
         if self.ops is not None and optimizer is self.optimizer:
+            self.ops.updated()
             self.ops.trace.begin(self.trace.step + 1)
 
     def boundary(self, epoch: int | None = None) -> None:
@@ -259,7 +269,9 @@ def install_torch(torch: Any, trace: StepTrace, ops: Any = None) -> TorchSteps |
 
     def backward(self: Any, *args: Any, **kwargs: Any) -> Any:
         steps.backward()
-        return original_backward(self, *args, **kwargs)
+        done = original_backward(self, *args, **kwargs)
+        steps.backward_done()
+        return done
 
     torch.Tensor.backward = backward
     if ops is not None:
@@ -279,3 +291,41 @@ def install_torch(torch: Any, trace: StepTrace, ops: Any = None) -> TorchSteps |
         __iter__.__launcher_wrapped__ = True  # type: ignore[attr-defined]
         DataLoader.__iter__ = __iter__  # type: ignore[method-assign]
     return steps
+
+
+# ---------------------------------------------------------------- loops that report their steps (JAX)
+
+
+class PytreeSteps:
+    """The steps a loop reports itself (launcher.runtime.api.record_step), with its parameters after each
+    update as a pytree: a JAX loop, which no hook sees. On a diverge re-execution each leaf is traced after
+    each update in the window (launcher.runtime.optrace, kind ``updated``). ``layers`` and ``leaves`` read a
+    pytree (launcher.runtime.frameworks.fw_jax's, handed in by the api)."""
+
+    def __init__(self, trace: StepTrace, layers: Callable[[Any], fp.Layers],
+                 leaves: Callable[[Any], list[tuple[str, str, Any]]], ops: Any = None) -> None:
+        self.trace, self.layers, self.leaves = trace, layers, leaves
+        self.ops = ops  # launcher.runtime.optrace.OpTrace, on a `launcher diverge` re-execution
+        self.params: Any = None  # the parameters after the last update reported
+        self.described = False
+
+    def stepped(self, params: Any, loss: Any = None) -> None:
+        self.params = params
+        step = self.trace.step + 1
+        self.trace.stepped(step, lambda: self.layers(params), loss=loss)
+        ops = self.ops
+        if ops is None:
+            return
+        if not self.described:
+            self.described = True
+            ops.describe({"framework": "jax", "operations": False, "xla": True,
+                          "weights": "the parameter pytree after each update, from api.record_step"})
+        ops.begin(step)
+        if ops.current is not None:
+            ops.weights("updated", self.leaves(params))
+        ops.end()
+
+    def boundary(self, epoch: int | None = None) -> None:
+        params = self.params
+        if params is not None:
+            self.trace.boundary(lambda: self.layers(params), epoch=epoch)

@@ -34,6 +34,9 @@ _EXACT_CATEGORY = {
     "host.name": "info", "host.kind": "info",
     "determinism.env.LAUNCHER_TRACE_EVERY": "info",  # what is recorded, not what is computed
     "determinism.env.LAUNCHER_OPTRACE": "info",
+    # where checkpoints are written and whether the run starts from one: training's bits are the same
+    "determinism.env.LAUNCHER_CHECKPOINT_EVERY": "info", "determinism.env.LAUNCHER_CHECKPOINT_KEEP": "info",
+    "determinism.env.LAUNCHER_RESUME": "info",
 }
 _SEED_ENV = ("LAUNCHER_SEED", "PYTHONHASHSEED")
 _HARDWARE_WORDS = ("cpu", "gpu", "driver", "cuda", "cudnn", "device", "arch", "machine", "cores", "nproc",
@@ -63,7 +66,8 @@ def environment_view(m: Manifest) -> dict[str, Any]:
             _flatten(key, m.data[key], flat)
     flat["seed"] = m.seed
     flat.pop("recipe.name", None)
-    return {k: v for k, v in flat.items() if not _is_volatile_key(k)}
+    # a param is the user's input whatever its name (a `decay_at`, a `start_time` is no timestamp of the run)
+    return {k: v for k, v in flat.items() if k.startswith("params.") or not _is_volatile_key(k)}
 
 
 def _is_volatile_key(key: str) -> bool:

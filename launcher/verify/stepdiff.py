@@ -4,6 +4,7 @@ reports, the strip the report draws, and the sentences both print."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, NotRequired, TypedDict, cast
 
 from launcher.runs.manifest import Manifest
@@ -80,14 +81,22 @@ def _full(x: Any) -> str:
     return f"{x:.10g}" if isinstance(x, float) else str(x)
 
 
+def rows_by_step(rows: list[dict[str, Any]] | None) -> dict[int, StepRow]:
+    """Step rows by step number (rows without an integer step left out)."""
+    return {r["step"]: cast(StepRow, r) for r in rows or [] if isinstance(r.get("step"), int)}
+
+
+def read_steps(outputs: Path) -> dict[int, StepRow]:
+    """An outputs folder's step fingerprints by step (empty without any)."""
+    return rows_by_step(read_jsonl(outputs / runtime_steps.STEPS))
+
+
 def _by_step(ref: Manifest, run: Manifest) -> tuple[dict[int, StepRow], dict[int, StepRow]] | None:
-    """Both runs' step rows by step number (rows without an integer step left out); None when
-    either run has no step fingerprints."""
+    """Both runs' step rows by step number; None when either run has no step fingerprints."""
     a, b = read_jsonl(ref.file(STEPS)), read_jsonl(run.file(STEPS))
     if not a or not b:
         return None
-    return ({r["step"]: cast(StepRow, r) for r in a if isinstance(r.get("step"), int)},
-            {r["step"]: cast(StepRow, r) for r in b if isinstance(r.get("step"), int)})
+    return rows_by_step(a), rows_by_step(b)
 
 
 def _layer_names(la: Mapping[str, object], lb: Mapping[str, object]) -> list[str]:
@@ -99,9 +108,11 @@ def steps_diff(ref: Manifest, run: Manifest) -> StepsDiff | None:
     recorded in both runs at which the weights agree, the first at which they differ, and the
     layers that differ there (in model order). None when either run has no step fingerprints."""
     rows = _by_step(ref, run)
-    if rows is None:
-        return None
-    by_a, by_b = rows
+    return None if rows is None else rows_diff(*rows)
+
+
+def rows_diff(by_a: Mapping[int, StepRow], by_b: Mapping[int, StepRow]) -> StepsDiff:
+    """steps_diff on two runs' step rows by step (launcher diverge compares its re-executions' so)."""
     common = sorted(set(by_a) & set(by_b))
     agree: int | None = None
     for step in common:

@@ -1,9 +1,12 @@
 """A two-layer MLP on the digits in JAX, trained by a loop of its own with optax's Adam.
 
 JAX has no global random state: the PRNG key is made from the run's seed (api.seed()), and the
-runtime lists that call in runtime.json (seed_calls). Initial weights, the sample IDs of every batch,
-per-epoch metrics and the final weights (model/canonical.npz, one array per pytree leaf, grouped
-by parent path) go through launcher.runtime.api.
+runtime lists that call in runtime.json (seed_calls). Initial weights, each optimizer step (step
+fingerprints), the sample IDs of every batch, per-epoch metrics and the final weights
+(model/canonical.npz, one array per pytree leaf, grouped by parent path) go through
+launcher.runtime.api, and so do checkpoints: the loop's state (parameters, Adam's state, the shuffle
+key) is what api.jax_resume_point restores and api.jax_checkpoint saves. ``halve_lr_at`` halves the
+learning rate from that optimizer step on (0: never), a schedule that makes two runs part at a known step.
 """
 
 from __future__ import annotations
@@ -40,7 +43,10 @@ params = {
                "b": jnp.zeros(hidden)},
     "out": {"w": jax.random.normal(k_out, (hidden, 10)) * (1 / hidden) ** 0.5, "b": jnp.zeros(10)},
 }
-optimizer = optax.adam(float(p["learning_rate"]))
+lr = float(p["learning_rate"])
+halve_at = int(p["halve_lr_at"])
+# optax counts the updates made before: the update of step N (1-based) is count N - 1
+optimizer = optax.adam(optax.piecewise_constant_schedule(lr, {halve_at - 1: 0.5}) if halve_at > 0 else lr)
 state = optimizer.init(params)
 
 
@@ -67,20 +73,23 @@ def evaluate(params: dict, x: jnp.ndarray, y: jnp.ndarray) -> tuple:
 
 
 api.record_initial_weights(api.jax_layers(params))
+first, (params, state, shuffle) = api.jax_resume_point((params, state, shuffle))
 batch = int(p["batch_size"])
 start = time.time()
-for epoch in range(int(p["epochs"])):
+for epoch in range(first, int(p["epochs"])):
     shuffle, sub = jax.random.split(shuffle)
     order = np.asarray(jax.random.permutation(sub, len(x_train)))
     batches, total = [], 0.0
     for at in range(0, len(order), batch):
         ids = order[at:at + batch]
         params, state, loss = train_step(params, state, x_train[ids], y_train[ids])
+        api.record_step(params, loss)
         batches.append(ids)
         total += float(loss) * len(ids)
     val_loss, val_acc = evaluate(params, x_test, y_test)
     metrics = {"loss": total / len(order), "val_loss": float(val_loss), "val_accuracy": float(val_acc)}
     api.record_epoch(epoch, batches, metrics)
+    api.jax_checkpoint(epoch, (params, state, shuffle))
     print(f"epoch {epoch + 1}/{p['epochs']}: " + " - ".join(f"{k}: {v:.4f}" for k, v in metrics.items()))
 print(f"Elapsed Time: {time.time() - start:.2f}")
 api.save_final(api.jax_layers(params))
