@@ -142,6 +142,8 @@ class DifferingFile(TypedDict):
     status: str  # differs | missing (identical-content for the files identical in content only)
     content: ContentRecord | None
     ignore: NotRequired[str]  # missing: the --ignore glob that leaves it out
+    kind: NotRequired[str]  # the kind of file it is (launcher.verify.evidence: model, figure, ...)
+    hint: NotRequired[str]  # compared by bytes: what the differing bytes look like (a date)
 
 
 class Explanation(TypedDict):
@@ -361,11 +363,20 @@ def _delta(x: object, y: object) -> MetricDelta | None:
 INPUT_CATEGORIES = ("code", "data", "seed", "params")
 
 
+def steps_to_the_end(steps: StepsDiff | None) -> bool:
+    """launcher's weight digests agree at every step recorded in both runs, and both end at the same step."""
+    if steps is None or steps.get("same") is not True:
+        return False
+    last = steps.get("last_step")
+    return last is not None and last["reference"] is not None and last["reference"] == last["run"]
+
+
 def training_identical(model: ModelExplanation | None, initial: InitialWeightsExplanation | None,
                        data: DataExplanation | None, batches: BatchesExplanation | None,
                        metrics: MetricsExplanation | None, steps: StepsDiff | None = None) -> bool:
-    """Every model array, fingerprint and metric recorded in both runs is identical (and some were)."""
-    if model is None and metrics is None:
+    """Every model array, fingerprint and metric recorded in both runs is identical (and some were: the
+    model, the metrics, or launcher's weight digests to the last step)."""
+    if model is None and metrics is None and not steps_to_the_end(steps):
         return False
     if model is not None and model.get("identical") is not True:
         return False
@@ -383,7 +394,7 @@ def classify(identical: bool, env: list[EnvironmentRow], data: DataExplanation |
     if identical:
         return {"kind": CLASS_IDENTICAL, "causes": [], "line": "identical"}
     if files is not None and training_identical(model, initial, data, batches, metrics, steps):
-        return _outputs_only(files)
+        return _outputs_only(files, model is None and metrics is None, steps)
     by_cat: dict[str, list[str]] = {}
     for row in env:
         by_cat.setdefault(row["category"], []).append(row["key"])
@@ -397,12 +408,17 @@ def classify(identical: bool, env: list[EnvironmentRow], data: DataExplanation |
     return _nondeterminism(model, initial, batches, steps, seeded)
 
 
-def _outputs_only(files: Sequence[DifferingFile]) -> Classification:
-    """Training was identical: only other outputs differ (the first three named)."""
-    named = [_file_phrase(f) for f in files[:3]] + ([f"and {len(files) - 3} more"] if len(files) > 3 else [])
+def _outputs_only(files: Sequence[DifferingFile], by_steps: bool, steps: StepsDiff | None) -> Classification:
+    """Training was identical: only other outputs differ (the first three named, with their kind)."""
+    named = [_file_phrase(f, kind=True) for f in files[:3]] + ([f"and {len(files) - 3} more"] if len(files) > 3
+                                                               else [])
+    basis = "every model array, fingerprint and metric"
+    if by_steps and steps is not None:
+        last = steps.get("last_step")
+        basis = (f"launcher's weight digests agree at all {steps['steps_compared']} steps recorded in both, to step "
+                 f"{last['reference'] if last else '?'}")
     return {"kind": CLASS_OUTPUTS, "causes": ["outputs"],
-            "line": "training identical (every model array, fingerprint and metric); differs only in "
-                    f"other outputs: {', '.join(named) or 'none named'}"}
+            "line": f"an output differs: {', '.join(named) or 'none named'}; training identical ({basis})"}
 
 
 def _input_change(inputs: list[str], by_cat: dict[str, list[str]], env: list[EnvironmentRow]) -> Classification:
@@ -463,15 +479,18 @@ def with_impact(classification: Classification, impact: ProbeImpact | None) -> C
     return {**classification, "impact": impact.get("kind"), "line": f"{classification['line']}; {impact['line']}"}
 
 
-def _file_phrase(f: DifferingFile) -> str:
+def _file_phrase(f: DifferingFile, kind: bool = False) -> str:
     name = str(f["path"]).removeprefix("outputs/")
     content = f.get("content")
+    what = f"{f['kind']}; " if kind and f.get("kind") else ""
     if f.get("status") == MISSING:
         hint = f"; to leave it out: --ignore '{f['ignore']}'" if f.get("ignore") else ""
-        return f"{name} (in one run only{hint})"
+        return f"{name} ({what}in one run only{hint})"
     if content and content.get("difference"):
-        return f"{name} ({content['difference']})"
-    return f"{name} (bytes; format not compared by content)"
+        return f"{name} ({what}{content['format']}: {content['difference']})" if kind else \
+            f"{name} ({content['difference']})"
+    hint = f"; {f['hint']}" if f.get("hint") else ""
+    return f"{name} ({what}bytes; format not compared by content{hint})"
 
 
 def explain(ref: Manifest, run: Manifest, files: list[DifferingFile] | None = None,
