@@ -59,6 +59,7 @@ def test_a_script_that_saves_nothing_is_identical_by_its_weight_digests(ws: Work
     kinds = report.evidence()["kinds"]
     assert kinds[KIND_STEPS]["identical"] == 1 and kinds[KIND_STEPS]["training"] is True
     assert report.to_dict()["evidence"]["training"] is True
+    assert report.checks()["models"] == {"all_same": True, "checked": 2, "of": 2, "differing": []}  # by them
     code, out = _cli(ws)
     assert code == ExitCode.OK and "weight digests: 1 file, 1 compared: identical (1 identical)" in out
 
@@ -72,6 +73,7 @@ def test_weight_digests_that_part_are_a_difference_by_them(ws: Workspace) -> Non
     assert report.exit_code == ExitCode.NOT_REPRODUCIBLE and report.verdict == "differs"
     (run,) = report.differing
     assert run.explanation is not None and run.explanation["classification"]["kind"] == CLASS_INPUT
+    assert report.checks()["models"]["all_same"] is False
     assert "by launcher's weight digests (input-change): weights already differ at step 0, the first recorded " \
            "in both (first layer fc); module Linear, updated by hand" in line, line
 

@@ -53,6 +53,7 @@ from launcher.verify.differences import (
     DifferingFile,
     Explanation,
     explain,
+    steps_to_the_end,
 )
 from launcher.verify.evidence import (
     KIND_MODEL,
@@ -361,7 +362,11 @@ class VerifyReport:
         return out
 
     def _model_compared(self, run_id: str) -> bool:
-        """A model file of a format launcher reads was compared (not unreadable) with the reference's."""
+        """A model file of a format launcher reads was compared (not unreadable) with the reference's, or the
+        model's weight digests to the last step, where they show training (launcher.verify.stepevidence)."""
+        if any(a.path == STEPS and a.checked and ((a.cells.get(run_id) or {}).get("content") or {}).get("evidence")
+               for a in self.artifacts):
+            return True
         return any(a.checked and holds_model(a.path) and a.kind == KIND_MODEL
                    and (a.cells.get(run_id) or {}).get("status") in (IDENTICAL, IDENTICAL_CONTENT)
                    for a in self.artifacts)
@@ -413,7 +418,9 @@ def _part_same(exp: Explanation | None, part: str) -> bool | None:
     if exp is None:
         return None
     if part == "model":
-        model = exp.get("model")
+        model, steps = exp.get("model"), exp.get("steps")
+        if model is None and steps is not None and steps.get("same") is not None:  # the weight digests say it
+            return steps_to_the_end(steps)
         return None if model is None else model.get("identical")
     found = {"initial_weights": exp.get("initial_weights"), "data": exp.get("data"), "batches": exp.get("batches"),
              "metrics": exp.get("metrics")}[part]
