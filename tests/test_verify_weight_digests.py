@@ -184,3 +184,56 @@ def test_a_byte_compared_file_whose_difference_is_a_date_says_so(ws: Workspace) 
     assert run.explanation is not None
     assert "summary.html (other; bytes; format not compared by content; the differing bytes look like a date " \
            "(2026-11-28 10:55:01 -> 2026-11-28 10:57:13)" in run.explanation["classification"]["line"]
+
+
+# ---------------------------------------------------------------- what the runtime records (torch on this machine)
+
+IN_A_FUNCTION = """\
+import torch
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 1)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def main():  # the model is gone when the script ends: the last row is read through the optimizer
+    model = Net()
+    opt = torch.optim.Adadelta(model.parameters(), lr=1.0)
+    for _ in range(5):
+        opt.zero_grad()
+        model(torch.randn(8, 3)).pow(2).mean().backward()
+        opt.step()
+
+
+main()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("script", "args", "covers"), [
+    ("by_hand", ["--steps", "6"], [("Linear", "by hand")] * 2),
+    ("by_hand", ["--steps", "6", "--optimizer", "sgd"], [("Linear", "by hand"), ("Linear", "SGD")]),
+    ("in_a_function", [], [("Net", "by hand"), ("Net", "Adadelta")]),
+])
+def test_each_step_row_names_the_module_and_optimizer_its_digests_cover(tmp_path: Path, script: str,
+                                                                       args: list[str],
+                                                                       covers: list[tuple[str, str]]) -> None:
+    import shutil
+
+    from test_step_trace import _rows, _run_torch
+
+    path = tmp_path / "code" / f"{script}.py"
+    path.parent.mkdir()
+    if script == "by_hand":
+        shutil.copy(Path(__file__).parent / "fixtures/weight_digests/by_hand.py", path)
+    else:
+        path.write_text(IN_A_FUNCTION)
+    _run_torch(tmp_path / "out", path, *args)
+    rows = _rows(tmp_path / "out")
+    assert [(r["module"], r["optimizer"]) for r in rows] == covers  # step 0 is taken at the first backward()
+    assert rows[-1]["step"] == (6 if script == "by_hand" else 5)

@@ -159,6 +159,7 @@ class TorchSteps:
         self.model: weakref.ref[Any] | None = None
         self.searched = False
         self.backwards = 0  # Tensor.backward() calls before any optimizer stepped (updates made by hand)
+        self.module = "parameters"  # the class of the model found, for covers()
         trace.covers = self.covers
 
     @property
@@ -176,10 +177,13 @@ class TorchSteps:
         return [(f"param.{i}", [p]) for i, p in enumerate(params)]
 
     def covers(self) -> dict[str, str]:
-        """The model's class and the optimizer's (``by hand`` before any steps), for each row."""
+        """The model's class (its last one found: at the script's end a model made in a function is gone,
+        and its parameters are read through the optimizer) and the optimizer's (``by hand`` without one)."""
         model = self.model() if self.model is not None else None
-        return {"module": type(model).__name__ if model is not None else "parameters",
-                "optimizer": type(self.optimizer).__name__ if self.optimizer is not None else "by hand"}
+        if model is not None:
+            self.module = type(model).__name__
+        return {"module": self.module, "optimizer": type(self.optimizer).__name__ if self.optimizer is not None
+                else "by hand"}
 
     def _find_model(self) -> Any:
         nn = self.torch.nn
