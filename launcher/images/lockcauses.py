@@ -123,7 +123,7 @@ def variant_name(variant: str, requirement: str) -> str:
 
 
 def variant_commands(ws: Workspace | None, variant: str, want: Want) -> tuple[str, str]:
-    """(the new variant's name, the shell commands, run in the workspace, that make, lock and build it): the
+    """(the new variant's name, the shell commands that make, lock and build it in the workspace): the
     variant's .in with the pin's line replaced by the requirement, the variant's Dockerfile, its base pinned
     as the variant's is (without a workspace to read: the .in copied whole, the base for the user to pin)."""
     new = variant_name(variant, want.requirement)
@@ -147,6 +147,8 @@ def variant_commands(ws: Workspace | None, variant: str, want: Want) -> tuple[st
     except LauncherError:  # no pin to copy: the base is the user's to choose
         steps.append(f"launcher base resolve REF --variant {new}")
     steps += [f"launcher lock --variant {new}", f"launcher build --variant {new}"]
+    if ws is not None:  # the paths are the workspace's, wherever the user is
+        steps.insert(0, f"cd {shlex.quote(str(ws.root))}")
     return new, " && ".join(steps)
 
 
