@@ -37,6 +37,7 @@ from launcher.verify.artifacts import (
     ignored_groups,
     recipe_volatile,
 )
+from launcher.verify.classification import explain, steps_to_the_end
 from launcher.verify.consistency import Consistency, check_consistency
 from launcher.verify.differences import (
     BATCHES,
@@ -52,8 +53,6 @@ from launcher.verify.differences import (
     REFERENCE,
     DifferingFile,
     Explanation,
-    explain,
-    steps_to_the_end,
 )
 from launcher.verify.evidence import (
     KIND_MODEL,
