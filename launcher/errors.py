@@ -61,6 +61,7 @@ class ExitCode(IntEnum):
     NOT_OFFERED = 35  # the VM size or image is not offered in that region (to this subscription), or no capacity
     CLOUD_FAILED = 36  # another refusal or failure of the cloud's API; the error names its code
     INCONCLUSIVE = 37  # verify found no difference, but proved nothing: no training output compared, or no determinism
+    OUTPUT_DIFFERS = 38  # verify: training agreed (weights, digests, metrics); an output it does not decide differs
     BAD_CONFIG = 40  # launcher.toml or a LAUNCHER_* variable holds a value launcher refuses; the error names it
     BAD_SIGNATURE = 41  # a signature by a trusted key does not verify: the signed statement or bundle was altered
     DIGEST_MISMATCH = 42  # a file differs from the digest a signed statement or bundle names for it (or is missing)

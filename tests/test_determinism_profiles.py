@@ -23,7 +23,7 @@ def test_default_threads_is_a_fixed_number_not_the_core_count(monkeypatch: pytes
 def test_deterministic_profile_is_exactly_this_dict() -> None:
     assert determinism.profile_env("deterministic", 1001, 4) == {
         "LAUNCHER_PROFILE": "deterministic", "LAUNCHER_SEED": "1001", "PYTHONHASHSEED": "1001",
-        **OP_DETERMINISM, **dict.fromkeys(THREAD_VARS, "4"),
+        "SOURCE_DATE_EPOCH": "315532800", **OP_DETERMINISM, **dict.fromkeys(THREAD_VARS, "4"),
     }
 
 
@@ -37,7 +37,22 @@ def test_strict_is_deterministic_on_one_thread() -> None:
 
 def test_seeded_sets_seeds_only_like_fast_n_close() -> None:
     assert determinism.profile_env("seeded", 9) == {"LAUNCHER_PROFILE": "seeded", "LAUNCHER_SEED": "9",
-                                                    "PYTHONHASHSEED": "9"}
+                                                    "PYTHONHASHSEED": "9", "SOURCE_DATE_EPOCH": "315532800"}
+
+
+def test_source_date_epoch_is_the_profiles_and_the_user_may_set_another() -> None:
+    # writers that honour it (matplotlib's PDF and SVG, zip, tar) stamp 1980-01-01, not the wall clock
+    from launcher.runs import lifecycle, userenv
+    from launcher.runs.runspec import RunSpec
+
+    for profile in ("strict", "deterministic", "seeded"):
+        assert determinism.profile_env(profile, 1)["SOURCE_DATE_EPOCH"] == "315532800"
+    assert "SOURCE_DATE_EPOCH" not in determinism.RESERVED_ENV and "PYTHONHASHSEED" in determinism.RESERVED_ENV
+    assert userenv.parse(["SOURCE_DATE_EPOCH=1764320000"]).plain == {"SOURCE_DATE_EPOCH": "1764320000"}
+    spec = RunSpec(recipe="r", env={"SOURCE_DATE_EPOCH": "1764320000"})
+    env = lifecycle._job_env(spec)
+    assert "SOURCE_DATE_EPOCH" not in env and env["PYTHONHASHSEED"] == "42"  # the user's value goes on its own
+    assert lifecycle._job_env(RunSpec(recipe="r"))["SOURCE_DATE_EPOCH"] == "315532800"
 
 
 def test_off_sets_nothing_but_its_name() -> None:

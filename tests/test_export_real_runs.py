@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from launcher.cli import app
 from launcher.runs.manifest import Manifest, load_manifest
 from launcher.verify import verdicts as verify
+from launcher.verify.integrity import check_integrity
 from launcher.workspace import Workspace
 
 pytestmark = [pytest.mark.docker, pytest.mark.tfimage]
@@ -84,7 +85,7 @@ def test_tf_summary_and_the_keras_tensorboard_callback_work_in_the_image_and_com
         events = [a.path for a in m.artifacts if "/events.out.tfevents." in a.path]
         for folder in ("outputs/tb/keras/train/", "outputs/tb/keras/validation/", "outputs/tb/custom/"):
             assert any(p.startswith(folder) for p in events), (folder, events)
-        verify.check_integrity([m])  # the event files came back whole, as the manifest hashed them
+        check_integrity([m])  # the event files came back whole, as the manifest hashed them
         assert _tensor_values(m.file("outputs/tb/custom"), "custom/value") == [(0, 0.0), (1, 0.5), (2, 1.0)]
         # the callback's curves are the ones launcher recorded from the same fit()
         rows = [json.loads(line) for line in m.file("outputs/metrics.jsonl").read_text().splitlines()]

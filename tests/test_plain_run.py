@@ -54,7 +54,9 @@ def test_a_script_run_repeats_with_its_image_code_arguments_env_and_working_dire
     argv = plain.argv()
     assert argv[:5] == ["docker", "run", "--rm", "-w", "/launcher/out"]
     assert argv[-4:] == ["python", "/launcher/code/sub/train.py", "--epochs", "2"]
-    assert argv[-5] == "sha256:" + "ef" * 32  # the image the run ran, from its manifest
+    # the script's folder linked into the working directory first, as the runtime shows it
+    assert argv[-9:-5] == ["sha256:" + "ef" * 32, "sh", "-c", plain.command[2]]  # the image the run ran
+    assert "for f in /launcher/code/sub/*; do" in plain.command[2] and "/launcher/data" not in plain.command[2]
     assert f"{tmp_path / 'o'}:/launcher/out" in argv and f"{snapshot}:/launcher/code:ro" in argv
     pairs = [argv[i + 1] for i, a in enumerate(argv) if a == "-e"]
     assert "TF_DETERMINISTIC_OPS=1" in pairs and "PYTHONHASHSEED=42" in pairs and "WANDB_MODE=offline" in pairs

@@ -17,7 +17,7 @@ from launcher.runtime import fingerprints as fp
 from launcher.runtime import probes
 from launcher.runtime.recipespec import SpecError, load_spec, parse_spec
 from launcher.runtime.record import BadData, BadRecipe, Recorder
-from launcher.verify.differences import with_impact
+from launcher.verify.classification import with_impact
 from launcher.verify.impact import (
     AGREE,
     EXPLANATIONS,

@@ -203,7 +203,8 @@ def test_a_conflict_with_a_pinned_package_names_both_pins_and_the_fix(ws: Worksp
         projectlock.lock_project(ws, proj, "cpu")
     line = err.value.one_line()
     assert line.startswith("requirements.in asks for numpy<2, but the cpu image pins numpy==2.4.6 (lockfiles/cpu.txt)")
-    assert "fix: allow numpy==2.4.6 in requirements.in" in line and "--variant" in line
+    assert "fix: either relax the bound in requirements.in so that it allows numpy==2.4.6" in line
+    assert "then run with --variant cpu-numpy-lt2" in line and "--find-links" not in line
     assert not (proj / "requirements.lock").exists()
 
 

@@ -247,48 +247,91 @@ def test_the_runtime_needs_only_the_standard_library_and_its_own_files(tmp_path:
     assert "numpy loaded: False" in res.stdout
 
 
-def test_a_relative_path_to_the_codes_data_is_explained_not_just_failed(tmp_path: Path) -> None:
-    """The working directory is the outputs folder: a script reading ./data/... beside its code (as it
-    would run from its own folder) is told where its data is, at the start and after the failure."""
+def test_a_script_reads_its_folder_and_its_data_by_relative_path_and_only_what_it_writes_stays(
+        tmp_path: Path) -> None:
+    """The working directory is the outputs folder, and it shows the script's folder and the data (the
+    data's file wins) as read-only links beside what the script writes; the links are gone at the end."""
+    code = tmp_path / "proj"
+    (code / "data" / "wikitext-2").mkdir(parents=True)
+    (code / "data" / "wikitext-2" / "train.txt").write_text("hello\n")
+    (code / "traindata.txt").write_text("from the code\n")
+    (code / "logs").mkdir()  # launcher's own name in the outputs: not shown
+    data = tmp_path / "sent"
+    data.mkdir()
+    (data / "traindata.txt").write_text("from the data\n")
+    script = code / "train.py"
+    script.write_text("import os\n"
+                      "assert os.path.exists(os.path.join('./data', 'wikitext-2', 'train.txt'))\n"
+                      "words = open('./data/wikitext-2/train.txt').read().strip()\n"
+                      "print(words, open('traindata.txt').read().strip())\n"
+                      "open('model.pt', 'w').write('mine')\n")
+    out = tmp_path / "o"
+    res = runtime(out, "--script", str(script), "--data", str(data), env=profile_env("seeded", 1))
+    assert res.returncode == 0, res.stdout + res.stderr
+    log = (out / "logs/train.log").read_text()
+    assert "hello from the data" in log
+    assert (f"launcher: working directory {out}: the script's folder (2: data/, train.py) and the "
+            "data (1: traindata.txt) shown read-only beside what the script writes; only what it writes comes back; "
+            "not shown: logs (launcher's own name in the outputs)") in log, log
+    assert sorted(p.name for p in out.iterdir()) == ["_launcher", "fingerprints", "logs", "model.pt"]
+    assert not any(p.is_symlink() for p in out.rglob("*"))
+
+
+def test_a_missing_file_and_a_write_into_the_code_are_explained(tmp_path: Path) -> None:
+    from launcher.runtime import workdir
+
     code = tmp_path / "proj"
     (code / "data").mkdir(parents=True)
-    (code / "data" / "corpus.txt").write_text("hello\n")
-    (code / "nets").mkdir()
-    (code / "nets" / "__init__.py").write_text("")  # a package: imported, not read by path
     script = code / "train.py"
-    script.write_text("print(open('./data/corpus.txt').read())\n")
+    script.write_text("open('traindata.pt', 'rb')\n")
     out = tmp_path / "o"
     res = runtime(out, "--script", str(script), env=profile_env("seeded", 1))
     assert res.returncode == 1
-    log = (out / "logs/train.log").read_text()
-    assert (f"launcher: working directory {out} (the run's outputs: what the script writes there comes back); "
-            f"the code is in {code}, with data/: a relative path like ./data does not reach it, {code}/data does"
-            ) in log
-    assert (f"launcher: ./data/corpus.txt is relative to the working directory {out}, not to the code: the file "
-            f"is {code}/data/corpus.txt") in log
-    assert log.index("FileNotFoundError") < log.index("is relative to the working directory")
-
-    # a check that fails without naming the path (PyTorch's word-language-model example asserts it exists)
-    script.write_text("import os\nassert os.path.exists(os.path.join('./data', 'corpus.txt'))\n")
-    res = runtime(tmp_path / "o3", "--script", str(script), env=profile_env("seeded", 1))
-    assert res.returncode == 1
-    assert (f"launcher: if the script looked for ./data or another path beside its code: the working directory is "
-            f"{tmp_path / 'o3'}, the code's data/ is {code}/data; pass that path") in res.stdout
-
-    script.write_text(f"print(open('{code}/data/corpus.txt').read())\n")  # the path it names works
-    res = runtime(tmp_path / "o2", "--script", str(script), env=profile_env("seeded", 1))
-    assert res.returncode == 0 and "hello" in (tmp_path / "o2/logs/train.log").read_text()
-    assert "is relative to the working directory" not in (tmp_path / "o2/logs/train.log").read_text()
+    assert (f"launcher: traindata.pt is read from the working directory {out}, which shows the script's folder and "
+            "the data, and neither holds it: put it beside the script, or send its folder with --data-from DIR "
+            "(a file another run wrote: --data-from runs/RUN/outputs)") in res.stdout
+    # in a container the code is mounted read-only: a write into its folder fails there, and is explained
+    (tmp_path / "o2").mkdir()
+    view = workdir.show(tmp_path / "o2", code, None)
+    workdir.hide(view)
+    tail = "OSError: [Errno 30] Read-only file system: 'data/cache.bin'\n"
+    assert workdir.hint_after_failure(tail, view) == (
+        f"data/cache.bin: data is {code}/data, shown read-only in the working directory {tmp_path / 'o2'}; write to "
+        "a new file or folder there instead (what the script writes comes back)")
+    (code / "logs").mkdir()
+    (code / "logs" / "seed.txt").write_text("1")
+    view = workdir.show(tmp_path / "o2", code, None)
+    assert workdir.hint_after_failure("FileNotFoundError: 'logs/seed.txt'", view) == (
+        f"logs/seed.txt is {code}/logs/seed.txt, not shown in the working directory {tmp_path / 'o2'} (launcher's own "
+        "name in the outputs); pass that path")
 
 
-def test_a_script_whose_folder_has_no_data_folders_gets_no_notice(tmp_path: Path) -> None:
+def test_links_of_an_earlier_segment_are_replaced_and_the_outputs_own_files_win(tmp_path: Path) -> None:
+    from launcher.runtime import workdir
+
+    code, out = tmp_path / "code", tmp_path / "out"
+    code.mkdir()
+    out.mkdir()
+    for name in ("a.txt", "b.txt", "c.txt"):
+        (code / name).write_text(name)
+    (out / "b.txt").write_text("written by the script")  # a resumed run's own output
+    (out / "a.txt").symlink_to(code / "a.txt")  # a link the killed first segment left
+    (out / "c.txt").symlink_to("/etc/hostname")  # not the runtime's: kept, not shown over
+    view = workdir.show(out, code, None)
+    assert view.links == {"a.txt": str(code / "a.txt")}
+    assert view.not_shown == {"b.txt": "the outputs hold it already", "c.txt": "the outputs hold it already"}
+    workdir.hide(view)
+    assert sorted(p.name for p in out.iterdir()) == ["b.txt", "c.txt"] and (out / "b.txt").read_text() != "b.txt"
+
+
+def test_a_script_alone_in_its_folder_gets_no_notice(tmp_path: Path) -> None:
     script = tmp_path / "alone" / "train.py"
     script.parent.mkdir()
     script.write_text("open('missing.txt')\n")
     res = runtime(tmp_path / "o", "--script", str(script), env=profile_env("seeded", 1))
     log = (tmp_path / "o/logs/train.log").read_text()
     assert res.returncode == 1 and "FileNotFoundError" in log
-    assert "working directory" not in log and "is relative to" not in log
+    assert "working directory" not in log.split("FileNotFoundError")[0]
 
 
 @pytest.mark.parametrize("columns", [None, "120", "0", "wide"])

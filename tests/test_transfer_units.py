@@ -97,6 +97,23 @@ def test_classify_refuses_symlinks_specials_and_escapes() -> None:
     ]
 
 
+def test_the_runtimes_links_to_the_code_and_data_are_not_outputs_and_other_links_still_refused() -> None:
+    # launcher.runtime.workdir shows the script's folder and the data in the working directory as links
+    entries = [
+        RemoteEntry("traindata.pt", "symlink", target="/launcher/data/traindata.pt"),
+        RemoteEntry("data", "symlink", target="/launcher/code/data"),
+        RemoteEntry("model.pt", "file", 4),
+        RemoteEntry("sub/sneaky", "symlink", target="/launcher/code/train.py"),  # only top-level entries are views
+        RemoteEntry("escape", "symlink", target="/launcher/code/../../etc/passwd"),
+        RemoteEntry("codebase", "symlink", target="/launcher/codebase/x"),
+    ]
+    files, refused = classify(entries)
+    assert [f.path for f in files] == ["model.pt"]
+    assert refused == ["sub/sneaky (a symlink to /launcher/code/train.py)",
+                       "escape (a symlink to /launcher/code/../../etc/passwd)",
+                       "codebase (a symlink to /launcher/codebase/x)"]
+
+
 def test_safe_relpath_accepts_plain_nested_paths() -> None:
     assert safe_relpath("model/canonical.npz").parts == ("model", "canonical.npz")
 

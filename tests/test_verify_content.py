@@ -54,17 +54,18 @@ def test_same_content_other_bytes_is_identical_exit_0(ws: Workspace) -> None:
 
 def test_training_identical_but_an_output_differs_is_not_nondeterminism(ws: Workspace) -> None:
     a, b = pair(ws.runs)
-    for d, content in ((a, b"\x89PNG one"), (b, b"\x89PNG two")):
-        (d / "outputs/plot.png").write_bytes(content)
+    for d, content in ((a, b"profile one"), (b, b"profile two")):
+        (d / "outputs/profile.dat").write_bytes(content)
         (d / "outputs/history.json").write_bytes(_history("10:00", 0.25 if d == a else 0.3))
         refresh_manifest(d)
     report = verify_checksums(ws)
-    assert report.exit_code == ExitCode.NOT_REPRODUCIBLE
+    assert report.exit_code == ExitCode.NOT_REPRODUCIBLE  # a metrics file differs: not an output alone
     (run,) = report.differing
     cls = run.explanation["classification"]
     assert cls["kind"] == CLASS_OUTPUTS and "nondeterminism" not in cls["line"]
-    assert "history.json (loss[1]: 0.25 -> 0.3)" in cls["line"] and "plot.png (bytes" in cls["line"]
-    assert "content differs in history.json, plot.png" in report.summary_line()
+    assert "history.json (metrics; json: loss[1]: 0.25 -> 0.3)" in cls["line"]
+    assert "profile.dat (other; bytes" in cls["line"]
+    assert "(outputs): content differs in history.json, profile.dat" in report.summary_line()
 
 
 def test_declared_volatile_and_ignored_outputs_are_listed_not_compared(ws: Workspace) -> None:
@@ -78,7 +79,7 @@ def test_declared_volatile_and_ignored_outputs_are_listed_not_compared(ws: Works
     recipe.mkdir(parents=True)
     (recipe / "train.py").write_text("")
     (recipe / "recipe.toml").write_text('name = "mnist_convnet"\nentry = "train.py"\nvolatile = ["plots/*.png"]\n')
-    assert verify_checksums(ws).exit_code == ExitCode.NOT_REPRODUCIBLE  # profile.bin still compared
+    assert verify_checksums(ws).exit_code == ExitCode.OUTPUT_DIFFERS  # profile.bin still compared
     report = verify_checksums(ws, ignore=["*.bin"])
     assert report.exit_code == ExitCode.OK
     rows = {r.path: r for r in report.artifacts}

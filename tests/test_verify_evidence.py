@@ -20,6 +20,7 @@ from launcher.runs.manifest import load_manifest
 from launcher.verify.differences import IDENTICAL_CONTENT, IGNORED, UNREADABLE
 from launcher.verify.evidence import (
     KIND_CHECKPOINT,
+    KIND_FIGURE,
     KIND_LOGS,
     KIND_METRICS,
     KIND_MODEL,
@@ -27,6 +28,7 @@ from launcher.verify.evidence import (
     KIND_OTHER,
     KIND_PREDICTIONS,
     KIND_RECORDS,
+    KIND_STEPS,
     classify,
     determinism_of,
     kind_of,
@@ -66,7 +68,9 @@ LAYERS = [("dense", [np.arange(6, dtype=np.float32).reshape(2, 3), np.ones(3, np
     ("outputs/training_log.csv", KIND_METRICS), ("outputs/results.json", KIND_METRICS),
     ("outputs/logs/train.log", KIND_LOGS), ("outputs/output.txt", KIND_LOGS), ("outputs/logs/notes.md", KIND_LOGS),
     ("outputs/_launcher/runtime.json", KIND_RECORDS), ("outputs/fingerprints/batches.jsonl", KIND_RECORDS),
-    ("outputs/args.json", KIND_OTHER), ("outputs/plot.png", KIND_OTHER), ("outputs/config.yaml", KIND_OTHER),
+    ("outputs/args.json", KIND_OTHER), ("outputs/config.yaml", KIND_OTHER),
+    ("outputs/plot.png", KIND_FIGURE), ("outputs/predict3.pdf", KIND_FIGURE), ("outputs/model/loss.svg", KIND_FIGURE),
+    ("outputs/fingerprints/steps.jsonl", KIND_STEPS),
 ])
 def test_kind_of_each_artifact(path: str, kind: str) -> None:
     assert classify([path, "outputs/export/saved_model.pb"])[path] == kind

@@ -99,7 +99,7 @@ def test_the_registry_holds_the_formats_the_three_places_listed() -> None:
     suffixes = {s: f.name for f in formats.formats() for s in f.suffixes}
     assert suffixes == {".keras": "keras", ".h5": "hdf5", ".hdf5": "hdf5", ".pt": "torch", ".pth": "torch",
                         ".safetensors": "safetensors", ".npy": "npy", ".npz": "npz", ".csv": "csv", ".tsv": "csv",
-                        ".jsonl": "jsonl", ".json": "json"}
+                        ".jsonl": "jsonl", ".json": "json", ".png": "png", ".pdf": "pdf", ".svg": "svg"}
     assert {f.name for f in formats.formats() if f.model} == {"keras", "hdf5", "torch", "safetensors", "npz", "npy"}
     assert file_format("logs/events.out.tfevents.1732269600.host.123.0.v2") == "tfevents"
     assert file_format("events.out.tfevents.1.host.json") == "tfevents"  # the name test before any suffix

@@ -42,7 +42,7 @@ from launcher.runs.records import ProjectRecord
 from launcher.runs.rundir import MANIFEST, RunDir
 from launcher.runs.store import resolve_run
 from launcher.runtime import code as codedigest
-from launcher.verify.verdicts import check_integrity
+from launcher.verify.integrity import check_integrity
 from launcher.workspace import Workspace
 
 ENVELOPE = "bundle.dsse.json"

@@ -53,7 +53,7 @@ from launcher.verify.verdicts import verify_checksums
 from launcher.workspace import Workspace, default_cache_dir
 
 BUNDLE_DIR = ".launcher/bundle"  # where the bundle is unpacked inside the reproduction's workspace
-_WORST = (ExitCode.OK, ExitCode.INCONCLUSIVE, ExitCode.NOT_REPRODUCIBLE)
+_WORST = (ExitCode.OK, ExitCode.INCONCLUSIVE, ExitCode.OUTPUT_DIFFERS, ExitCode.NOT_REPRODUCIBLE)
 
 
 class ImageCheck(TypedDict):

@@ -32,9 +32,7 @@ PYPROJECT_INPUT = "pyproject-dependencies.in"  # what pip-compile is given for p
 CONSTRAINTS = "launcher-constraints.txt"
 _INPUT = re.compile(r"^# input: (\S+) (sha256:[0-9a-f]{64})", re.MULTILINE)
 _CONSTRAINTS = re.compile(r"^# constraints: lockfiles/(\S+)\.txt (sha256:[0-9a-f]{64})", re.MULTILINE)
-_CONFLICT = re.compile(r"^The conflict is caused by:\s*$((?:\n[ \t]+\S.*)+)", re.MULTILINE)
 _INCLUDE = re.compile(r"^\s*(?:-r|-c|--requirement|--constraint)(?:\s+|=)(\S+)", re.MULTILINE)
-_CANNOT = re.compile(r"Cannot install (.+?) because these package versions have conflicting dependencies")
 
 
 @dataclass(frozen=True)
@@ -187,7 +185,7 @@ def lock_project(ws: Workspace, folder: Path, variant: str, *, upgrade: bool = F
                                   diagnose=diagnose, task=rep.task(f"locking {req.source.name} of {folder.name} "
                                                                    f"against the {variant} image"))
     if not answer.get("ok"):
-        raise _failure(answer, req, variant, held, pin, ca_path, dropped)
+        raise _failure(answer, ws, req, variant, held, pin, ca_path, dropped)
     python, plat = lock.check_target(answer, pin)
     body = str(answer["lock"]).replace(" -r lockfiles/", " -r ").replace(
         f"lockfiles/{CONSTRAINTS}", f"lockfiles/{variant}.txt")
@@ -300,54 +298,30 @@ def _check_against(reqs: Sequence[LockedRequirement], held: Sequence[LockedRequi
                      relock=f"launcher lock {folder} --variant {variant}")
 
 
-def conflict(output: str, diagnosis: str, source: str, variant: str,
-             held: Sequence[LockedRequirement]) -> LockFailed | None:
-    """A resolution that failed on a package the image pins: both sides named, or None."""
-    if "conflicting dependencies" not in output and "ResolutionImpossible" not in output:
+def conflict(output: str, diagnosis: str, source: str, variant: str, held: Sequence[LockedRequirement],
+             ws: Workspace | None = None) -> LockFailed | None:
+    """A resolution that failed on a requirement a pin of the image does not satisfy: both sides named and the
+    two ways out (launcher.images.lockcauses); None when it met no pin, or when every pin satisfies what pip
+    named (then no conflict: see :func:`_failure`)."""
+    from launcher.images import lockcauses
+
+    clash = lockcauses.read_clash(output, diagnosis, source, held)
+    if clash is None or not clash.real:
         return None
-    pins = {r.name: f"{r.name}=={r.version}" for r in held}
-    block = _CONFLICT.search(diagnosis)
-    wants: list[str] = []
-    pinned: list[str] = []
-    if block:
-        for line in (ln.strip() for ln in block.group(1).splitlines() if ln.strip()):
-            if line.startswith("The user requested (constraint) "):
-                pinned.append(line.removeprefix("The user requested (constraint) "))
-            elif line.startswith("The user requested "):
-                wants.append(f"{source} asks for {line.removeprefix('The user requested ')}")
-            else:
-                wants.append(line)
-    cannot = _CANNOT.search(output)
-    if not pinned and cannot:
-        for spec in re.split(r",\s*| and ", cannot.group(1)):
-            name = lock.normalize_name(re.split(r"[<>=!~;\[ ]", spec.strip(), maxsplit=1)[0])
-            if name in pins:
-                pinned.append(pins[name])
-                wants.append(f"{source} asks for {spec.strip()}")
-    if not pinned:
-        return None
-    named = ", ".join(dict.fromkeys(pinned))
-    wants = list(dict.fromkeys(wants))
-    if len(wants) > 3:  # pip lists every release it tried; the newest few say it
-        wants = [*wants[:3], f"({len(wants) - 3} older releases alike)"]
-    return LockFailed(f"{'; '.join(wants) or source}, but the {variant} image pins {named} "
-                      f"(lockfiles/{variant}.txt)",
-                      f"allow {named} in {source} (the image's packages cannot move), or run the project with "
-                      "another --variant whose lock fits")
+    return lockcauses.conflict_error(clash, ws, source, variant)
 
 
-def _failure(answer: lock.LockAnswer, req: Requirements, variant: str, held: Sequence[LockedRequirement],
-             pin: images.BasePin, ca_path: Path | None, dropped: Sequence[str]) -> LockFailed:
-    from launcher.images import wheelsources
+def _failure(answer: lock.LockAnswer, ws: Workspace, req: Requirements, variant: str,
+             held: Sequence[LockedRequirement], pin: images.BasePin, ca_path: Path | None,
+             dropped: Sequence[str]) -> LockFailed:
+    from launcher.images import lockcauses, wheelsources
 
-    output = str(answer.get("output", ""))
-    found = conflict(output, str(answer.get("diagnosis", "")), req.source.name, variant, held)
-    if found is not None and dropped:  # the pinned build lives on an index this machine cannot reach
-        found.message += wheelsources.unreachable_hint(dropped)
-        found.hint = (f"put the wheels of {', '.join(dropped)} that the {variant} image pins in a folder and pass "
-                      "--find-links DIR")
-    if found is not None:
-        return found
+    output, diagnosis = str(answer.get("output", "")), str(answer.get("diagnosis", ""))
+    clash = lockcauses.read_clash(output, diagnosis, req.source.name, held)
+    if clash is not None and clash.real:  # a bound the image's pin breaks: no index or folder can help
+        return lockcauses.conflict_error(clash, ws, req.source.name, variant)
+    if clash is not None:  # every pin satisfies what pip named: it could not read the pinned build
+        return lockcauses.unavailable_error(clash, req.source.name, variant, dropped, pin, str(req.folder))
     failed = lock.explain_failure(answer, req.source.name, pin, ca_path)
     if failed.message.startswith("pip-tools could not resolve"):
         said = [ln.strip().removeprefix("ERROR: ") for ln in output.splitlines()]

@@ -124,7 +124,7 @@ def _experiment_id(client: Any, name: str) -> str:
 
 def _export_one_mlflow(client: Any, entities: Any, experiment_id: str, m: Manifest,
                        verdict: Verdict) -> ExportedRun:
-    from launcher.verify import verdicts as verify
+    from launcher.verify import integrity as verify
 
     verify.check_integrity([m])  # a file changed after the pull is not exported as the run's
     earlier = client.search_runs([experiment_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{m.run_id}'")

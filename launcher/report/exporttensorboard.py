@@ -40,7 +40,7 @@ def export_tensorboard(ws: Workspace, manifests: Sequence[Manifest], logdir: Pat
     Wall times are the run's start: per-epoch times are not recorded. A run exported again
     replaces the event files an earlier export wrote for it; other files in its folder stay.
     """
-    from launcher.verify import verdicts as verify
+    from launcher.verify import integrity as verify
 
     rep = reporter or NullReporter()
     writer_mod = need_module("tensorboard.summary.writer.event_file_writer", "tensorboard", TENSORBOARD)

@@ -172,7 +172,7 @@ def clean(ws: Workspace, run_id: str, *, force: bool = False, reporter: Reporter
     """Delete a run's directory and container on its host, once the local copy is complete and
     still matches its manifest (force: without that check). The local run directory stays."""
     from launcher.runs.manifest import load_manifest
-    from launcher.verify.verdicts import check_integrity
+    from launcher.verify.integrity import check_integrity
 
     run_id = resolve_run_id(ws, run_id)
     launch = read_launch(ws, run_id)

@@ -9,6 +9,11 @@ them before the recipe's code runs; the manifest records the same dict.
 - ``strict``: the same with one thread (the seeds' advice; slower).
 - ``seeded``: seeds only (the seeds' ``fast_n_close``): repeatable on some hardware, not promised.
 - ``off``: nothing is set; the recipe runs as it would without launcher.
+
+Every profile but ``off`` also sets ``SOURCE_DATE_EPOCH`` (1980-01-01, the images' build epoch), which
+matplotlib's PDF, PS and SVG writers, zip and tar tools and many others honour: the files a script writes
+then carry that date, not the wall clock. It is recorded with the profile, and a user may set another
+(``--env SOURCE_DATE_EPOCH=N``; an empty value lets writers use the clock again).
 """
 
 from __future__ import annotations
@@ -62,6 +67,10 @@ def _check_threads(profile: str, threads: int | None) -> int:
 
 
 SEED_ENV = "LAUNCHER_SEED"  # the run's seed, as the runtime reads it
+SOURCE_DATE_EPOCH = "SOURCE_DATE_EPOCH"
+# the date writers stamp into what a run writes: 1980-01-01T00:00:00Z, as the images' build epoch (the
+# earliest a zip entry can carry)
+DEFAULT_SOURCE_DATE_EPOCH = 315532800
 THREADS_ENV = "LAUNCHER_THREADS"  # the run's thread count (the deterministic and strict profiles)
 
 
@@ -73,11 +82,12 @@ def profile_env(profile: str, seed: int | None = None, threads: int | None = Non
             _check_threads(profile, threads)
         return {"LAUNCHER_PROFILE": "off"}
     s = str(_check_seed(seed))
-    env = {"LAUNCHER_PROFILE": profile, SEED_ENV: s, "PYTHONHASHSEED": s}
+    env = {"LAUNCHER_PROFILE": profile, SEED_ENV: s, "PYTHONHASHSEED": s,
+           SOURCE_DATE_EPOCH: str(DEFAULT_SOURCE_DATE_EPOCH)}
     if profile == "seeded":
         if threads is not None:
             _check_threads(profile, threads)
-        return env
+        return dict(sorted(env.items()))
     n = str(_check_threads(profile, threads))
     env.update({
         THREADS_ENV: n,
@@ -89,7 +99,11 @@ def profile_env(profile: str, seed: int | None = None, threads: int | None = Non
     return dict(sorted(env.items()))
 
 
-# Every variable some profile sets: a user may not set them with --env (the run would record one
+# Variables a profile sets that a user may set instead (--env NAME=VALUE): their value is the user's,
+# recorded as such.
+OVERRIDABLE_ENV: frozenset[str] = frozenset({SOURCE_DATE_EPOCH})
+# Every other variable some profile sets: a user may not set them with --env (the run would record one
 # profile and run another).
 RESERVED_ENV: frozenset[str] = frozenset(
-    key for profile in PROFILES for key in profile_env(profile, DEFAULT_SEED, None if profile == "strict" else 2))
+    key for profile in PROFILES for key in profile_env(profile, DEFAULT_SEED, None if profile == "strict" else 2)
+    if key not in OVERRIDABLE_ENV)

@@ -148,11 +148,13 @@ def _start(ws: Workspace, placement: Placement, launches: Sequence[tuple[LaunchR
 
 
 def _job_env(spec: RunSpec) -> dict[str, str]:
-    """The container's environment from the spec: the determinism profile, the step trace, op trace
-    and checkpoint options."""
+    """The container's environment from the spec: the determinism profile (less what the user's --env
+    sets in its place), the step trace, op trace and checkpoint options."""
     from launcher.runs import determinism
 
     env = determinism.profile_env(spec.profile, spec.seed, spec.threads)
+    for name in determinism.OVERRIDABLE_ENV & {*spec.env, *spec.secret_env}:
+        del env[name]  # the user's value, recorded with the user's variables
     trace = trace_option(spec.trace_every)
     if trace != EPOCH:
         env[TRACE_ENV] = trace

@@ -166,9 +166,24 @@ def plain_run(ws: Workspace, ref: str, out: Path | None = None) -> PlainRun:
         notes.append(f"the run ran on {host}: run this there, or load image {image[:19]} here first")
     notes.append("no launcher runtime: nothing is seeded, hooked or recorded; a script that does not seed itself "
                  "will not repeat the run's bits")
+    command = ["python", script, *[str(a) for a in recipe.get("args") or []]]
+    if launch["recipe"].get("script"):
+        command = shown_beside(command, script, bool(data))
+        notes.append("the script's folder and the data are linked into the working directory while it runs, as "
+                     "launcher's runtime shows them (read-only, beside what it writes)")
     return PlainRun(run_id=run_dir.name, image=image, workdir=CONTAINER_OUT, mounts=mounts, env=env,
-                    from_caller=secrets, command=["python", script, *[str(a) for a in recipe.get("args") or []]],
-                    gpu=_needs_gpu(ws, launch), notes=notes)
+                    from_caller=secrets, command=command, gpu=_needs_gpu(ws, launch), notes=notes)
+
+
+def shown_beside(command: list[str], script: str, data: bool) -> list[str]:
+    """command in a shell that first links each entry of the data, then of the script's folder, into the
+    working directory (a name already there is kept), and removes those links when it ends
+    (launcher.runtime.workdir does the same inside a run)."""
+    folders = " ".join(shlex.quote(f) + "/*" for f in ([CONTAINER_DATA] if data else [])
+                       + [script.rpartition("/")[0] or "."])
+    prelude = (f'for f in {folders}; do n="${{f##*/}}"; [ -e "$f" ] && [ ! -e "$n" ] && ln -s "$f" "$n"; done; '
+               '"$@"; s=$?; find . -maxdepth 1 -type l -lname "/launcher/*" -delete; exit $s')
+    return ["sh", "-c", prelude, "sh", *command]
 
 
 def _needs_gpu(ws: Workspace, launch: LaunchRecord) -> bool:

@@ -24,6 +24,7 @@ from launcher.hashing import CHUNK, atomic_write_json, sha256_file
 from launcher.hosts.base import Host, RemoteEntry
 from launcher.hosts.scripts import text as host_script
 from launcher.progress import NullReporter, Reporter
+from launcher.runs.container import CONTAINER_CODE, CONTAINER_DATA
 from launcher.runs.records import PulledFile, PullSummary
 from launcher.runs.rundir import RunDir
 
@@ -271,8 +272,20 @@ def read_state(state_path: Path) -> dict[str, PulledFile]:
     return state
 
 
+# where the runtime's links in a container's working directory point: its read-only code and data
+VIEW_ROOTS = (CONTAINER_CODE + "/", CONTAINER_DATA + "/")
+
+
+def is_view(e: RemoteEntry) -> bool:
+    """A link the runtime made in the working directory to the run's read-only code or data
+    (launcher.runtime.workdir): what the script was shown, never an output. Never followed."""
+    target = e.target or ""
+    return e.kind == "symlink" and "/" not in e.path and target.startswith(VIEW_ROOTS) and ".." not in target.split("/")
+
+
 def classify(entries: Iterable[RemoteEntry]) -> tuple[list[RemoteEntry], list[str]]:
-    """Split a listing into regular files that are safe to pull and refused entries (with reasons)."""
+    """Split a listing into regular files that are safe to pull and refused entries (with reasons);
+    the runtime's links to the code and the data are neither."""
     files: list[RemoteEntry] = []
     refused: list[str] = []
     for e in entries:
@@ -280,6 +293,8 @@ def classify(entries: Iterable[RemoteEntry]) -> tuple[list[RemoteEntry], list[st
             safe_relpath(e.path)
         except UnsafePath:
             refused.append(f"{e.path} (escapes the run directory)")
+            continue
+        if is_view(e):
             continue
         if e.kind == "symlink":
             refused.append(f"{e.path} (a symlink to {e.target})")

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 SEEDED = (*DETERMINISTIC, "seeded")
 # the variables runtime.json keeps: launcher's, the profile's common ones, and every framework's
 ENV_KEYS = ("LAUNCHER_PROFILE", "LAUNCHER_SEED", "LAUNCHER_THREADS", "PYTHONHASHSEED", "OMP_NUM_THREADS",
-            "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
+            "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "SOURCE_DATE_EPOCH")
 
 
 def settings() -> tuple[str, int | None, int | None]:

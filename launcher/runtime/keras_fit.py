@@ -216,7 +216,12 @@ def _recorder_callback(keras: Any, rec: Recorder, tap: BatchTap,
         def layers(self) -> fp.Layers:
             return keras_layers(self.model)
 
+        def covers(self) -> dict[str, str]:
+            return {"module": type(self.model).__name__,
+                    "optimizer": type(getattr(self.model, "optimizer", None)).__name__}
+
         def on_train_begin(self, logs: Logs = None) -> None:
+            trace.covers = self.covers
             rec.record_initial_weights(keras_layers(self.model))
             if resume is not None:
                 restore(keras, self.model, resume, rec, tap)

@@ -136,6 +136,8 @@ class StepRow(TypedDict):
     layers: dict[str, str]
     epoch: NotRequired[int]
     loss: NotRequired[float]
+    module: NotRequired[str]  # the class of the model the digests cover (torch: "parameters" without one)
+    optimizer: NotRequired[str]  # the class of the optimizer that updates it; "by hand" for a loop without one
 
 
 class OpRow(TypedDict):

@@ -381,6 +381,27 @@ def run_child(spec: recipe_spec.RecipeSpec, env: dict[str, str], args: argparse.
     return 128 - rc if rc < 0 else rc
 
 
+def run_prepared(args: argparse.Namespace, tee: Tee) -> int:
+    """The recipe or script prepared and run; a plain script sees its folder and its data in its working
+    directory while it runs (launcher.runtime.workdir). Raises RunError."""
+    spec, env = prepare(args, tee)
+    if not spec.adhoc:
+        return run_child(spec, env, args, tee)
+    view = workdir.show(args.out.resolve(), spec.entry_path.parent,
+                        args.data.resolve() if args.data is not None else None)
+    try:
+        said = workdir.notice(view, spec.entry_path.name)
+        if said:
+            tee.say(said)
+        rc = run_child(spec, env, args, tee)
+    finally:
+        workdir.hide(view)
+    hint = workdir.hint_after_failure(tee.tail.decode("utf-8", "replace"), view) if rc != 0 else None
+    if hint:
+        tee.say(hint)
+    return rc
+
+
 def run(args: argparse.Namespace) -> int:
     out: Path = args.out
     started = _now()
@@ -408,17 +429,7 @@ def run(args: argparse.Namespace) -> int:
             tee.say(f"resuming from checkpoint {folder.name}: {state['next_epoch']} epochs and "
                     f"{state['step']} steps done")
         try:
-            spec, env = prepare(args, tee)
-            code_root = (args.code_root.resolve() if args.code_root is not None else spec.path.parent) \
-                if spec.adhoc else None
-            said = workdir.notice(code_root, out.resolve()) if code_root is not None else None
-            if said:
-                tee.say(said)
-            rc = run_child(spec, env, args, tee)
-            hint = workdir.hint_after_failure(tee.tail.decode("utf-8", "replace"), code_root, out.resolve()) \
-                if code_root is not None and rc != 0 else None
-            if hint:
-                tee.say(hint)
+            rc = run_prepared(args, tee)
         except RunError as exc:
             tee.say(f"error: {exc}")
             rc = exc.code

@@ -3,9 +3,11 @@ up to one step and part before the next.
 
 ``fingerprints/steps.jsonl`` holds one row per recorded point::
 
-    {"step": 120, "epoch": 0, "digest": "sha256:…", "layers": {"dense": "sha256:…", …}, "loss": 0.31}
+    {"step": 120, "epoch": 0, "digest": "sha256:…", "layers": {"dense": "sha256:…", …}, "loss": 0.31,
+     "module": "Sequential", "optimizer": "Adam"}
 
-``step`` counts optimizer steps from the start of the run (Keras: the optimizer's iterations;
+``module`` and ``optimizer`` name what the digests cover (the model's class, and the optimizer's or
+``by hand``). ``step`` counts optimizer steps from the start of the run (Keras: the optimizer's iterations;
 PyTorch: calls of any optimizer's ``step()``). Step 0 is the weights before the first update. The
 points are each epoch's end (Keras' epochs; for PyTorch, each time a new pass over a DataLoader
 begins after some steps, each :func:`launcher.runtime.api.record_epoch`, and the end of the
@@ -36,6 +38,7 @@ EPOCH = "epoch"
 OFF = "off"
 
 LayersFn = Callable[[], fp.Layers]
+CoversFn = Callable[[], dict[str, str]]  # what the digests cover: {"module": ..., "optimizer": ...}
 
 
 def parse_every(text: str | None) -> int | str | None:
@@ -74,6 +77,7 @@ class StepTrace:
         self.step = 0
         self.last: int | None = None  # the step of the last row written
         self.epoch = 0  # the number of the next epoch boundary (PyTorch, where nothing numbers them)
+        self.covers: CoversFn | None = None  # set by the framework's recorder
 
     def record(self, layers: LayersFn, *, epoch: int | None = None, loss: Any = None) -> None:
         """A row at the current step, unless one was written at it already."""
@@ -86,6 +90,8 @@ class StepTrace:
         number = _number(loss)
         if number is not None:
             row["loss"] = number
+        if self.covers is not None:
+            row.update(self.covers())  # type: ignore[typeddict-item]
         fp.append_jsonl(self.path, row)
         self.last = self.step
 
@@ -153,6 +159,8 @@ class TorchSteps:
         self.model: weakref.ref[Any] | None = None
         self.searched = False
         self.backwards = 0  # Tensor.backward() calls before any optimizer stepped (updates made by hand)
+        self.module = "parameters"  # the class of the model found, for covers()
+        trace.covers = self.covers
 
     @property
     def by_hand(self) -> bool:
@@ -167,6 +175,15 @@ class TorchSteps:
             return fp.torch_layers(model)
         params = [p for group in getattr(self.optimizer, "param_groups", []) for p in group["params"]]
         return [(f"param.{i}", [p]) for i, p in enumerate(params)]
+
+    def covers(self) -> dict[str, str]:
+        """The model's class (its last one found: at the script's end a model made in a function is gone,
+        and its parameters are read through the optimizer) and the optimizer's (``by hand`` without one)."""
+        model = self.model() if self.model is not None else None
+        if model is not None:
+            self.module = type(model).__name__
+        return {"module": self.module, "optimizer": type(self.optimizer).__name__ if self.optimizer is not None
+                else "by hand"}
 
     def _find_model(self) -> Any:
         nn = self.torch.nn

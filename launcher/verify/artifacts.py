@@ -20,6 +20,7 @@ from launcher.errors import LauncherError
 from launcher.runs import rundir
 from launcher.runs.manifest import Manifest
 from launcher.verify.content import ContentDiff, compare_files, compare_savedmodel, savedmodel_root, unreadable
+from launcher.verify.contentfigures import file_date_hint
 from launcher.verify.contentlogs import ContentRecord
 from launcher.verify.contenttf import SAVEDMODEL
 from launcher.verify.differences import (
@@ -34,6 +35,8 @@ from launcher.verify.differences import (
 )
 from launcher.verify.evidence import ROW_ALONE, RowOutcome, classify, matches
 from launcher.verify.stepdiff import STEPS
+from launcher.verify.stepevidence import FORMAT as STEPS_FORMAT
+from launcher.verify.stepevidence import compare_steps
 from launcher.workspace import Workspace
 
 # Who left a file out of the comparison.
@@ -43,23 +46,21 @@ IGNORED_BY_OPTION = "--ignore"
 
 # The files launcher itself never compares (the one list; README "Verify", docs/verify-json.md):
 # its own records of times and of the environment, which the manifests compare instead, the
-# recipe's console log, which carries times, and the step fingerprints, which are compared step by
-# step (two runs traced at different steps share only some rows; launcher.verify.differences), and
-# the checkpoints of `run --checkpoint-every`, which a run without them lacks (the final model is compared).
-# Listed in the table, left out of the verdict.
-# Everything else is compared, by content where the format is known (launcher.verify.content).
+# recipe's console log, which carries times, and the checkpoints of `run --checkpoint-every`, which a
+# run without them lacks (the final model is compared). Listed in the table, left out of the verdict.
+# Everything else is compared, by content where the format is known (launcher.verify.content); the
+# step fingerprints (launcher's weight digests) step by step (launcher.verify.stepevidence), even when
+# their bytes agree, for what they prove.
 VOLATILE = (
     "outputs/_launcher/*",
     "outputs/logs/train.log",
-    STEPS,
     "outputs/checkpoints/*",
     rundir.LAUNCH,
 )
 # Why each who leaves files out: said once per who, not once per file.
 IGNORED_WHY = {
     IGNORED_BY_LAUNCHER: "launcher's own records of times and environment, compared through the manifests, "
-                         "the console log, which carries times, the step fingerprints, compared step by step, "
-                         "and the checkpoints to resume from",
+                         "the console log, which carries times, and the checkpoints to resume from",
     IGNORED_BY_RECIPE: "declared volatile by the recipe (`volatile` in recipe.toml)",
     IGNORED_BY_OPTION: "left out with --ignore",
 }
@@ -141,6 +142,7 @@ class Cell(TypedDict):
     status: str  # reference | identical | identical-content | differs | missing | unreadable | ignored
     sha256: str | None  # None: the run lacks the file
     content: NotRequired[ContentRecord]  # compared by content
+    hint: NotRequired[str]  # compared by bytes: what the differing bytes look like (a date)
     path: NotRequired[str]  # the run's own path, where it pairs under another name (times in names)
 
 
@@ -199,12 +201,19 @@ class ArtifactRow:
         if bad is not None:
             content = bad.get("content") or {}
             return RowOutcome(self.path, self.kind, UNREADABLE, content.get("unreadable"), content.get("fix"))
-        return RowOutcome(self.path, self.kind, IDENTICAL)
+        proves = [(c.get("content") or {}).get("evidence") for c in others]
+        return RowOutcome(self.path, self.kind, IDENTICAL,
+                          proves=str(proves[0]) if proves and all(proves) else None)
 
 
 def _content(ref: Manifest, run: Manifest, ref_path: str, run_path: str,
              savedmodels: dict[tuple[Path, Path], ContentDiff]) -> ContentDiff | None:
     a, b = ref.file(ref_path), run.file(run_path)
+    if ref_path == STEPS:
+        try:
+            return compare_steps(a, b)
+        except (OSError, ValueError) as exc:
+            return unreadable(STEPS_FORMAT, exc)
     root_a = savedmodel_root(a, ref.run_dir)
     root_b = savedmodel_root(b, run.run_dir)
     if root_a is not None and root_b is not None:
@@ -217,6 +226,14 @@ def _content(ref: Manifest, run: Manifest, ref_path: str, run_path: str,
     return compare_files(a, b, ref_path)
 
 
+def _bytes_hint(a: Path, b: Path) -> str | None:
+    """For two files compared by bytes: a hint when the bytes where they first differ look like a date."""
+    try:
+        return file_date_hint(a, b)
+    except OSError:
+        return None
+
+
 def _cell(ref: Manifest, m: Manifest, ref_path: str | None, run_path: str | None, why: str | None,
           savedmodels: dict[tuple[Path, Path], ContentDiff]) -> Cell:
     ra = ref.artifact(ref_path) if ref_path else None
@@ -226,12 +243,19 @@ def _cell(ref: Manifest, m: Manifest, ref_path: str | None, run_path: str | None
         return cell
     if a.sha256 == ra.sha256:
         cell["status"] = IDENTICAL
+        if ref_path == STEPS and why is None:  # what identical digests prove (the step, the module), or nothing
+            content = _content(ref, m, ref_path, run_path, savedmodels)
+            if content is not None and content.unreadable is None:
+                cell["content"] = content.to_dict()
     elif why is not None:
         cell["status"] = IGNORED
     else:
         content = _content(ref, m, ref_path, run_path, savedmodels)
         if content is None:
             cell["status"] = DIFFERS
+            hint = _bytes_hint(ref.file(ref_path), m.file(run_path))
+            if hint:
+                cell["hint"] = hint
         else:
             if content.unreadable is not None and content.fix is None:
                 content.fix = (f"check that it opens as {content.format} (it may be truncated, or another format "

@@ -13,7 +13,8 @@ the comparers are in :mod:`launcher.verify.contentlogs`, :mod:`launcher.verify.c
 Formats: ``.keras``; HDF5 ``.h5``/``.hdf5`` (Keras full-model and weights saves); SavedModel
 directories (``variables/`` read by hand from TensorFlow's tensor bundle; ``saved_model.pb``
 and ``fingerprint.pb`` are not compared); PyTorch ``.pt``/``.pth`` zips (read without torch);
-safetensors; ``.npy``/``.npz``; TensorBoard event files; CSV, JSON and JSON-lines logs. A
+safetensors; ``.npy``/``.npz``; TensorBoard event files; CSV, JSON and JSON-lines logs; PNG, PDF
+and SVG figures (:mod:`launcher.verify.contentfigures`, their dates and writer names set aside). A
 format not listed, or a file that cannot be read as its name says, is compared by bytes.
 """
 

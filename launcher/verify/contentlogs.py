@@ -37,6 +37,7 @@ class ContentRecord(TypedDict):
     arrays_total: NotRequired[int]
     unreadable: NotRequired[str]  # only when the files could not be read
     fix: NotRequired[str | None]
+    evidence: NotRequired[str]  # what an identical comparison proves about training (launcher's weight digests)
 
 
 @dataclass
@@ -50,6 +51,7 @@ class ContentDiff:
     model: ModelDiff | None = None  # for arrays: the diff naming the layer and array
     unreadable: str | None = None  # why the files could not be read: then nothing was compared
     fix: str | None = None  # the one fix for unreadable, where launcher knows it
+    evidence: str | None = None  # what the comparison proves about training, where it proves something
 
     @property
     def first_difference(self) -> FirstDifference | None:
@@ -65,6 +67,8 @@ class ContentDiff:
         if self.unreadable is not None:
             out["unreadable"] = self.unreadable
             out["fix"] = self.fix
+        if self.evidence is not None:
+            out["evidence"] = self.evidence
         return out
 
 

@@ -1,18 +1,18 @@
-"""Why two runs differ: where (model arrays, initial weights, dataset and batch fingerprints,
-metrics) and why (the manifests' environment diff, reduced to a one-line classification)."""
+"""Where two runs differ: the parts of an explanation (model arrays, initial weights, dataset and batch
+fingerprints, metrics) and the records verify's JSON holds them in. Why, in one line, and the explanation
+put together: :mod:`launcher.verify.classification`."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import NotRequired, TypedDict, TypeVar, cast
 
 from launcher.errors import LauncherError
 from launcher.runs.manifest import Manifest
 from launcher.runtime.records import EpochBatches, MetricsLine
 from launcher.verify.contentlogs import ContentRecord
-from launcher.verify.environment import EnvironmentRow, environment_diff
+from launcher.verify.environment import EnvironmentRow
 from launcher.verify.formats import native_saves
-from launcher.verify.impact import ProbeImpact, Tolerances, explain_impact
+from launcher.verify.impact import ProbeImpact
 from launcher.verify.jsonlines import read_json as _read_json
 from launcher.verify.jsonlines import read_jsonl as _read_jsonl
 from launcher.verify.modeldiff import (
@@ -21,7 +21,7 @@ from launcher.verify.modeldiff import (
     ModelDiff,
     diff_models,
 )
-from launcher.verify.stepdiff import StepsDiff, steps_diff, steps_phrase
+from launcher.verify.stepdiff import StepsDiff
 
 # How an artifact of a run compares with the reference's.
 IDENTICAL = "identical"
@@ -142,6 +142,8 @@ class DifferingFile(TypedDict):
     status: str  # differs | missing (identical-content for the files identical in content only)
     content: ContentRecord | None
     ignore: NotRequired[str]  # missing: the --ignore glob that leaves it out
+    kind: NotRequired[str]  # the kind of file it is (launcher.verify.evidence: model, figure, ...)
+    hint: NotRequired[str]  # compared by bytes: what the differing bytes look like (a date)
 
 
 class Explanation(TypedDict):
@@ -356,140 +358,3 @@ def _delta(x: object, y: object) -> MetricDelta | None:
     if isinstance(x, (int, float)) and isinstance(y, (int, float)):
         out["abs_diff"] = abs(float(y) - float(x))
     return out
-
-
-INPUT_CATEGORIES = ("code", "data", "seed", "params")
-
-
-def training_identical(model: ModelExplanation | None, initial: InitialWeightsExplanation | None,
-                       data: DataExplanation | None, batches: BatchesExplanation | None,
-                       metrics: MetricsExplanation | None, steps: StepsDiff | None = None) -> bool:
-    """Every model array, fingerprint and metric recorded in both runs is identical (and some were)."""
-    if model is None and metrics is None:
-        return False
-    if model is not None and model.get("identical") is not True:
-        return False
-    return all(part is None or part.get("same") is not False for part in (initial, data, batches, metrics, steps))
-
-
-def classify(identical: bool, env: list[EnvironmentRow], data: DataExplanation | None,
-             model: ModelExplanation | None, initial: InitialWeightsExplanation | None,
-             batches: BatchesExplanation | None, seeded: bool = True,
-             metrics: MetricsExplanation | None = None,
-             files: Sequence[DifferingFile] | None = None,
-             steps: StepsDiff | None = None) -> Classification:
-    """One line: identical; only other outputs differ; nondeterminism in training;
-    environment-dependent; or an input change. Never nondeterminism when training was identical."""
-    if identical:
-        return {"kind": CLASS_IDENTICAL, "causes": [], "line": "identical"}
-    if files is not None and training_identical(model, initial, data, batches, metrics, steps):
-        return _outputs_only(files)
-    by_cat: dict[str, list[str]] = {}
-    for row in env:
-        by_cat.setdefault(row["category"], []).append(row["key"])
-    if data is not None and not data.get("same", True):
-        by_cat.setdefault("data", []).insert(0, "dataset fingerprint")
-    inputs = [c for c in INPUT_CATEGORIES if c in by_cat]
-    if inputs:
-        return _input_change(inputs, by_cat, env)
-    if "hardware" in by_cat or "software" in by_cat:
-        return _environment(by_cat)
-    return _nondeterminism(model, initial, batches, steps, seeded)
-
-
-def _outputs_only(files: Sequence[DifferingFile]) -> Classification:
-    """Training was identical: only other outputs differ (the first three named)."""
-    named = [_file_phrase(f) for f in files[:3]] + ([f"and {len(files) - 3} more"] if len(files) > 3 else [])
-    return {"kind": CLASS_OUTPUTS, "causes": ["outputs"],
-            "line": "training identical (every model array, fingerprint and metric); differs only in "
-                    f"other outputs: {', '.join(named) or 'none named'}"}
-
-
-def _input_change(inputs: list[str], by_cat: dict[str, list[str]], env: list[EnvironmentRow]) -> Classification:
-    """An input differs (code, data, seed, params): each named with what changed."""
-    parts = []
-    for c in inputs:
-        if c == "seed":
-            seed = next((r for r in env if r["key"] == "seed"), None)
-            parts.append(f"seed ({seed['reference']} -> {seed['run']})" if seed else "seed")
-        elif c == "data":
-            parts.append("data (" + ", ".join(by_cat["data"]) + ")")
-        elif c == "code":
-            parts.append("code (" + ", ".join(by_cat["code"]) + ")")
-        else:
-            names = ", ".join("script arguments" if k == "recipe.args" else k.removeprefix("params.")
-                              for k in by_cat["params"])
-            parts.append(f"params ({names})")
-    return {"kind": CLASS_INPUT, "causes": inputs,
-            "line": "differs in " + ", ".join(parts) + ": an input change"}
-
-
-def _environment(by_cat: dict[str, list[str]]) -> Classification:
-    """The inputs agree and the hardware or software differs (hardware said first)."""
-    if "hardware" in by_cat:
-        keys = by_cat["hardware"][:3]
-        causes = ["hardware", "software"] if "software" in by_cat else ["hardware"]
-        return {"kind": CLASS_ENVIRONMENT, "causes": causes,
-                "line": f"differs on different hardware ({', '.join(keys)}): environment-dependent"}
-    keys = by_cat["software"][:3]
-    return {"kind": CLASS_ENVIRONMENT, "causes": ["software"],
-            "line": f"differs in the software environment ({', '.join(keys)}): environment-dependent"}
-
-
-def _nondeterminism(model: ModelExplanation | None, initial: InitialWeightsExplanation | None,
-                    batches: BatchesExplanation | None, steps: StepsDiff | None, seeded: bool) -> Classification:
-    """Nothing in the inputs or environment differs: training was not deterministic; where it shows."""
-    where = []
-    if initial is not None:
-        where.append("initial weights " + ("identical" if initial.get("same") else "already differ"))
-    if batches is not None and batches.get("same") is not None:
-        where.append("batches " + ("identical" if batches["same"] else "differ"))
-    if steps is not None and steps.get("same") is False:
-        where.append(steps_phrase(steps))
-    first = model.get("first_difference") if model is not None else None
-    if first:
-        where.append(f"first differing layer {first['layer']} array {first['array']}")
-    detail = f" ({'; '.join(where)})" if where else ""
-    return {"kind": CLASS_NONDETERMINISM, "causes": ["training"],
-            "line": ("differs with the same environment and seed: nondeterminism in training" if seeded
-                     else "differs with the same environment and no fixed seed (profile off?): "
-                     "nondeterminism expected") + detail}
-
-
-def with_impact(classification: Classification, impact: ProbeImpact | None) -> Classification:
-    """The classification with the impact's kind and phrase added to its line."""
-    if impact is None:
-        return classification
-    return {**classification, "impact": impact.get("kind"), "line": f"{classification['line']}; {impact['line']}"}
-
-
-def _file_phrase(f: DifferingFile) -> str:
-    name = str(f["path"]).removeprefix("outputs/")
-    content = f.get("content")
-    if f.get("status") == MISSING:
-        hint = f"; to leave it out: --ignore '{f['ignore']}'" if f.get("ignore") else ""
-        return f"{name} (in one run only{hint})"
-    if content and content.get("difference"):
-        return f"{name} ({content['difference']})"
-    return f"{name} (bytes; format not compared by content)"
-
-
-def explain(ref: Manifest, run: Manifest, files: list[DifferingFile] | None = None,
-            tolerances: Tolerances | None = None) -> Explanation:
-    """Where and why ``run`` differs from ``ref``, and, where both recorded probes, what the
-    difference does to predictions and explanations (launcher.verify.impact)."""
-    model = explain_model(ref, run)
-    initial = explain_initial_weights(ref, run)
-    data = explain_data(ref, run)
-    batches = explain_batches(ref, run)
-    steps = steps_diff(ref, run)
-    metrics = explain_metrics(ref, run)
-    env = environment_diff(ref, run)
-    impact = explain_impact(ref, run, tolerances)
-    cls = classify(False, env, data, model, initial, batches, seeded=ref.seed is not None, metrics=metrics,
-                   files=files, steps=steps)
-    return {
-        "classification": with_impact(cls, impact),
-        "model": model, "initial_weights": initial, "data": data, "batches": batches, "steps": steps,
-        "metrics": metrics, "environment": env, "files": files or [], "impact": impact,
-    }

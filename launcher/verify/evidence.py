@@ -21,19 +21,23 @@ from launcher.runs.manifest import Manifest
 from launcher.verify.contenttf import SAVED_MODEL_PB, SAVED_MODEL_PBTXT
 from launcher.verify.differences import CANONICAL_MODEL, DIFFERS, IDENTICAL, IGNORED, LAYERS, UNREADABLE
 from launcher.verify.formats import model_suffixes
+from launcher.verify.stepdiff import STEPS
 
 KIND_NAMED = "named evidence"  # files matching `verify checksums --evidence GLOB`
 KIND_MODEL = "model"
 KIND_CHECKPOINT = "checkpoint"
 KIND_PREDICTIONS = "predictions"
 KIND_METRICS = "metrics"
+KIND_STEPS = "weight digests"  # launcher's step fingerprints of the trained parameters (fingerprints/steps.jsonl)
+KIND_FIGURE = "figure"
 KIND_LOGS = "logs"
 KIND_RECORDS = "records"
 KIND_OTHER = "other"
-KINDS = (KIND_NAMED, KIND_MODEL, KIND_CHECKPOINT, KIND_PREDICTIONS, KIND_METRICS, KIND_LOGS, KIND_RECORDS,
-         KIND_OTHER)
-# What training produced: agreeing on one of these proves something about training.
-TRAINING_KINDS = frozenset({KIND_NAMED, KIND_MODEL, KIND_CHECKPOINT, KIND_PREDICTIONS, KIND_METRICS})
+KINDS = (KIND_NAMED, KIND_MODEL, KIND_CHECKPOINT, KIND_PREDICTIONS, KIND_METRICS, KIND_STEPS, KIND_FIGURE,
+         KIND_LOGS, KIND_RECORDS, KIND_OTHER)
+# What training produced: agreeing on one of these proves something about training. A figure does not:
+# it draws a result launcher cannot read back out of it.
+TRAINING_KINDS = frozenset({KIND_NAMED, KIND_MODEL, KIND_CHECKPOINT, KIND_PREDICTIONS, KIND_METRICS, KIND_STEPS})
 
 _MODEL_SUFFIXES_UNCOMPARED = (".onnx",)  # models launcher compares by bytes only; the others: launcher.verify.formats
 _MODEL_FOLDERS = frozenset({"model", "models", "weights", "saved_model", "savedmodel"})
@@ -45,6 +49,7 @@ _TABLE_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl")
 _METRIC_WORDS = ("metric", "history", "result", "score", "eval", "loss", "acc", "stats", "progress", "log")
 _LOG_SUFFIXES = (".log", ".txt", ".out", ".err")
 _LOG_FOLDERS = frozenset({"logs", "log"})
+_FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".eps", ".ps", ".jpg", ".jpeg", ".gif", ".bmp", ".tif", ".tiff", ".webp")
 SAVED_MODEL_FILES = (SAVED_MODEL_PB, SAVED_MODEL_PBTXT)
 
 
@@ -64,12 +69,16 @@ def kind_of(path: str, savedmodels: Iterable[str] = (), named: Iterable[str] = (
     if named and matches(path, named):
         return KIND_NAMED
     rel = path.removeprefix("outputs/")
+    if path == STEPS:
+        return KIND_STEPS
     if path == rundir.LAUNCH or rel.startswith(("_launcher/", "fingerprints/")):
         return KIND_RECORDS
     if path in _MODEL_FILES:
         return KIND_MODEL
     pure = PurePosixPath(rel.lower())
     name, folders = pure.name, list(pure.parts[:-1])
+    if name.endswith(_FIGURE_SUFFIXES) and not rel.startswith("probes/"):
+        return KIND_FIGURE
     if rel.startswith("probes/") or any(w in name for w in _PREDICTION_WORDS):
         return KIND_PREDICTIONS
     if any(w in part for part in [*folders, pure.stem] for w in _CHECKPOINT_WORDS):
@@ -212,6 +221,14 @@ class RowOutcome:
     outcome: str  # identical | differs | unreadable | ignored (the artifact statuses) | ROW_ALONE
     reason: str | None = None  # why it was not compared (unreadable or ignored)
     fix: str | None = None
+    proves: str | None = None  # identical: what it proves about training, where only its content says so
+
+    @property
+    def evidence(self) -> bool:
+        """Compared (or held alone) and, for launcher's weight digests, showing training: weights that moved."""
+        if self.kind not in TRAINING_KINDS or self.outcome not in (IDENTICAL, DIFFERS, ROW_ALONE):
+            return False
+        return self.kind != KIND_STEPS or self.outcome != IDENTICAL or self.proves is not None
 
 
 def kinds_summary(rows: Sequence[RowOutcome], alone: bool = False) -> dict[str, KindSummary]:
@@ -250,7 +267,7 @@ def _names(rows: Sequence[RowOutcome], limit: int = 3) -> str:
 def evidence_reason(rows: Sequence[RowOutcome], alone: bool = False) -> Inconclusive | None:
     """Why nothing training produced was compared (or, alone, held), with the one fix; None when something was."""
     training = [r for r in rows if r.kind in TRAINING_KINDS]
-    if any(r.outcome in (IDENTICAL, DIFFERS, ROW_ALONE) for r in training):
+    if any(r.evidence for r in training):
         return None
     unreadable = [r for r in training if r.outcome == UNREADABLE]
     ignored = [r for r in training if r.outcome == IGNORED]
@@ -265,7 +282,10 @@ def evidence_reason(rows: Sequence[RowOutcome], alone: bool = False) -> Inconclu
     else:
         what = ("the run holds" if alone else "the runs hold") + (
             f" only {', '.join(held)}" if held else " no files")
-        line = f"nothing that training produced was {'saved' if alone else 'compared'} ({what})"
+        still = any(r.kind == KIND_STEPS and r.outcome == IDENTICAL for r in training)
+        line = f"nothing that training produced was {'saved' if alone else 'compared'} ({what})" + (
+            "; launcher's weight digests saw no update (the weights at the last step are those of step 0)"
+            if still else "")
         fix = SAVE_HINT
     return {"reason": "no-evidence", "line": line, "fix": fix}
 

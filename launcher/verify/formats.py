@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from launcher.verify.contentfigures import compare_pdf, compare_png, compare_svg
 from launcher.verify.contentlogs import ContentDiff, compare_csv, compare_json, compare_jsonl
 from launcher.verify.contentmodels import compare_hdf5, compare_keras, compare_npy, compare_safetensors, compare_torch
 from launcher.verify.contenttf import compare_events
@@ -122,3 +123,7 @@ register(Format("csv", (".csv", ".tsv"), compare_csv))
 register(Format("jsonl", (".jsonl",), compare_jsonl))
 register(Format("json", (".json",), compare_json))
 register(Format("tfevents", (), compare_events, claims=_event_file))
+# Figures: what they draw, without the dates and writer names their savers stamp (launcher.verify.contentfigures).
+register(Format("png", (".png",), compare_png))
+register(Format("pdf", (".pdf",), compare_pdf))
+register(Format("svg", (".svg",), compare_svg))

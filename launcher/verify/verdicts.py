@@ -16,15 +16,12 @@ determinism was in force (:mod:`launcher.verify.evidence`); otherwise the verdic
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypedDict
 
-from launcher.errors import Corrupt, ExitCode, UsageError
-from launcher.hashing import sha256_file
-from launcher.progress import NullReporter, Reporter
+from launcher.errors import ExitCode, UsageError
+from launcher.progress import Reporter
 from launcher.runs.manifest import Manifest, describe_code
 from launcher.runs.store import select_runs, short_digest, skipped_in_group
 from launcher.verify.artifacts import (
@@ -40,10 +37,12 @@ from launcher.verify.artifacts import (
     ignored_groups,
     recipe_volatile,
 )
+from launcher.verify.classification import explain, steps_to_the_end
 from launcher.verify.consistency import Consistency, check_consistency
 from launcher.verify.differences import (
     BATCHES,
     CLASS_IDENTICAL,
+    CLASS_OUTPUTS,
     DATASET,
     DIFFERS,
     IDENTICAL,
@@ -54,11 +53,11 @@ from launcher.verify.differences import (
     REFERENCE,
     DifferingFile,
     Explanation,
-    explain,
-    repull_hint,
 )
 from launcher.verify.evidence import (
     KIND_MODEL,
+    KIND_STEPS,
+    TRAINING_KINDS,
     DeterminismRecord,
     Inconclusive,
     KindSummary,
@@ -71,66 +70,15 @@ from launcher.verify.evidence import (
 )
 from launcher.verify.formats import holds_model
 from launcher.verify.impact import Tolerances
+from launcher.verify.integrity import IntegrityStats, check_integrity
 from launcher.verify.modeldiff import FirstDifference
+from launcher.verify.stepdiff import STEPS
 from launcher.workspace import Workspace
 
 SCHEMA = "launcher.verify.verdicts/v1"
 
 CONSISTENT = "consistent"  # the verdict on one run checked alone
 INCONCLUSIVE = "inconclusive"  # no difference found, but nothing proven (exit 37)
-
-HASH_WORKERS = max(2, min(4, os.cpu_count() or 2))
-
-
-# ---------------------------------------------------------------- integrity
-
-
-@dataclass(frozen=True)
-class IntegrityStats:
-    files: int
-    bytes: int
-
-
-def check_integrity(manifests: Iterable[Manifest], reporter: Reporter | None = None,
-                    workers: int = HASH_WORKERS) -> IntegrityStats:
-    """Re-hash every artifact of every run against its manifest, files hashed concurrently."""
-    jobs: list[tuple[Manifest, str, int, str]] = []
-    for m in manifests:
-        for art in m.artifacts:
-            p = m.file(art.path)
-            try:
-                size = p.stat().st_size
-            except FileNotFoundError:
-                raise Corrupt(f"run {m.run_id}: {art.path} is in its manifest but not in the run directory",
-                              f"re-pull the run (`launcher pull {m.run_id}`)") from None
-            if size != art.size:
-                raise Corrupt(f"run {m.run_id}: {art.path} is {size} bytes, its manifest says {art.size}",
-                              repull_hint(m))
-            jobs.append((m, art.path, art.size, art.sha256))
-    total = sum(j[2] for j in jobs)
-    task = (reporter or NullReporter()).task("checking files against their manifests", total=total, unit="B")
-
-    def one(job: tuple[Manifest, str, int, str]) -> tuple[Manifest, str, str, str]:
-        m, rel, size, want = job
-        got = sha256_file(m.file(rel))
-        task.advance(size)
-        return m, rel, want, got
-
-    # Largest first, so the pool is not left waiting on one big file at the end.
-    ordered = sorted(jobs, key=lambda j: -j[2])
-    pool = ThreadPoolExecutor(max_workers=max(1, workers))
-    try:
-        for m, rel, want, got in pool.map(one, ordered):
-            if got != want:
-                raise Corrupt(f"run {m.run_id}: {rel} does not match its manifest "
-                              f"(sha256 {got[7:19]}…, recorded {want[7:19]}…)",
-                              repull_hint(m))
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)  # on a mismatch, hash nothing more
-        task.close()
-    return IntegrityStats(files=len(jobs), bytes=total)
-
-
 
 # ---------------------------------------------------------------- the report (verify's JSON: docs/verify-json.md)
 
@@ -272,10 +220,25 @@ class VerifyReport:
         return [x for x in found if x is not None]
 
     @property
+    def outputs_only(self) -> bool:
+        """Runs differ, each only in outputs training does not decide: its model, metrics and weight digests
+        agree, and no file of a training kind (a model, checkpoint, metrics, predictions) differs."""
+        exps = [r.explanation for r in self.differing]
+        return bool(exps) and all(e is not None and e["classification"]["kind"] == CLASS_OUTPUTS
+                                  and not any(f.get("kind") in TRAINING_KINDS for f in e["files"]) for e in exps)
+
+    @property
     def exit_code(self) -> ExitCode:
         if not self.identical:
-            return ExitCode.NOT_REPRODUCIBLE
+            return ExitCode.OUTPUT_DIFFERS if self.outputs_only else ExitCode.NOT_REPRODUCIBLE
         return ExitCode.INCONCLUSIVE if self.inconclusive else ExitCode.OK
+
+    def by_digests(self) -> str | None:
+        """What launcher's weight digests prove, when they are the only evidence of training compared."""
+        evidence = [r for r in self.outcomes() if r.evidence]
+        if evidence and all(r.kind == KIND_STEPS for r in evidence):
+            return evidence[0].proves
+        return None
 
     @property
     def differing(self) -> list[RunVerdict]:
@@ -323,12 +286,7 @@ class VerifyReport:
                 + (f" and {len(names) - 3} more" if len(names) > 3 else "") + ")") if skipped else ""
         tail += self._code_tail()
         if not self.identical:
-            kinds = sorted({r.explanation["classification"]["kind"] for r in self.differing if r.explanation})
-            files = sorted({str(f["path"]).removeprefix("outputs/") for r in self.differing if r.explanation
-                            for f in r.explanation.get("files") or []})
-            named = ", ".join(files[:4]) + (f" and {len(files) - 4} more" if len(files) > 4 else "")
-            return (f"{prefix}{len(self.differing)} of {n - 1} runs differ from {ref} ({', '.join(kinds)}): "
-                    f"content differs in {named}{tail}")
+            return prefix + self._differs_line() + tail
         reasons = self.inconclusive
         if reasons:
             # with nothing of training compared there is no output to call identical, only no difference
@@ -336,10 +294,32 @@ class VerifyReport:
             return (f"{prefix}inconclusive: {found}{tail}; but " + " and ".join(x["line"] for x in reasons)
                     + "; fix: " + "; and ".join(x["fix"] for x in reasons))
         content = list({f["path"]: f for r in self.runs for f in r.content_only}.values())
+        digests = self.by_digests()
+        how = f" by {digests}" if digests else ""
         if not content:
-            return f"{prefix}identical: all {n} runs are bit-identical to {ref}{tail}"
-        return (f"{prefix}identical in content: all {n} runs match {ref}; bytes differ only in volatile parts: "
+            return f"{prefix}identical{how}: all {n} runs are bit-identical to {ref}{tail}"
+        return (f"{prefix}identical in content{how}: all {n} runs match {ref}; bytes differ only in volatile parts: "
                 + "; ".join(bytes_only_phrases(content)) + tail)
+
+    def _differs_line(self) -> str:
+        """How many runs differ, in what; an output alone, or launcher's weight digests, said as such."""
+        n, ref = len(self.runs), self.reference.run_id
+        differing = [r for r in self.differing if r.explanation]
+        if self.outputs_only and differing:
+            first = differing[0].explanation
+            assert first is not None
+            return f"{first['classification']['line']} ({len(self.differing)} of {n - 1} runs against {ref})"
+        kinds = sorted({r.explanation["classification"]["kind"] for r in differing if r.explanation})
+        found = {str(f["path"]): f for r in differing if r.explanation for f in r.explanation.get("files") or []}
+        steps = found.pop(STEPS, None)
+        if steps is not None and not any(f.get("kind") in TRAINING_KINDS for f in found.values()):
+            content = steps.get("content")
+            said = (content["difference"] if content else None) or "they differ"
+            return (f"{len(self.differing)} of {n - 1} runs differ from {ref} by launcher's weight digests "
+                    f"({', '.join(kinds)}): {said}" + (f"; content differs also in {_named(found)}" if found else ""))
+        named = _named(found) + ("" if steps is None else (", " if found else "") + "launcher's weight digests")
+        return (f"{len(self.differing)} of {n - 1} runs differ from {ref} ({', '.join(kinds)}): "
+                f"content differs in {named}")
 
     def _alone_line(self) -> str:
         ref = self.reference.run_id
@@ -381,7 +361,11 @@ class VerifyReport:
         return out
 
     def _model_compared(self, run_id: str) -> bool:
-        """A model file of a format launcher reads was compared (not unreadable) with the reference's."""
+        """A model file of a format launcher reads was compared (not unreadable) with the reference's, or the
+        model's weight digests to the last step, where they show training (launcher.verify.stepevidence)."""
+        if any(a.path == STEPS and a.checked and ((a.cells.get(run_id) or {}).get("content") or {}).get("evidence")
+               for a in self.artifacts):
+            return True
         return any(a.checked and holds_model(a.path) and a.kind == KIND_MODEL
                    and (a.cells.get(run_id) or {}).get("status") in (IDENTICAL, IDENTICAL_CONTENT)
                    for a in self.artifacts)
@@ -422,13 +406,20 @@ class VerifyReport:
         }
 
 
+def _named(files: dict[str, DifferingFile]) -> str:
+    names = sorted(p.removeprefix("outputs/") for p in files)
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+
+
 def _part_same(exp: Explanation | None, part: str) -> bool | None:
     """Whether one part of an explanation (model, initial_weights, data, batches, metrics) found the
     run the same as the reference; None where it was not recorded or could not be read."""
     if exp is None:
         return None
     if part == "model":
-        model = exp.get("model")
+        model, steps = exp.get("model"), exp.get("steps")
+        if model is None and steps is not None and steps.get("same") is not None:  # the weight digests say it
+            return steps_to_the_end(steps)
         return None if model is None else model.get("identical")
     found = {"initial_weights": exp.get("initial_weights"), "data": exp.get("data"), "batches": exp.get("batches"),
              "metrics": exp.get("metrics")}[part]
@@ -440,9 +431,12 @@ def _run_files(rows: list[ArtifactRow], run_id: str, statuses: tuple[str, ...]) 
     for row in rows:
         cell = row.cells.get(run_id) or {}
         if row.checked and cell.get("status") in statuses:
-            entry: DifferingFile = {"path": row.path, "status": cell["status"], "content": cell.get("content")}
+            entry: DifferingFile = {"path": row.path, "status": cell["status"], "content": cell.get("content"),
+                                    "kind": row.kind}
             if cell["status"] == MISSING:
                 entry["ignore"] = ignore_glob(row.path)
+            if cell.get("hint"):
+                entry["hint"] = cell["hint"]
             out.append(entry)
     return out
 
