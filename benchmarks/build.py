@@ -99,7 +99,9 @@ def main() -> int:
         assert after_edit.extra.get("env_image_id") == first.extra.get("env_image_id"), "the environment was rebuilt"
         plain = plain_rebuild(ws, args.variant)
         t0 = time.monotonic()
-        report = build.rebuild(ws, args.variant, verify=True)
+        from launcher.images import rebuild
+
+        report = rebuild.rebuild(ws, args.variant, verify=True)
         verify = time.monotonic() - t0
     print(f"image                      {first.tag} ({first.extra.get('files')} files)")
     print(f"cold build                 {cold:8.1f} s")

@@ -296,7 +296,9 @@ def rebuild_cmd(
     ws = workspace_of(ctx)
     variant = _variant(ctx, ws, variant, positional)
     with reporter(ctx) as rep:
-        rep_ = build_mod.rebuild(ws, variant, verify=verify, ca_bundle=ca_bundle,
+        from launcher.images import rebuild as rebuild_mod
+
+        rep_ = rebuild_mod.rebuild(ws, variant, verify=verify, ca_bundle=ca_bundle,
                                  find_links=wheelsources.check_dirs(find_links or ()), reporter=rep)
     code = verdict_exit_code(rep_.tree_matches)
     data = {"variant": variant, "tree_matches": rep_.tree_matches, "image_id_matches": rep_.id_matches,

@@ -60,7 +60,7 @@ from launcher.runs.store import resolve_run_id
 from launcher.runs.targets import open_placement
 from launcher.runs.userenv import is_secret
 from launcher.verify import opdiff
-from launcher.verify.differences import INPUT_CATEGORIES
+from launcher.verify.classification import INPUT_CATEGORIES
 from launcher.verify.environment import environment_diff
 from launcher.verify.repeat import check_repeat, environment_changes
 from launcher.verify.stepdiff import read_steps, rows_diff, steps_diff
