@@ -204,4 +204,4 @@ def test_unreadable_file_is_not_compared_with_reason(tmp_path: Path) -> None:
     diff = compare_files(tmp_path / "a.keras", tmp_path / "b.keras")
     assert diff is not None and not diff.same and diff.difference is None  # never a difference in content
     assert "cannot be read as keras" in (diff.unreadable or "") and diff.to_dict()["unreadable"] == diff.unreadable
-    assert compare_files(tmp_path / "a.png", tmp_path / "b.png") is None
+    assert compare_files(tmp_path / "a.bin", tmp_path / "b.bin") is None
