@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from launcher.errors import LauncherError
-from launcher.hosts import engine as docker_engine
+from launcher.hosts import dockerapi
 from launcher.images import pins as images
 from launcher.images import registry
 from launcher.images.bootstrap import bootstrap
@@ -59,7 +59,7 @@ def repo_workspace() -> Workspace:
 @pytest.fixture(scope="session")
 def engine() -> dict[str, Any]:
     try:
-        return docker_engine.require()
+        return dockerapi.require()
     except LauncherError as exc:
         need(False, f"no Docker engine: {exc.one_line()}")
         raise

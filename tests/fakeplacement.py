@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from launcher.hashing import atomic_write_json
+from launcher.hosts.engine import render
 from launcher.hosts.local import LocalHost
-from launcher.runs.container import ContainerJob, docker_run_argv
+from launcher.runs.container import ContainerJob, container_spec
 from launcher.runs.placement import ListedRun, Placement, RunState
 from launcher.runs.ship import ShipResult
 from launcher.workspace import Workspace
@@ -77,7 +78,7 @@ class FakePlacement(Placement):
 
     def start(self, job: ContainerJob) -> dict[str, Any]:
         job = self.write_secrets(job)
-        self.argvs.append(docker_run_argv(job))
+        self.argvs.append(render(container_spec(job)))
         if job.env_file:
             self.env_files[job.run_id] = Path(job.env_file).read_text()
         self.remove_secrets(job)

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from launcher.cli import app
 from launcher.errors import ExitCode
+from launcher.hosts import dockerapi
 from launcher.hosts import engine as docker_engine
 from launcher.images import build as build_mod
 from launcher.images.lock import parse_lock
@@ -41,7 +42,7 @@ def test_build_installs_offline_from_the_lock_and_labels_the_image(small_ws: Wor
     res = runner.invoke(app, ["-w", str(small_ws.root), "--json", "build", "cpu"])
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)["data"]  # may be a no-op: builds are cached by content on this machine
-    labels = docker_engine.inspect(data["tag"])["Config"]["Labels"]
+    labels = dockerapi.inspect(data["tag"])["Config"]["Labels"]
     assert labels["org.launcher.lock-sha256"] == data["lock_sha256"]
     assert labels["org.launcher.base-digest"] == data["base"].partition("@")[2]
     assert labels["org.launcher.git-commit"] and labels["org.launcher.git-dirty"] in ("true", "false")
@@ -52,7 +53,7 @@ def test_build_installs_offline_from_the_lock_and_labels_the_image(small_ws: Wor
     assert docker_run(data["tag"], "python", "-c", "import six, launcher.runtime; print(six.__version__)").strip() \
         == locked["six"]
     record = json.loads(small_ws.build_record("cpu").read_text())
-    assert record["image_id"] == data["image_id"] == docker_engine.inspect(data["tag"])["Id"]
+    assert record["image_id"] == data["image_id"] == dockerapi.inspect(data["tag"])["Id"]
 
 
 def test_unchanged_build_is_a_noop(small_ws: Workspace) -> None:
@@ -139,7 +140,7 @@ def test_tampered_hash_fails_and_tags_nothing(small_ws: Workspace, tmp_path: Pat
     res = runner.invoke(app, ["-w", str(ws.root), "build", "cpu"])
     assert res.exit_code in (ExitCode.CORRUPT, ExitCode.BUILD_FAILED), res.output
     assert "six" in res.output and "Traceback" not in res.output
-    assert not docker_engine.image_exists(tag)
+    assert not dockerapi.image_exists(tag)
     assert not ws.build_record("cpu").exists()
 
 
@@ -173,7 +174,7 @@ def test_tensorflow_image_runs_tensorflow_and_fwr13y(cpu_image: dict[str, Any]) 
     out = docker_run(cpu_image["tag"], "python", "-c",
                      "import tensorflow as tf, fwr13y, sklearn; print(tf.__version__)")
     assert out.strip().splitlines()[-1] == "2.21.0"
-    labels = docker_engine.inspect(cpu_image["tag"])["Config"]["Labels"]
+    labels = dockerapi.inspect(cpu_image["tag"])["Config"]["Labels"]
     assert labels["org.launcher.variant"] == "cpu"
 
 

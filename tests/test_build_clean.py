@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from launcher.cli import app
 from launcher.errors import NotFound
-from launcher.hosts import engine as docker_engine
+from launcher.hosts import dockerapi
 from launcher.images.build import LABEL
 from launcher.workspace import Workspace
 
@@ -35,7 +35,7 @@ def _labels(image_id: str) -> dict[str, str] | None:
     """The image's labels; None for an image gone since it was listed (the engine is shared, and another
     build may remove a dangling image in between). Any other error is the test's."""
     try:
-        return docker_engine.inspect(image_id)["Config"].get("Labels") or {}
+        return dockerapi.inspect(image_id)["Config"].get("Labels") or {}
     except NotFound:
         return None
 
@@ -77,9 +77,9 @@ def test_build_and_rebuild_verify_leave_nothing_unreferenced(make_workspace: Cal
         ours = [i for i in new if _launchers(_labels(i))]
         assert not ours, ours
         # what stays is the image and its environment, both tagged; the other user's image is untouched
-        assert docker_engine.inspect(built["tag"])["Id"] == built["image_id"]
+        assert dockerapi.inspect(built["tag"])["Id"] == built["image_id"]
         env_id = built["extra"]["env_image_id"]
-        assert docker_engine.inspect(env_id)["RepoTags"]
+        assert dockerapi.inspect(env_id)["RepoTags"]
         # the labels the check above looks for are on what launcher built: an image of its own left
         # dangling would have been found
         assert _launchers(_labels(built["image_id"])) and _launchers(_labels(env_id))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from launcher import cache
-from launcher.hosts import engine as docker_engine
+from launcher.hosts import dockerapi
 from launcher.images import build
 from launcher.workspace import Workspace
 
@@ -116,7 +116,7 @@ def test_prune_for_real_after_the_engine_drops_a_build(
     assert data["removed_files"] == 0 and rec.image_id in data["kept_images"]
 
     subprocess.run(["docker", "rmi", "-f", rec.image_id], check=True, capture_output=True)
-    assert not docker_engine.image_exists(rec.image_id)
+    assert not dockerapi.image_exists(rec.image_id)
     dropped = _cli(ws.cache_dir, "--workspace", str(ws.root), "cache", "prune", "--wheels")
     assert dropped.returncode == 0, dropped.stderr
     assert "removed" in dropped.stdout and "the Docker engine no longer has" in dropped.stdout

@@ -10,6 +10,7 @@ import pytest
 
 from launcher.errors import EngineUnavailable, ExitCode, HostNotReady
 from launcher.hosts.base import Host, HostProcess
+from launcher.hosts.containerspec import ContainerSpec
 from launcher.hosts.engine import Engine, chain_ids
 from launcher.proc import Completed
 
@@ -87,12 +88,10 @@ def test_answers_are_parsed() -> None:
     assert e.security_options() == ["name=seccomp", "name=rootless"]
 
 
-def test_a_run_argv_is_run_as_given_and_nothing_else() -> None:
+def test_a_container_is_run_as_its_spec_says_and_nothing_else() -> None:
     host = FakeHost()
-    Engine(host).run_container(["docker", "run", "-d", "img"])
-    assert host.calls == [["docker", "run", "-d", "img"]]
-    with pytest.raises(ValueError):
-        Engine(host).run_container(["sh", "-c", "true"])
+    Engine(host).run(ContainerSpec("img", ("python", "-V"), detach=True))
+    assert host.calls == [["docker", "run", "-d", "img", "python", "-V"]]
 
 
 @pytest.mark.parametrize(("answer", "words"), [
@@ -150,7 +149,7 @@ def test_a_container_started_by_image_id_records_that_id_without_asking(tmp_path
                        recipe=recipe, params={})
     host = FakeHost({("docker", "inspect", "--format", "{{.Image}}"): (0, "sha256:" + "b" * 64 + "\n", "")})
     record = DirectPlacement(host).start(job)
-    assert record["image_ran"] == image and image in record["argv"]
+    assert record["image_ran"] == image and record["container_spec"]["image"] == image
     assert not any(c[:2] == ["docker", "inspect"] for c in host.calls)  # a full ID is the image that runs
     DirectPlacement(host).start(replace(job, image_id="tiny:latest"))  # a name: the engine says what it was
     assert host.calls[-1][:4] == ["docker", "inspect", "--format", "{{.Image}}"]

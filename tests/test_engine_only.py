@@ -10,15 +10,19 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import launcher
 from launcher.hosts import engine
 from launcher.hosts.base import Host, HostProcess
+from launcher.hosts.containerspec import ContainerSpec, Mount
 from launcher.hosts.scripts import text as host_script
 from launcher.proc import Completed
 
 PACKAGE = Path(launcher.__file__).parent
 ENGINE = PACKAGE / "hosts" / "engine.py"
+DOCKER_API = PACKAGE / "hosts" / "dockerapi.py"
 
 
 class FakeProcess:
@@ -97,10 +101,40 @@ def test_import_tar_failure_is_its_exit_code_and_words(tmp_path: Path) -> None:
 
 def test_run_to_end_is_a_named_rm_container() -> None:
     host = StartHost(FakeProcess(b""))
-    engine.Engine(host).run_to_end(["--network", "none", "img", "python3", "-c", "pass"])
+    engine.Engine(host).run_to_end(ContainerSpec("img", ("python3", "-c", "pass"), network="none"))
     argv = host.ran[0]
     assert argv[:4] == ["docker", "run", "--rm", "--name"] and argv[4].startswith("launcher-tool-")
     assert argv[5:] == ["--network", "none", "img", "python3", "-c", "pass"]
+
+
+def test_a_spec_renders_every_field_once_and_reads_back_the_same() -> None:
+    spec = ContainerSpec("sha256:img", ("python", "-m", "x", "--flag", "-e"), name="launcher-r1", labels={"l": "v"},
+                         env={"B": "2", "A": "x=y"}, env_from_caller=("SECRET",), env_file="/r/secret.env",
+                         mounts=(Mount("/h/out", "/launcher/out"), Mount("/h/data", "/launcher/data", True)),
+                         network="launcher-net", hostname="node0", platform="linux/amd64", user="1000:1000",
+                         workdir="/launcher/out", entrypoint="python", gpus="all", detach=True)
+    argv = engine.render(spec)
+    assert argv[:3] == ["docker", "run", "-d"] and argv[-6:] == ["sha256:img", "python", "-m", "x", "--flag", "-e"]
+    assert argv.index("A=x=y") < argv.index("B=2")  # sorted: the same spec always gives the same line
+    assert engine.spec_from_argv(argv) == spec
+    assert ContainerSpec.from_record(spec.to_record()) == spec
+    assert engine.render_shell(spec).splitlines()[0] == "docker run -d \\"
+
+
+@given(st.builds(
+    ContainerSpec, image=st.sampled_from(["img", "sha256:" + "a" * 64, "127.0.0.1:5000/x@sha256:" + "b" * 64]),
+    command=st.lists(st.text(min_size=1), max_size=4).map(tuple),
+    name=st.none() | st.from_regex(r"[a-z][a-z0-9-]{0,12}", fullmatch=True),
+    env=st.dictionaries(st.from_regex(r"[A-Z_][A-Z0-9_]{0,8}", fullmatch=True), st.text(), max_size=4),
+    mounts=st.lists(st.builds(Mount, st.from_regex(r"/[a-z0-9/._-]{0,12}", fullmatch=True),
+                              st.from_regex(r"/[a-z0-9/._-]{0,12}", fullmatch=True), st.booleans()),
+                    max_size=3).map(tuple),
+    network=st.none() | st.sampled_from(["none", "bridge", "launcher-x"]), detach=st.booleans(),
+    remove=st.booleans(), stdin=st.booleans(), gpus=st.none() | st.just("all")))
+@settings(max_examples=200, derandomize=True, database=None)
+def test_any_spec_reads_back_from_its_command_line(spec: ContainerSpec) -> None:
+    """What an older launcher's launch record kept (the rendered command line) gives back the spec it came from."""
+    assert engine.spec_from_argv(engine.render(spec)) == spec
 
 
 def test_installed_follows_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -114,18 +148,62 @@ def test_installed_follows_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
 # ------------------------------------------------------------ the rule, checked on the package
 
 def _python_files() -> list[Path]:
-    return sorted(p for p in PACKAGE.rglob("*.py") if p != ENGINE)
+    return sorted(p for p in PACKAGE.rglob("*.py") if p != ENGINE and p != DOCKER_API)
 
 
 def test_only_engine_imports_docker() -> None:
     offenders = []
-    for path in _python_files():
+    for path in sorted(p for p in PACKAGE.rglob("*.py") if p != DOCKER_API):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             if any(n == "docker" or n.startswith("docker.") for n in names):
                 offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
-    assert offenders == [], "only launcher/hosts/engine.py may import docker"
+    assert offenders == [], "only launcher/hosts/dockerapi.py may import docker"
+
+
+# Options only `docker run` (and `docker create`) has: a module that writes one composes a container's command line.
+# (`--env` is launcher's own option too, so `-e`/`--env` are left to the argv checks above.)
+RUN_ONLY_FLAGS = {"--rm", "--network", "--net", "--entrypoint", "--gpus", "--env-file", "--label", "--hostname",
+                  "--volume", "--mount", "--security-opt", "--cap-add", "--cap-drop", "--cgroupns", "--privileged",
+                  "--publish", "--detach", "--interactive", "--workdir", "--restart", "--shm-size", "--ipc",
+                  "--ulimit", "--device", "--runtime", "--add-host", "--pid", "--tmpfs"}
+
+
+def container_flags(source: str, rel: str) -> list[str]:
+    """Where a module (other than the engine) writes a container's option or builds docker argv itself: a docker
+    run-only option as a string (not in a message or docstring), or a call of the engine's `command`."""
+    tree = ast.parse(source, rel)
+    skip = _error_calls(tree) | _docstrings(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+            flag = node.value.split("=", 1)[0]
+            if flag in RUN_ONLY_FLAGS:
+                found.append(f"{rel}:{node.lineno}: the docker run option {flag}")
+        if isinstance(node, ast.ImportFrom) and node.module == "launcher.hosts.engine" \
+                and any(a.name == "command" for a in node.names):
+            found.append(f"{rel}:{node.lineno}: imports the engine's command()")
+        if isinstance(node, ast.Attribute) and node.attr == "command" and isinstance(node.value, ast.Name) \
+                and node.value.id in ("engine", "docker_engine"):
+            found.append(f"{rel}:{node.lineno}: calls engine.command()")
+    return sorted(found, key=lambda hit: int(hit.split(":")[1]))
+
+
+def test_no_module_but_engine_writes_a_container_option() -> None:
+    found = [hit for path in _python_files() if path.name != "containerspec.py"
+             for hit in container_flags(path.read_text(), path.relative_to(PACKAGE).as_posix())]
+    assert found == [], "build a ContainerSpec (launcher.hosts.containerspec) and let the Engine run it"
+
+
+def test_the_option_check_finds_what_it_looks_for() -> None:
+    sample = ('from launcher.hosts import engine\n'
+              'argv = ["--network", "none", "img"]\n'
+              'x = engine.command("ps")\n'
+              'raise ValueError("pass --network none")\n'
+              'opt = "--gpus=all"\n'
+              'ok = ["ssh", "-e", "none"]\n')
+    assert [h.split(": ", 1)[0] for h in container_flags(sample, "m.py")] == ["m.py:2", "m.py:3", "m.py:5"]
 
 
 SUBCOMMANDS = ("run", "load", "save", "pull", "push", "image", "images", "info", "import", "rm", "rmi", "stop",

@@ -145,15 +145,22 @@ def test_a_run_killed_here_resumes_on_the_ssh_test_host(
 
 
 def test_a_moved_run_mounts_the_new_hosts_folders() -> None:
-    from launcher.runs.resume import moved_argv
+    from launcher.hosts.engine import spec_from_argv
+    from launcher.runs.container import launch_spec
+    from launcher.runs.resume import moved_spec
 
+    # a launch record of an older launcher kept the rendered command line: it is read back as the spec it was
     argv = ["docker", "run", "-d", "--name", "launcher-r", "-e", "LAUNCHER_SEED=3", "-e", "LAUNCHER_OWNER=0:0",
             "-v", "/old/r/out:/launcher/out", "-v", "/data/x:/launcher/data:ro", "sha256:img", "python", "-m",
             "launcher.runtime", "run", "-v", "/old/r/out:/x"]
-    assert moved_argv(argv, {"/old/r/out": "/new/r/out", "/data/x": "/d/x"}, "1000:1000", "sha256:img") == [
-        "docker", "run", "-d", "--name", "launcher-r", "-e", "LAUNCHER_SEED=3", "-e", "LAUNCHER_OWNER=1000:1000",
-        "-v", "/new/r/out:/launcher/out", "-v", "/d/x:/launcher/data:ro", "sha256:img", "python", "-m",
-        "launcher.runtime", "run", "-v", "/old/r/out:/x"]
+    old = launch_spec({"argv": argv})  # type: ignore[typeddict-item]
+    assert old == spec_from_argv(argv) and old is not None
+    moved = moved_spec(old, {"/old/r/out": "/new/r/out", "/data/x": "/d/x"}, "1000:1000")
+    assert [(m.source, m.target, m.read_only) for m in moved.mounts] == [
+        ("/new/r/out", "/launcher/out", False), ("/d/x", "/launcher/data", True)]
+    assert moved.env == {"LAUNCHER_SEED": "3", "LAUNCHER_OWNER": "1000:1000"}
+    assert moved.command == ("python", "-m", "launcher.runtime", "run", "-v", "/old/r/out:/x")  # the command as it was
+    assert moved_spec(old, {}, None).env == {"LAUNCHER_SEED": "3"}
 
 
 def test_keras_training_that_cannot_resume_bitwise_is_refused_before_it_trains(

@@ -189,15 +189,16 @@ def test_bad_env_items_are_one_line_usage_errors_without_values(env: list[str], 
 
 
 def test_secrets_never_reach_the_docker_command_line() -> None:
-    from launcher.runs.container import ContainerJob, docker_run_argv
+    from launcher.hosts.engine import render
+    from launcher.runs.container import ContainerJob, container_spec
 
     recipe = Recipe(RecipeSpec(Path("/r/tiny"), "tiny", "none", "train.py"), "sha256:" + "0" * 64)
     job = ContainerJob(run_id="20260101T000000-tiny-abcdef", image_id="sha256:" + "a" * 64, env={"LAUNCHER_SEED": "1"},
                        host_out="/h/runs/x/out", recipe=recipe, params={}, user_env={"MODE": "x y"},
                        secret_env={"TOKEN": "hunter2"})
     with pytest.raises(ValueError):
-        docker_run_argv(job)
-    argv = docker_run_argv(replace(job, env_file="/h/runs/x/secret.env"))
+        container_spec(job)
+    argv = render(container_spec(replace(job, env_file="/h/runs/x/secret.env")))
     assert "MODE=x y" in argv and "LAUNCHER_SEED=1" in argv
     assert argv[argv.index("--env-file") + 1] == "/h/runs/x/secret.env"
     assert not any("hunter2" in a for a in argv) and "hunter2" not in repr(job)

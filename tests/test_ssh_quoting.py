@@ -34,12 +34,13 @@ def test_remote_command_refuses_an_empty_argv() -> None:
 
 
 def test_docker_run_argv_survives_quoting_unchanged() -> None:
-    from launcher.runs.container import ContainerJob, docker_run_argv
+    from launcher.hosts.engine import render
+    from launcher.runs.container import ContainerJob, container_spec
     from launcher.runs.recipes import Recipe
     from launcher.runtime.recipespec import RecipeSpec
 
     recipe = Recipe(RecipeSpec(Path("/r/tiny"), "tiny", "none", "train.py"), "sha256:" + "0" * 64)
-    argv = docker_run_argv(ContainerJob(
+    argv = render(container_spec(ContainerJob(
         run_id="20260101T000000-tiny-abcdef",
         image_id="sha256:" + "a" * 64,
         env={"XLA_FLAGS": "--xla_gpu_deterministic_ops=true", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"},
@@ -48,7 +49,7 @@ def test_docker_run_argv_survives_quoting_unchanged() -> None:
         params={"msg": "it's a `test` $(x)"},
         data="/data/my set",
         gpu=True,
-    ))
+    )))
     assert shlex.split(remote_command(argv)) == argv
     assert argv[:4] == ["docker", "run", "-d", "--name"]
     assert "/data/my set:/launcher/data:ro" in argv

@@ -36,7 +36,7 @@ from launcher.attest.summary import ENVELOPE_FILE, STATEMENT_FILE, OutputResult,
 from launcher.attest.unpack import OpenedBundle, OpenedRun, open_bundle
 from launcher.errors import Corrupt, DigestMismatch, ExitCode, NotFound, OtherImage, RunFailed, UsageError
 from launcher.hashing import atomic_write_bytes, sha256_file
-from launcher.hosts import engine
+from launcher.hosts import dockerapi
 from launcher.hosts.base import Host
 from launcher.hosts.hostspec import HostSpec
 from launcher.images import basearchive, imagerecord, registry
@@ -233,7 +233,7 @@ def _base(run: OpenedRun, ws: Workspace) -> str:
     ref = str(run.image_facts["baseRef"])
 
     def present(r: str) -> bool:
-        return engine.image_exists(r) or basearchive.served(r)
+        return dockerapi.image_exists(r) or basearchive.served(r)
 
     if run.base is None:
         if present(ref):

@@ -12,25 +12,25 @@ under launcher/hosts/scripts.
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from functools import lru_cache
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn, TypedDict, cast
 
 from launcher import memo
 from launcher.errors import (
-    BuildFailed,
     EngineUnavailable,
     HostNotReady,
     NotFound,
     RegistryAuthFailed,
     RegistryLoginNeeded,
-    plain_text,
 )
 from launcher.hosts.base import Host, HostProcess
+from launcher.hosts.containerspec import ContainerSpec, Mount
 from launcher.hosts.local import LocalHost
 from launcher.hosts.scripts import text as host_script
 from launcher.proc import Completed
@@ -70,8 +70,102 @@ def registry_of(ref: str) -> str:
 
 
 def command(*args: str) -> list[str]:
-    """A `docker` argv (pure: runs.docker_run_argv builds the run command line with it)."""
+    """A `docker` argv."""
     return [DOCKER, *args]
+
+
+SERVER_VERSION = "{{.Server.Version}}"
+
+
+def client_version_argv() -> list[str]:
+    """`docker --version`: the client's version (the local fact sheet asks it in its own process)."""
+    return command("--version")
+
+
+def info_argv(fmt: str) -> list[str]:
+    """`docker info --format FMT`: the server's facts."""
+    return command("info", "--format", fmt)
+
+
+def server_version_argv() -> list[str]:
+    """`docker version` of the server: where it fails, its error says why (info's --format hides it)."""
+    return command("version", "--format", SERVER_VERSION)
+
+
+def render(spec: ContainerSpec) -> list[str]:
+    """The `docker run` command line of a container spec: the one place a container's flags are written."""
+    return [token for group in _groups(spec) for token in group]
+
+
+def render_shell(spec: ContainerSpec) -> str:
+    """The command line as one shell command, an option per line (what `launcher env` prints)."""
+    return " \\\n    ".join(shlex.join(group) for group in _groups(spec))
+
+
+def _groups(spec: ContainerSpec) -> list[list[str]]:
+    """render's tokens in groups: `docker run` and its switches, each option with its value, the image and command."""
+    head = command("run") + [flag for flag, on in (("-d", spec.detach), ("--rm", spec.remove), ("-i", spec.stdin))
+                             if on]
+    options = [[flag, value] for flag, value in (
+        ("--name", spec.name), ("--hostname", spec.hostname), ("--network", spec.network),
+        ("--platform", spec.platform), ("--user", spec.user), ("-w", spec.workdir), ("--entrypoint", spec.entrypoint))
+        if value is not None]
+    options += [["--label", f"{key}={value}"] for key, value in sorted(spec.labels.items())]
+    options += [["-e", f"{key}={value}"] for key, value in sorted(spec.env.items())]
+    options += [["-e", key] for key in spec.env_from_caller]
+    options += [["--env-file", spec.env_file]] if spec.env_file is not None else []
+    options += [["-v", f"{m.source}:{m.target}" + (":ro" if m.read_only else "")] for m in spec.mounts]
+    options += [["--gpus", spec.gpus]] if spec.gpus is not None else []
+    return [head, *options, [spec.image, *spec.command]]
+
+
+# `docker run` options with a value, as render writes them, for reading back a command line an older launcher kept
+_VALUED = {"--name": "name", "--hostname": "hostname", "--network": "network", "--platform": "platform",
+           "--user": "user", "-w": "workdir", "--entrypoint": "entrypoint", "--env-file": "env_file", "--gpus": "gpus"}
+
+
+def spec_from_argv(argv: Sequence[str]) -> ContainerSpec:
+    """The container spec of a `docker run` command line that render wrote (a launch record of an older launcher
+    kept the command line itself); ValueError for anything else."""
+    args = [str(a) for a in argv]
+    if args[:2] != command("run"):
+        raise ValueError(f"not a docker run command line: {args[:3]}")
+    fields: dict[str, Any] = {}
+    labels: dict[str, str] = {}
+    env: dict[str, str] = {}
+    from_caller: list[str] = []
+    mounts: list[Mount] = []
+    i = 2
+    while i < len(args) and args[i].startswith("-"):
+        flag = args[i]
+        if flag in ("-d", "--rm", "-i"):
+            fields[{"-d": "detach", "--rm": "remove", "-i": "stdin"}[flag]] = True
+            i += 1
+            continue
+        if i + 1 >= len(args):
+            raise ValueError(f"{flag} has no value")
+        value = args[i + 1]
+        if flag in _VALUED:
+            fields[_VALUED[flag]] = value
+        elif flag == "--label":
+            key, _, val = value.partition("=")
+            labels[key] = val
+        elif flag == "-e":
+            key, eq, val = value.partition("=")
+            if eq:
+                env[key] = val
+            else:
+                from_caller.append(key)
+        elif flag == "-v":
+            source, target, *mode = value.split(":")
+            mounts.append(Mount(source, target, mode == ["ro"]))
+        else:
+            raise ValueError(f"{flag} is not an option launcher writes")
+        i += 2
+    if i >= len(args):
+        raise ValueError("the command line names no image")
+    return ContainerSpec(image=args[i], command=tuple(args[i + 1:]), labels=labels, env=env,
+                         env_from_caller=tuple(from_caller), mounts=tuple(mounts), **fields)
 
 
 def installed() -> bool:
@@ -136,7 +230,7 @@ class Engine:
 
     def require(self) -> None:
         """HostNotReady unless the Docker server on the host answers."""
-        self._answering(self._run("version", "--format", "{{.Server.Version}}"))
+        self._answering(self._run("version", "--format", SERVER_VERSION))
 
     def require_options(self) -> list[str]:
         """The engine's security options (rootless, userns, ...), as require() checks that it answers: one
@@ -324,19 +418,18 @@ class Engine:
 
     # ------------------------------------------------------------ containers
 
-    def run_container(self, argv: Sequence[str]) -> Completed:
-        """Start a detached container from a `docker run -d` argv (runs.docker_run_argv)."""
-        if list(argv[:2]) != command("run"):
-            raise ValueError(f"not a docker run argv: {list(argv[:3])}")
-        return self.host.run(argv, check=False)
+    def run(self, spec: ContainerSpec) -> Completed:
+        """Start the container (detached, it returns once the engine has started it)."""
+        return self.host.run(render(spec), check=False)
 
-    def run_to_end(self, args: Sequence[str], *, input: bytes | None = None, timeout: float | None = None) -> Completed:
-        """`docker run --rm ARGS` in the foreground until it ends (a short-lived tool container, such as
-        the lock's pip-tools); past timeout the container is removed and TimedOut raised."""
-        name = f"launcher-tool-{uuid.uuid4().hex[:12]}"
+    def run_to_end(self, spec: ContainerSpec, *, input: bytes | None = None,
+                   timeout: float | None = None) -> Completed:
+        """Run a short-lived tool container in the foreground until it ends, removed after (the lock's pip-tools,
+        a probe); past timeout the container is removed and TimedOut raised."""
+        name = spec.name or f"launcher-tool-{uuid.uuid4().hex[:12]}"
+        spec = replace(spec, name=name, remove=True, detach=False, stdin=spec.stdin or input is not None)
         try:
-            return self.host.run(command("run", "--rm", "--name", name, *args), input=input, check=False,
-                                 timeout=timeout)
+            return self.host.run(render(spec), input=input, check=False, timeout=timeout)
         except BaseException:
             self._run("rm", "-f", name)
             raise
@@ -386,108 +479,3 @@ class Engine:
 def local() -> Engine:
     """The local Docker engine, driven like any host's."""
     return Engine(LocalHost())
-
-
-# ------------------------------------------------------------ the local engine's API (docker-py)
-# The builder's build, and its look-ups and removals of the images a build makes and replaces.
-
-
-@lru_cache(maxsize=1)
-def client() -> Any:
-    try:
-        import docker
-    except ImportError as exc:  # pragma: no cover - docker is a declared dependency
-        raise EngineUnavailable("the docker Python package is not installed", "pip install docker") from exc
-    try:
-        c = docker.from_env(timeout=600)
-        c.ping()
-        return c
-    except Exception as exc:
-        raise EngineUnavailable(
-            f"no Docker engine answers ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})",
-            "start it (`dockerd &` or `systemctl start docker`) or set DOCKER_HOST",
-        ) from exc
-
-
-def _errors() -> Any:
-    import docker.errors
-
-    return docker.errors
-
-
-def require() -> dict[str, Any]:  # Docker's `info`, its schema Docker's
-    """The local engine's info (EngineUnavailable when none answers)."""
-    info: dict[str, Any] = client().info()
-    return info
-
-
-def inspect(ref: str) -> dict[str, Any]:  # Docker's image JSON, its schema Docker's
-    try:
-        attrs: dict[str, Any] = client().api.inspect_image(ref)
-        return attrs
-    except _errors().ImageNotFound as exc:
-        raise NotFound(f"image {ref} is not in the local Docker engine", "build it with `launcher build`") from exc
-
-
-def image_exists(ref: str) -> bool:
-    try:
-        client().api.inspect_image(ref)
-        return True
-    except _errors().ImageNotFound:
-        return False
-
-
-def remove_image(ref: str) -> None:
-    try:
-        client().api.remove_image(ref, force=True, noprune=False)
-    except _errors().ImageNotFound:
-        pass
-
-
-def tagged_id(ref: str) -> str | None:
-    """The ID of the image ref names in the local engine, or None."""
-    try:
-        return str(client().api.inspect_image(ref)["Id"])
-    except _errors().ImageNotFound:
-        return None
-
-
-def remove_unreferenced(image_ids: Iterable[str], *, launcher_only: bool = False) -> list[str]:
-    """Remove each image that no tag names and no other image or container uses, children first (the
-    order given, reversed); leave the rest. launcher_only: only images launcher labelled (org.launcher.*).
-    The removed IDs. Never a parent's cascade: only the images named here go."""
-    errors = _errors()
-    removed = []
-    for image_id in reversed(list(dict.fromkeys(image_ids))):
-        try:
-            attrs = client().api.inspect_image(image_id)
-        except errors.ImageNotFound:
-            continue
-        labels = (attrs.get("Config") or {}).get("Labels") or {}
-        if attrs.get("RepoTags") or attrs.get("RepoDigests"):
-            continue
-        if launcher_only and not any(k.startswith("org.launcher.") for k in labels):
-            continue
-        try:
-            client().api.remove_image(attrs["Id"], force=False, noprune=True)
-            removed.append(attrs["Id"])
-        except errors.APIError:
-            continue  # a child image or a container still uses it: not unreferenced after all
-    return removed
-
-
-def build(context: Path, *, dockerfile: str, tag: str | None, buildargs: Mapping[str, str],
-          labels: Mapping[str, str], nocache: bool) -> Iterator[dict[str, Any]]:  # Docker's build events
-    """Stream the local engine's build events; the last one carries {"aux": {"ID": ...}}.
-
-    The build has no network: everything it installs comes from the wheelhouse.
-    """
-    try:
-        yield from client().api.build(
-            path=str(context), dockerfile=dockerfile, tag=tag, buildargs=dict(buildargs),
-            labels=dict(labels), nocache=nocache, rm=True, forcerm=True, pull=False, decode=True,
-            network_mode="none",
-        )
-    except _errors().APIError as exc:
-        raise BuildFailed(f"the Docker engine refused the build: {plain_text(str(exc.explanation or exc))}",
-                          "check the Dockerfile and the base image") from exc

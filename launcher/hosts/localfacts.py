@@ -120,8 +120,8 @@ def sheet() -> str:
     """facts.sh's output on this machine."""
     sudo = _Asked(["sudo", "-n", "true"], keep_stdout=False) if shutil.which("sudo") else None
     docker = engine.installed()
-    version = _Asked(engine.command("--version")) if docker else None
-    info = _Asked(engine.command("info", "--format", DOCKER_INFO), merge_stderr=True) if docker else None
+    version = _Asked(engine.client_version_argv()) if docker else None
+    info = _Asked(engine.info_argv(DOCKER_INFO), merge_stderr=True) if docker else None
     gpus = _Asked(GPU_QUERY) if shutil.which("nvidia-smi") else None
     release = _os_release()
 
@@ -144,8 +144,7 @@ def sheet() -> str:
             lines += ["docker_usable=1", f"docker_info={out}"]
         else:
             # docker version says why (no daemon, or a socket this user may not open); info's --format hides it
-            why = _last_line(_Asked(engine.command("version", "--format", "{{.Server.Version}}"),
-                                    keep_stdout=False).answer()[2])
+            why = _last_line(_Asked(engine.server_version_argv(), keep_stdout=False).answer()[2])
             lines += ["docker_usable=0", f"docker_error={_last_line(why or out)}"]
     else:
         lines.append("docker_installed=0")

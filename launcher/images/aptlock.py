@@ -22,6 +22,7 @@ from launcher.config import FILE as PROJECT_FILE
 from launcher.config import PROJECT_TABLE
 from launcher.errors import BadConfig, BadRecipe, LockFailed, NotFound
 from launcher.hashing import atomic_write_text, sha256_file
+from launcher.hosts.containerspec import ContainerSpec
 from launcher.images import lock as pylock
 from launcher.images import pins
 from launcher.progress import NullReporter, Reporter
@@ -192,9 +193,9 @@ def resolve(ws: Workspace, variant: str, packages: tuple[str, ...], reporter: Re
     request = json.dumps({"packages": list(requested), "env": env}).encode()
     task = rep.task(f"resolving {' '.join(requested)} with apt inside the {variant} base image")
     try:
-        done = eng.run_to_end(["-i", "--platform", pin.platform, "--network", "bridge", pin.ref, "python3", "-c",
-                               (Path(__file__).parent / "aptdriver.py").read_text()],
-                              input=request, timeout=RESOLVE_TIMEOUT_S)
+        driver = (Path(__file__).parent / "aptdriver.py").read_text()
+        spec = ContainerSpec(pin.ref, ("python3", "-c", driver), platform=pin.platform, network="bridge", stdin=True)
+        done = eng.run_to_end(spec, input=request, timeout=RESOLVE_TIMEOUT_S)
     finally:
         task.close()
     answer = next((json.loads(ln[len(aptdriver.MARKER):]) for ln in done.out.splitlines()

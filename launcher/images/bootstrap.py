@@ -14,7 +14,8 @@ from pathlib import Path
 from launcher import proc
 from launcher.errors import BuildFailed, NotFound, RegistryUnavailable, UsageError
 from launcher.hashing import atomic_path
-from launcher.hosts import engine
+from launcher.hosts import dockerapi, engine
+from launcher.hosts.containerspec import ContainerSpec
 from launcher.images import registry
 from launcher.images import tree as imagetree
 from launcher.progress import NullReporter, Reporter
@@ -92,7 +93,7 @@ def bootstrap(
     reporter: Reporter | None = None,
 ) -> BootstrapResult:
     rep = reporter or NullReporter()
-    engine.require()
+    dockerapi.require()
     if not registry.ping(registry_address):
         raise RegistryUnavailable(f"no registry answers at {registry_address}",
                                   "start one with --start-registry, or pass --registry ADDR")
@@ -108,15 +109,15 @@ def bootstrap(
     raw_id = imported.out.strip()
     norm = imagetree.normalize(raw_id, tag=tag)
     if norm.image_id != raw_id:
-        engine.remove_image(raw_id)
-    probe = local.run_to_end(["--network", "none", tag, "python3", "-c", PYTHON_PROBE])
+        dockerapi.remove_image(raw_id)
+    probe = local.run_to_end(ContainerSpec(tag, ("python3", "-c", PYTHON_PROBE), network="none"))
     python = probed_python(probe.out + "\n" + probe.err, tag, packages)
     pushed = local.push(tag)
     if pushed.returncode != 0:
         raise RegistryUnavailable(f"docker push {tag} failed: {pushed.last_error_line()}",
                                   "check the registry is running and reachable from the Docker engine")
     digest = registry.resolve_digest(tag)
-    image_id = engine.inspect(tag)["Id"]
+    image_id = dockerapi.inspect(tag)["Id"]
     task.close()
     return BootstrapResult(ref=f"{tag}@{digest}", digest=digest, image_id=image_id,
                            python=python, rootfs_cached=cached)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from launcher import __version__, proc
 from launcher.errors import BuildFailed, ImageOutOfDate, NotFound
 from launcher.hashing import atomic_write_bytes, atomic_write_json, sha256_bytes
-from launcher.hosts import engine
+from launcher.hosts import dockerapi, engine
 from launcher.images import pins as images
 from launcher.images.buildrecord import DEFAULT_EPOCH, BuildRecord, read_record
 from launcher.images.lock import parse_lock
@@ -132,7 +132,7 @@ def _run_build(context: Path, inputs: Inputs, labels: dict[str, str], nocache: b
     log: list[str] = []
     step: str | None = None
     from_step = cached = False
-    for event in engine.build(context, dockerfile="Dockerfile", tag=None,
+    for event in dockerapi.build(context, dockerfile="Dockerfile", tag=None,
                                      buildargs={images.BASE_ARG: inputs.pin.ref, "SOURCE_DATE_EPOCH": str(epoch)},
                                      labels=labels, nocache=nocache):
         if "error" in event:
@@ -187,10 +187,10 @@ def _recipes_layer(ws: Workspace, env: EnvImage, inputs: Inputs, labels: dict[st
         if write_record:
             atomic_write_bytes(layer_cache / "configs" / f"{image_id.removeprefix('sha256:')}.json", config)
         if keep_image:
-            previous = engine.tagged_id(out_tag)
+            previous = dockerapi.tagged_id(out_tag)
             recipelayer.load(config, layer, out_tag)
             if previous is not None and previous != image_id:
-                engine.remove_unreferenced([previous], launcher_only=True)
+                dockerapi.remove_unreferenced([previous], launcher_only=True)
     finally:
         task.close()
     return layer, image_id
@@ -216,7 +216,7 @@ def build(ws: Workspace, variant: str = "cpu", *, nocache: bool = False, force: 
         found = _existing(ws, variant, inputs)
         if found is not None:
             return found
-    engine.require()
+    dockerapi.require()
     env = None if nocache or force else _existing_env(ws, inputs)
     if env is None:
         env = _build_env(ws, inputs, nocache=nocache, ca_bundle=ca_bundle, find_links=find_links, epoch=epoch,
@@ -265,7 +265,7 @@ def _existing_env(ws: Workspace, inputs: Inputs) -> EnvImage | None:
         tree = imagetree.load_tree(tree_path)
     except (OSError, ValueError, KeyError):
         return None
-    if recipelayer.image_id_of(config) != image_id or not engine.image_exists(image_id):
+    if recipelayer.image_id_of(config) != image_id or not dockerapi.image_exists(image_id):
         return None
     return EnvImage(image_id, config, tree, dict(rec.get("labels") or {}))
 
@@ -290,7 +290,7 @@ def _build_env(ws: Workspace, inputs: Inputs, *, nocache: bool, ca_bundle: Path 
         LABEL + "version": __version__,
     }
     created: list[str] = []  # the build's own step images: none stays (an unreferenced 2 GB venv stage would)
-    previous = engine.tagged_id(inputs.env_tag) if keep_image else None
+    previous = dockerapi.tagged_id(inputs.env_tag) if keep_image else None
     try:
         with tempfile.TemporaryDirectory(prefix="launcher-build-") as tmp:
             ctx = Path(tmp) / "context"
@@ -304,12 +304,12 @@ def _build_env(ws: Workspace, inputs: Inputs, *, nocache: bool, ca_bundle: Path 
                                        layer_cache=ws.cache_dir / "images" if write_record else None,
                                        load=keep_image)
         finally:
-            engine.remove_image(raw_id)
+            dockerapi.remove_image(raw_id)
         task.close()
     finally:
-        engine.remove_unreferenced(created)
+        dockerapi.remove_unreferenced(created)
     if previous is not None and previous != norm.image_id:  # the tag moved: the image it left is nobody's
-        engine.remove_unreferenced([previous], launcher_only=True)
+        dockerapi.remove_unreferenced([previous], launcher_only=True)
     if write_record:
         path = _env_record(ws, inputs)
         imagetree.save_tree(path.with_suffix(".tree.json.gz"), norm.tree)
@@ -333,9 +333,9 @@ def _existing(ws: Workspace, variant: str, inputs: Inputs) -> BuildRecord | None
             rec = BuildRecord.from_json(json.loads(path.read_text()))
         except (ValueError, TypeError):
             continue
-        if rec.content != inputs.content or not engine.image_exists(rec.tag):
+        if rec.content != inputs.content or not dockerapi.image_exists(rec.tag):
             continue
-        if engine.inspect(rec.tag)["Id"] != rec.image_id:
+        if dockerapi.inspect(rec.tag)["Id"] != rec.image_id:
             continue
         if path != candidates[0]:
             tree = path.with_suffix(".tree.json.gz")
@@ -409,9 +409,9 @@ def ensure_current(ws: Workspace, variant: str, *, recipes: bool = True, allow_b
 def _ensure_base(pin: images.BasePin) -> None:
     """The pinned base in the local engine, pulled when it is not there; HostUnreachable or NotFound when it
     cannot be (pins.base_pull_failed)."""
-    if engine.image_exists(pin.ref):
+    if dockerapi.image_exists(pin.ref):
         return
     pulled = engine.local().pull(pin.ref)
     if pulled.returncode != 0:
         raise images.base_pull_failed(pin, pulled.err, pulled.last_error_line())
-    engine.inspect(pin.ref)  # raises when the pulled image cannot be read
+    dockerapi.inspect(pin.ref)  # raises when the pulled image cannot be read

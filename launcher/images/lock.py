@@ -26,6 +26,7 @@ from launcher.errors import (
 )
 from launcher.hashing import atomic_write_text, sha256_file
 from launcher.hosts import engine
+from launcher.hosts.containerspec import ContainerSpec, Mount
 from launcher.hosts.engine import Engine
 from launcher.images import pins as images
 from launcher.proc import Completed
@@ -281,18 +282,18 @@ def compile_in_base(eng: Engine, pin: images.BasePin, files: dict[str, str], arg
     pinned base by its own interpreter; the driver's answer (ok and the lock, or the stage that failed).
     The find_links folders are mounted read-only and added to argv; diagnose: pip's arguments to run
     when the compile fails (its output comes back as "diagnosis")."""
-    mounts: list[str] = []
+    mounts: list[Mount] = []
     argv = list(argv)
     for i, folder in enumerate(find_links):
-        mounts += ["-v", f"{folder}:/find-links/{i}:ro"]
+        mounts.append(Mount(str(folder), f"/find-links/{i}", read_only=True))
         argv[-1:-1] = ["--find-links", f"/find-links/{i}"]
     env = {k: v for k in (*KEEP_CONTAINER_ENV, *PROXY_ENV) if (v := os.environ.get(k))}
     request = {"files": files, "ca": ca_text, "tools": list(TOOLS), "compile": argv, "output": output, "env": env,
                "diagnose": diagnose}
     try:
-        done = eng.run_to_end(["-i", "--platform", pin.platform, "--network", "bridge", *mounts, pin.ref,
-                               "python3", "-c", _driver_source()],
-                              input=json.dumps(request).encode(), timeout=LOCK_TIMEOUT_S)
+        spec = ContainerSpec(pin.ref, ("python3", "-c", _driver_source()), platform=pin.platform, network="bridge",
+                             mounts=tuple(mounts), stdin=True)
+        done = eng.run_to_end(spec, input=json.dumps(request).encode(), timeout=LOCK_TIMEOUT_S)
     finally:
         if task is not None:
             task.close()

@@ -34,7 +34,8 @@ from typing import IO, Any, Literal, TypedDict
 
 from launcher.errors import BuildFailed, NotFound
 from launcher.hashing import atomic_path, atomic_write_bytes, atomic_write_json, sha256_bytes
-from launcher.hosts import engine
+from launcher.hosts import dockerapi, engine
+from launcher.hosts.containerspec import ContainerSpec, Mount
 from launcher.images import pins as images
 from launcher.images import projectdriver, recipelayer, wheels, wheelsources
 from launcher.images.lock import parse_lock
@@ -172,10 +173,10 @@ def install(image_id: str, pin: images.BasePin, stage: Path, into: Path, count: 
     container; what pip wrote lands in into. The image's site-packages folder (for the .pth)."""
     task = reporter.task(f"installing {count} project wheels offline with the image's pip")
     try:
-        done = engine.local().run_to_end(
-            ["--network", "none", "--platform", pin.platform, "-v", f"{stage}:{projectdriver.WHEELS}:ro",
-             "-e", "PYTHONDONTWRITEBYTECODE=1", "--entrypoint", "python", image_id, "-c", _driver_source()],
-            timeout=INSTALL_TIMEOUT_S)
+        spec = ContainerSpec(image_id, ("-c", _driver_source()), entrypoint="python", network="none",
+                             platform=pin.platform, env={"PYTHONDONTWRITEBYTECODE": "1"},
+                             mounts=(Mount(str(stage), projectdriver.WHEELS, read_only=True),))
+        done = engine.local().run_to_end(spec, timeout=INSTALL_TIMEOUT_S)
     finally:
         task.close()
     try:
@@ -284,11 +285,11 @@ def ensure_image(base_image_id: str, layer: ProjectLayer, tag: str, cache_dir: P
     config = compose_config(base, layer, labels_of(layer), epoch)
     image_id = recipelayer.image_id_of(config)
     atomic_write_bytes(configs / f"{image_id.removeprefix('sha256:')}.json", config)
-    previous = engine.tagged_id(tag)
-    if not engine.image_exists(image_id):
+    previous = dockerapi.tagged_id(tag)
+    if not dockerapi.image_exists(image_id):
         recipelayer.load_top(config, layer.path, tag, "the project layer")
     elif previous != image_id:
         engine.local().tag(image_id, tag, check=True)
     if previous is not None and previous != image_id:
-        engine.remove_unreferenced([previous], launcher_only=True)
+        dockerapi.remove_unreferenced([previous], launcher_only=True)
     return image_id, previous != image_id

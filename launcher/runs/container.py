@@ -8,15 +8,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.hosts import engine
+from launcher.hosts.containerspec import ContainerSpec, Mount
 from launcher.runs.recipes import ParamValue, Recipe
-from launcher.runs.records import BAKED, MOUNTED
+from launcher.runs.records import BAKED, MOUNTED, LaunchRecord
 
 RUN_LABEL = "org.launcher.run"
 CONTAINER_OUT = "/launcher/out"
 CONTAINER_DATA = "/launcher/data"
 CONTAINER_CODE = "/launcher/code"
 IMAGE_RECIPES = "/opt/launcher/recipes"
+OWNER_ENV = "LAUNCHER_OWNER"  # who gets the outputs when the run ends (not part of the recorded env)
 SECRET_ENV_FILE = "secret.env"  # noqa: S105 - a file name: in the run's host directory, beside out/ (never pulled)
 
 
@@ -106,22 +107,30 @@ def mounts(job: ContainerJob) -> list[tuple[str, str, bool]]:
     return out
 
 
-def docker_run_argv(job: ContainerJob, *, detach: bool = True) -> list[str]:
-    """The container contract of design.md as a `docker run` argv (detached, unless a batch job waits on it)."""
-    argv = engine.command("run", *(["-d"] if detach else []), "--name", job.name,
-                          "--label", f"{RUN_LABEL}={job.run_id}")
-    for key, value in sorted(job.env.items()):
-        argv += ["-e", f"{key}={value}"]
-    for key, value in sorted(job.user_env.items()):
-        argv += ["-e", f"{key}={value}"]
-    if job.secret_env:
-        if not job.env_file:  # a secret's value never goes on a command line
-            raise ValueError(f"run {job.run_id} has secret variables but no env file to pass them in")
-        argv += ["--env-file", job.env_file]
+def launch_spec(launch: LaunchRecord) -> ContainerSpec | None:
+    """The container a launch record says the run was started as (an older launcher's record kept its
+    rendered command line, read back here); None when it kept neither or cannot be read."""
+    from launcher.hosts import engine
+
+    try:
+        if launch.get("container_spec"):
+            return ContainerSpec.from_record(launch["container_spec"])
+        if launch.get("argv"):
+            return engine.spec_from_argv(launch["argv"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    return None
+
+
+def container_spec(job: ContainerJob, *, detach: bool = True) -> ContainerSpec:
+    """The container contract of design.md as a ContainerSpec (detached, unless a batch job waits on it)."""
+    if job.secret_env and not job.env_file:  # a secret's value never goes on a command line
+        raise ValueError(f"run {job.run_id} has secret variables but no env file to pass them in")
+    env = {**job.env, **job.user_env}
     if job.owner:
-        argv += ["-e", f"LAUNCHER_OWNER={job.owner}"]
-    for host_path, inside, read_only in mounts(job):
-        argv += ["-v", f"{host_path}:{inside}" + (":ro" if read_only else "")]
-    if job.gpu:
-        argv += ["--gpus", "all"]
-    return [*argv, job.image_id, *runtime_argv(job)]
+        env[OWNER_ENV] = job.owner
+    return ContainerSpec(
+        image=job.image_id, command=tuple(runtime_argv(job)), name=job.name, labels={RUN_LABEL: job.run_id},
+        env=env, env_file=job.env_file if job.secret_env else None,
+        mounts=tuple(Mount(src, dst, ro) for src, dst, ro in mounts(job)), gpus="all" if job.gpu else None,
+        detach=detach)

@@ -40,6 +40,7 @@ from launcher.errors import (
 )
 from launcher.hashing import sha256_file
 from launcher.hosts import engine as enginemod
+from launcher.hosts.containerspec import ContainerSpec, Mount
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.manifest import Manifest, load_manifest
 from launcher.runs.rundir import OUTPUTS
@@ -217,25 +218,24 @@ def _inside(image: Path) -> str:
     return f"{INPUT_DIR}/image" + (image.suffix.lower() if re.fullmatch(r"\.[A-Za-z0-9]{1,8}", image.suffix) else "")
 
 
-def _argv(image_id: str, model: Path, image: Path, tmp: Path, run_id: str, layer: str | None,
-          input_range: tuple[float, float]) -> list[str]:
+def _spec(image_id: str, model: Path, image: Path, tmp: Path, run_id: str, layer: str | None,
+          input_range: tuple[float, float]) -> ContainerSpec:
     pkg = Path(launcher.__file__).resolve().parent
     inside = _inside(image)
-    argv = ["--network", "none", "--label", f"{LABEL}={run_id}"]
-    if hasattr(os, "getuid"):
-        argv += ["--user", f"{os.getuid()}:{os.getgid()}"]
-    argv += ["-e", "HOME=/tmp", "-e", "TF_CPP_MIN_LOG_LEVEL=2", "-e", "PYTHONDONTWRITEBYTECODE=1",
-             "-e", f"PYTHONPATH={RUNTIME_DIR}",
-             "-v", f"{_mountable(model.parent, 'the model folder')}:{MODEL_DIR}:ro",
-             "-v", f"{_mountable(image, 'the image')}:{inside}:ro",
-             "-v", f"{_mountable(tmp, 'the output folder')}:{OUT_DIR}",
-             "-v", f"{_mountable(pkg / '__init__.py', 'launcher')}:{RUNTIME_DIR}/launcher/__init__.py:ro",
-             "-v", f"{_mountable(pkg / 'runtime', 'launcher')}:{RUNTIME_DIR}/launcher/runtime:ro",
-             image_id, "python", "-m", "launcher.runtime", "explain", "--model", f"{MODEL_DIR}/{model.name}",
-             "--image", inside, "--out", OUT_DIR, f"--input-range={input_range[0]!r},{input_range[1]!r}"]
+    command = ["python", "-m", "launcher.runtime", "explain", "--model", f"{MODEL_DIR}/{model.name}",
+               "--image", inside, "--out", OUT_DIR, f"--input-range={input_range[0]!r},{input_range[1]!r}"]
     if layer:
-        argv += ["--layer", layer]
-    return argv
+        command += ["--layer", layer]
+    mounts = (Mount(_mountable(model.parent, "the model folder"), MODEL_DIR, read_only=True),
+              Mount(_mountable(image, "the image"), inside, read_only=True),
+              Mount(_mountable(tmp, "the output folder"), OUT_DIR),
+              Mount(_mountable(pkg / "__init__.py", "launcher"), f"{RUNTIME_DIR}/launcher/__init__.py", read_only=True),
+              Mount(_mountable(pkg / "runtime", "launcher"), f"{RUNTIME_DIR}/launcher/runtime", read_only=True))
+    return ContainerSpec(
+        image_id, tuple(command), network="none", labels={LABEL: run_id},
+        user=f"{os.getuid()}:{os.getgid()}" if hasattr(os, "getuid") else None,
+        env={"HOME": "/tmp", "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": RUNTIME_DIR},
+        mounts=mounts)
 
 
 def _move_into_place(tmp: Path, out: Path) -> None:
@@ -313,7 +313,7 @@ def explain_run(ws: Workspace, ref: str, image: Path, *, layer: str | None = Non
     try:
         task = rep.task(f"Grad-CAM of {run_id} in its image {image_id[7:19]}")
         try:
-            done = eng.run_to_end(_argv(image_id, model, image, tmp, run_id, layer, input_range), timeout=timeout)
+            done = eng.run_to_end(_spec(image_id, model, image, tmp, run_id, layer, input_range), timeout=timeout)
         finally:
             task.close()
         if done.returncode != 0:

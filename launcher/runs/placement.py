@@ -27,8 +27,9 @@ from launcher.runs.container import (
     SECRET_ENV_FILE,
     ContainerJob,
     container_name,
-    docker_run_argv,
+    container_spec,
     env_file_text,
+    launch_spec,
 )
 from launcher.runs.records import (
     DIRECT,
@@ -247,10 +248,10 @@ class DirectPlacement(Placement):
     def start(self, job: ContainerJob) -> StartedRecord:
         self._ended.pop(job.name, None)
         job = self.write_secrets(replace(job, owner=output_owner(self.host, self.engine, self._options)))
-        argv = docker_run_argv(job)
-        record: StartedRecord = {"container": job.name, "argv": argv}
+        spec = container_spec(job)
+        record: StartedRecord = {"container": job.name, "container_spec": spec.to_record()}
         try:
-            started = self.engine.run_container(argv)
+            started = self.engine.run(spec)
         finally:  # docker reads the file when it creates the container: the values need not stay on disk
             self.remove_secrets(job)
         if started.returncode != 0:
@@ -265,23 +266,20 @@ class DirectPlacement(Placement):
         return record
 
     def restart(self, launch: LaunchRecord, env: Mapping[str, str]) -> StartedRecord:
-        argv = [str(a) for a in launch.get("argv") or []]
-        if "--label" not in argv:
+        spec = launch_spec(launch)
+        if spec is None:
             raise NotResumable(f"the launch record of {launch['run_id']} lacks the container's command",
                                "start it again with `launcher run`")
-        at = argv.index("--label")
-        for key, value in sorted(env.items()):
-            argv[at:at] = ["-e", f"{key}={value}"]
-            at += 2
+        spec = spec.with_env(env)
         self._ended.pop(self._container(launch), None)
         self.engine.rm(self._container(launch))
-        started = self.engine.run_container(argv)
+        started = self.engine.run(spec)
         if started.returncode != 0:
             raise CommandFailed(
                 f"the container for {launch['run_id']} did not start again on {self.name}: {started.last_error_line()}",
                 "check the image and Docker on the host",
             )
-        record: StartedRecord = {"container": self._container(launch), "argv": argv}
+        record: StartedRecord = {"container": self._container(launch), "container_spec": spec.to_record()}
         ran = self.engine.container_image(self._container(launch))
         if ran is not None:
             record["image_ran"] = ran

@@ -18,6 +18,7 @@ from typing import Any, TypedDict
 
 from launcher.errors import LauncherError, NotFound
 from launcher.hosts import engine
+from launcher.hosts.containerspec import ContainerSpec, Mount
 from launcher.runs.container import CONTAINER_CODE, CONTAINER_DATA, CONTAINER_OUT, IMAGE_RECIPES
 from launcher.runs.manifest import read_json_object
 from launcher.runs.records import MOUNTED, CodePlan, LaunchRecord
@@ -67,32 +68,18 @@ class PlainRun:
     gpu: bool = False
     notes: list[str] = field(default_factory=list)
 
+    def spec(self) -> ContainerSpec:
+        return ContainerSpec(self.image, tuple(self.command), remove=True, workdir=self.workdir, env=dict(self.env),
+                             env_from_caller=tuple(self.from_caller),
+                             mounts=tuple(Mount(src, dst, ro) for src, dst, ro in self.mounts),
+                             gpus="all" if self.gpu else None)
+
     def argv(self) -> list[str]:
-        argv = engine.command("run", "--rm", "-w", self.workdir)
-        for src, dst, ro in self.mounts:
-            argv += ["-v", f"{src}:{dst}" + (":ro" if ro else "")]
-        for key, value in sorted(self.env.items()):
-            argv += ["-e", f"{key}={value}"]
-        for key in self.from_caller:
-            argv += ["-e", key]
-        if self.gpu:
-            argv += ["--gpus", "all"]
-        return [*argv, self.image, *self.command]
+        return engine.render(self.spec())
 
     def shell(self) -> str:
         """The argv as one shell command, an option per line."""
-        argv = self.argv()
-        head, rest = argv[:3], argv[3:]
-        lines = [shlex.join(head)]
-        i = 0
-        while i < len(rest):
-            if rest[i].startswith("-") and i + 1 < len(rest) and rest[i] in ("-w", "-v", "-e", "--gpus"):
-                lines.append(shlex.join(rest[i:i + 2]))
-                i += 2
-            else:
-                lines.append(shlex.join(rest[i:]))
-                break
-        return " \\\n    ".join(lines)
+        return engine.render_shell(self.spec())
 
     def to_dict(self) -> PlainRunRecord:
         return {"run_id": self.run_id, "image": self.image, "workdir": self.workdir,

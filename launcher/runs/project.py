@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.errors import ImageOutOfDate, LockFailed, NotFound
-from launcher.hosts import engine
+from launcher.hosts import dockerapi
 from launcher.images import aptlock, buildrecord, projectlock
 from launcher.images import pins as images
 from launcher.images.projectlock import Requirements
@@ -93,7 +93,7 @@ def with_image(ws: Workspace, spec: RunSpec, recipe: Recipe, reporter: Reporter 
         record = buildrecord.read_record(ws, spec.variant)
         extra = record.extra if record is not None else {}
         env_id = str(extra.get("env_image_id") or "")
-        installer = env_id if env_id and engine.image_exists(env_id) else str(base["id"])
+        installer = env_id if env_id and dockerapi.image_exists(env_id) else str(base["id"])
         epoch = int(extra.get("epoch") or DEFAULT_EPOCH)
         find_links, ca_bundle = _paths(spec)
         layer = projectlayer.build_layer(

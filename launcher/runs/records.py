@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from launcher.hosts.base import HostDescription
+from launcher.hosts.containerspec import SpecRecord
 from launcher.runtime.recipespec import ParamValue
 
 if TYPE_CHECKING:
@@ -224,7 +225,7 @@ class StartedRecord(TypedDict):
     """What a target answers once it started a run (Placement.start): LaunchRecord's keys of the same names."""
 
     container: str
-    argv: NotRequired[list[str]]
+    container_spec: NotRequired[SpecRecord]
     image_ran: NotRequired[str]
     slurm: NotRequired[SlurmJob]
 
@@ -266,7 +267,8 @@ class StartFrom(TypedDict):
 
 class LaunchRecord(TypedDict):
     """``runs/<id>/launch.json``: a run as it was started (launcher.runs.lifecycle), completed with what
-    its target said when it started it (``container``, ``argv``, ``image_ran``, ``slurm``)."""
+    its target said when it started it (``container``, ``container_spec``, ``image_ran``, ``slurm``; a record of an
+    older launcher kept ``argv``, the container's `docker run` command line, instead of its spec)."""
 
     run_id: str
     group: str
@@ -293,7 +295,8 @@ class LaunchRecord(TypedDict):
     ship: NotRequired[ShipRecord]
     launched_at: str
     # what the target adds once it started the run (Placement.start), or why it could not
-    argv: NotRequired[list[str]]
+    container_spec: NotRequired[SpecRecord]
+    argv: NotRequired[list[str]]  # an older launcher's: the rendered command line (engine.spec_from_argv reads it)
     image_ran: NotRequired[str]
     slurm: NotRequired[SlurmJob]
     start_error: NotRequired[str]

@@ -16,15 +16,17 @@ when it ran, its exit code, and the checkpoint it resumed from.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
 from launcher.errors import LauncherError, NotResumable
 from launcher.hashing import atomic_write_json
+from launcher.hosts.containerspec import ContainerSpec
 from launcher.hosts.hostspec import HostSpec
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.collect import LogSink, pull_run, read_launch, wait_run
+from launcher.runs.container import OWNER_ENV, launch_spec
 from launcher.runs.manifest import run_segments
 from launcher.runs.placement import DirectPlacement, Placement, RunState, output_owner, remote_outputs
 from launcher.runs.pull import pull_outputs
@@ -147,8 +149,11 @@ def _move(ws: Workspace, launch: LaunchRecord, local: RunDir, spec: HostSpec,
                      launch, "in the outputs pulled here")
     new = DirectPlacement(spec.open(ws.root if spec.local else None), spec)
     try:
-        argv = [str(a) for a in launch.get("argv") or []]
-        new.prepare("--gpus" in argv)
+        container = launch_spec(launch)
+        if container is None:
+            raise NotResumable(f"the launch record of {run_id} lacks the container's command",
+                               "start it again with `launcher run`")
+        new.prepare(container.gpus is not None)
         new.ship(launch["image"], via=None, reporter=rep, cache_dir=ws.cache_dir)
         data, source = launch.get("data"), launch.get("data_source")
         if data and source and source.get("kind") == "sent":
@@ -172,7 +177,8 @@ def _move(ws: Workspace, launch: LaunchRecord, local: RunDir, spec: HostSpec,
         moved = launch.copy()
         moved.update({"host": new.host.describe(), "host_options": spec.to_record(), "placement": new.record(),
                       "remote_dir": remote, "data": data, "data_source": source,
-                      "argv": moved_argv(argv, paths, output_owner(new.host, new.engine), str(launch["image"]["id"]))})
+                      "container_spec": moved_spec(container, paths, output_owner(new.host, new.engine)).to_record()})
+        moved.pop("argv", None)
         if code is not None:
             moved["code"] = code
     except BaseException:
@@ -206,24 +212,8 @@ def _leave(ws: Workspace, launch: LaunchRecord, local: RunDir, rep: Reporter) ->
     return segments
 
 
-def moved_argv(argv: Sequence[str], paths: Mapping[str, str], owner: str | None, image: str) -> list[str]:
-    """A `docker run` argv of one host for another: its mounts' host paths mapped, the outputs' owner
-    the new host's user; the image and what follows it (the runtime's command) unchanged."""
-    out: list[str] = []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg == image:
-            return out + list(argv[i:])
-        if arg == "-v" and i + 1 < len(argv):
-            where, sep, rest = argv[i + 1].partition(":")
-            out += ["-v", paths.get(where, where) + sep + rest]
-            i += 2
-            continue
-        if arg == "-e" and i + 1 < len(argv) and argv[i + 1].startswith("LAUNCHER_OWNER="):
-            out += ["-e", f"LAUNCHER_OWNER={owner}"] if owner else []
-            i += 2
-            continue
-        out.append(arg)
-        i += 1
-    return out
+def moved_spec(spec: ContainerSpec, paths: Mapping[str, str], owner: str | None) -> ContainerSpec:
+    """A run's container on one host made for another: its mounts' host paths mapped, the outputs' owner the new
+    host's user; the image and its command unchanged."""
+    spec = spec.with_sources(paths).without_env(OWNER_ENV)
+    return spec.with_env({OWNER_ENV: owner}) if owner else spec

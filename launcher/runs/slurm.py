@@ -36,12 +36,13 @@ from launcher.errors import (
     UnknownPartition,
     UsageError,
 )
+from launcher.hosts import engine
 from launcher.hosts.base import Host
 from launcher.hosts.hostspec import HostSpec
 from launcher.hosts.scripts import text as host_script
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.cluster import DOCKER_RUNTIME, PYXIS_RUNTIME, RUNTIMES, ClusterSettings, read_settings, require_slurm
-from launcher.runs.container import ContainerJob, docker_run_argv, mounts, runtime_argv
+from launcher.runs.container import ContainerJob, container_spec, mounts, runtime_argv
 from launcher.runs.placement import ListedRun, Placement, RunState
 from launcher.runs.records import (
     ImageRecord,
@@ -233,7 +234,7 @@ class SlurmPlacement(Placement):
             command = pyxis_srun_argv(job, self.image_source["ref"])
         else:
             exports = []
-            command = docker_run_argv(replace(job, owner=owner), detach=False)
+            command = engine.render(container_spec(replace(job, owner=owner), detach=False))
         if self.image_source.get("kind") == REGISTRY_VIA:
             source_kind, source = REGISTRY_VIA, self.image_source["ref"]
         else:
