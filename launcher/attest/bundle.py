@@ -37,7 +37,7 @@ from launcher.images import basearchive, imagerecord
 from launcher.images import pins as images
 from launcher.images.build import env_content_of
 from launcher.progress import NullReporter, Reporter
-from launcher.runs.manifest import Manifest, load_manifest, read_json_object
+from launcher.runs.manifest import Manifest, load_manifest
 from launcher.runs.records import ProjectRecord
 from launcher.runs.rundir import MANIFEST, RunDir
 from launcher.runs.store import resolve_run
@@ -194,9 +194,9 @@ def stage_code(ws: Workspace, m: Manifest, staged: Staged, image_prefix: str) ->
             raise Corrupt(f"run {m.run_id}: the recipe {m.recipe_name} in its image is not the code it ran ({digest})",
                           "prune the cache (`launcher cache prune`) and build again")
         return None
-    launch = read_json_object(RunDir(m.run_dir).launch_file)
+    launch = RunDir(m.run_dir).read_launch_quiet()
     # launch.json's code record (launcher.runs), as the launch wrote it
-    code: dict[str, Any] = launch["code"] if isinstance(launch.get("code"), dict) else {}
+    code: dict[str, Any] = dict(launch.get("code") or {}) if launch else {}
     snapshot = Path(str(code.get("local") or ws.cache_dir / "code" / digest.removeprefix("sha256:")))
     if not snapshot.is_dir() or codedigest.code_digest(snapshot) != digest:
         raise NotFound(f"run {m.run_id}: the snapshot of its code ({digest[7:19]}) is no longer in {snapshot.parent}",

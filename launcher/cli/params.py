@@ -122,7 +122,7 @@ def run_ids(ws: Workspace) -> list[str]:
     """The run directories of the workspace (those with a launch record), oldest first."""
     if not ws.runs.is_dir():
         return []
-    return sorted(d.name for d in ws.runs.iterdir() if RunDir(d).launch_file.is_file())
+    return sorted(d.name for d in ws.runs.iterdir() if RunDir(d).has_launch())
 
 
 def complete_run(ctx: typer.Context, incomplete: str) -> list[str]:
@@ -139,10 +139,10 @@ def complete_group(ctx: typer.Context, incomplete: str) -> list[str]:
         return []
     groups: list[str] = []
     for run_id in reversed(run_ids(ws)):
-        with suppress(OSError, ValueError):
-            group = json.loads(RunDir(ws.runs / run_id).launch_file.read_text()).get("group")
-            if isinstance(group, str) and group.startswith(incomplete) and group not in groups:
-                groups.append(group)
+        launch = RunDir(ws.runs / run_id).read_launch_quiet()
+        group = launch.get("group") if launch else None
+        if isinstance(group, str) and group.startswith(incomplete) and group not in groups:
+            groups.append(group)
     return groups
 
 

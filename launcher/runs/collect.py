@@ -9,14 +9,13 @@ is never mistaken for a finished run.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, cast
 
-from launcher.errors import Corrupt, ExitCode, LauncherError, NotFound, UnsafePath
+from launcher.errors import ExitCode, LauncherError, NotFound, UnsafePath
 from launcher.hosts.base import Host
 from launcher.proc import Meanwhile
 from launcher.progress import Reporter
@@ -55,14 +54,8 @@ class RunOutcome:
 
 
 def read_launch(ws: Workspace, run_id: str) -> LaunchRecord:
-    path = RunDir.of(ws, run_id).launch_file
-    try:
-        launch = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise NotFound(f"no run {run_id} in {ws.runs}", "see `launcher ps` for run ids") from None
-    if not isinstance(launch, dict) or not isinstance(launch.get("run_id"), str):
-        raise Corrupt(f"{path} is not a launch record", "the run cannot be read; start it again with `launcher run`")
-    return cast(LaunchRecord, launch)
+    """The run's launch record (RunDir, its owner, reads it)."""
+    return RunDir.of(ws, run_id).read_launch()
 
 
 def wait_run(

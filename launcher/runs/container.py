@@ -108,18 +108,12 @@ def mounts(job: ContainerJob) -> list[tuple[str, str, bool]]:
 
 
 def launch_spec(launch: LaunchRecord) -> ContainerSpec | None:
-    """The container a launch record says the run was started as (an older launcher's record kept its
-    rendered command line, read back here); None when it kept neither or cannot be read."""
-    from launcher.hosts import engine
-
+    """The container a launch record says the run was started as (RunDir.read_launch brought an older record's
+    command line to a spec); None when it kept none or it cannot be read."""
     try:
-        if launch.get("container_spec"):
-            return ContainerSpec.from_record(launch["container_spec"])
-        if launch.get("argv"):
-            return engine.spec_from_argv(launch["argv"])
+        return ContainerSpec.from_record(launch["container_spec"]) if launch.get("container_spec") else None
     except (ValueError, KeyError, TypeError):
         return None
-    return None
 
 
 def container_spec(job: ContainerJob, *, detach: bool = True) -> ContainerSpec:

@@ -9,7 +9,7 @@ from launcher.hosts.base import Host
 from launcher.progress import Reporter
 from launcher.runs.collect import LogSink, pull_run, read_launch, wait_run
 from launcher.runs.lifecycle import run_dir
-from launcher.runs.manifest import describe_code, read_json_object
+from launcher.runs.manifest import describe_code, read_quiet
 from launcher.runs.placement import Placement, placement_for
 from launcher.runs.rundir import RunDir
 from launcher.runs.store import resolve_run_id, run_ids, short_ids
@@ -80,10 +80,10 @@ def list_runs(ws: Workspace, target: Host | Placement | None = None) -> list[PsR
     rows: dict[str, PsRow] = {}
     if ws.runs.is_dir():
         for d in sorted(ws.runs.iterdir()):
-            launch = read_json_object(RunDir(d).launch_file)
+            launch = RunDir(d).read_launch_quiet()
             if not launch:
                 continue
-            manifest = read_json_object(RunDir(d).manifest_file)
+            manifest = read_quiet(d)
             recipe = launch.get("recipe") or {}
             rows[d.name] = {
                 "run_id": d.name,
@@ -161,7 +161,7 @@ def stop(ws: Workspace, run_id: str, reporter: Reporter | None = None) -> StopRe
             stopped: list[StoppedRun] = []
             out["runs"] = stopped
             for rid in together:
-                if RunDir.of(ws, rid).launch_file.is_file():
+                if RunDir.of(ws, rid).has_launch():
                     # the scheduler may still report a cancelled task as running for a moment: wait for it
                     m = pull_run(ws, rid, placement, reporter, watch=1.0)
                     stopped.append({"run_id": rid, "status": m.get("status"), "exit_code": m.get("exit_code")})

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, cast
 
 from launcher import memo
 from launcher.errors import CommandFailed, UsageError
-from launcher.hashing import atomic_write_json
 from launcher.hosts.base import Host
 from launcher.hosts.hostspec import HostSpec
 from launcher.proc import Meanwhile
@@ -135,13 +134,13 @@ def _start(ws: Workspace, placement: Placement, launches: Sequence[tuple[LaunchR
     except CommandFailed as exc:
         for launch, _ in launches:
             launch["start_error"] = exc.message
-            atomic_write_json(RunDir(ws.runs / launch["run_id"]).launch_file, launch)
+            RunDir(ws.runs / launch["run_id"]).write_launch(launch)
         raise
     out: list[LaunchRecord] = []
     for (launch, _), record in zip(launches, started, strict=True):
         # the target's own fields (container, argv, image_ran, slurm: LaunchRecord's last keys)
         launch = cast(LaunchRecord, {**launch, **record})
-        atomic_write_json(RunDir(ws.runs / launch["run_id"]).launch_file, launch)
+        RunDir(ws.runs / launch["run_id"]).write_launch(launch)
         rep.note(f"started {launch['run_id']} on {placement.name}")
         out.append(launch)
     return out
@@ -308,7 +307,7 @@ def _launch(
         "launched_at": utc_now(),
     }
     _checkpoints_of(spec, launch)
-    atomic_write_json(RunDir(ws.runs / run_id).launch_file, launch)
+    RunDir(ws.runs / run_id).write_launch(launch)
     return launch, job
 
 

@@ -244,6 +244,11 @@ def write_manifest(run_dir: Path, data: ManifestData) -> Manifest:
     return Manifest(run_dir=run_dir, data=record, artifacts=artifacts)
 
 
+def read_quiet(run_dir: Path) -> dict[str, Any]:
+    """The run's manifest as it is on disk, unchecked, or {} when there is none or it is unreadable (listings)."""
+    return read_json_object(manifest_path(run_dir))
+
+
 def read_json_object(path: Path) -> dict[str, Any]:
     """A JSON object from path, or {} where it is missing, unreadable or not an object. Free-form: what
     the runtime in the container wrote (each field is checked where it is read)."""

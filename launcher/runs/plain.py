@@ -20,7 +20,7 @@ from launcher.errors import LauncherError, NotFound
 from launcher.hosts import engine
 from launcher.hosts.containerspec import ContainerSpec, Mount
 from launcher.runs.container import CONTAINER_CODE, CONTAINER_DATA, CONTAINER_OUT, IMAGE_RECIPES
-from launcher.runs.manifest import read_json_object
+from launcher.runs.manifest import read_quiet
 from launcher.runs.records import MOUNTED, CodePlan, LaunchRecord
 from launcher.runs.rundir import RunDir
 from launcher.runs.store import resolve_run
@@ -107,7 +107,7 @@ def plain_run(ws: Workspace, ref: str, out: Path | None = None) -> PlainRun:
     launch = RunDir(run_dir).read_launch_quiet()
     if launch is None:
         raise NotFound(f"run {run_dir.name} has no launch.json", "name a run launcher started (`launcher ps`)")
-    manifest = read_json_object(RunDir(run_dir).manifest_file)
+    manifest = read_quiet(run_dir)
     recipe = manifest.get("recipe") or launch.get("recipe") or {}
     code: CodePlan | dict[str, str] = launch.get("code") or {}
     notes: list[str] = []

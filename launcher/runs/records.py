@@ -270,6 +270,7 @@ class LaunchRecord(TypedDict):
     its target said when it started it (``container``, ``container_spec``, ``image_ran``, ``slurm``; a record of an
     older launcher kept ``argv``, the container's `docker run` command line, instead of its spec)."""
 
+    record_version: NotRequired[int]  # launcher.runs.rundir.LAUNCH_VERSION (a record without it is version 1)
     run_id: str
     group: str
     replicate: NotRequired[int]
@@ -296,7 +297,7 @@ class LaunchRecord(TypedDict):
     launched_at: str
     # what the target adds once it started the run (Placement.start), or why it could not
     container_spec: NotRequired[SpecRecord]
-    argv: NotRequired[list[str]]  # an older launcher's: the rendered command line (engine.spec_from_argv reads it)
+    argv: NotRequired[list[str]]  # version 1's: the rendered command line (read back into container_spec)
     image_ran: NotRequired[str]
     slurm: NotRequired[SlurmJob]
     start_error: NotRequired[str]

@@ -9,7 +9,6 @@ an import error N times tells nothing more and costs N times as much.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypedDict, TypeGuard
@@ -79,7 +78,7 @@ def log_tail(ws: Workspace, run_id: str, placement: Placement | None = None, n: 
         lines = []
     if not lines and placement is not None:
         try:
-            launch = json.loads(RunDir(ws.runs / run_id).launch_file.read_text())
+            launch = RunDir(ws.runs / run_id).read_launch()
             lines = "".join(placement.logs(launch, follow=False)).splitlines()
         except (OSError, ValueError, LauncherError):
             lines = []

@@ -21,13 +21,12 @@ from pathlib import Path
 from typing import Any, cast
 
 from launcher.errors import LauncherError, NotResumable
-from launcher.hashing import atomic_write_json
 from launcher.hosts.containerspec import ContainerSpec
 from launcher.hosts.hostspec import HostSpec
 from launcher.progress import NullReporter, Reporter
 from launcher.runs.collect import LogSink, pull_run, read_launch, wait_run
 from launcher.runs.container import OWNER_ENV, launch_spec
-from launcher.runs.manifest import run_segments
+from launcher.runs.manifest import read_quiet, run_segments
 from launcher.runs.placement import DirectPlacement, Placement, RunState, output_owner, remote_outputs
 from launcher.runs.pull import pull_outputs
 from launcher.runs.records import MOUNTED, SUCCEEDED, LaunchRecord, Segment, placement_kind
@@ -60,8 +59,7 @@ def _check(ws: Workspace, run_id: str, launch: LaunchRecord) -> None:
     if not (checkpoint and checkpoint.get("every")):
         raise NotResumable(f"run {run_id} was started without --checkpoint-every: it has no checkpoints",
                            "start it again with `launcher run ... --checkpoint-every N`")
-    manifest = RunDir.of(ws, run_id).manifest_file
-    if manifest.is_file() and json.loads(manifest.read_text()).get("status") == SUCCEEDED:
+    if read_quiet(RunDir.of(ws, run_id).path).get("status") == SUCCEEDED:
         raise NotResumable(f"run {run_id} finished (succeeded): there is nothing to resume",
                            "resume a run that was stopped or killed, or start a new one")
     if any(is_secret(v) for v in (launch.get("env") or {}).values()):
@@ -78,9 +76,8 @@ def _not_finished(launch: LaunchRecord, state: RunState | None) -> None:
 
 def _ended(launch: LaunchRecord, segments: list[Segment], local: RunDir) -> None:
     """The last segment completed from the manifest of a pull, when its container is gone."""
-    manifest = local.manifest_file
-    if manifest.is_file():
-        seen = json.loads(manifest.read_text())
+    seen = read_quiet(local.path)
+    if seen:
         last = segments[-1]
         last["started_at"] = last.get("started_at") or seen.get("started_at")
         last["ended_at"] = last.get("ended_at") or seen.get("ended_at")
@@ -123,7 +120,7 @@ def resume_run(ws: Workspace, run_ref: str, reporter: Reporter | None = None, *,
         launch["segments"] = segments
         if record.get("image_ran"):
             launch["image_ran"] = record["image_ran"]
-        atomic_write_json(local.launch_file, launch)
+        local.write_launch(launch)
         local.forget_pulled()  # what was pulled of the earlier segments describes outputs the container rewrites
         if detach:
             return cast(dict[str, Any], launch)
