@@ -122,7 +122,7 @@ def test_completion_of_recipes_runs_variants_and_hosts(ws: Path, tmp_path: Path,
     (ws / "runs" / "not-a-run").mkdir()
     assert complete("logs", "2026") == [run_id]
     assert complete("verify", "checksums", "") == [run_id]
-    (ws / "runs" / run_id / "launch.json").write_text(json.dumps({"group": "tiny_model-same-seed"}))
+    (ws / "runs" / run_id / "launch.json").write_text(json.dumps({"run_id": run_id, "group": "tiny_model-same-seed"}))
     assert complete("report", "tiny") == complete("verify", "checksums", "-g", "") == ["tiny_model-same-seed"]
     assert complete("build", "--variant", "") == ["cpu", "gpu"]
     assert complete("lock", "--variant", "") == ["cpu", "gpu", "all"]

@@ -17,6 +17,8 @@ from typer.testing import CliRunner
 
 from launcher.cli import app
 from launcher.errors import ExitCode, NotFound
+from launcher.hosts import engine as enginemod
+from launcher.hosts.containerspec import ContainerSpec
 from launcher.proc import Completed
 from launcher.runs import explain as explainmod
 from launcher.runtime import fingerprints as fp
@@ -42,9 +44,9 @@ class FakeEngine:
             raise NotFound(f"image {ref} is not in {self.where}", "build it first with `launcher build`")
         return {"Id": ref}
 
-    def run_to_end(self, args: Sequence[str], *, input: bytes | None = None,
+    def run_to_end(self, spec: ContainerSpec, *, input: bytes | None = None,
                    timeout: float | None = None) -> Completed:
-        argv = list(args)
+        argv = enginemod.render(spec)
         self.calls.append(argv)
         mounts = dict(reversed(argv[i + 1].split(":")[:2]) for i, a in enumerate(argv) if a == "-v")
         out = Path(mounts[explainmod.OUT_DIR])
@@ -195,7 +197,7 @@ def test_explain_runs_the_tool_container_and_moves_the_folder_into_place(
     assert _leftovers(root) == [RUN, "explain.json", "heatmap.png", "overlay.png", "stripes"]  # no partial folder
 
     (argv,) = engine.calls
-    assert argv[:2] == ["--network", "none"] and "--user" in argv and "HOME=/tmp" in argv
+    assert argv[:2] == ["docker", "run"] and argv[argv.index("--network") + 1] == "none" and "--user" in argv and "HOME=/tmp" in argv
     image_at = argv.index(IMAGE_ID)
     assert argv[image_at + 1:image_at + 4] == ["python", "-m", "launcher.runtime"] and argv[image_at + 4] == "explain"
     mounts = [argv[i + 1] for i, a in enumerate(argv) if a == "-v"]
