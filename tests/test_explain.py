@@ -197,7 +197,8 @@ def test_explain_runs_the_tool_container_and_moves_the_folder_into_place(
     assert _leftovers(root) == [RUN, "explain.json", "heatmap.png", "overlay.png", "stripes"]  # no partial folder
 
     (argv,) = engine.calls
-    assert argv[:2] == ["docker", "run"] and argv[argv.index("--network") + 1] == "none" and "--user" in argv and "HOME=/tmp" in argv
+    assert argv[:2] == ["docker", "run"] and argv[argv.index("--network") + 1] == "none"
+    assert "--user" in argv and "HOME=/tmp" in argv
     image_at = argv.index(IMAGE_ID)
     assert argv[image_at + 1:image_at + 4] == ["python", "-m", "launcher.runtime"] and argv[image_at + 4] == "explain"
     mounts = [argv[i + 1] for i, a in enumerate(argv) if a == "-v"]
