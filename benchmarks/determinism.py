@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from launcher.runs.determinism import default_threads, profile_env
+from launcher.determinism import default_threads, profile_env
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILES = ("off", "deterministic", "strict")

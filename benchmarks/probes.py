@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from launcher.runs.determinism import profile_env
+from launcher.determinism import profile_env
 
 RECIPE = "catsdogs_convnet"
 IDENTITY = ("model/canonical.npz", "fingerprints/batches.jsonl", "metrics.jsonl", "weights/layers.json")

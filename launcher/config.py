@@ -32,8 +32,8 @@ from typing import Any, TypedDict
 
 import tomllib
 
+from launcher.determinism import DEFAULT_PROFILE, PROFILES, default_threads
 from launcher.errors import BadConfig
-from launcher.runs.determinism import DEFAULT_PROFILE, PROFILES, default_threads
 from launcher.workspace import VARIANTS, Workspace, user_allowed_signers
 
 FILE = "launcher.toml"

@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 
 from launcher.cli import app
 from launcher.cli import params as cliparams
+from launcher.determinism import PROFILES
 from launcher.errors import ExitCode
-from launcher.runs.determinism import PROFILES
 from launcher.runs.experiment import plan
 
 runner = CliRunner()

@@ -70,7 +70,7 @@ def test_precedence_command_line_then_environment_then_file(ws: Path, started: l
     # a default thread count is the deterministic profile's: strict still runs on 1, seeded on none
     assert run("--determinism", "strict")["threads"] is None
     assert run(LAUNCHER_DETERMINISM="seeded")["profile"] == "seeded"
-    # typed, it is passed on (and runs/determinism.py refuses it: strict runs on 1 thread)
+    # typed, it is passed on (and determinism.py refuses it: strict runs on 1 thread)
     assert run("--determinism", "strict", "--threads", "4")["threads"] == 4
     # --workspace after the command finds that workspace's file
     other = ws.parent / "other"

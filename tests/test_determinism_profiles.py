@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from launcher import determinism
 from launcher.errors import ExitCode, UsageError
-from launcher.runs import determinism
 
 OP_DETERMINISM = {"TF_DETERMINISTIC_OPS": "1", "TF_CUDNN_DETERMINISTIC": "1",
                   "CUBLAS_WORKSPACE_CONFIG": ":4096:8", "XLA_FLAGS": "--xla_gpu_deterministic_ops=true"}

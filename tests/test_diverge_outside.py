@@ -19,7 +19,7 @@ import pytest
 from test_runtime_torch import REPO, torch_python
 from test_verify_records import conforms
 
-from launcher.runs.determinism import profile_env
+from launcher.determinism import profile_env
 from launcher.runtime import optrace, steps
 from launcher.verify.opdiff import OpDifference, compare_traces, op_phrase, read_ops
 

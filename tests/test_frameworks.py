@@ -17,8 +17,8 @@ import pytest
 from typer.testing import CliRunner
 
 from launcher.cli import app
+from launcher.determinism import profile_env
 from launcher.runs import imports
-from launcher.runs.determinism import profile_env
 from launcher.runs.runspec import framework_packages, holds_framework
 from launcher.runtime import frameworks, hooks, importwatch
 from launcher.runtime.recipespec import known_frameworks

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from launcher.runs.determinism import profile_env
+from launcher.determinism import profile_env
 from launcher.runtime import fingerprints as fp
 
 pytestmark = [pytest.mark.docker, pytest.mark.tfimage]

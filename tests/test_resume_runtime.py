@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from test_runtime_torch import REPO, torch_python
 
-from launcher.runs.determinism import profile_env
+from launcher.determinism import profile_env
 from launcher.runtime import checkpoint
 
 PARAMS = json.dumps({"epochs": 4, "train_samples": 256, "test_samples": 64, "device": "cpu"})

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.runs.determinism import profile_env
+from launcher.determinism import profile_env
 from launcher.runtime import importwatch, seedcalls
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launcher.runs.determinism import profile_env
+from launcher.determinism import profile_env
 from launcher.runtime import fingerprints as fp
 
 REPO = Path(__file__).resolve().parents[1]

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from launcher.runs.determinism import profile_env
+from launcher.determinism import profile_env
 
 pytestmark = pytest.mark.slow  # PyTorch trains on the host
 

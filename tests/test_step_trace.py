@@ -24,8 +24,8 @@ from test_verify_records import conforms
 from typer.testing import CliRunner
 
 from launcher.cli import app
+from launcher.determinism import profile_env
 from launcher.errors import ExitCode, UsageError
-from launcher.runs.determinism import profile_env
 from launcher.runs.manifest import load_manifest
 from launcher.runs.runspec import trace_option
 from launcher.runtime import steps

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from runfactory import adopt_outputs, make_workspace
 
+from launcher.determinism import profile_env
 from launcher.errors import ExitCode
-from launcher.runs.determinism import profile_env
 from launcher.verify.differences import CLASS_INPUT, CLASS_NONDETERMINISM
 from launcher.verify.verdicts import verify_checksums
 from launcher.workspace import Workspace

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from launcher.verify.differences import ModelExplanation
     from launcher.verify.modeldiff import SourcedModelDiff
     from launcher.verify.verdicts import RunRecord, VerdictRecord
-from launcher.runs.determinism import DEFAULT_SEED
+from launcher.determinism import DEFAULT_SEED
 
 app = typer.Typer()
 verify_app = group("verify", "Compare runs bit for bit and explain the differences.")

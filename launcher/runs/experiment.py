@@ -14,10 +14,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar, cast
 
+from launcher.determinism import DEFAULT_SEED
 from launcher.errors import ExitCode, HostUnreachable, LauncherError, UsageError
 from launcher.hosts.hostspec import HostSpec
 from launcher.progress import NullReporter, Reporter
-from launcher.runs.determinism import DEFAULT_SEED
 from launcher.runs.recipes import ParamValue
 from launcher.runs.records import CANCELLED, FAILED, LaunchRecord, RunRecord
 from launcher.runs.replicates import Failure, FailureRecord, seed_override_note

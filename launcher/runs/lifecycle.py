@@ -22,6 +22,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, cast
 
 from launcher import memo
+from launcher.determinism import SEED_ENV, THREADS_ENV
 from launcher.errors import CommandFailed, UsageError
 from launcher.hosts.base import Host
 from launcher.hosts.hostspec import HostSpec
@@ -30,7 +31,6 @@ from launcher.progress import NullReporter, Reporter
 from launcher.runs import rewind
 from launcher.runs.collect import LogSink, RunOutcome, collect_together, pull_record, utc_now, wait_run
 from launcher.runs.container import ContainerJob
-from launcher.runs.determinism import SEED_ENV, THREADS_ENV
 from launcher.runs.placement import Placement, placement_for, remote_outputs
 from launcher.runs.recipes import ParamValue, Recipe
 from launcher.runs.records import (
@@ -149,7 +149,7 @@ def _start(ws: Workspace, placement: Placement, launches: Sequence[tuple[LaunchR
 def _job_env(spec: RunSpec) -> dict[str, str]:
     """The container's environment from the spec: the determinism profile (less what the user's --env
     sets in its place), the step trace, op trace and checkpoint options."""
-    from launcher.runs import determinism
+    from launcher import determinism
 
     env = determinism.profile_env(spec.profile, spec.seed, spec.threads)
     for name in determinism.OVERRIDABLE_ENV & {*spec.env, *spec.secret_env}:
@@ -314,7 +314,7 @@ def _launch(
 def _checked(ws: Workspace, spec: RunSpec, seed_list: Sequence[int | None]) -> Recipe:
     """The spec's recipe, once its options are checked: a bad param, probe set, trace, checkpoint,
     framework, profile, seed or thread count stops here, before a build or an upload."""
-    from launcher.runs import determinism
+    from launcher import determinism
 
     recipe = load_recipe(ws, spec.recipe, entry=spec.entry)
     check_params(recipe, spec.params)

@@ -23,8 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher.determinism import RESERVED_ENV
 from launcher.errors import UsageError
-from launcher.runs.determinism import RESERVED_ENV
 from launcher.runs.records import EnvValue
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

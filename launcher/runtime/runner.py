@@ -132,17 +132,13 @@ class Tee:
 
 
 def host_profile_env(profile: str, seed: int | None, threads: int | None) -> dict[str, str]:
-    """The profile's variables, for a run started on the host (launcher.runs.determinism is not in images)."""
-    try:
-        from launcher.errors import UsageError
-        from launcher.runs.determinism import profile_env
-    except ImportError:
-        raise RunError("--profile needs the launcher package; in a container pass the environment with -e",
-                       EXIT_USAGE) from None
+    """The profile's variables, for a run started on the host (a container gets them from its environment)."""
+    from launcher.runtime.profiles import ProfileError, profile_env
+
     try:
         return profile_env(profile, seed, threads)
-    except UsageError as exc:
-        raise RunError(exc.one_line(), EXIT_USAGE) from None
+    except ProfileError as exc:
+        raise RunError(f"{exc.problem}; fix: {exc.fix}", EXIT_USAGE) from None
 
 
 def prepare(args: argparse.Namespace, tee: Tee) -> tuple[recipe_spec.RecipeSpec, dict[str, str]]:
