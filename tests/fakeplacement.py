@@ -17,8 +17,9 @@ from typing import Any
 from launcher.hashing import atomic_write_json
 from launcher.hosts.engine import render
 from launcher.hosts.local import LocalHost
+from launcher.records.records import RunState
 from launcher.runs.container import ContainerJob, container_spec
-from launcher.runs.placement import ListedRun, Placement, RunState
+from launcher.runs.placement import ListedRun, Placement
 from launcher.runs.ship import ShipResult
 from launcher.workspace import Workspace
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from launcher.hashing import atomic_write_json, sha256_bytes, sha256_file
-from launcher.runs.manifest import SCHEMA_VERSION, write_manifest
+from launcher.records.manifest import SCHEMA_VERSION, write_manifest
 from launcher.runtime import fingerprints as fp
 from launcher.verify.modeldiff import load_canonical
 

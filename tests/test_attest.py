@@ -31,7 +31,7 @@ from launcher.attest.provenance import (
 from launcher.attest.signers import NAMESPACE, PemSigner, SSHSigner, Trust, load_signer
 from launcher.cli import app
 from launcher.errors import BadSignature, DigestMismatch, ExitCode, UnknownSigner, UsageError
-from launcher.runs.manifest import load_manifest
+from launcher.records.manifest import load_manifest
 from launcher.workspace import Workspace
 
 runner = CliRunner()

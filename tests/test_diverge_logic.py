@@ -22,10 +22,10 @@ from typer.testing import CliRunner
 
 from launcher.cli import app
 from launcher.errors import ExitCode
+from launcher.records.manifest import load_manifest
 from launcher.runs import diverge as diverge_mod
 from launcher.runs import rewind
 from launcher.runs.divergence import Divergence, DivergenceRecord
-from launcher.runs.manifest import load_manifest
 from launcher.runtime import checkpoint as ck
 from launcher.runtime import fingerprints as fp
 from launcher.runtime import optrace

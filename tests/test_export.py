@@ -25,8 +25,8 @@ from typer.testing import CliRunner
 
 from launcher.cli import app
 from launcher.errors import ExitCode
+from launcher.records.manifest import Manifest, load_manifest
 from launcher.report.export import RUN_ID_TAG, metric_points, run_params
-from launcher.runs.manifest import Manifest, load_manifest
 from launcher.verify import verdicts as verify
 from launcher.workspace import Workspace
 

@@ -16,9 +16,9 @@ from test_export import assert_mlflow_holds, assert_tensorboard_holds, cli, mlfl
 from typer.testing import CliRunner
 
 from launcher.cli import app
-from launcher.runs.manifest import Manifest, load_manifest
+from launcher.records.integrity import check_integrity
+from launcher.records.manifest import Manifest, load_manifest
 from launcher.verify import verdicts as verify
-from launcher.verify.integrity import check_integrity
 from launcher.workspace import Workspace
 
 pytestmark = [pytest.mark.docker, pytest.mark.tfimage]

@@ -7,7 +7,7 @@ import pytest
 from runfactory import FakeRun, edit_manifest, manifest_data, write_run
 
 from launcher.errors import Corrupt, ExitCode, NotFound, SchemaTooNew
-from launcher.runs.manifest import SCHEMA_VERSION, ManifestMissing, load_manifest, write_manifest
+from launcher.records.manifest import SCHEMA_VERSION, ManifestMissing, load_manifest, write_manifest
 
 
 def test_load_gives_a_typed_view(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""launcher.runs.rundir owns the layout of a run's folder: no other module spells its files' names,
+"""launcher.records.rundir owns the layout of a run's folder: no other module spells its files' names,
 a run id is checked before a path is made of it, and a resumed run's pulled state is removed
 manifest first (nothing half-removed looks complete)."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import UsageError
-from launcher.runs import rundir
-from launcher.runs.rundir import RunDir
+from launcher.records import rundir
+from launcher.records.rundir import RunDir
 from launcher.workspace import Workspace
 
 PACKAGE = Path(rundir.__file__).resolve().parents[1]
@@ -22,7 +22,7 @@ DOCKER_ARCHIVES = {"images/tree.py", "runs/ship.py"}
 def test_no_module_but_rundir_spells_the_run_folders_file_names() -> None:
     spelled = re.compile(r"""["'](launch\.json|manifest\.json|\.pulled\.json)["']""")
     found = [f"{p.relative_to(PACKAGE)}:{n}" for p in sorted(PACKAGE.rglob("*.py"))
-             if str(p.relative_to(PACKAGE)) not in {"runs/rundir.py", *DOCKER_ARCHIVES}
+             if str(p.relative_to(PACKAGE)) not in {"records/rundir.py", *DOCKER_ARCHIVES}
              for n, line in enumerate(p.read_text().splitlines(), 1) if spelled.search(line)]
     assert found == []
 
@@ -36,10 +36,10 @@ def _attribute_uses(name: str, owners: set[str]) -> list[str]:
 
 
 def test_no_module_but_its_owner_reads_or_writes_a_run_record() -> None:
-    """RunDir reads and writes launch.json (migrating older versions), launcher.runs.manifest the manifest: any
+    """RunDir reads and writes launch.json (migrating older versions), launcher.records.manifest the manifest: any
     other module that takes the file's path would read or write it past them."""
-    assert _attribute_uses("launch_file", {"runs/rundir.py"}) == []
-    assert _attribute_uses("manifest_file", {"runs/rundir.py", "runs/manifest.py"}) == []
+    assert _attribute_uses("launch_file", {"records/rundir.py"}) == []
+    assert _attribute_uses("manifest_file", {"records/rundir.py", "records/manifest.py"}) == []
 
 
 def test_an_older_launch_record_is_read_as_this_launchers(tmp_path: Path) -> None:

@@ -11,9 +11,9 @@ import pytest
 from fakeplacement import FakeArray, FakePlacement, Script, make_project, make_workspace
 
 from launcher.images import build
+from launcher.records.manifest import load_manifest
 from launcher.runs import collect, lifecycle
 from launcher.runs.lifecycle import RunSpec, run_recipe
-from launcher.runs.manifest import load_manifest
 from launcher.runs.userenv import UserEnv, find_salt, secret_digest, secret_hmac
 from launcher.workspace import Workspace
 

@@ -111,7 +111,7 @@ IDS = {"20261124T101500-mnist_convnet-1a2b3c": "done", "20261124T101500-mnist_co
 
 
 def test_a_run_is_found_by_any_unique_start_or_its_tail(tmp_path: Path) -> None:
-    from launcher.runs.store import resolve_run, resolve_run_id
+    from launcher.records.store import resolve_run, resolve_run_id
 
     ws = _runs(tmp_path, IDS)
     assert resolve_run_id(ws, "20261124T120000") == "20261124T120000-myproj_train.py-77aa01"  # still running
@@ -125,7 +125,7 @@ def test_a_run_is_found_by_any_unique_start_or_its_tail(tmp_path: Path) -> None:
 
 def test_an_ambiguous_run_is_a_usage_error_naming_the_candidates(tmp_path: Path) -> None:
     from launcher.errors import NotFound
-    from launcher.runs.store import resolve_run_id
+    from launcher.records.store import resolve_run_id
 
     ws = _runs(tmp_path, IDS)
     with pytest.raises(UsageError) as err:
@@ -139,7 +139,7 @@ def test_an_ambiguous_run_is_a_usage_error_naming_the_candidates(tmp_path: Path)
 
 
 def test_ps_short_ids_are_unique_readable_and_taken_back(tmp_path: Path) -> None:
-    from launcher.runs.store import resolve_run_id, short_ids
+    from launcher.records.store import resolve_run_id, short_ids
 
     ws = _runs(tmp_path, IDS)
     short = short_ids(IDS)

@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 from launcher.cli import app
 from launcher.determinism import profile_env
 from launcher.errors import ExitCode, UsageError
-from launcher.runs.manifest import load_manifest
+from launcher.records.manifest import load_manifest
 from launcher.runs.runspec import trace_option
 from launcher.runtime import steps
 from launcher.verify.stepdiff import StepsDiff, StepsStrip, steps_diff, steps_strip

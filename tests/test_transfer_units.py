@@ -14,8 +14,8 @@ import pytest
 from launcher.errors import Corrupt, ExitCode, UnsafePath
 from launcher.hosts.base import RemoteEntry
 from launcher.hosts.engine import chain_ids
+from launcher.records.rundir import PULLED
 from launcher.runs.pull import classify, receive_files, safe_relpath
-from launcher.runs.rundir import PULLED
 from launcher.runs.ship import rewrite_save_stream
 
 

@@ -17,7 +17,7 @@ from runfactory import (
 )
 
 from launcher.errors import Corrupt, ExitCode, Incompatible, NotFound, SchemaTooNew, UsageError
-from launcher.runs.manifest import ManifestMissing
+from launcher.records.manifest import ManifestMissing
 from launcher.verify.artifacts import is_volatile
 from launcher.verify.differences import CLASS_ENVIRONMENT, CLASS_INPUT, CLASS_NONDETERMINISM
 from launcher.verify.environment import categorize

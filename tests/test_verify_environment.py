@@ -6,7 +6,7 @@ from pathlib import Path
 
 from runfactory import edit_manifest, pair
 
-from launcher.runs.manifest import load_manifest
+from launcher.records.manifest import load_manifest
 from launcher.verify.environment import environment_diff
 
 

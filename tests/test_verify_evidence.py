@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from launcher.cli import app
 from launcher.errors import ExitCode, UsageError
-from launcher.runs.manifest import load_manifest
+from launcher.records.manifest import load_manifest
 from launcher.verify.differences import IDENTICAL_CONTENT, IGNORED, UNREADABLE
 from launcher.verify.evidence import (
     KIND_CHECKPOINT,

@@ -37,12 +37,12 @@ from launcher.images import basearchive, imagerecord
 from launcher.images import pins as images
 from launcher.images.build import env_content_of
 from launcher.progress import NullReporter, Reporter
-from launcher.runs.manifest import Manifest, load_manifest
-from launcher.runs.records import ProjectRecord
-from launcher.runs.rundir import MANIFEST, RunDir
-from launcher.runs.store import resolve_run
+from launcher.records.integrity import check_integrity
+from launcher.records.manifest import Manifest, load_manifest
+from launcher.records.records import ProjectRecord
+from launcher.records.rundir import MANIFEST, RunDir
+from launcher.records.store import resolve_run
 from launcher.runtime import code as codedigest
-from launcher.verify.integrity import check_integrity
 from launcher.workspace import Workspace
 
 ENVELOPE = "bundle.dsse.json"
@@ -72,7 +72,7 @@ class ImageFacts(TypedDict):
     recipesDigest: str | None
     envContent: str | None
     launcherVersion: str | None
-    project: ProjectRecord | None  # the manifest's image.project record (launcher.runs.manifest), as recorded
+    project: ProjectRecord | None  # the manifest's image.project record (launcher.records.manifest), as recorded
 
 
 class BundledRun(TypedDict):

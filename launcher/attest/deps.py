@@ -20,7 +20,7 @@ from launcher.attest.bundle import ImageFacts
 from launcher.errors import BadData, Corrupt, DigestMismatch, LauncherError
 from launcher.hashing import sha256_file
 from launcher.images.imagerecord import LABEL
-from launcher.runs.manifest import Manifest
+from launcher.records.manifest import Manifest
 from launcher.runtime import code as codedigest
 
 # the bundle's facts about an image (bundle.ImageFacts) and the config label each must equal

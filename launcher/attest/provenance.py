@@ -33,9 +33,9 @@ from launcher.hashing import atomic_write_bytes, sha256_file
 from launcher.images import imagerecord
 from launcher.images.imagerecord import BuiltImage
 from launcher.progress import NullReporter, Reporter
-from launcher.runs.manifest import Manifest, load_manifest
-from launcher.runs.records import placement_kind
-from launcher.runs.store import resolve_run
+from launcher.records.manifest import Manifest, load_manifest
+from launcher.records.records import placement_kind
+from launcher.records.store import resolve_run
 from launcher.verify.differences import DATASET as DATASET_FINGERPRINT
 from launcher.workspace import Workspace
 
@@ -160,7 +160,7 @@ def _dataset_read(m: Manifest) -> str | None:
 
 def resolved_dependencies(m: Manifest, image: BuiltImage | None) -> list[st.ResourceDescriptor]:
     rec, img = m.recipe, m.image
-    # the manifest's image.project and data_source records (launcher.runs.manifest)
+    # the manifest's image.project and data_source records (launcher.records.manifest)
     project: Mapping[str, Any] = img["project"] if isinstance(img.get("project"), dict) else {}
     source: Mapping[str, Any] = m.data["data_source"] if isinstance(m.data.get("data_source"), dict) else {}
     folder = project.get("folder")

@@ -43,9 +43,9 @@ from launcher.images import basearchive, imagerecord, registry
 from launcher.images.build import PACKAGE_DIR, build
 from launcher.images.tree import DEFAULT_EPOCH
 from launcher.progress import NullReporter, Reporter
-from launcher.runs.manifest import Manifest
+from launcher.records.manifest import Manifest
+from launcher.records.records import BAKED, CodePlan
 from launcher.runs.placement import Placement
-from launcher.runs.records import BAKED, CodePlan
 from launcher.runs.runspec import RunSpec
 from launcher.runtime import code as codedigest
 from launcher.verify.differences import REFERENCE
@@ -302,7 +302,7 @@ def _code(run: OpenedRun, ws: Workspace) -> CodePlan | None:
 
 
 def _record(m: Manifest, key: str) -> Mapping[str, Any]:
-    """One of the manifest's records (env, probes, trace: launcher.runs.manifest), {} where it has none."""
+    """One of the manifest's records (env, probes, trace: launcher.records.manifest), {} where it has none."""
     value = m.data.get(key)
     return value if isinstance(value, dict) else {}
 

@@ -31,9 +31,9 @@ from launcher.attest.signers import Trust
 from launcher.attest.tarread import MAX_ENVELOPE, BundleTar, Member, open_tar, safe_name
 from launcher.errors import Corrupt, DigestMismatch, LauncherError, UnsafePath
 from launcher.progress import Reporter
-from launcher.runs.manifest import Manifest, load_manifest
+from launcher.records.manifest import Manifest, load_manifest
+from launcher.records.rundir import is_run_id
 from launcher.runs.recipes import is_recipe_name
-from launcher.runs.rundir import is_run_id
 from launcher.runtime import code as codedigest
 from launcher.workspace import VARIANT_NAME
 

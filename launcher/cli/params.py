@@ -32,7 +32,7 @@ from typer._click.exceptions import UsageError as ClickUsageError
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from launcher.errors import LauncherError
-from launcher.runs.rundir import RunDir
+from launcher.records.rundir import RunDir
 from launcher.workspace import VARIANTS, Workspace
 
 ARGV = "launcher.argv"  # ctx.meta key: the root's arguments as typed (LauncherGroup.parse_args)

@@ -259,8 +259,8 @@ def resume_cmd(
     or with --host on another one (its outputs so far, image, sent data and code go there). It ends
     with the bits an uninterrupted run of the same seed ends with; the manifest lists each container
     as a segment."""
+    from launcher.records.store import resolve_run_id
     from launcher.runs import resume as resume_mod
-    from launcher.runs.store import resolve_run_id
 
     ws = workspace_of(ctx)
     run_id = resolve_run_id(ws, run_id)
@@ -333,8 +333,8 @@ def logs_cmd(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the run ends.")] = False,
 ) -> None:
     """Print a run's logs (from its container while it exists, else the pulled train.log)."""
+    from launcher.records.store import resolve_run_id
     from launcher.runs import control as runcontrol
-    from launcher.runs.store import resolve_run_id
 
     lines: list[str] = []
     ws = workspace_of(ctx)
@@ -346,8 +346,8 @@ def logs_cmd(
 @command(app, "attach")
 def attach_cmd(ctx: typer.Context, run_id: RunArg) -> None:
     """Follow a detached run's logs to its end, then pull its outputs."""
+    from launcher.records.store import resolve_run_id
     from launcher.runs import control as runcontrol
-    from launcher.runs.store import resolve_run_id
 
     lines: list[str] = []
     ws = workspace_of(ctx)
@@ -369,8 +369,8 @@ def pull_cmd(
     ] = None,
 ) -> None:
     """Copy a run's outputs back, verified (resumable: verified files are skipped)."""
+    from launcher.records.store import resolve_run_id
     from launcher.runs.collect import pull_run
-    from launcher.runs.store import resolve_run_id
 
     ws = workspace_of(ctx)
     run_id = resolve_run_id(ws, run_id)
@@ -390,8 +390,8 @@ def pull_cmd(
 def stop_cmd(ctx: typer.Context, run_id: RunArg) -> None:
     """Stop a run's container (its outputs so far stay on the host: `launcher pull RUN`). A cluster run:
     cancel its whole job array, and pull every replicate's outputs and manifest."""
+    from launcher.records.store import resolve_run_id
     from launcher.runs import control as runcontrol
-    from launcher.runs.store import resolve_run_id
 
     ws = workspace_of(ctx)
     run_id = resolve_run_id(ws, run_id)
@@ -426,8 +426,8 @@ def clean_cmd(
     """Free a host's disk: delete runs' directories and containers there once their outputs are
     pulled and still match their manifests (the local run directories stay); with --datasets,
     the datasets sent there that nothing mounts."""
+    from launcher.records.store import resolve_run_id
     from launcher.runs import control as runcontrol
-    from launcher.runs.store import resolve_run_id
 
     if not run_ids and not datasets:
         raise UsageError("nothing to clean", "name runs (`launcher clean RUN...`) or add --datasets --host HOST")

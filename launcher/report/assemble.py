@@ -22,6 +22,8 @@ from typing import Any
 from launcher.errors import NotFound, UsageError
 from launcher.hashing import atomic_write_json, atomic_write_text
 from launcher.progress import NullReporter, Reporter
+from launcher.records.manifest import Manifest
+from launcher.records.store import group_runs
 from launcher.report import probes as probe_section
 from launcher.report.figures import plot_differences, plot_metric, plot_weights
 from launcher.report.page import render_html
@@ -56,8 +58,6 @@ from launcher.report.stats import (
     runs_to_exclude_all,
     seed_fixed_spread,
 )
-from launcher.runs.manifest import Manifest
-from launcher.runs.store import group_runs
 from launcher.verify.differences import CANONICAL_MODEL, read_metrics
 from launcher.verify.differences import LAYERS as LAYERS_DOC
 from launcher.verify.stepdiff import steps_strip

@@ -18,6 +18,8 @@ from pathlib import Path
 
 from launcher.errors import LauncherError, NotFound, UsageError
 from launcher.progress import Reporter
+from launcher.records.manifest import Manifest, load_manifest
+from launcher.records.rundir import RunDir
 from launcher.report.exportmlflow import (
     default_tracking_uri,
     export_mlflow,
@@ -44,8 +46,6 @@ from launcher.report.exportrun import (
     run_tags,
 )
 from launcher.report.exporttensorboard import export_tensorboard, tensorboard_run_dir
-from launcher.runs.manifest import Manifest, load_manifest
-from launcher.runs.rundir import RunDir
 from launcher.workspace import Workspace
 
 # The exporters' names stay importable from here, where the CLI and the tests import them.
@@ -84,7 +84,7 @@ __all__ = [
 
 def select_runs(ws: Workspace, refs: Sequence[str], group: str | None = None) -> list[Manifest]:
     """Named runs (ids, id prefixes or run directories), a group's runs, or the latest group's."""
-    from launcher.runs.store import group_runs, latest_group, resolve_run
+    from launcher.records.store import group_runs, latest_group, resolve_run
 
     if refs and group:
         raise UsageError("name runs or a group, not both", "drop the run ids or --group")
@@ -130,7 +130,7 @@ def export_runs(ws: Workspace, refs: Sequence[str], target: str, *, group: str |
 
 def is_run(ws: Workspace, ref: str) -> bool:
     """Whether ``ref`` names a run (the CLI uses it to tell a TensorBoard DIR from a RUN)."""
-    from launcher.runs.store import resolve_run
+    from launcher.records.store import resolve_run
 
     try:
         d = resolve_run(ws, ref)

@@ -11,6 +11,8 @@ from urllib.parse import urlsplit
 
 from launcher.errors import HostUnreachable, UsageError
 from launcher.progress import NullReporter, Reporter
+from launcher.records.manifest import Manifest
+from launcher.records.rundir import RunDir
 from launcher.report.exportrun import (
     DEFAULT_MLFLOW_DIR,
     MAX_METRICS,
@@ -29,8 +31,6 @@ from launcher.report.exportrun import (
     run_params,
     run_tags,
 )
-from launcher.runs.manifest import Manifest
-from launcher.runs.rundir import RunDir
 from launcher.workspace import Workspace
 
 # ---------------------------------------------------------------- MLflow
@@ -124,7 +124,7 @@ def _experiment_id(client: Any, name: str) -> str:
 
 def _export_one_mlflow(client: Any, entities: Any, experiment_id: str, m: Manifest,
                        verdict: Verdict) -> ExportedRun:
-    from launcher.verify import integrity as verify
+    from launcher.records import integrity as verify
 
     verify.check_integrity([m])  # a file changed after the pull is not exported as the run's
     earlier = client.search_runs([experiment_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{m.run_id}'")

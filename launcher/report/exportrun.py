@@ -13,7 +13,7 @@ from typing import Any, TypedDict, TypeVar
 
 from launcher.errors import Corrupt, LauncherError, MissingExtra
 from launcher.progress import Reporter
-from launcher.runs.manifest import Manifest
+from launcher.records.manifest import Manifest
 from launcher.verify.differences import METRICS
 from launcher.workspace import Workspace
 
@@ -117,7 +117,7 @@ class Verdict:
 
 def group_verdicts(ws: Workspace, manifests: Sequence[Manifest], reporter: Reporter) -> dict[str, Verdict]:
     """Verify each group once; a run alone in its group, or one verify cannot compare, has none."""
-    from launcher.runs.store import group_runs
+    from launcher.records.store import group_runs
     from launcher.verify.verdicts import verify_checksums
 
     out: dict[str, Verdict] = {}

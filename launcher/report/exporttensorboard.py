@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from launcher.progress import NullReporter, Reporter
+from launcher.records.manifest import Manifest
 from launcher.report.exportrun import (
     EVENT_SUFFIX,
     TENSORBOARD,
@@ -18,7 +19,6 @@ from launcher.report.exportrun import (
     millis,
     need_module,
 )
-from launcher.runs.manifest import Manifest
 from launcher.workspace import Workspace
 
 # ---------------------------------------------------------------- TensorBoard
@@ -40,7 +40,7 @@ def export_tensorboard(ws: Workspace, manifests: Sequence[Manifest], logdir: Pat
     Wall times are the run's start: per-epoch times are not recorded. A run exported again
     replaces the event files an earlier export wrote for it; other files in its folder stay.
     """
-    from launcher.verify import integrity as verify
+    from launcher.records import integrity as verify
 
     rep = reporter or NullReporter()
     writer_mod = need_module("tensorboard.summary.writer.event_file_writer", "tensorboard", TENSORBOARD)

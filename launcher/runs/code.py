@@ -22,7 +22,7 @@ from pathlib import Path
 
 from launcher import memo, proc
 from launcher.errors import NotFound, UsageError
-from launcher.runs.records import MOUNTED, CodePlan, GitState
+from launcher.records.records import MOUNTED, CodePlan, GitState
 from launcher.runtime import code as codedigest
 
 MAX_FILE_BYTES = 16 << 20

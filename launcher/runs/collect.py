@@ -19,9 +19,18 @@ from launcher.errors import ExitCode, LauncherError, NotFound, UnsafePath
 from launcher.hosts.base import Host
 from launcher.proc import Meanwhile
 from launcher.progress import Reporter
-from launcher.runs.placement import Placement, RunState, placement_for
-from launcher.runs.records import CANCELLED, FAILED, RUNNING, LaunchRecord, ManifestData, PullStatus, RunRecord
-from launcher.runs.rundir import RunDir
+from launcher.records.records import (
+    CANCELLED,
+    FAILED,
+    RUNNING,
+    LaunchRecord,
+    ManifestData,
+    PullStatus,
+    RunRecord,
+    RunState,
+)
+from launcher.records.rundir import RunDir
+from launcher.runs.placement import Placement, placement_for
 from launcher.runs.targets import open_placement
 from launcher.workspace import Workspace
 
@@ -85,7 +94,8 @@ def wait_run(
 def _import_collecting() -> None:
     """Import what pulling a run and judging a group need, on a thread while the run goes (the caller only
     waits for its log then): not before the start, nor after the end."""
-    from launcher.runs import manifest, pull, replicates, store  # noqa: F401
+    from launcher.records import manifest, store  # noqa: F401
+    from launcher.runs import pull, replicates  # noqa: F401
 
 
 def pull_run(
@@ -118,8 +128,8 @@ def pull_record(
     Returns the manifest, or, while the run still goes (and watch is None), a status record.
     run_id: the run's id, or any unique part of it (runs.store.resolve_run_id).
     """
+    from launcher.records.store import resolve_run_id
     from launcher.runs.pull import pull_outputs
-    from launcher.runs.store import resolve_run_id
 
     run_id = resolve_run_id(ws, run_id)
     launch = read_launch(ws, run_id)
@@ -165,7 +175,7 @@ def pull_record(
 
 
 def _finish(ws: Workspace, launch: LaunchRecord, result: PullResult, state: RunState | None) -> ManifestData:
-    from launcher.runs.manifest import assemble, write_manifest
+    from launcher.records.manifest import assemble, write_manifest
 
     local = RunDir.of(ws, launch["run_id"])
     if state is not None and state.image_ran:  # a target that learns the image only when the run starts

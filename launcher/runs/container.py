@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.hosts.containerspec import ContainerSpec, Mount
+from launcher.records.records import BAKED, MOUNTED, LaunchRecord
 from launcher.runs.recipes import ParamValue, Recipe
-from launcher.runs.records import BAKED, MOUNTED, LaunchRecord
 
 RUN_LABEL = "org.launcher.run"
 CONTAINER_OUT = "/launcher/out"

@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 from launcher.errors import CommandFailed, HostUnreachable, LauncherError, NotFound, UsageError
 from launcher.hosts.base import Host
 from launcher.progress import Reporter
+from launcher.records.manifest import describe_code, read_quiet
+from launcher.records.rundir import RunDir
+from launcher.records.store import resolve_run_id, run_ids, short_ids
 from launcher.runs.collect import LogSink, pull_run, read_launch, wait_run
 from launcher.runs.lifecycle import run_dir
-from launcher.runs.manifest import describe_code, read_quiet
 from launcher.runs.placement import Placement, placement_for
-from launcher.runs.rundir import RunDir
-from launcher.runs.store import resolve_run_id, run_ids, short_ids
 from launcher.runs.targets import open_placement
 from launcher.workspace import Workspace
 
@@ -171,8 +171,8 @@ def stop(ws: Workspace, run_id: str, reporter: Reporter | None = None) -> StopRe
 def clean(ws: Workspace, run_id: str, *, force: bool = False, reporter: Reporter | None = None) -> CleanRecord:
     """Delete a run's directory and container on its host, once the local copy is complete and
     still matches its manifest (force: without that check). The local run directory stays."""
-    from launcher.runs.manifest import load_manifest
-    from launcher.verify.integrity import check_integrity
+    from launcher.records.integrity import check_integrity
+    from launcher.records.manifest import load_manifest
 
     run_id = resolve_run_id(ws, run_id)
     launch = read_launch(ws, run_id)

@@ -25,7 +25,7 @@ from launcher.hashing import CHUNK, sha256_file
 from launcher.hosts.base import Host
 from launcher.hosts.scripts import text as host_script
 from launcher.progress import CountingReader, NullReporter, Reporter
-from launcher.runs.records import DataSource
+from launcher.records.records import DataSource
 
 HEADROOM_BYTES = 256 << 20  # left free on the host after an upload
 

@@ -39,6 +39,10 @@ from typing import cast
 from launcher.errors import RunFailed, UsageError
 from launcher.hosts import provision
 from launcher.progress import NullReporter, Reporter
+from launcher.records.manifest import Manifest, load_manifest
+from launcher.records.records import LaunchRecord, StartPoint, placement_kind
+from launcher.records.rundir import RunDir
+from launcher.records.store import resolve_run_id
 from launcher.runs import rewind
 from launcher.runs.collect import pull_record, read_launch, wait_run
 from launcher.runs.divergence import (
@@ -51,12 +55,8 @@ from launcher.runs.divergence import (
     outside_change,
 )
 from launcher.runs.lifecycle import start_run
-from launcher.runs.manifest import Manifest, load_manifest
-from launcher.runs.records import LaunchRecord, StartPoint, placement_kind
 from launcher.runs.replicates import is_failed
-from launcher.runs.rundir import RunDir
 from launcher.runs.runspec import RunSpec
-from launcher.runs.store import resolve_run_id
 from launcher.runs.targets import open_placement
 from launcher.runs.userenv import is_secret
 from launcher.verify import opdiff

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TypedDict
 
 from launcher.errors import ExitCode
-from launcher.runs.records import StartPoint
+from launcher.records.records import StartPoint
 from launcher.runtime.optrace import WEIGHTS
 from launcher.verify import opdiff
 from launcher.verify.environment import EnvironmentRow

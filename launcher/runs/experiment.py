@@ -18,8 +18,8 @@ from launcher.determinism import DEFAULT_SEED
 from launcher.errors import ExitCode, HostUnreachable, LauncherError, UsageError
 from launcher.hosts.hostspec import HostSpec
 from launcher.progress import NullReporter, Reporter
+from launcher.records.records import CANCELLED, FAILED, LaunchRecord, RunRecord
 from launcher.runs.recipes import ParamValue
-from launcher.runs.records import CANCELLED, FAILED, LaunchRecord, RunRecord
 from launcher.runs.replicates import Failure, FailureRecord, seed_override_note
 from launcher.runs.userenv import UserEnv
 from launcher.workspace import Workspace

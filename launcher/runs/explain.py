@@ -42,9 +42,9 @@ from launcher.hashing import sha256_file
 from launcher.hosts import engine as enginemod
 from launcher.hosts.containerspec import ContainerSpec, Mount
 from launcher.progress import NullReporter, Reporter
-from launcher.runs.manifest import Manifest, load_manifest
-from launcher.runs.rundir import OUTPUTS
-from launcher.runs.store import resolve_run
+from launcher.records.manifest import Manifest, load_manifest
+from launcher.records.rundir import OUTPUTS
+from launcher.records.store import resolve_run
 from launcher.runtime import explain as runtime_explain
 from launcher.runtime import fingerprints as fp
 from launcher.runtime.code import runtime_digest

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from launcher.errors import UsageError
-from launcher.runs.records import MOUNTED, CodePlan
+from launcher.records.records import MOUNTED, CodePlan
 
 MAX_SLUG = 40
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")

@@ -28,12 +28,7 @@ from launcher.hosts.base import Host
 from launcher.hosts.hostspec import HostSpec
 from launcher.proc import Meanwhile
 from launcher.progress import NullReporter, Reporter
-from launcher.runs import rewind
-from launcher.runs.collect import LogSink, RunOutcome, collect_together, pull_record, utc_now, wait_run
-from launcher.runs.container import ContainerJob
-from launcher.runs.placement import Placement, placement_for, remote_outputs
-from launcher.runs.recipes import ParamValue, Recipe
-from launcher.runs.records import (
+from launcher.records.records import (
     BAKED,
     MOUNTED,
     CodePlan,
@@ -44,7 +39,12 @@ from launcher.runs.records import (
     LaunchRecord,
     ProbesRecord,
 )
-from launcher.runs.rundir import RunDir
+from launcher.records.rundir import RunDir
+from launcher.runs import rewind
+from launcher.runs.collect import LogSink, RunOutcome, collect_together, pull_record, utc_now, wait_run
+from launcher.runs.container import ContainerJob
+from launcher.runs.placement import Placement, placement_for, remote_outputs
+from launcher.runs.recipes import ParamValue, Recipe
 from launcher.runs.runspec import (
     RunSpec,
     check_framework,
@@ -84,7 +84,7 @@ def new_run_id(recipe: str) -> str:
 
 
 def run_dir(ws: Workspace, run_id: str) -> Path:
-    """The run's folder here (launcher.runs.rundir.RunDir owns its layout)."""
+    """The run's folder here (launcher.records.rundir.RunDir owns its layout)."""
     return RunDir.of(ws, run_id).path
 
 

@@ -22,6 +22,16 @@ from launcher.hosts.base import Host
 from launcher.hosts.engine import Engine
 from launcher.hosts.hostspec import HostSpec
 from launcher.progress import Reporter
+from launcher.records.records import (
+    DIRECT,
+    CodePlan,
+    DataSource,
+    ImageRecord,
+    LaunchRecord,
+    PlacementRecord,
+    RunState,
+    StartedRecord,
+)
 from launcher.runs.container import (
     RUN_LABEL,
     SECRET_ENV_FILE,
@@ -30,16 +40,6 @@ from launcher.runs.container import (
     container_spec,
     env_file_text,
     launch_spec,
-)
-from launcher.runs.records import (
-    DIRECT,
-    CodePlan,
-    DataSource,
-    ImageRecord,
-    LaunchRecord,
-    PlacementRecord,
-    SlurmRunInfo,
-    StartedRecord,
 )
 from launcher.runs.ship import ShipResult, ship_image
 
@@ -52,23 +52,6 @@ REMOTE_OUT = "out"  # the run's outputs folder, inside its directory on the host
 def remote_outputs(remote_dir: str) -> str:
     """The folder on the host a run started in remote_dir writes its outputs to."""
     return f"{remote_dir}/{REMOTE_OUT}"
-
-
-@dataclass(frozen=True)
-class RunState:
-    """A placed run as its target sees it. ended: it will not change any more (exited, or never started).
-    status: what the target says the run came to when that is more than its exit code ("cancelled");
-    image_ran: the image ID the run started from, where the target learns it only then; info: what the
-    manifest records about where it ran (a cluster: job ID, array index, node, the node's facts)."""
-
-    running: bool
-    ended: bool
-    exit_code: int | None = None
-    started_at: str | None = None
-    finished_at: str | None = None
-    status: str | None = None
-    image_ran: str | None = None
-    info: SlurmRunInfo | None = None  # a cluster's task; None where the target adds nothing (a direct run)
 
 
 @dataclass(frozen=True)

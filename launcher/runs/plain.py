@@ -19,11 +19,11 @@ from typing import Any, TypedDict
 from launcher.errors import LauncherError, NotFound
 from launcher.hosts import engine
 from launcher.hosts.containerspec import ContainerSpec, Mount
+from launcher.records.manifest import read_quiet
+from launcher.records.records import MOUNTED, CodePlan, LaunchRecord
+from launcher.records.rundir import RunDir
+from launcher.records.store import resolve_run
 from launcher.runs.container import CONTAINER_CODE, CONTAINER_DATA, CONTAINER_OUT, IMAGE_RECIPES
-from launcher.runs.manifest import read_quiet
-from launcher.runs.records import MOUNTED, CodePlan, LaunchRecord
-from launcher.runs.rundir import RunDir
-from launcher.runs.store import resolve_run
 from launcher.workspace import Workspace
 
 LIB_DIR = "_lib"

@@ -24,9 +24,9 @@ from launcher.hashing import CHUNK, atomic_write_json, sha256_file
 from launcher.hosts.base import Host, RemoteEntry
 from launcher.hosts.scripts import text as host_script
 from launcher.progress import NullReporter, Reporter
+from launcher.records.records import PulledFile, PullSummary
+from launcher.records.rundir import RunDir
 from launcher.runs.container import CONTAINER_CODE, CONTAINER_DATA
-from launcher.runs.records import PulledFile, PullSummary
-from launcher.runs.rundir import RunDir
 
 # Runs on the host with its own python3: a file of this package, sent as the text of `python3 -c`.
 PULL_SCRIPT = host_script("pull_files.py")

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypedDict, TypeGuard
 
 from launcher.errors import LauncherError
-from launcher.runs.records import FAILED, ManifestData, RunRecord
-from launcher.runs.rundir import RunDir
+from launcher.records.records import FAILED, ManifestData, RunRecord
+from launcher.records.rundir import RunDir
 from launcher.workspace import Workspace
 
 if TYPE_CHECKING:

@@ -24,14 +24,14 @@ from launcher.errors import LauncherError, NotResumable
 from launcher.hosts.containerspec import ContainerSpec
 from launcher.hosts.hostspec import HostSpec
 from launcher.progress import NullReporter, Reporter
+from launcher.records.manifest import read_quiet, run_segments
+from launcher.records.records import MOUNTED, SUCCEEDED, LaunchRecord, RunState, Segment, placement_kind
+from launcher.records.rundir import RunDir
+from launcher.records.store import resolve_run_id
 from launcher.runs.collect import LogSink, pull_run, read_launch, wait_run
 from launcher.runs.container import OWNER_ENV, launch_spec
-from launcher.runs.manifest import read_quiet, run_segments
-from launcher.runs.placement import DirectPlacement, Placement, RunState, output_owner, remote_outputs
+from launcher.runs.placement import DirectPlacement, Placement, output_owner, remote_outputs
 from launcher.runs.pull import pull_outputs
-from launcher.runs.records import MOUNTED, SUCCEEDED, LaunchRecord, Segment, placement_kind
-from launcher.runs.rundir import RunDir
-from launcher.runs.store import resolve_run_id
 from launcher.runs.targets import open_placement
 from launcher.runs.userenv import is_secret
 from launcher.runtime.checkpoint import ENV_RESUME, LATEST

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from launcher.progress import Reporter
-from launcher.runs.manifest import Manifest
-from launcher.runs.records import StartPoint
+from launcher.records.manifest import Manifest
+from launcher.records.records import StartPoint
 from launcher.runtime.checkpoint import APPENDED, DIR, LATEST, STATE
 from launcher.runtime.outfiles import INITIAL_WEIGHTS
 

@@ -10,9 +10,9 @@ from pathlib import Path
 from launcher import __version__
 from launcher.errors import Corrupt, LauncherError, NotFound, UsageError
 from launcher.images.lock import parse_lock
+from launcher.records.records import BAKED, CodePlan, DataSource, ImageRecord, ProbesRecord, StartFrom
 from launcher.runs import recipes
 from launcher.runs.recipes import ParamValue, Recipe
-from launcher.runs.records import BAKED, CodePlan, DataSource, ImageRecord, ProbesRecord, StartFrom
 from launcher.runtime import frameworks
 from launcher.runtime.probespec import ProbeError, ProbeSpec, parse_option
 from launcher.runtime.steps import EPOCH, parse_every

@@ -43,7 +43,7 @@ from launcher.hosts import engine
 from launcher.hosts.base import Host, write_atomic_argv
 from launcher.hosts.engine import Engine, chain_ids
 from launcher.progress import CountingReader, NullReporter, Reporter, Task
-from launcher.runs.records import ShipRecord
+from launcher.records.records import ShipRecord
 
 if TYPE_CHECKING:
     import tarfile

@@ -41,18 +41,19 @@ from launcher.hosts.base import Host
 from launcher.hosts.hostspec import HostSpec
 from launcher.hosts.scripts import text as host_script
 from launcher.progress import NullReporter, Reporter
-from launcher.runs.cluster import DOCKER_RUNTIME, PYXIS_RUNTIME, RUNTIMES, ClusterSettings, read_settings, require_slurm
-from launcher.runs.container import ContainerJob, container_spec, mounts, runtime_argv
-from launcher.runs.placement import ListedRun, Placement, RunState
-from launcher.runs.records import (
+from launcher.records.records import (
     ImageRecord,
     ImageSource,
     LaunchRecord,
     PlacementRecord,
+    RunState,
     SlurmJob,
     SlurmRunInfo,
     StartedRecord,
 )
+from launcher.runs.cluster import DOCKER_RUNTIME, PYXIS_RUNTIME, RUNTIMES, ClusterSettings, read_settings, require_slurm
+from launcher.runs.container import ContainerJob, container_spec, mounts, runtime_argv
+from launcher.runs.placement import ListedRun, Placement
 from launcher.runs.ship import SHIP_REPO, ShipResult, push_to_registry, save_to_archive
 
 if TYPE_CHECKING:

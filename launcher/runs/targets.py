@@ -20,8 +20,8 @@ from typing import Any
 from launcher.errors import UsageError
 from launcher.hosts.base import Host
 from launcher.hosts.hostspec import HostSpec
+from launcher.records.records import LaunchRecord, placement_kind
 from launcher.runs.placement import DirectPlacement, Placement
-from launcher.runs.records import LaunchRecord, placement_kind
 from launcher.workspace import Workspace
 
 # the built-in scheduled targets by name, and the module that registers each when imported (only once a

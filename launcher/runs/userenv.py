@@ -25,7 +25,7 @@ from pathlib import Path
 
 from launcher.determinism import RESERVED_ENV
 from launcher.errors import UsageError
-from launcher.runs.records import EnvValue
+from launcher.records.records import EnvValue
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 IMAGE_ENV = ("PATH", "PYTHONPATH")  # the image's own: the runtime and the locked packages are found through them

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, NotRequired, TypedDict, cast
 
 from launcher.errors import LauncherError
-from launcher.runs import rundir
-from launcher.runs.manifest import Manifest
+from launcher.records import rundir
+from launcher.records.manifest import Manifest
 from launcher.verify.content import ContentDiff, compare_files, compare_savedmodel, savedmodel_root, unreadable
 from launcher.verify.contentfigures import file_date_hint
 from launcher.verify.contentlogs import ContentRecord

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from launcher.runs.manifest import Manifest
+from launcher.records.manifest import Manifest
 from launcher.verify.differences import (
     CLASS_ENVIRONMENT,
     CLASS_IDENTICAL,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import NotRequired, TypedDict
 
 from launcher.errors import Corrupt, LauncherError
-from launcher.runs.manifest import Manifest
+from launcher.records.manifest import Manifest
 from launcher.verify.differences import CANONICAL_MODEL, LAYERS
 from launcher.verify.formats import native_saves
 from launcher.verify.jsonlines import read_json

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import NotRequired, TypedDict, TypeVar, cast
 
 from launcher.errors import LauncherError
-from launcher.runs.manifest import Manifest
+from launcher.records.manifest import Manifest
 from launcher.runtime.records import EpochBatches, MetricsLine
 from launcher.verify.contentlogs import ContentRecord
 from launcher.verify.environment import EnvironmentRow
@@ -177,10 +177,6 @@ class DatasetFingerprint(TypedDict, total=False):
 
 
 # ---------------------------------------------------------------- explanations
-
-
-def repull_hint(m: Manifest) -> str:
-    return f"the file changed after the pull; re-pull the run (`launcher pull {m.run_id}`)"
 
 
 def read_metrics(m: Manifest) -> list[MetricsLine] | None:

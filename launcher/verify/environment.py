@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypedDict
 
-from launcher.runs.manifest import Manifest
+from launcher.records.manifest import Manifest
 
 
 class EnvironmentRow(TypedDict):

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import NotRequired, TypedDict
 
-from launcher.runs import rundir
-from launcher.runs.manifest import Manifest
+from launcher.records import rundir
+from launcher.records.manifest import Manifest
 from launcher.verify.contenttf import SAVED_MODEL_PB, SAVED_MODEL_PBTXT
 from launcher.verify.differences import CANONICAL_MODEL, DIFFERS, IDENTICAL, IGNORED, LAYERS, UNREADABLE
 from launcher.verify.formats import model_suffixes

@@ -32,8 +32,8 @@ from typing import Any, NotRequired, TypedDict
 import numpy as np
 
 from launcher.errors import Corrupt, UsageError
-from launcher.runs.manifest import Manifest
-from launcher.runs.rundir import OUTPUTS
+from launcher.records.manifest import Manifest
+from launcher.records.rundir import OUTPUTS
 from launcher.runtime import probes as runtime_probes
 
 PROBE_OUTPUTS = f"{OUTPUTS}/{runtime_probes.OUTPUTS}"  # the runtime's probe outputs, from the run folder

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TypedDict
 
-from launcher.runs.manifest import Manifest
+from launcher.records.manifest import Manifest
 from launcher.verify.environment import environment_diff
 from launcher.verify.jsonlines import read_json
 from launcher.verify.stepdiff import StepRow

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict, cast
 
-from launcher.runs.manifest import Manifest
-from launcher.runs.rundir import OUTPUTS
+from launcher.records.manifest import Manifest
+from launcher.records.rundir import OUTPUTS
 from launcher.runtime import steps as runtime_steps
 from launcher.verify.jsonlines import read_jsonl
 

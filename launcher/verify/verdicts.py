@@ -22,8 +22,9 @@ from typing import TypedDict
 
 from launcher.errors import ExitCode, UsageError
 from launcher.progress import Reporter
-from launcher.runs.manifest import Manifest, describe_code
-from launcher.runs.store import select_runs, short_digest, skipped_in_group
+from launcher.records.integrity import IntegrityStats, check_integrity
+from launcher.records.manifest import Manifest, describe_code
+from launcher.records.store import select_runs, short_digest, skipped_in_group
 from launcher.verify.artifacts import (
     VOLATILE,
     ArtifactRecord,
@@ -70,7 +71,6 @@ from launcher.verify.evidence import (
 )
 from launcher.verify.formats import holds_model
 from launcher.verify.impact import Tolerances
-from launcher.verify.integrity import IntegrityStats, check_integrity
 from launcher.verify.modeldiff import FirstDifference
 from launcher.verify.stepdiff import STEPS
 from launcher.workspace import Workspace

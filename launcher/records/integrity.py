@@ -11,10 +11,13 @@ from dataclasses import dataclass
 from launcher.errors import Corrupt
 from launcher.hashing import sha256_file
 from launcher.progress import NullReporter, Reporter
-from launcher.runs.manifest import Manifest
-from launcher.verify.differences import repull_hint
+from launcher.records.manifest import Manifest
 
 HASH_WORKERS = max(2, min(4, os.cpu_count() or 2))
+
+
+def repull_hint(m: Manifest) -> str:
+    return f"the file changed after the pull; re-pull the run (`launcher pull {m.run_id}`)"
 
 
 # ---------------------------------------------------------------- integrity

@@ -1,4 +1,4 @@
-"""The JSON records of a run's folder (see :mod:`launcher.runs.rundir`), as typed dictionaries.
+"""The JSON records of a run's folder (see :mod:`launcher.records.rundir`), as typed dictionaries.
 
 Each class describes a JSON object on disk or inside one, key for key, so the bytes written stay
 exactly what they were: ``runs/<id>/launch.json`` (:class:`LaunchRecord`), ``runs/<id>/manifest.json``
@@ -9,6 +9,7 @@ cases) are ``NotRequired``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from launcher.hosts.base import HostDescription
@@ -59,7 +60,7 @@ class ImageRecord(TypedDict):
     packages_digest: NotRequired[str | None]
 
 
-# a run's status: how it ended (ManifestData.status, one of launcher.runs.manifest.STATUSES), or that it goes on
+# a run's status: how it ended (ManifestData.status, one of launcher.records.manifest.STATUSES), or that it goes on
 SUCCEEDED = "succeeded"
 FAILED = "failed"
 CANCELLED = "cancelled"
@@ -209,6 +210,23 @@ class SlurmJob(TypedDict):
     run_dir: str
 
 
+@dataclass(frozen=True)
+class RunState:
+    """A placed run as its target sees it. ended: it will not change any more (exited, or never started).
+    status: what the target says the run came to when that is more than its exit code ("cancelled");
+    image_ran: the image ID the run started from, where the target learns it only then; info: what the
+    manifest records about where it ran (a cluster: job ID, array index, node, the node's facts)."""
+
+    running: bool
+    ended: bool
+    exit_code: int | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    status: str | None = None
+    image_ran: str | None = None
+    info: SlurmRunInfo | None = None  # a cluster's task; None where the target adds nothing (a direct run)
+
+
 class PlacementRecord(TypedDict):
     """The ``placement`` of launch.json: Placement.record(), what reopens the run's target (its ``kind``; a
     Slurm cluster adds the rest, launcher.runs.slurm.SlurmPlacement.record)."""
@@ -270,7 +288,7 @@ class LaunchRecord(TypedDict):
     its target said when it started it (``container``, ``container_spec``, ``image_ran``, ``slurm``; a record of an
     older launcher kept ``argv``, the container's `docker run` command line, instead of its spec)."""
 
-    record_version: NotRequired[int]  # launcher.runs.rundir.LAUNCH_VERSION (a record without it is version 1)
+    record_version: NotRequired[int]  # launcher.records.rundir.LAUNCH_VERSION (a record without it is version 1)
     run_id: str
     group: str
     replicate: NotRequired[int]
@@ -394,8 +412,8 @@ class ManifestHost(HostDescription):
 
 
 class ManifestData(TypedDict):
-    """``runs/<id>/manifest.json`` (schema version 1; launcher.runs.manifest reads and writes it). The
-    required keys are the ones :func:`launcher.runs.manifest.validate` checks."""
+    """``runs/<id>/manifest.json`` (schema version 1; launcher.records.manifest reads and writes it). The
+    required keys are the ones :func:`launcher.records.manifest.validate` checks."""
 
     schema_version: int
     run_id: str
@@ -417,7 +435,7 @@ class ManifestData(TypedDict):
     started_at: str
     ended_at: NotRequired[str]
     exit_code: NotRequired[int]
-    status: str  # one of launcher.runs.manifest.STATUSES
+    status: str  # one of launcher.records.manifest.STATUSES
     data: NotRequired[str | None]
     data_source: NotRequired[Any]
     artifacts: list[ArtifactEntry]

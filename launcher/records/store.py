@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import Incompatible, LauncherError, NotFound, RunFailed, UsageError
-from launcher.runs.manifest import Manifest, load_manifest
-from launcher.runs.records import SUCCEEDED
-from launcher.runs.rundir import RunDir
+from launcher.records.manifest import Manifest, load_manifest
+from launcher.records.records import SUCCEEDED
+from launcher.records.rundir import RunDir
 from launcher.workspace import Workspace
 
 

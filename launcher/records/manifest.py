@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from launcher.errors import Corrupt, NotFound, SchemaTooNew
 from launcher.hashing import atomic_write_json
-from launcher.runs.records import (
+from launcher.records.records import (
     BAKED,
     CANCELLED,
     FAILED,
@@ -34,11 +34,11 @@ from launcher.runs.records import (
     Segment,
     placement_kind,
 )
-from launcher.runs.rundir import CODE_RECORD, EXIT_RECORD, OUTPUTS, RUNTIME_RECORD, RunDir
+from launcher.records.rundir import CODE_RECORD, EXIT_RECORD, OUTPUTS, RUNTIME_RECORD, RunDir
 from launcher.runtime.recipespec import ParamValue
 
 if TYPE_CHECKING:
-    from launcher.runs.placement import RunState
+    from launcher.records.records import RunState
     from launcher.runtime.records import RuntimeDocument
 
 SCHEMA_VERSION = 1

@@ -3,13 +3,13 @@
 - ``launch.json``: written when the run starts (launcher.runs.lifecycle), the run's launch record;
 - ``outputs/``: what the container wrote, pulled back (``outputs/logs/train.log`` its console log);
 - ``.pulled.json``: which outputs were pulled and verified already (launcher.runs.pull);
-- ``manifest.json``: written last, once the run ended and its outputs are here (launcher.runs.manifest):
+- ``manifest.json``: written last, once the run ended and its outputs are here (launcher.records.manifest):
   a folder without it is a run still going, or one whose pull did not finish.
 
 Every module reaches these files through a :class:`RunDir`; nobody else spells their names. The launch record
 is read and written here alone (`read_launch`, `write_launch`), with its `record_version`: an older record is
 brought up to date as it is read (`_migrated`), so every reader sees one shape. The manifest's reader and writer
-is launcher.runs.manifest.
+is launcher.records.manifest.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, cast
 
 from launcher.errors import Corrupt, NotFound, SchemaTooNew, UsageError
 from launcher.hashing import atomic_write_json
-from launcher.runs.records import LaunchRecord
+from launcher.records.records import LaunchRecord
 
 if TYPE_CHECKING:
     from launcher.workspace import Workspace
