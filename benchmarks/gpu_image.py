@@ -76,7 +76,7 @@ def locked(lockfile: Path) -> list[str]:
 
 def image_of(ws: Path, variant: str) -> str:
     sys.path.insert(0, str(REPO))
-    from launcher.runs.runspec import image_record
+    from launcher.specs.runspec import image_record
     from launcher.workspace import Workspace
 
     return str(image_record(Workspace.at(ws), variant)["id"])

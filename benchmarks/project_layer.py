@@ -31,9 +31,9 @@ from launcher.images import build, buildrecord, registry
 from launcher.images import pins as images
 from launcher.images.bootstrap import bootstrap
 from launcher.runs import project
-from launcher.runs.recipes import load_recipe
-from launcher.runs.runspec import RunSpec
 from launcher.scaffold import init_workspace
+from launcher.specs.recipes import load_recipe
+from launcher.specs.runspec import RunSpec
 from launcher.workspace import Workspace, default_cache_dir
 
 REPO = Path(__file__).resolve().parents[1]

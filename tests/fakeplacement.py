@@ -18,9 +18,9 @@ from launcher.hashing import atomic_write_json
 from launcher.hosts.engine import render
 from launcher.hosts.local import LocalHost
 from launcher.records.records import RunState
-from launcher.runs.container import ContainerJob, container_spec
 from launcher.runs.placement import ListedRun, Placement
 from launcher.runs.ship import ShipResult
+from launcher.specs.container import ContainerJob, container_spec
 from launcher.workspace import Workspace
 
 IMAGE_ID = "sha256:" + "ab" * 32

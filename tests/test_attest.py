@@ -309,7 +309,7 @@ def test_a_reproduction_repeats_what_the_manifest_recorded_and_checks_secrets_by
     from launcher.attest.check import Verified
     from launcher.attest.reproduce import _preflight, _spec
     from launcher.attest.unpack import OpenedRun
-    from launcher.runs.userenv import secret_digest
+    from launcher.specs.userenv import secret_digest
 
     d = write_run(ws.runs, FakeRun(run_id="20261125T100000-mnist_convnet-cccccc", seed=7, threads=3))
     data = json.loads((d / "manifest.json").read_text())

@@ -19,7 +19,7 @@ from launcher.attest.provenance import attest_run
 from launcher.attest.signers import PemSigner, Trust
 from launcher.attest.summary import summary
 from launcher.errors import DigestMismatch
-from launcher.runs import userenv
+from launcher.specs import userenv
 
 RUN = "20261125T100000-mnist_convnet-aaaaaa"
 

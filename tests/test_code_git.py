@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from launcher.runs import code
+from launcher.specs import code
 
 
 def git(root: Path, *args: str) -> None:
@@ -46,7 +46,7 @@ def test_clean_only_when_the_code_is_committed(tmp_path: Path) -> None:
 def test_a_folders_work_tree_is_asked_of_git_once_in_a_kept_block(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     from launcher import memo, proc
-    from launcher.runs import code
+    from launcher.specs import code
 
     asked: list[tuple[str, ...]] = []
     real = proc.run

@@ -42,8 +42,9 @@ def test_seeded_sets_seeds_only_like_fast_n_close() -> None:
 
 def test_source_date_epoch_is_the_profiles_and_the_user_may_set_another() -> None:
     # writers that honour it (matplotlib's PDF and SVG, zip, tar) stamp 1980-01-01, not the wall clock
-    from launcher.runs import lifecycle, userenv
-    from launcher.runs.runspec import RunSpec
+    from launcher.runs import lifecycle
+    from launcher.specs import userenv
+    from launcher.specs.runspec import RunSpec
 
     for profile in ("strict", "deterministic", "seeded"):
         assert determinism.profile_env(profile, 1)["SOURCE_DATE_EPOCH"] == "315532800"

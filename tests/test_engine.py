@@ -138,10 +138,10 @@ def test_an_ended_container_is_inspected_once_until_it_is_removed() -> None:
 
 
 def test_a_container_started_by_image_id_records_that_id_without_asking(tmp_path: Path) -> None:
-    from launcher.runs.container import ContainerJob
     from launcher.runs.placement import DirectPlacement
-    from launcher.runs.recipes import Recipe
     from launcher.runtime.recipespec import RecipeSpec
+    from launcher.specs.container import ContainerJob
+    from launcher.specs.recipes import Recipe
 
     recipe = Recipe(RecipeSpec(tmp_path / "tiny", "tiny", "none", "train.py"), "sha256:" + "0" * 64)
     image = "sha256:" + "a" * 64

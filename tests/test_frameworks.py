@@ -18,11 +18,11 @@ from typer.testing import CliRunner
 
 from launcher.cli import app
 from launcher.determinism import profile_env
-from launcher.runs import imports
-from launcher.runs.runspec import framework_packages, holds_framework
 from launcher.runtime import frameworks, hooks, importwatch
 from launcher.runtime.recipespec import known_frameworks
 from launcher.runtime.record import Recorder
+from launcher.specs import imports
+from launcher.specs.runspec import framework_packages, holds_framework
 from launcher.workspace import Workspace
 
 TOY_MODULE = '''

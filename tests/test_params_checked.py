@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from launcher.cli import app
 from launcher.errors import ExitCode
-from launcher.runs.container import RUN_LABEL
+from launcher.specs.container import RUN_LABEL
 from launcher.workspace import Workspace
 
 REPO = Path(__file__).resolve().parents[1]

@@ -18,9 +18,9 @@ from launcher.images import companions, lock, projectlock
 from launcher.images.lock import parse_lock
 from launcher.progress import RecordingReporter
 from launcher.runs import project
-from launcher.runs.recipes import load_recipe
-from launcher.runs.runspec import RunSpec
 from launcher.scaffold import init_workspace
+from launcher.specs.recipes import load_recipe
+from launcher.specs.runspec import RunSpec
 from launcher.workspace import Workspace
 
 REPO = Path(__file__).resolve().parents[1]

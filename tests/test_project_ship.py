@@ -13,8 +13,8 @@ from launcher.hosts.engine import Engine
 from launcher.hosts.ssh import SSHHost
 from launcher.images import build
 from launcher.runs import project, ship
-from launcher.runs.recipes import load_recipe
-from launcher.runs.runspec import RunSpec
+from launcher.specs.recipes import load_recipe
+from launcher.specs.runspec import RunSpec
 from launcher.workspace import Workspace
 
 pytestmark = [pytest.mark.testhost, pytest.mark.docker, pytest.mark.network]

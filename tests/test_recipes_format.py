@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 
 from launcher.cli import app
 from launcher.errors import BadRecipe, ExitCode, NotFound, UsageError
-from launcher.runs import recipes
 from launcher.runtime import recipeparams as rparams
 from launcher.runtime import recipespec as rspec
 from launcher.runtime.code import code_digest
+from launcher.specs import recipes
 from launcher.workspace import Workspace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -337,7 +337,7 @@ def test_the_command_line_typing_reaches_a_text_param_as_text(ws: Workspace) -> 
     # `--param KEY=VALUE` is typed before the recipe is known (parse_params): a text param gets its text back
     write_recipe(ws, "tiny", GOOD + '\n[params.note]\ndefault = "x"\n')
     r = recipes.load_recipe(ws, "tiny")
-    from launcher.runs.runspec import check_params, parse_params
+    from launcher.specs.runspec import check_params, parse_params
 
     assert check_params(r, parse_params(["note=7", "epochs=4", "rate=1", "augment=true"])) == {
         "note": "7", "epochs": 4, "rate": 1.0, "augment": True}

@@ -248,7 +248,7 @@ def test_a_tf_data_pipeline_is_recorded_by_batch_contents(cpu_image: dict[str, A
 
 def test_a_scaffolded_recipe_folder_of_ones_own_runs_the_same_way(cpu_image: dict[str, Any],
                                                                   tmp_path: Path) -> None:
-    from launcher.runs.recipes import scaffold_recipe
+    from launcher.specs.recipes import scaffold_recipe
     from launcher.workspace import Workspace
 
     for d in ("lockfiles", "dockerfiles", "recipes"):

@@ -146,8 +146,8 @@ def test_a_run_killed_here_resumes_on_the_ssh_test_host(
 
 def test_a_moved_run_mounts_the_new_hosts_folders() -> None:
     from launcher.hosts.engine import spec_from_argv
-    from launcher.runs.container import launch_spec
     from launcher.runs.resume import moved_spec
+    from launcher.specs.container import launch_spec
 
     # a launch record of an older launcher kept the rendered command line: it is read back as the spec it was
     argv = ["docker", "run", "-d", "--name", "launcher-r", "-e", "LAUNCHER_SEED=3", "-e", "LAUNCHER_OWNER=0:0",

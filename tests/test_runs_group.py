@@ -14,7 +14,7 @@ from launcher.images import build
 from launcher.records.manifest import load_manifest
 from launcher.runs import collect, lifecycle
 from launcher.runs.lifecycle import RunSpec, run_recipe
-from launcher.runs.userenv import UserEnv, find_salt, secret_digest, secret_hmac
+from launcher.specs.userenv import UserEnv, find_salt, secret_digest, secret_hmac
 from launcher.workspace import Workspace
 
 

@@ -11,8 +11,8 @@ import pytest
 
 from launcher.errors import ExitCode, UsageError
 from launcher.runs.lifecycle import new_run_id, parse_params
-from launcher.runs.recipes import Recipe
 from launcher.runtime.recipespec import RecipeSpec
+from launcher.specs.recipes import Recipe
 
 
 def test_params_are_typed() -> None:
@@ -69,7 +69,7 @@ def test_outputs_go_to_the_host_user_unless_docker_maps_users(security: str, own
 
 
 def test_a_scripts_identity_is_its_project_and_path(tmp_path: Path) -> None:
-    from launcher.runs.identity import from_plan, script_identity, slug
+    from launcher.specs.identity import from_plan, script_identity, slug
 
     assert script_identity(tmp_path / "myproj", tmp_path / "myproj" / "src" / "train.py") == "myproj/src/train.py"
     with pytest.raises(UsageError):
@@ -86,8 +86,8 @@ def test_a_scripts_identity_is_its_project_and_path(tmp_path: Path) -> None:
 
 
 def test_no_scripts_run_name_can_be_a_recipes_name() -> None:
-    from launcher.runs.identity import slug
-    from launcher.runs.recipes import _NAME
+    from launcher.specs.identity import slug
+    from launcher.specs.recipes import _NAME
 
     for identity in ("mnist_convnet/mnist_convnet.py", "a/b.py", "x" * 80 + "/train.py"):
         assert not _NAME.match(slug("x", identity))
@@ -156,7 +156,7 @@ def test_ps_short_ids_are_unique_readable_and_taken_back(tmp_path: Path) -> None
 
 
 def test_env_items_take_values_from_here_or_as_given() -> None:
-    from launcher.runs.userenv import parse, secret_hmac
+    from launcher.specs.userenv import parse, secret_hmac
 
     got = parse(["WANDB_MODE", "LR=0.1", "EMPTY="], ["HF_TOKEN"], {"WANDB_MODE": "offline", "HF_TOKEN": "t0k"})
     assert dict(got.plain) == {"WANDB_MODE": "offline", "LR": "0.1", "EMPTY": ""}
@@ -179,7 +179,7 @@ def test_env_items_take_values_from_here_or_as_given() -> None:
 ])
 def test_bad_env_items_are_one_line_usage_errors_without_values(env: list[str], secret: list[str],
                                                                 says: str) -> None:
-    from launcher.runs.userenv import parse
+    from launcher.specs.userenv import parse
 
     with pytest.raises(UsageError) as err:
         parse(env, secret, {"HOME": "/root"})
@@ -190,7 +190,7 @@ def test_bad_env_items_are_one_line_usage_errors_without_values(env: list[str], 
 
 def test_secrets_never_reach_the_docker_command_line() -> None:
     from launcher.hosts.engine import render
-    from launcher.runs.container import ContainerJob, container_spec
+    from launcher.specs.container import ContainerJob, container_spec
 
     recipe = Recipe(RecipeSpec(Path("/r/tiny"), "tiny", "none", "train.py"), "sha256:" + "0" * 64)
     job = ContainerJob(run_id="20260101T000000-tiny-abcdef", image_id="sha256:" + "a" * 64, env={"LAUNCHER_SEED": "1"},

@@ -81,7 +81,7 @@ def test_mnist_torch_off_profile_is_unseeded(tmp_path: Path) -> None:
 
 
 def test_a_scaffolded_torch_recipe_runs_and_repeats(tmp_path: Path) -> None:
-    from launcher.runs.recipes import scaffold_recipe
+    from launcher.specs.recipes import scaffold_recipe
     from launcher.workspace import Workspace
 
     for d in ("lockfiles", "dockerfiles", "recipes"):

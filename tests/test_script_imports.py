@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.runs import imports
-from launcher.runs.recipes import load_script
+from launcher.specs import imports
+from launcher.specs.recipes import load_script
 
 
 def write(root: Path, files: dict[str, str]) -> Path:
@@ -50,7 +50,7 @@ def test_no_framework_a_syntax_error_and_an_import_cycle_are_harmless(tmp_path: 
 
 
 def test_a_script_importing_torch_runs_in_the_one_cpu_variant_that_has_it(tmp_path: Path) -> None:
-    from launcher.runs.runspec import framework_variant
+    from launcher.specs.runspec import framework_variant
     from launcher.workspace import Workspace
 
     ws = Workspace.at(Path(__file__).resolve().parents[1])  # cpu, gpu (TensorFlow), torch-cpu, torch-gpu

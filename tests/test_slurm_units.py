@@ -15,10 +15,10 @@ import pytest
 from launcher.hosts.base import Host
 from launcher.hosts.scripts import text as host_script
 from launcher.proc import Completed
-from launcher.runs.container import ContainerJob, runtime_argv
-from launcher.runs.recipes import Recipe
 from launcher.runs.slurm import SlurmPlacement, pyxis_image, pyxis_srun_argv
 from launcher.runtime.recipespec import RecipeSpec
+from launcher.specs.container import ContainerJob, runtime_argv
+from launcher.specs.recipes import Recipe
 
 DIGEST = "sha256:" + "d" * 64
 IMAGE = "sha256:" + "a" * 64

@@ -35,9 +35,9 @@ def test_remote_command_refuses_an_empty_argv() -> None:
 
 def test_docker_run_argv_survives_quoting_unchanged() -> None:
     from launcher.hosts.engine import render
-    from launcher.runs.container import ContainerJob, container_spec
-    from launcher.runs.recipes import Recipe
     from launcher.runtime.recipespec import RecipeSpec
+    from launcher.specs.container import ContainerJob, container_spec
+    from launcher.specs.recipes import Recipe
 
     recipe = Recipe(RecipeSpec(Path("/r/tiny"), "tiny", "none", "train.py"), "sha256:" + "0" * 64)
     argv = render(container_spec(ContainerJob(

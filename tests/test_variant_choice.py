@@ -1,4 +1,4 @@
-"""Which image a run takes (launcher.runs.runspec.choose_variant): --variant as given, else the one the
+"""Which image a run takes (launcher.specs.runspec.choose_variant): --variant as given, else the one the
 recipe names, else, for a plain script whose code imports a framework the default image lacks, the
 one variant that has it (with a note), else the default; a variant the workspace lacks is refused."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import UsageError
-from launcher.runs.runspec import choose_variant
 from launcher.scaffold import init_workspace
+from launcher.specs.runspec import choose_variant
 from launcher.workspace import Workspace
 
 HASH = " \\\n    --hash=sha256:" + "0" * 64 + "\n"
@@ -45,7 +45,7 @@ def test_a_script_importing_a_framework_the_default_lacks_takes_the_variant_that
 
 def test_a_recipes_own_variant_counts_and_an_unknown_one_is_refused(ws: Workspace) -> None:
     folder = ws.recipes / "tiny_jax"
-    from launcher.runs.recipes import scaffold_recipe
+    from launcher.specs.recipes import scaffold_recipe
 
     scaffold_recipe(ws, "tiny_jax", "jax")
     assert 'variant = "jax-cpu"' in (folder / "recipe.toml").read_text()

@@ -46,8 +46,8 @@ from launcher.progress import NullReporter, Reporter
 from launcher.records.manifest import Manifest
 from launcher.records.records import BAKED, CodePlan
 from launcher.runs.placement import Placement
-from launcher.runs.runspec import RunSpec
 from launcher.runtime import code as codedigest
+from launcher.specs.runspec import RunSpec
 from launcher.verify.differences import REFERENCE
 from launcher.verify.verdicts import verify_checksums
 from launcher.workspace import Workspace, default_cache_dir
@@ -166,7 +166,7 @@ def _workspace(opened: OpenedBundle, run: OpenedRun, into: Path, cache_dir: Path
 def _secrets(run: OpenedRun, secret_env: Mapping[str, str], salts: Path) -> list[str]:
     """The run's --secret-env variables: each given, and the same value where this machine can tell (the
     machine that ran it keeps each run's salt); notes for those it cannot check."""
-    from launcher.runs import userenv
+    from launcher.specs import userenv
 
     notes = []
     env = run.manifest.data.get("env") if isinstance(run.manifest.data.get("env"), dict) else {}
@@ -284,7 +284,7 @@ def _code(run: OpenedRun, ws: Workspace) -> CodePlan | None:
     must be the recorded one before anything runs. None for a baked recipe."""
     if run.code is None:
         return None
-    from launcher.runs.code import CodeTree, snapshot
+    from launcher.specs.code import CodeTree, snapshot
 
     files = tuple(rel for rel, _ in codedigest.iter_files(run.code))
     target = ws.root / "code" / run.code.name
@@ -309,7 +309,7 @@ def _record(m: Manifest, key: str) -> Mapping[str, Any]:
 
 def _spec(run: OpenedRun, plan: CodePlan | None, data_from: Path | None, secret_env: Mapping[str, str]) -> RunSpec:
     """The run as recorded, its code already planned (so nothing plans it again with git)."""
-    from launcher.runs.userenv import is_secret
+    from launcher.specs.userenv import is_secret
 
     m = run.manifest
     det = m.determinism

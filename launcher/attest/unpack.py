@@ -33,8 +33,8 @@ from launcher.errors import Corrupt, DigestMismatch, LauncherError, UnsafePath
 from launcher.progress import Reporter
 from launcher.records.manifest import Manifest, load_manifest
 from launcher.records.rundir import is_run_id
-from launcher.runs.recipes import is_recipe_name
 from launcher.runtime import code as codedigest
+from launcher.specs.recipes import is_recipe_name
 from launcher.workspace import VARIANT_NAME
 
 _KEY = re.compile(r"^[0-9a-f]{16}$")  # bundle.KEY_LEN hex digits: an image's, a code tree's or a base's key

@@ -257,7 +257,7 @@ def reproduce_cmd(
     reads (CORRUPT); 14 larger than the free disk (DISK_FULL); 2 no trust root given (USAGE).
     """
     from launcher.attest.reproduce import reproduce
-    from launcher.runs import userenv
+    from launcher.specs import userenv
 
     secrets = userenv.parse([], secret_env or []).secret
     trust = _trust(ctx, allowed_signers, trusted_key, "--trusted-key")

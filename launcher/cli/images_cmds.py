@@ -115,7 +115,7 @@ def _locked_system(ws: Workspace, folder: Path, variant: str, upgrade: bool, rep
 def _lock_project(ctx: typer.Context, ws: Workspace, project: Path, variants: str, upgrade: bool,
                   upgrade_package: list[str] | None, ca_bundle: Path | None, find_links: list[Path] | None) -> None:
     from launcher.images import projectlock
-    from launcher.runs.code import git_toplevel
+    from launcher.specs.code import git_toplevel
 
     if not project.exists():
         raise UsageError(f"{project} does not exist", "name a project folder (or a script in it)")

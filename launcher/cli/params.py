@@ -110,7 +110,7 @@ def complete_variants(ctx: typer.Context, incomplete: str) -> list[str]:
 
 def complete_recipe(ctx: typer.Context, incomplete: str) -> list[str]:
     """Recipe names of the workspace (a path is left to the shell's file completion)."""
-    from launcher.runs.recipes import known_names
+    from launcher.specs.recipes import known_names
 
     ws = workspace_for(ctx)
     if ws is None or "/" in incomplete:
@@ -303,7 +303,7 @@ def typed(ctx: typer.Context, name: str) -> bool:
 
 def variant_for(ctx: typer.Context, ws: Workspace, variant: str, recipe: str, entry: str | None = None) -> str:
     """The image variant of a run (launcher.runs.runspec.choose_variant), its note said on stderr."""
-    from launcher.runs.runspec import choose_variant
+    from launcher.specs.runspec import choose_variant
 
     chosen = choose_variant(ws, recipe, variant, given=typed(ctx, "variant"), entry=entry)
     if chosen.note and not getattr(ctx.obj, "quiet", False):

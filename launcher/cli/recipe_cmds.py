@@ -12,7 +12,7 @@ from rich.table import Table
 from launcher.cli.common import command, render, stdout, workspace_of
 from launcher.cli.params import complete_recipe, group
 from launcher.result import D, Result
-from launcher.runs import recipes
+from launcher.specs import recipes
 
 app = group("recipes", "The workspace's training recipes (recipes/NAME/recipe.toml).")
 

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from launcher.hosts.provision import ProvisionListing
     from launcher.runs.control import CleanListing, PsListing
     from launcher.runs.replicates import FailureRecord
-    from launcher.runs.runspec import RunSpec
+    from launcher.specs.runspec import RunSpec
     from launcher.workspace import Workspace
 from launcher.runs import targets
 
@@ -190,7 +190,7 @@ def run_cmd(
     plus one thin layer of them, locked first when requirements.lock is missing or stale.
     """
     from launcher.runs import lifecycle as runs
-    from launcher.runs import userenv
+    from launcher.specs import userenv
 
     runs.probe_option(probes)  # a bad SPEC stops here, before the workspace is read
     runs.trace_option(trace_every)

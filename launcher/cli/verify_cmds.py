@@ -296,8 +296,8 @@ def experiment_cmd(
 ) -> None:
     """Run replicates of a recipe in a same-seed and a different-seeds group, in parallel across hosts."""
     from launcher.runs import lifecycle as runs_mod
-    from launcher.runs import userenv
     from launcher.runs.experiment import experiment
+    from launcher.specs import userenv
 
     runs_mod.probe_option(probes)  # a bad SPEC stops here, before any host is opened
     runs_mod.trace_option(trace_every)

@@ -323,7 +323,7 @@ def _recipe_ran(launch: LaunchRecord, code: CodeRecord) -> ManifestRecipe:
         recipe["lib_digest"] = lib_digest
     if lrec.get("volatile"):
         recipe["volatile"] = list(lrec["volatile"])
-    if lrec.get("identity"):  # a plain script's project/path (launcher.runs.identity)
+    if lrec.get("identity"):  # a plain script's project/path (launcher.specs.identity)
         recipe["identity"] = lrec["identity"]
     return recipe
 

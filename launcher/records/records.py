@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 
 class GitState(TypedDict, total=False):
-    """A code folder's git state (launcher.runs.code.git_state): ``{}`` outside a git work tree."""
+    """A code folder's git state (launcher.specs.code.git_state): ``{}`` outside a git work tree."""
 
     commit: str
     dirty: bool
@@ -44,7 +44,7 @@ class ProjectRecord(TypedDict):
 
 class ImageRecord(TypedDict):
     """The image a run uses (launch.json's and manifest.json's ``image``), from the variant's build
-    record (launcher.runs.runspec.image_record); the manifest adds what ran in the container."""
+    record (launcher.specs.runspec.image_record); the manifest adds what ran in the container."""
 
     id: str
     tag: str | None
@@ -76,7 +76,7 @@ MOUNTED = "mounted"  # a snapshot of a folder here, mounted read-only
 
 
 class CodePlan(TypedDict):
-    """What code a run executes and where the host has it (launcher.runs.runspec.plan_code;
+    """What code a run executes and where the host has it (launcher.specs.runspec.plan_code;
     launch.json's ``code`` without its ``git``): baked in the image, or a snapshot to mount."""
 
     source: str  # BAKED | MOUNTED
@@ -103,7 +103,7 @@ class LaunchRecipe(TypedDict):
     args: list[str]
     volatile: list[str]
     expected_digest: str | None
-    identity: NotRequired[str]  # a plain script's project/path (launcher.runs.identity)
+    identity: NotRequired[str]  # a plain script's project/path (launcher.specs.identity)
 
 
 class ProbesRecord(TypedDict):
@@ -133,7 +133,7 @@ class DeterminismRecord(TypedDict):
 
 class EnvValue(TypedDict, total=False):
     """One --env value ({"value"}) or --secret-env value ({"hmac"}: keyed with the run's salt, which stays on
-    the machine that ran it; {"sha256"} from an older launcher), as launcher.runs.userenv records it."""
+    the machine that ran it; {"sha256"} from an older launcher), as launcher.specs.userenv records it."""
 
     value: str
     hmac: str

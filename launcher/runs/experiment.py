@@ -19,13 +19,13 @@ from launcher.errors import ExitCode, HostUnreachable, LauncherError, UsageError
 from launcher.hosts.hostspec import HostSpec
 from launcher.progress import NullReporter, Reporter
 from launcher.records.records import CANCELLED, FAILED, LaunchRecord, RunRecord
-from launcher.runs.recipes import ParamValue
 from launcher.runs.replicates import Failure, FailureRecord, seed_override_note
-from launcher.runs.userenv import UserEnv
+from launcher.specs.recipes import ParamValue
+from launcher.specs.userenv import UserEnv
 from launcher.workspace import Workspace
 
 if TYPE_CHECKING:
-    from launcher.runs.runspec import RunSpec
+    from launcher.specs.runspec import RunSpec
 
 SEED_MODES = ("same", "different", "both")
 SAME_SEED = "same-seed"
@@ -170,7 +170,7 @@ class ExperimentResult:
     recipe: str
     groups: dict[str, str]  # kind -> group name
     outcomes: list[Outcome[PlannedRun]] = field(default_factory=list)
-    code_name: str | None = None  # a plain script's project/path (runs.identity); None: the recipe's name
+    code_name: str | None = None  # a plain script's project/path (specs.identity); None: the recipe's name
     failure: Failure | None = None  # the first replicate that failed, and what it stopped
     notes: list[str] = field(default_factory=list)  # warnings about the experiment as a whole (for the CLI)
 
@@ -294,9 +294,10 @@ def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
 def _prepared(ws: Workspace, base: RunSpec, rep: Reporter) -> tuple[RunSpec, str, str | None]:
     """The base spec checked (params, probes, framework) and its project prepared
     once for every run; with the name its groups carry and a plain script's code name."""
-    from launcher.runs import identity, project
     from launcher.runs import lifecycle as runs_mod
-    from launcher.runs.runspec import code_identity
+    from launcher.runs import project
+    from launcher.specs import identity
+    from launcher.specs.runspec import code_identity
 
     loaded = runs_mod.load_recipe(ws, base.recipe)
     runs_mod.check_params(loaded, dict(base.params))

@@ -1,8 +1,8 @@
 """A run's start: check its spec, make its image and code current, place it and start it; for a group,
 start its replicates and hand them to :mod:`launcher.runs.collect`, which waits, pulls and finishes them.
 
-Its spec and code plan are in :mod:`launcher.runs.runspec`, its container in
-:mod:`launcher.runs.container`, where and how it is placed in :mod:`launcher.runs.placement` (the
+Its spec and code plan are in :mod:`launcher.specs.runspec`, its container in
+:mod:`launcher.specs.container`, where and how it is placed in :mod:`launcher.runs.placement` (the
 only way this module reaches a target), and the commands on existing runs (ps, logs, attach, stop,
 clean) in :mod:`launcher.runs.control`.
 A run directory ``runs/<run-id>/`` gets ``launch.json`` when the container starts, the
@@ -42,10 +42,16 @@ from launcher.records.records import (
 from launcher.records.rundir import RunDir
 from launcher.runs import rewind
 from launcher.runs.collect import LogSink, RunOutcome, collect_together, pull_record, utc_now, wait_run
-from launcher.runs.container import ContainerJob
 from launcher.runs.placement import Placement, placement_for, remote_outputs
-from launcher.runs.recipes import ParamValue, Recipe
-from launcher.runs.runspec import (
+from launcher.runtime.checkpoint import ENV_EVERY as CHECKPOINT_ENV
+from launcher.runtime.checkpoint import ENV_KEEP as CHECKPOINT_KEEP_ENV
+from launcher.runtime.checkpoint import ENV_RESUME as RESUME_ENV
+from launcher.runtime.optrace import ENV as OPTRACE_ENV
+from launcher.runtime.steps import ENV as TRACE_ENV
+from launcher.runtime.steps import EPOCH
+from launcher.specs.container import ContainerJob
+from launcher.specs.recipes import ParamValue, Recipe
+from launcher.specs.runspec import (
     RunSpec,
     check_framework,
     check_params,
@@ -58,13 +64,7 @@ from launcher.runs.runspec import (
     probes_record,
     trace_option,
 )
-from launcher.runs.userenv import UserEnv, new_salt
-from launcher.runtime.checkpoint import ENV_EVERY as CHECKPOINT_ENV
-from launcher.runtime.checkpoint import ENV_KEEP as CHECKPOINT_KEEP_ENV
-from launcher.runtime.checkpoint import ENV_RESUME as RESUME_ENV
-from launcher.runtime.optrace import ENV as OPTRACE_ENV
-from launcher.runtime.steps import ENV as TRACE_ENV
-from launcher.runtime.steps import EPOCH
+from launcher.specs.userenv import UserEnv, new_salt
 from launcher.workspace import Workspace
 
 if TYPE_CHECKING:
@@ -263,7 +263,7 @@ def _launch(
 ) -> tuple[LaunchRecord, ContainerJob]:
     """Everything before the start: checks, data and code placed, the image shipped, the run directory
     made; the launch record written (a run is never started unrecorded). Returns it and the job."""
-    from launcher.runs import identity
+    from launcher.specs import identity
 
     rep = reporter or NullReporter()
     recipe = recipe or load_recipe(ws, spec.recipe, entry=spec.entry)
@@ -345,7 +345,7 @@ def _with_image(ws: Workspace, spec: RunSpec, recipe: Recipe, reporter: Reporter
 
 def _group_of(spec: RunSpec, recipe: Recipe) -> str:
     """The group the runs join: --group, else a new one named by time, code and a random suffix."""
-    from launcher.runs import identity
+    from launcher.specs import identity
 
     name = identity.slug(recipe.name, identity.from_plan(spec.code_plan) if recipe.adhoc else None)
     return spec.group or f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}-{name}-g{secrets.token_hex(3)}"

@@ -32,7 +32,8 @@ from launcher.records.records import (
     RunState,
     StartedRecord,
 )
-from launcher.runs.container import (
+from launcher.runs.ship import ShipResult, ship_image
+from launcher.specs.container import (
     RUN_LABEL,
     SECRET_ENV_FILE,
     ContainerJob,
@@ -41,7 +42,6 @@ from launcher.runs.container import (
     env_file_text,
     launch_spec,
 )
-from launcher.runs.ship import ShipResult, ship_image
 
 IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}")  # an image's full ID, as `docker run` takes it
 

@@ -23,7 +23,7 @@ from launcher.records.manifest import read_quiet
 from launcher.records.records import MOUNTED, CodePlan, LaunchRecord
 from launcher.records.rundir import RunDir
 from launcher.records.store import resolve_run
-from launcher.runs.container import CONTAINER_CODE, CONTAINER_DATA, CONTAINER_OUT, IMAGE_RECIPES
+from launcher.specs.container import CONTAINER_CODE, CONTAINER_DATA, CONTAINER_OUT, IMAGE_RECIPES
 from launcher.workspace import Workspace
 
 LIB_DIR = "_lib"

@@ -30,8 +30,8 @@ from launcher.images import pins as images
 from launcher.images.projectlock import Requirements
 from launcher.progress import NullReporter, Reporter
 from launcher.records.records import ProjectRecord
-from launcher.runs.recipes import Recipe
-from launcher.runs.runspec import RunSpec, baked, image_record, script_root
+from launcher.specs.recipes import Recipe
+from launcher.specs.runspec import RunSpec, baked, image_record, script_root
 from launcher.workspace import Workspace
 
 if TYPE_CHECKING:

@@ -26,7 +26,7 @@ from launcher.hosts.scripts import text as host_script
 from launcher.progress import NullReporter, Reporter
 from launcher.records.records import PulledFile, PullSummary
 from launcher.records.rundir import RunDir
-from launcher.runs.container import CONTAINER_CODE, CONTAINER_DATA
+from launcher.specs.container import CONTAINER_CODE, CONTAINER_DATA
 
 # Runs on the host with its own python3: a file of this package, sent as the text of `python3 -c`.
 PULL_SCRIPT = host_script("pull_files.py")

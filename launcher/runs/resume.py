@@ -29,12 +29,12 @@ from launcher.records.records import MOUNTED, SUCCEEDED, LaunchRecord, RunState,
 from launcher.records.rundir import RunDir
 from launcher.records.store import resolve_run_id
 from launcher.runs.collect import LogSink, pull_run, read_launch, wait_run
-from launcher.runs.container import OWNER_ENV, launch_spec
 from launcher.runs.placement import DirectPlacement, Placement, output_owner, remote_outputs
 from launcher.runs.pull import pull_outputs
 from launcher.runs.targets import open_placement
-from launcher.runs.userenv import is_secret
 from launcher.runtime.checkpoint import ENV_RESUME, LATEST
+from launcher.specs.container import OWNER_ENV, launch_spec
+from launcher.specs.userenv import is_secret
 from launcher.workspace import Workspace
 
 

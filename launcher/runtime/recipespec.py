@@ -1,6 +1,6 @@
 """The recipe format (``recipe.toml``), read with the standard library only.
 
-The host (``launcher.runs.recipes``) and the runtime inside the image read recipes through this one
+The host (``launcher.specs.recipes``) and the runtime inside the image read recipes through this one
 module, so they cannot disagree about what a recipe says.
 
 ```toml

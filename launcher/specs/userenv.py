@@ -6,7 +6,7 @@ recorded, keyed with a random salt drawn for the run and kept on this machine al
 ``secret-salts/<run id>``, readable by the user only): a manifest that travels (a bundle) does not let
 anyone try a dictionary against it, while this machine can still check a value it is given again. (A
 manifest of an older launcher records a plain sha256, still read.) The value reaches the container
-through an env file readable by the user alone (see :mod:`launcher.runs.container`), never the launch
+through an env file readable by the user alone (see :mod:`launcher.specs.container`), never the launch
 record, a log or a command line. Names launcher
 sets itself (``LAUNCHER_*``, every variable of a determinism profile, the image's ``PATH`` and
 ``PYTHONPATH``) are refused: a run would silently lose the seed or the determinism it records.

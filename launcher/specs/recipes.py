@@ -97,8 +97,8 @@ def load_folder(folder: Path) -> Recipe:
 
 def load_script(script: Path) -> Recipe:
     """A plain .py script as a recipe: no params of its own; its framework the host's guess from the
-    imports of its code (launcher.runs.imports), the runtime records what it really imported."""
-    from launcher.runs import imports
+    imports of its code (launcher.specs.imports), the runtime records what it really imported."""
+    from launcher.specs import imports
 
     script = script.resolve()
     return Recipe(rspec.adhoc_spec(script, imports.framework(script)), tree_digest(script))

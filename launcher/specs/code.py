@@ -40,7 +40,7 @@ class CodeTree:
     git: GitState  # {"commit": ..., "dirty": bool} or {} outside git
 
     def plan(self, local: Path) -> CodePlan:
-        """The code plan of this tree mounted from its snapshot at local (launcher.runs.runspec.plan_code)."""
+        """The code plan of this tree mounted from its snapshot at local (launcher.specs.runspec.plan_code)."""
         return {"source": MOUNTED, "local": str(local), "root": str(self.root), "files": len(self.files),
                 "bytes": self.bytes, "entry": self.entry, "digest": self.digest, "git": self.git.copy()}
 

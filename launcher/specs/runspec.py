@@ -11,11 +11,11 @@ from launcher import __version__
 from launcher.errors import Corrupt, LauncherError, NotFound, UsageError
 from launcher.images.lock import parse_lock
 from launcher.records.records import BAKED, CodePlan, DataSource, ImageRecord, ProbesRecord, StartFrom
-from launcher.runs import recipes
-from launcher.runs.recipes import ParamValue, Recipe
 from launcher.runtime import frameworks
 from launcher.runtime.probespec import ProbeError, ProbeSpec, parse_option
 from launcher.runtime.steps import EPOCH, parse_every
+from launcher.specs import recipes
+from launcher.specs.recipes import ParamValue, Recipe
 from launcher.workspace import Workspace, check_variant_name
 
 
@@ -244,7 +244,7 @@ def plan_code(ws: Workspace, spec: RunSpec, recipe: Recipe) -> CodePlan:
     """What code the run executes: the recipe baked into the image, or a folder to mount (a plain
     script's project, a recipe folder from outside the workspace, or --mount), snapshotted here
     by its code digest."""
-    from launcher.runs import code
+    from launcher.specs import code
 
     if spec.code and not recipe.adhoc:
         raise UsageError("--code is for plain scripts", f"{recipe.name} is a recipe folder: it is its own code")
@@ -258,7 +258,7 @@ def plan_code(ws: Workspace, spec: RunSpec, recipe: Recipe) -> CodePlan:
 def script_root(spec: RunSpec, recipe: Recipe) -> Path:
     """The project folder a plain script is sent with: --code DIR, else the enclosing git work tree,
     else the folder named with --entry, else the script's own folder."""
-    from launcher.runs import code
+    from launcher.specs import code
 
     if spec.code:
         return Path(spec.code)
@@ -269,8 +269,8 @@ def script_root(spec: RunSpec, recipe: Recipe) -> Path:
 
 
 def code_identity(spec: RunSpec, recipe: Recipe) -> str | None:
-    """A plain script's ``project/path`` (runs.identity) before its code is planned; None for a recipe."""
-    from launcher.runs import identity
+    """A plain script's ``project/path`` (specs.identity) before its code is planned; None for a recipe."""
+    from launcher.specs import identity
 
     return identity.script_identity(script_root(spec, recipe), recipe.path) if recipe.adhoc else None
 

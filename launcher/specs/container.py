@@ -10,7 +10,7 @@ from typing import Any
 
 from launcher.hosts.containerspec import ContainerSpec, Mount
 from launcher.records.records import BAKED, MOUNTED, LaunchRecord
-from launcher.runs.recipes import ParamValue, Recipe
+from launcher.specs.recipes import ParamValue, Recipe
 
 RUN_LABEL = "org.launcher.run"
 CONTAINER_OUT = "/launcher/out"
