@@ -42,7 +42,7 @@ def main() -> None:
     import testhost as th
 
     from launcher.hosts.ssh import SSHHost
-    from launcher.runs.pull import pull_outputs
+    from launcher.transfers.pull import pull_outputs
 
     work = Path(tempfile.mkdtemp(prefix="launcher-bench-small-"))
     host = th.start_testhost(work / "host")

@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO))
 def child(args: argparse.Namespace) -> None:
     """One operation, timed inside the process; prints JSON with seconds and peak RSS."""
     from launcher.hosts.ssh import SSHHost
-    from launcher.runs import pull, ship
+    from launcher.transfers import pull, ship
 
     conn = json.loads(args.child_conn)
     t0 = time.perf_counter()

@@ -19,8 +19,8 @@ from launcher.hosts.engine import render
 from launcher.hosts.local import LocalHost
 from launcher.records.records import RunState
 from launcher.runs.placement import ListedRun, Placement
-from launcher.runs.ship import ShipResult
 from launcher.specs.container import ContainerJob, container_spec
+from launcher.transfers.ship import ShipResult
 from launcher.workspace import Workspace
 
 IMAGE_ID = "sha256:" + "ab" * 32

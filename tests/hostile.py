@@ -122,7 +122,7 @@ def honest(tmp: Path, signer: Signer, *, mounted: bool = False, data: dict[str, 
                                   tree_digest=codedigest.code_digest(recipes / "tiny"))
     data_root = None
     if data is not None:
-        from launcher.runs.datasets import scan
+        from launcher.transfers.datasets import scan
 
         data_root = tmp / "dataset"
         for rel, raw in data.items():

@@ -12,7 +12,7 @@ import pytest
 from launcher.errors import BadData, Corrupt, DiskFull
 from launcher.hosts.base import RemoteEntry
 from launcher.hosts.local import LocalHost
-from launcher.runs import datasets
+from launcher.transfers import datasets
 
 
 def make(root: Path) -> Path:

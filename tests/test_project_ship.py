@@ -12,9 +12,10 @@ from testhost import TestHost
 from launcher.hosts.engine import Engine
 from launcher.hosts.ssh import SSHHost
 from launcher.images import build
-from launcher.runs import project, ship
+from launcher.runs import project
 from launcher.specs.recipes import load_recipe
 from launcher.specs.runspec import RunSpec
+from launcher.transfers import ship
 from launcher.workspace import Workspace
 
 pytestmark = [pytest.mark.testhost, pytest.mark.docker, pytest.mark.network]

@@ -16,7 +16,7 @@ from launcher.workspace import Workspace
 
 PACKAGE = Path(rundir.__file__).resolve().parents[1]
 # docker save archives hold a manifest.json of their own: those two modules read Docker's, not a run's
-DOCKER_ARCHIVES = {"images/tree.py", "runs/ship.py"}
+DOCKER_ARCHIVES = {"images/tree.py", "transfers/ship.py"}
 
 
 def test_no_module_but_rundir_spells_the_run_folders_file_names() -> None:

@@ -13,7 +13,7 @@ from launcher.hosts import engine
 from launcher.hosts.engine import Engine
 from launcher.hosts.ssh import SSHHost
 from launcher.images import build
-from launcher.runs import ship
+from launcher.transfers import ship
 from launcher.workspace import Workspace
 
 pytestmark = [pytest.mark.testhost, pytest.mark.docker]

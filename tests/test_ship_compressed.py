@@ -14,7 +14,7 @@ from testhost import TestHost, base_image
 from launcher.errors import Corrupt, TransferCut
 from launcher.hosts.ssh import SSHHost
 from launcher.images import blobs
-from launcher.runs import ship, shipstaged
+from launcher.transfers import ship, shipstaged
 
 pytestmark = [pytest.mark.testhost, pytest.mark.docker]
 STAGE = "/root/.launcher/ship"

@@ -1,4 +1,4 @@
-"""Which transport ships an image: the table in runs/ship.py, tried in order, the first that fits
+"""Which transport ships an image: the table in transfers/ship.py, tried in order, the first that fits
 (no engine: the host's engine is a stand-in that says which layers it has)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 
 from launcher.hosts.local import LocalHost
 from launcher.progress import NullReporter
-from launcher.runs import ship, shipstaged
-from launcher.runs.ship import Shipment, choose_transport
+from launcher.transfers import ship, shipstaged
+from launcher.transfers.ship import Shipment, choose_transport
 
 DIFFS = ["sha256:" + "1" * 64, "sha256:" + "2" * 64]
 BIG = 200 << 20

@@ -17,7 +17,7 @@ from testhost import TestHost
 from launcher.hosts import engine
 from launcher.hosts.engine import Engine
 from launcher.hosts.ssh import SSHHost
-from launcher.runs import pull, ship
+from launcher.transfers import pull, ship
 
 pytestmark = pytest.mark.testhost
 

@@ -15,8 +15,8 @@ from launcher.errors import Corrupt, ExitCode, UnsafePath
 from launcher.hosts.base import RemoteEntry
 from launcher.hosts.engine import chain_ids
 from launcher.records.rundir import PULLED
-from launcher.runs.pull import classify, receive_files, safe_relpath
-from launcher.runs.ship import rewrite_save_stream
+from launcher.transfers.pull import classify, receive_files, safe_relpath
+from launcher.transfers.ship import rewrite_save_stream
 
 
 def frame(path: str, data: bytes, digest: str | None = None) -> bytes:
@@ -150,7 +150,7 @@ def test_rewriter_empties_only_the_layers_the_host_has() -> None:
 
 
 def test_pull_state_is_the_state_file_plus_its_journal_and_a_torn_line_is_ignored(tmp_path: Path) -> None:
-    from launcher.runs.pull import JOURNAL_SUFFIX, read_state
+    from launcher.transfers.pull import JOURNAL_SUFFIX, read_state
     STATE_FILE = PULLED
 
     state = tmp_path / STATE_FILE
@@ -173,7 +173,7 @@ def test_a_pull_of_many_files_writes_its_state_once_and_a_cut_one_resumes_from_i
     """Recording a verified file is one appended line, not a rewrite of the state (which made a pull of
     20,000 small files quadratic); the state file is written once, when the pull ends."""
     from launcher.hosts.local import LocalHost
-    from launcher.runs import pull
+    from launcher.transfers import pull
 
     src = tmp_path / "src"
     for i in range(300):

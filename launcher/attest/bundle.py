@@ -215,7 +215,7 @@ def stage_data(m: Manifest, staged: Staged) -> str | None:
     if not source or source.get("kind") != "sent" or not source.get("local") or not source.get("digest"):
         raise UsageError(f"run {m.run_id} read data from a path on its host ({m.data.get('data')}), which this "
                          "machine does not hold", "bundle without --with-data and send the data yourself")
-    from launcher.runs.datasets import scan
+    from launcher.transfers.datasets import scan
 
     local = Path(str(source["local"]))
     try:

@@ -64,7 +64,7 @@ def check_dependencies(run_id: str, statement: st.Statement[object], manifest: M
     from launcher.images import pins as images
     from launcher.images.build import env_content_of
     from launcher.images.imageref import ImageRef
-    from launcher.runs.datasets import scan
+    from launcher.transfers.datasets import scan
 
     def want(name: str) -> str | None:
         dep = st.dependency(statement, name)

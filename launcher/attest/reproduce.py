@@ -218,7 +218,7 @@ def _preflight(run: OpenedRun, *, allow_other_image: bool, data_from: Path | Non
 def _same_data(run: OpenedRun, data_from: Path) -> None:
     """--data-from holds the dataset the run's provenance names (where it names one)."""
     from launcher.attest import provenance as prov
-    from launcher.runs.datasets import scan
+    from launcher.transfers.datasets import scan
 
     dep = st.dependency(run.provenance.statement, prov.DATASET)
     want = st.from_digest_set(dep.get("digest")) if dep else None

@@ -443,7 +443,7 @@ def clean_cmd(
     removed = sum(d["removed"] for d in done)
     parts = [f"removed {removed} of {len(done)} run directories on their hosts; local copies kept"] if done else []
     if datasets:
-        from launcher.runs import datasets as datasets_mod
+        from launcher.transfers import datasets as datasets_mod
 
         with _open(ctx, host) as h:
             pruned = datasets_mod.prune_host(h, dry_run=dry_run)

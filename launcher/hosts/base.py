@@ -152,7 +152,7 @@ class Host(ABC):
 
     @abstractmethod
     def get_file(self, remote: str, local: Path) -> None:
-        """Copy a file on the host to a local path (not verified: see launcher.runs.pull)."""
+        """Copy a file on the host to a local path (not verified: see launcher.transfers.pull)."""
 
     @abstractmethod
     def home(self) -> str:

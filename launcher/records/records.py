@@ -153,7 +153,7 @@ class DataSource(TypedDict):
 
 
 class ShipRecord(TypedDict):
-    """How the image reached the host (launcher.runs.ship.ShipResult.to_dict)."""
+    """How the image reached the host (launcher.transfers.ship.ShipResult.to_dict)."""
 
     image_id: str
     skipped: bool
@@ -332,7 +332,7 @@ class PulledFile(TypedDict):
 
 
 class PullSummary(TypedDict):
-    """A pull's counts (launcher.runs.pull.PullResult.to_dict)."""
+    """A pull's counts (launcher.transfers.pull.PullResult.to_dict)."""
 
     files: int
     transferred: int

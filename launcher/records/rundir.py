@@ -2,7 +2,7 @@
 
 - ``launch.json``: written when the run starts (launcher.runs.lifecycle), the run's launch record;
 - ``outputs/``: what the container wrote, pulled back (``outputs/logs/train.log`` its console log);
-- ``.pulled.json``: which outputs were pulled and verified already (launcher.runs.pull);
+- ``.pulled.json``: which outputs were pulled and verified already (launcher.transfers.pull);
 - ``manifest.json``: written last, once the run ended and its outputs are here (launcher.records.manifest):
   a folder without it is a run still going, or one whose pull did not finish.
 

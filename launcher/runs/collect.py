@@ -35,8 +35,8 @@ from launcher.runs.targets import open_placement
 from launcher.workspace import Workspace
 
 if TYPE_CHECKING:
-    from launcher.runs.pull import PullResult
     from launcher.runs.replicates import Failure
+    from launcher.transfers.pull import PullResult
 
 LogSink = Callable[[str], None]
 
@@ -95,7 +95,8 @@ def _import_collecting() -> None:
     """Import what pulling a run and judging a group need, on a thread while the run goes (the caller only
     waits for its log then): not before the start, nor after the end."""
     from launcher.records import manifest, store  # noqa: F401
-    from launcher.runs import pull, replicates  # noqa: F401
+    from launcher.runs import replicates  # noqa: F401
+    from launcher.transfers import pull  # noqa: F401
 
 
 def pull_run(
@@ -129,7 +130,7 @@ def pull_record(
     run_id: the run's id, or any unique part of it (runs.store.resolve_run_id).
     """
     from launcher.records.store import resolve_run_id
-    from launcher.runs.pull import pull_outputs
+    from launcher.transfers.pull import pull_outputs
 
     run_id = resolve_run_id(ws, run_id)
     launch = read_launch(ws, run_id)

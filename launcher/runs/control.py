@@ -17,7 +17,7 @@ from launcher.runs.targets import open_placement
 from launcher.workspace import Workspace
 
 if TYPE_CHECKING:
-    from launcher.runs.datasets import PruneRecord as DatasetPruneRecord
+    from launcher.transfers.datasets import PruneRecord as DatasetPruneRecord
 
 
 class PsRow(TypedDict):

@@ -32,7 +32,6 @@ from launcher.records.records import (
     RunState,
     StartedRecord,
 )
-from launcher.runs.ship import ShipResult, ship_image
 from launcher.specs.container import (
     RUN_LABEL,
     SECRET_ENV_FILE,
@@ -42,6 +41,7 @@ from launcher.specs.container import (
     env_file_text,
     launch_spec,
 )
+from launcher.transfers.ship import ShipResult, ship_image
 
 IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}")  # an image's full ID, as `docker run` takes it
 
@@ -93,14 +93,14 @@ class Placement(ABC):
     def send_data(self, local: Path, reporter: Reporter | None) -> tuple[str, DataSource]:
         """Send a dataset folder from this machine (once per content); return where runs mount it
         from and the data source record."""
-        from launcher.runs import datasets
+        from launcher.transfers import datasets
 
         placed = datasets.place(self.host, local, reporter)
         return placed.path, placed.source(local)
 
     def send_code(self, plan: CodePlan, reporter: Reporter | None) -> CodePlan:
         """Put the snapshot of mounted code where runs mount it from (sent once per content)."""
-        from launcher.runs import datasets
+        from launcher.transfers import datasets
 
         placed = datasets.place(self.host, Path(plan["local"]), reporter, area="code",
                                 name=str(plan["digest"]).removeprefix("sha256:"))

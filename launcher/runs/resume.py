@@ -30,11 +30,11 @@ from launcher.records.rundir import RunDir
 from launcher.records.store import resolve_run_id
 from launcher.runs.collect import LogSink, pull_run, read_launch, wait_run
 from launcher.runs.placement import DirectPlacement, Placement, output_owner, remote_outputs
-from launcher.runs.pull import pull_outputs
 from launcher.runs.targets import open_placement
 from launcher.runtime.checkpoint import ENV_RESUME, LATEST
 from launcher.specs.container import OWNER_ENV, launch_spec
 from launcher.specs.userenv import is_secret
+from launcher.transfers.pull import pull_outputs
 from launcher.workspace import Workspace
 
 
@@ -132,7 +132,7 @@ def _move(ws: Workspace, launch: LaunchRecord, local: RunDir, spec: HostSpec,
           reporter: Reporter | None) -> tuple[LaunchRecord, list[Segment], DirectPlacement]:
     """The run's outputs, image, data and code put on the host of spec; the launch record as it will
     start there, its segments so far, and the placement there."""
-    from launcher.runs import datasets
+    from launcher.transfers import datasets
 
     rep = reporter or NullReporter()
     run_id = launch["run_id"]

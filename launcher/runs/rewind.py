@@ -108,7 +108,7 @@ def prepare(m: Manifest, point: StartPoint) -> Path:
 
 def place(host: Host, local: Path, remote_out: str, reporter: Reporter | None) -> None:
     """The prepared folder's files put into a run's outputs folder on host (made by Placement.run_dir)."""
-    from launcher.runs import datasets
+    from launcher.transfers import datasets
 
     placed = datasets.place(host, local, reporter, area="rewind")
     host.run(["cp", "-a", f"{placed.path}/.", f"{remote_out}/"])

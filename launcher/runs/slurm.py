@@ -53,8 +53,8 @@ from launcher.records.records import (
 )
 from launcher.runs.cluster import DOCKER_RUNTIME, PYXIS_RUNTIME, RUNTIMES, ClusterSettings, read_settings, require_slurm
 from launcher.runs.placement import ListedRun, Placement
-from launcher.runs.ship import SHIP_REPO, ShipResult, push_to_registry, save_to_archive
 from launcher.specs.container import ContainerJob, container_spec, mounts, runtime_argv
+from launcher.transfers.ship import SHIP_REPO, ShipResult, push_to_registry, save_to_archive
 
 if TYPE_CHECKING:
     from launcher.hosts.provision import HostFacts, NoFacts

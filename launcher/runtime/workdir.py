@@ -9,7 +9,7 @@ what the script writes beside them is its own. The data wins where both hold a n
 runtime writes itself (``logs/``, ``_launcher/``...) or one the outputs already hold is not shown.
 
 The links are the runtime's: it removes them when the script ends (:func:`hide`), and a pull never
-collects a link into the code or the data (``launcher.runs.pull``), so only what the script wrote comes
+collects a link into the code or the data (``launcher.transfers.pull``), so only what the script wrote comes
 back as outputs. After a failure whose text names a relative path the script could not read, or a write
 into a shown folder, :func:`hint_after_failure` says where the file is or what to do.
 """

@@ -16,7 +16,7 @@ never evaluates them.
 - ``datalist.py``: size, age and name of each dataset folder on a host (``datasets.prune_host``).
 - ``facts.sh``: the host's read-only fact sheet (``provision.gather_facts``).
 - ``write_atomic.sh``: a file written from stdin whole or not at all (``Host.write_atomic``).
-- ``pull_files.py``: streams a run's output files, hashed as sent (``launcher.runs.pull``).
+- ``pull_files.py``: streams a run's output files, hashed as sent (``launcher.transfers.pull``).
 - ``dockerd.sh``: stop, start or await dockerd on a host without systemd (``provision.start_docker``).
 - ``node_probe.sh``: a Slurm node's Docker, runtimes, enroot and registry reach (``runs.cluster``).
 - ``stage_load.sh``: ``docker load`` of a staged image's layers (``Engine.load_staged``).

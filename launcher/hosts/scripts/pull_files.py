@@ -1,4 +1,4 @@
-"""Runs on the host (python3, stdlib only), sent as text by launcher.runs.pull: streams files, hashed as sent.
+"""Runs on the host (python3, stdlib only), sent as text by launcher.transfers.pull: streams files, hashed as sent.
 
 Argument: the run's output directory. Reads a JSON list of relative paths on stdin; for each
 regular file under that directory writes to stdout a JSON header line, chunks framed by an

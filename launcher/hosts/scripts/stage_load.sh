@@ -1,6 +1,6 @@
 # shellcheck shell=sh
 # Runs on the host (sh -c TEXT sh STAGE EMPTIES MANIFEST NAMES), sent as text by
-# runs.shipstaged.send_compressed: in the staging folder STAGE, where the layers the host lacked
+# transfers.shipstaged.send_compressed: in the staging folder STAGE, where the layers the host lacked
 # arrived as gzip blobs, make an empty file for each layer the host has (EMPTIES), write the image
 # config (read from stdin) and MANIFEST, and feed them with the layers (NAMES, in order) as one
 # archive to `docker load`, which skips a layer it already has and gunzips the others.

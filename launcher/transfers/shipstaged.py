@@ -2,7 +2,7 @@
 gzip blobs (made once and kept in the cache by content) into a staging folder beside the host's runs
 (``~/.launcher/ship/<image>``), each resumed from the bytes already there and checked by its SHA-256,
 then `docker load` runs there. Whether a link is slow is measured (:func:`link_rate`) unless
-LAUNCHER_SHIP_COMPRESS says. The transport table that picks it is in :mod:`launcher.runs.ship`."""
+LAUNCHER_SHIP_COMPRESS says. The transport table that picks it is in :mod:`launcher.transfers.ship`."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ tried; :func:`choose_transport` takes the first that fits, in this one place:
 - ``registry`` (``--ship-via REGISTRY``): pushed to a registry here, pulled by the host's engine
   through a reverse SSH tunnel, so neither side reads the layers the other already has;
 - ``compressed`` (a slow link, measured, or LAUNCHER_SHIP_COMPRESS): gzip blobs staged on the host
-  and resumed after a cut (:mod:`launcher.runs.shipstaged`);
+  and resumed after a cut (:mod:`launcher.transfers.shipstaged`);
 - ``cache``: a `docker load` archive made from the build's layer cache, without `docker save`;
 - ``stream``: `docker save` streamed through a tar rewriter into `docker load` on the host.
 
@@ -283,7 +283,7 @@ class Compressed:
 
     def fits(self, s: Shipment) -> bool:
         from launcher.images import blobs
-        from launcher.runs import shipstaged
+        from launcher.transfers import shipstaged
 
         if s.cache_dir is None or s.host.kind == "local" or s.need < shipstaged.SMALL_SHIP:
             return False
@@ -291,7 +291,7 @@ class Compressed:
         return shipstaged.wanted(s.host, warm)
 
     def send(self, s: Shipment) -> ShipResult:
-        from launcher.runs import shipstaged
+        from launcher.transfers import shipstaged
 
         assert s.cache_dir is not None
         sent = shipstaged.send_compressed(s.host, s.eng, s.image_id, s.diff_ids, s.missing, s.cached, s.cache_dir,
@@ -440,7 +440,7 @@ def _docker_load(host: Host) -> Iterator[IO[bytes]]:
         load.stdin.close()
         out = load.stdout.read().decode("utf-8", "replace")
         if load.wait() != 0:
-            from launcher.runs import shipstaged
+            from launcher.transfers import shipstaged
 
             raise shipstaged.load_failed(host, (load.stderr_text() + out).strip())
 
