@@ -1,6 +1,6 @@
 """A run target without Docker: runs "happen" when started, from a script of exit codes and log lines.
 
-`FakePlacement` is a real :class:`launcher.runs.placement.Placement` on the local filesystem (a
+`FakePlacement` is a real :class:`launcher.targets.placement.Placement` on the local filesystem (a
 `LocalHost` on the workspace), so a run's whole life (launch record, pull, manifest) goes through
 launcher's own code; only the container is made up. `FakeArray` starts a group at once, as a Slurm
 job array does, and lets a test decide when each replicate ends.
@@ -18,8 +18,8 @@ from launcher.hashing import atomic_write_json
 from launcher.hosts.engine import render
 from launcher.hosts.local import LocalHost
 from launcher.records.records import RunState
-from launcher.runs.placement import ListedRun, Placement
 from launcher.specs.container import ContainerJob, container_spec
+from launcher.targets.placement import ListedRun, Placement
 from launcher.transfers.ship import ShipResult
 from launcher.workspace import Workspace
 

@@ -120,7 +120,7 @@ def test_a_listing_without_an_answer_is_an_engine_error(kind: str, error: type[E
 
 
 def test_an_ended_container_is_inspected_once_until_it_is_removed() -> None:
-    from launcher.runs.placement import DirectPlacement
+    from launcher.targets.placement import DirectPlacement
 
     ended = '{"Running": false, "Status": "exited", "ExitCode": 3, "FinishedAt": "t1"}'
     host = FakeHost({("docker", "inspect"): (0, ended, "")})
@@ -138,10 +138,10 @@ def test_an_ended_container_is_inspected_once_until_it_is_removed() -> None:
 
 
 def test_a_container_started_by_image_id_records_that_id_without_asking(tmp_path: Path) -> None:
-    from launcher.runs.placement import DirectPlacement
     from launcher.runtime.recipespec import RecipeSpec
     from launcher.specs.container import ContainerJob
     from launcher.specs.recipes import Recipe
+    from launcher.targets.placement import DirectPlacement
 
     recipe = Recipe(RecipeSpec(tmp_path / "tiny", "tiny", "none", "train.py"), "sha256:" + "0" * 64)
     image = "sha256:" + "a" * 64

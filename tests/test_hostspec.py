@@ -14,8 +14,8 @@ from launcher.cli import app
 from launcher.errors import UsageError
 from launcher.hosts.hostspec import HostSpec
 from launcher.hosts.local import LocalHost
-from launcher.runs.placement import DirectPlacement
-from launcher.runs.targets import open_placement
+from launcher.targets.placement import DirectPlacement
+from launcher.targets.registry import open_placement
 from launcher.workspace import Workspace
 
 HOST_OPTIONS = {"--host", "--trust-new-host", "--identity", "--port", "--ssh-config", "--known-hosts"}

@@ -17,12 +17,12 @@ from typer.testing import CliRunner
 
 from launcher.cli import app
 from launcher.errors import UsageError
-from launcher.runs.slurm import pyxis_srun_argv
 from launcher.runtime.probespec import ProbeError, ProbeSpec, from_json, parse_option
 from launcher.runtime.recipespec import RecipeSpec, SpecError, parse_spec
 from launcher.specs.container import ContainerJob, runtime_argv
 from launcher.specs.recipes import Recipe
 from launcher.specs.runspec import RunSpec, probe_option, probes_record
+from launcher.targets.slurm import pyxis_srun_argv
 
 REPO = Path(__file__).resolve().parent.parent
 

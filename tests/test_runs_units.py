@@ -52,7 +52,7 @@ def test_run_ids_follow_the_design() -> None:
 )
 def test_outputs_go_to_the_host_user_unless_docker_maps_users(security: str, owner: str | None) -> None:
     from launcher.proc import Completed
-    from launcher.runs.placement import output_owner
+    from launcher.targets.placement import output_owner
 
     class Answers:
         def run(self, argv: list[str], **kw: object) -> Completed:

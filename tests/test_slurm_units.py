@@ -15,10 +15,10 @@ import pytest
 from launcher.hosts.base import Host
 from launcher.hosts.scripts import text as host_script
 from launcher.proc import Completed
-from launcher.runs.slurm import SlurmPlacement, pyxis_image, pyxis_srun_argv
 from launcher.runtime.recipespec import RecipeSpec
 from launcher.specs.container import ContainerJob, runtime_argv
 from launcher.specs.recipes import Recipe
+from launcher.targets.slurm import SlurmPlacement, pyxis_image, pyxis_srun_argv
 
 DIGEST = "sha256:" + "d" * 64
 IMAGE = "sha256:" + "a" * 64
@@ -240,8 +240,8 @@ def test_a_docker_task_passes_secrets_by_env_file_written_through_stdin(tmp_path
 
 
 def test_the_task_script_writes_the_files_the_placement_reads(tmp_path: Path) -> None:
-    """slurm_task.sh names task.json and the node's facts itself: the names runs.slurm reads."""
-    from launcher.runs.slurm import NODE_FACTS, TASK_ARGS, TASK_FILE
+    """slurm_task.sh names task.json and the node's facts itself: the names targets.slurm reads."""
+    from launcher.targets.slurm import NODE_FACTS, TASK_ARGS, TASK_FILE
 
     script = host_script("slurm_task.sh")
     assert f'"$RUN/{TASK_FILE}"' in script and f'"$RUN/{NODE_FACTS}"' in script and f'"$RUN/{TASK_ARGS}"' in script
@@ -286,7 +286,7 @@ def test_the_array_is_the_package_script_with_its_sbatch_options_on_the_command_
 
 
 def test_the_array_script_runs_the_task_of_its_index(tmp_path: Path) -> None:
-    from launcher.runs.slurm import ARRAY_TASKS
+    from launcher.targets.slurm import ARRAY_TASKS
 
     assert f'"$ARRAY_DIR/{ARRAY_TASKS}"' in host_script("slurm_array.sh")  # the name start_array writes
     array_dir = tmp_path / "array dir"

@@ -1,4 +1,4 @@
-"""The target registry (runs/targets.py): a target added by one module (tests/toytarget.py) is chosen
+"""The target registry (targets/registry.py): a target added by one module (tests/toytarget.py) is chosen
 by --scheduler's check, runs a group through launcher's run life (prepared once), and is reopened from
 its runs' launch records; the CLI's --scheduler choices are the registry's; a target nobody registered
 is refused by name."""
@@ -18,11 +18,12 @@ from launcher.errors import ExitCode, UsageError, run_exit_code, verdict_exit_co
 from launcher.hosts.hostspec import HostSpec
 from launcher.hosts.local import LocalHost
 from launcher.images import build
-from launcher.runs import control, targets
+from launcher.runs import control
 from launcher.runs.collect import read_launch
 from launcher.runs.lifecycle import RunSpec, run_recipe
-from launcher.runs.slurm import SlurmPlacement
-from launcher.runs.targets import TargetOptions
+from launcher.targets import registry as targets
+from launcher.targets.registry import TargetOptions
+from launcher.targets.slurm import SlurmPlacement
 from launcher.workspace import Workspace
 
 

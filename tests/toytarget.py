@@ -1,6 +1,6 @@
 """A run target added by this one module: it defines its placement and registers it, and launcher's
 run life, --scheduler's checks and the reopening of a run's placement reach it through the registry
-(runs/targets.py). Its runs "happen" as tests/fakeplacement.py's do; it records how often the group
+(targets/registry.py). Its runs "happen" as tests/fakeplacement.py's do; it records how often the group
 was prepared and keeps a label (given as --partition) in its launch record."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from fakeplacement import FakePlacement, Script
 from launcher.errors import UsageError
 from launcher.hosts.base import Host
 from launcher.hosts.hostspec import HostSpec
-from launcher.runs.placement import Placement
-from launcher.runs.targets import Target, TargetOptions, register
+from launcher.targets.placement import Placement
+from launcher.targets.registry import Target, TargetOptions, register
 
 
 class ToyPlacement(FakePlacement):

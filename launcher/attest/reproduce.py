@@ -45,9 +45,9 @@ from launcher.images.tree import DEFAULT_EPOCH
 from launcher.progress import NullReporter, Reporter
 from launcher.records.manifest import Manifest
 from launcher.records.records import BAKED, CodePlan
-from launcher.runs.placement import Placement
 from launcher.runtime import code as codedigest
 from launcher.specs.runspec import RunSpec
+from launcher.targets.placement import Placement
 from launcher.verify.differences import REFERENCE
 from launcher.verify.verdicts import verify_checksums
 from launcher.workspace import Workspace, default_cache_dir

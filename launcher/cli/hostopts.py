@@ -16,8 +16,8 @@ import typer
 from launcher.cli.params import complete_host
 from launcher.hosts.base import Host
 from launcher.hosts.hostspec import HostSpec
-from launcher.runs import targets
-from launcher.runs.placement import Placement
+from launcher.targets import registry as targets
+from launcher.targets.placement import Placement
 
 DESTINATION = "HOST, USER@HOST, USER@HOST:PORT or a ~/.ssh/config alias"
 PANEL = "Host (SSH) options"
@@ -88,7 +88,7 @@ def with_host(*, multiple: bool = False) -> Callable[[Callable[..., Any]], Calla
 SCHEDULER_PANEL = "Cluster options"
 
 
-# --scheduler's values: the targets registered when the CLI is loaded (runs/targets.py)
+# --scheduler's values: the targets registered when the CLI is loaded (targets/registry.py)
 SchedulerName: Any = Literal.__getitem__(tuple(targets.scheduler_names()))
 SchedulerOpt = Annotated[SchedulerName | None, typer.Option(
     "--scheduler", rich_help_panel=SCHEDULER_PANEL,

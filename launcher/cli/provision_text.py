@@ -54,7 +54,7 @@ def facts_text(result: Result[ProvisionListing]) -> None:
     stdout.print(result.summary, markup=False)
 
 
-def cluster_text(result: Result[dict[str, Any]]) -> None:  # the target's own data (runs.targets.Provisioned)
+def cluster_text(result: Result[dict[str, Any]]) -> None:  # the target's own data (targets.registry.Provisioned)
     c = result.data["cluster"]
     stdout.print(f"{c['slurm_version']} at {result.data['host']}; launcher's area {c['shared_area']} "
                  "(must be shared with the nodes)", markup=False)

@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from launcher.runs.replicates import FailureRecord
     from launcher.specs.runspec import RunSpec
     from launcher.workspace import Workspace
-from launcher.runs import targets
+from launcher.targets import registry as targets
 
 app = typer.Typer()
 

@@ -179,7 +179,7 @@ class ImageSource(TypedDict):
     """Where a job array's tasks get the image (launch.json's ``placement.image_source``):
     a registry, pulled by digest, or the archive on the shared filesystem."""
 
-    kind: str  # launcher.runs.slurm's REGISTRY_VIA or SHARED_VIA
+    kind: str  # launcher.targets.slurm's REGISTRY_VIA or SHARED_VIA
     registry: NotRequired[str]  # the rest: kind REGISTRY_VIA only
     ref: NotRequired[str]  # REGISTRY/REPO@DIGEST
     image_id: NotRequired[str]
@@ -187,7 +187,7 @@ class ImageSource(TypedDict):
 
 class SlurmRunInfo(TypedDict):
     """What a replicate's manifest records of its Slurm task (``RunState.info``, the manifest's placement;
-    launcher.runs.slurm.SlurmPlacement.state)."""
+    launcher.targets.slurm.SlurmPlacement.state)."""
 
     kind: str
     job_id: str | None
@@ -201,7 +201,7 @@ class SlurmRunInfo(TypedDict):
 
 
 class SlurmJob(TypedDict):
-    """The ``slurm`` of launch.json: the run's task in its job array (runs.slurm.SlurmPlacement.start_array)."""
+    """The ``slurm`` of launch.json: the run's task in its job array (targets.slurm.SlurmPlacement.start_array)."""
 
     job_id: str
     array_index: int
@@ -229,7 +229,7 @@ class RunState:
 
 class PlacementRecord(TypedDict):
     """The ``placement`` of launch.json: Placement.record(), what reopens the run's target (its ``kind``; a
-    Slurm cluster adds the rest, launcher.runs.slurm.SlurmPlacement.record)."""
+    Slurm cluster adds the rest, launcher.targets.slurm.SlurmPlacement.record)."""
 
     kind: str
     partition: NotRequired[str | None]
@@ -250,7 +250,7 @@ class StartedRecord(TypedDict):
 
 class ManifestPlacement(TypedDict):
     """The ``placement`` of manifest.json: the target's kind and what it said of where the run ran
-    (RunState.info; a Slurm task's keys are launcher.runs.slurm.SlurmRunInfo's)."""
+    (RunState.info; a Slurm task's keys are launcher.targets.slurm.SlurmRunInfo's)."""
 
     kind: str
     job_id: NotRequired[str | None]

@@ -2,7 +2,7 @@
 started together, collect each as it ends and stop the rest at the first failure.
 
 The start of a run is :mod:`launcher.runs.lifecycle`'s; this module reads what it wrote (``launch.json``,
-through :func:`read_launch`) and reaches the run only through its :class:`~launcher.runs.placement.Placement`.
+through :func:`read_launch`) and reaches the run only through its :class:`~launcher.targets.placement.Placement`.
 ``manifest.json`` is written last, once the outputs are pulled and verified, so a run directory without one
 is never mistaken for a finished run.
 """
@@ -30,8 +30,8 @@ from launcher.records.records import (
     RunState,
 )
 from launcher.records.rundir import RunDir
-from launcher.runs.placement import Placement, placement_for
-from launcher.runs.targets import open_placement
+from launcher.targets.placement import Placement, placement_for
+from launcher.targets.registry import open_placement
 from launcher.workspace import Workspace
 
 if TYPE_CHECKING:

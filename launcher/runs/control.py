@@ -12,8 +12,8 @@ from launcher.records.rundir import RunDir
 from launcher.records.store import resolve_run_id, run_ids, short_ids
 from launcher.runs.collect import LogSink, pull_run, read_launch, wait_run
 from launcher.runs.lifecycle import run_dir
-from launcher.runs.placement import Placement, placement_for
-from launcher.runs.targets import open_placement
+from launcher.targets.placement import Placement, placement_for
+from launcher.targets.registry import open_placement
 from launcher.workspace import Workspace
 
 if TYPE_CHECKING:

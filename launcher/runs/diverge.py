@@ -56,9 +56,9 @@ from launcher.runs.divergence import (
 )
 from launcher.runs.lifecycle import start_run
 from launcher.runs.replicates import is_failed
-from launcher.runs.targets import open_placement
 from launcher.specs.runspec import RunSpec
 from launcher.specs.userenv import is_secret
+from launcher.targets.registry import open_placement
 from launcher.verify import opdiff
 from launcher.verify.classification import INPUT_CATEGORIES
 from launcher.verify.environment import environment_diff

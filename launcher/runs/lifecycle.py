@@ -2,7 +2,7 @@
 start its replicates and hand them to :mod:`launcher.runs.collect`, which waits, pulls and finishes them.
 
 Its spec and code plan are in :mod:`launcher.specs.runspec`, its container in
-:mod:`launcher.specs.container`, where and how it is placed in :mod:`launcher.runs.placement` (the
+:mod:`launcher.specs.container`, where and how it is placed in :mod:`launcher.targets.placement` (the
 only way this module reaches a target), and the commands on existing runs (ps, logs, attach, stop,
 clean) in :mod:`launcher.runs.control`.
 A run directory ``runs/<run-id>/`` gets ``launch.json`` when the container starts, the
@@ -42,7 +42,6 @@ from launcher.records.records import (
 from launcher.records.rundir import RunDir
 from launcher.runs import rewind
 from launcher.runs.collect import LogSink, RunOutcome, collect_together, pull_record, utc_now, wait_run
-from launcher.runs.placement import Placement, placement_for, remote_outputs
 from launcher.runtime.checkpoint import ENV_EVERY as CHECKPOINT_ENV
 from launcher.runtime.checkpoint import ENV_KEEP as CHECKPOINT_KEEP_ENV
 from launcher.runtime.checkpoint import ENV_RESUME as RESUME_ENV
@@ -65,6 +64,7 @@ from launcher.specs.runspec import (
     trace_option,
 )
 from launcher.specs.userenv import UserEnv, new_salt
+from launcher.targets.placement import Placement, placement_for, remote_outputs
 from launcher.workspace import Workspace
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from launcher.records.rundir import RunDir
 from launcher.workspace import Workspace
 
 if TYPE_CHECKING:
-    from launcher.runs.placement import Placement
+    from launcher.targets.placement import Placement
 
 TAIL_LINES = 10
 

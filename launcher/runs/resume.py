@@ -29,11 +29,11 @@ from launcher.records.records import MOUNTED, SUCCEEDED, LaunchRecord, RunState,
 from launcher.records.rundir import RunDir
 from launcher.records.store import resolve_run_id
 from launcher.runs.collect import LogSink, pull_run, read_launch, wait_run
-from launcher.runs.placement import DirectPlacement, Placement, output_owner, remote_outputs
-from launcher.runs.targets import open_placement
 from launcher.runtime.checkpoint import ENV_RESUME, LATEST
 from launcher.specs.container import OWNER_ENV, launch_spec
 from launcher.specs.userenv import is_secret
+from launcher.targets.placement import DirectPlacement, Placement, output_owner, remote_outputs
+from launcher.targets.registry import open_placement
 from launcher.transfers.pull import pull_outputs
 from launcher.workspace import Workspace
 

@@ -15,7 +15,7 @@ is replaced by an empty file. Which `<dir>/layer.tar` holds which chain ID is on
 `manifest.json` at the end of the archive; the directory name is itself a hash of that
 chain ID, so the mapping learned from any earlier ship stays true and is kept in the cache.
 A Slurm cluster's nodes get an image from a registry (:func:`push_to_registry`) or from an archive
-on the shared filesystem (:func:`save_to_archive`); :mod:`launcher.runs.slurm` chooses between them.
+on the shared filesystem (:func:`save_to_archive`); :mod:`launcher.targets.slurm` chooses between them.
 """
 
 from __future__ import annotations

@@ -18,13 +18,13 @@ never evaluates them.
 - ``write_atomic.sh``: a file written from stdin whole or not at all (``Host.write_atomic``).
 - ``pull_files.py``: streams a run's output files, hashed as sent (``launcher.transfers.pull``).
 - ``dockerd.sh``: stop, start or await dockerd on a host without systemd (``provision.start_docker``).
-- ``node_probe.sh``: a Slurm node's Docker, runtimes, enroot and registry reach (``runs.cluster``).
+- ``node_probe.sh``: a Slurm node's Docker, runtimes, enroot and registry reach (``targets.cluster``).
 - ``stage_load.sh``: ``docker load`` of a staged image's layers (``Engine.load_staged``).
 - ``slurm_task.sh``: one replicate of a run on a Slurm node (bash), its values in ``task.args``
-  (``launcher.runs.slurm``).
+  (``launcher.targets.slurm``).
 - ``slurm_array.sh``: a Slurm job array (bash), written as ``array.sh`` and given to sbatch with
   its options on the command line; task i runs the i-th task script listed in ``tasks``
-  (``launcher.runs.slurm``).
+  (``launcher.targets.slurm``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 # shellcheck shell=sh
 # Runs on one Slurm compute node (srun ... sh -c TEXT sh [HOST PORT]), sent as text by
-# runs.cluster.cluster_facts: its Docker engine and runtimes, whether enroot is there and, given a
+# targets.cluster.cluster_facts: its Docker engine and runtimes, whether enroot is there and, given a
 # registry's HOST and PORT, whether the node reaches it. One key=value per line.
 docker info --format 'docker={{.ServerVersion}} runtimes={{range $k, $v := .Runtimes}}{{$k}},{{end}}' 2>/dev/null \
   || echo docker=

@@ -1,5 +1,5 @@
 #!/bin/bash
-# A launcher job array, as sbatch runs it on a Slurm node: runs.slurm writes this file as
+# A launcher job array, as sbatch runs it on a Slurm node: targets.slurm writes this file as
 # array.sh into the array's folder and submits it with its sbatch options on the command line:
 #   sbatch --array=0-N ... array.sh ARRAY_DIR
 # ARRAY_DIR holds `tasks`, the task script of each array index in order, NUL-separated (the

@@ -1,5 +1,5 @@
 #!/bin/bash
-# One replicate of a launcher run, run by its Slurm array task: runs.slurm writes this file as
+# One replicate of a launcher run, run by its Slurm array task: targets.slurm writes this file as
 # task.sh into the run's folder, and its values, NUL-separated, as task.args beside it:
 #   RUNTIME IMAGE NAME ENV_FILE SOURCE_KIND SOURCE FACTS N EXPORT... COMMAND...
 # RUNTIME: docker or pyxis. IMAGE: the pinned image ID. NAME: the container's name. ENV_FILE: the

@@ -2,7 +2,7 @@
 target options are checked and the placement opened on a host, and how a run's own is reopened from
 its launch record.
 
-A target is one module: it defines its :class:`~launcher.runs.placement.Placement` and calls
+A target is one module: it defines its :class:`~launcher.targets.placement.Placement` and calls
 :func:`register` with a :class:`Target` at import. The built-in ones are the direct placement (a
 host's Docker engine, local or over SSH; an Azure VM launcher created is reached as such a host, by
 its SSH alias) and the modules named in ``BUILTIN``. The CLI's ``--scheduler`` choices are
@@ -21,12 +21,12 @@ from launcher.errors import UsageError
 from launcher.hosts.base import Host
 from launcher.hosts.hostspec import HostSpec
 from launcher.records.records import LaunchRecord, placement_kind
-from launcher.runs.placement import DirectPlacement, Placement
+from launcher.targets.placement import DirectPlacement, Placement
 from launcher.workspace import Workspace
 
 # the built-in scheduled targets by name, and the module that registers each when imported (only once a
 # command names one, or reopens a run placed by one: a run on one host imports none)
-BUILTIN = {"slurm": "launcher.runs.slurm_target"}
+BUILTIN = {"slurm": "launcher.targets.slurm_target"}
 
 
 @dataclass(frozen=True)

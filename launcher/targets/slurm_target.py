@@ -1,5 +1,5 @@
 """The Slurm target: `--scheduler slurm` places a group's replicates as one job array through the
-cluster's login node (:class:`launcher.runs.slurm.SlurmPlacement`). Its options (--partition,
+cluster's login node (:class:`launcher.targets.slurm.SlurmPlacement`). Its options (--partition,
 --slurm-opt, --max-parallel) are checked here, and `provision --scheduler slurm` (the cluster's fact
 sheet and settings) is this target's provisioning."""
 
@@ -11,9 +11,9 @@ from contextlib import AbstractContextManager
 from launcher.errors import UsageError
 from launcher.hosts.base import Host
 from launcher.hosts.hostspec import HostSpec
-from launcher.runs.cluster import cluster_facts, configure, parse_slurm_opts
-from launcher.runs.slurm import SlurmPlacement
-from launcher.runs.targets import Provisioned, ProvisionRequest, Target, TargetOptions, register
+from launcher.targets.cluster import cluster_facts, configure, parse_slurm_opts
+from launcher.targets.registry import Provisioned, ProvisionRequest, Target, TargetOptions, register
+from launcher.targets.slurm import SlurmPlacement
 
 
 def check(options: TargetOptions) -> None:

@@ -51,9 +51,16 @@ from launcher.records.records import (
     SlurmRunInfo,
     StartedRecord,
 )
-from launcher.runs.cluster import DOCKER_RUNTIME, PYXIS_RUNTIME, RUNTIMES, ClusterSettings, read_settings, require_slurm
-from launcher.runs.placement import ListedRun, Placement
 from launcher.specs.container import ContainerJob, container_spec, mounts, runtime_argv
+from launcher.targets.cluster import (
+    DOCKER_RUNTIME,
+    PYXIS_RUNTIME,
+    RUNTIMES,
+    ClusterSettings,
+    read_settings,
+    require_slurm,
+)
+from launcher.targets.placement import ListedRun, Placement
 from launcher.transfers.ship import SHIP_REPO, ShipResult, push_to_registry, save_to_archive
 
 if TYPE_CHECKING:

@@ -3,9 +3,9 @@
 :class:`Placement` is the seam a run target implements; :mod:`launcher.runs.lifecycle`,
 :mod:`launcher.runs.collect` and :mod:`launcher.runs.control` call nothing else to reach a target.
 :class:`DirectPlacement` puts containers on one host's Docker engine (the local one, or one over SSH);
-a Slurm cluster is :class:`launcher.runs.slurm.SlurmPlacement`; a cloud VM launcher creates would be a direct placement
-on the host it created. Each is named in the launch record by its ``kind`` and reopened from it by
-:func:`launcher.runs.targets.open_placement`. The contract a target meets is in docs/design.md.
+a Slurm cluster is :class:`launcher.targets.slurm.SlurmPlacement`; a cloud VM launcher creates would be a
+direct placement on the host it created. Each is named in the launch record by its ``kind`` and reopened from it by
+:func:`launcher.targets.registry.open_placement`. The contract a target meets is in docs/design.md.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class Placement(ABC):
         return self.host.name
 
     def record(self) -> PlacementRecord:  # a target's own fields (SlurmPlacement adds its own)
-        """What the launch record keeps to reopen this placement (see runs/targets.py)."""
+        """What the launch record keeps to reopen this placement (see targets/registry.py)."""
         return {"kind": self.kind}
 
     @classmethod

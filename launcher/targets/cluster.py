@@ -1,7 +1,7 @@
 """A Slurm cluster as a whole, seen from its login node: its settings on the shared filesystem
 (``~/.launcher/cluster.json``: the registry the nodes pull from, the container runtime), its fact
 sheet (partitions, nodes, what each node can run), the configuration `launcher provision --scheduler
-slurm` records, and the --slurm-opt values a run passes to sbatch. Runs on it: runs/slurm.py."""
+slurm` records, and the --slurm-opt values a run passes to sbatch. Runs on it: targets/slurm.py."""
 
 from __future__ import annotations
 
