@@ -307,9 +307,9 @@ def test_unsigned_attest_and_a_key_launcher_cannot_use(ws: Workspace, run_dir: P
 def test_a_reproduction_repeats_what_the_manifest_recorded_and_checks_secrets_by_their_sha256(
         ws: Workspace, tmp_path: Path) -> None:
     from launcher.attest.check import Verified
-    from launcher.attest.reproduce import _preflight, _spec
     from launcher.attest.unpack import OpenedRun
     from launcher.specs.userenv import secret_digest
+    from launcher.workflows.reproduce import _preflight, _spec
 
     d = write_run(ws.runs, FakeRun(run_id="20261125T100000-mnist_convnet-cccccc", seed=7, threads=3))
     data = json.loads((d / "manifest.json").read_text())

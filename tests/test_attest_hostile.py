@@ -12,11 +12,11 @@ from typing import Any
 import hostile as h
 import pytest
 
-from launcher.attest import reproduce
 from launcher.attest.bundle import ENVELOPE
 from launcher.attest.signers import PemSigner, Trust
 from launcher.attest.unpack import OpenedBundle, open_bundle
 from launcher.errors import Corrupt, DigestMismatch, DiskFull, LauncherError, UnknownSigner, UnsafePath
+from launcher.workflows import reproduce
 from launcher.workspace import Workspace
 
 

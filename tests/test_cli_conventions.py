@@ -22,7 +22,7 @@ from launcher.cli import app
 from launcher.cli import params as cliparams
 from launcher.determinism import PROFILES
 from launcher.errors import ExitCode
-from launcher.runs.experiment import plan
+from launcher.workflows.experiment import plan
 
 runner = CliRunner()
 WIDE = {"COLUMNS": "200"}

@@ -118,7 +118,7 @@ def test_a_failed_replicate_ends_run_with_exit_6_naming_it_and_its_log(ws: Works
 
 def test_experiment_passes_script_arguments_after_a_double_dash(ws: Workspace, tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    from launcher.runs import experiment as experiment_mod
+    from launcher.workflows import experiment as experiment_mod
 
     seen: dict[str, Any] = {}
 

@@ -1,7 +1,7 @@
 """`launcher diverge`'s reasoning on hand-made records, without a container: the exact step from the
 re-executions' fingerprints, a re-execution checked against its run before it is believed, a change
 outside the traced operations named, the lines and the exit code, and where a re-execution starts
-from a checkpoint (launcher.verify.repeat, launcher.runs.divergence, launcher.runs.rewind).
+from a checkpoint (launcher.verify.repeat, launcher.workflows.divergence, launcher.runs.rewind).
 
 The re-executions themselves are faked (``_execute`` replaced by copies of the runs with edited
 fingerprints and traces): the real ones are in tests/test_diverge_in_image.py."""
@@ -23,15 +23,15 @@ from typer.testing import CliRunner
 from launcher.cli import app
 from launcher.errors import ExitCode
 from launcher.records.manifest import load_manifest
-from launcher.runs import diverge as diverge_mod
 from launcher.runs import rewind
-from launcher.runs.divergence import Divergence, DivergenceRecord
 from launcher.runtime import checkpoint as ck
 from launcher.runtime import fingerprints as fp
 from launcher.runtime import optrace
 from launcher.verify.opdiff import OpDifference
 from launcher.verify.repeat import RepeatCheck, check_repeat, repeat_phrase
 from launcher.verify.stepdiff import StepRow, rows_diff
+from launcher.workflows import diverge as diverge_mod
+from launcher.workflows.divergence import Divergence, DivergenceRecord
 from launcher.workspace import Workspace
 
 runner = CliRunner()

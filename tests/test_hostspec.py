@@ -58,7 +58,7 @@ def test_record_round_trip_keeps_what_reopens_the_host_and_never_the_trust() -> 
 
 
 def test_experiment_gives_each_host_the_same_ssh_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import launcher.runs.experiment as experiment_mod
+    import launcher.workflows.experiment as experiment_mod
 
     seen: dict[str, Any] = {}
 

@@ -14,7 +14,7 @@ from runfactory import FakeRun, make_workspace, write_run
 from launcher.errors import HostUnreachable, NotFound, RunFailed, UsageError
 from launcher.hosts.hostspec import HostSpec
 from launcher.report.assemble import SCHEMA, write_report
-from launcher.runs.experiment import DIFFERENT_SEEDS, SAME_SEED, experiment, plan, run_parallel
+from launcher.workflows.experiment import DIFFERENT_SEEDS, SAME_SEED, experiment, plan, run_parallel
 from launcher.workspace import Workspace
 
 

@@ -187,7 +187,7 @@ def test_another_image_is_refused_before_running_unless_allowed_and_then_named(
     with open(package / "runtime" / "__init__.py", "a") as f:
         f.write("# another launcher\n")
     monkeypatch.setattr(build_mod, "PACKAGE_DIR", package)
-    monkeypatch.setattr("launcher.attest.reproduce.PACKAGE_DIR", package)
+    monkeypatch.setattr("launcher.workflows.reproduce.PACKAGE_DIR", package)
     args = ["--allowed-signers", str(people["allowed"]), "--key", str(people["reviewer"])]
     code, _, err = cli(None, "reproduce", str(bundle), "--into", str(tmp_path / "no"), *args)
     assert code == ExitCode.OTHER_IMAGE == 44, err

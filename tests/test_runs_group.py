@@ -152,7 +152,7 @@ def _failing_at(bad: int, calls: list[object]) -> object:
 
 def test_an_experiment_stops_starting_runs_after_one_fails(ws: Workspace) -> None:
     from launcher.errors import ExitCode
-    from launcher.runs.experiment import experiment
+    from launcher.workflows.experiment import experiment
 
     calls: list[object] = []
     res = experiment(ws, "tiny", 3, "both", launch=_failing_at(1, calls))  # type: ignore[arg-type]
@@ -165,7 +165,7 @@ def test_an_experiment_stops_starting_runs_after_one_fails(ws: Workspace) -> Non
 
 
 def test_an_experiment_warns_when_different_seeds_are_overridden(ws: Workspace) -> None:
-    from launcher.runs.experiment import PlannedRun, experiment
+    from launcher.workflows.experiment import PlannedRun, experiment
 
     def launch(job: PlannedRun, host: object) -> collect.RunOutcome:
         seed = job.seed
@@ -182,7 +182,7 @@ def test_an_experiment_warns_when_different_seeds_are_overridden(ws: Workspace) 
 
 def test_an_experiment_of_a_script_passes_its_args_and_env_and_names_groups_by_project(
         ws: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from launcher.runs.experiment import experiment
+    from launcher.workflows.experiment import experiment
 
     seen: list[RunSpec] = []
 
@@ -201,7 +201,7 @@ def test_an_experiment_of_a_script_passes_its_args_and_env_and_names_groups_by_p
 
 
 def test_an_experiment_on_a_cluster_cancels_its_arrays_when_a_run_fails(ws: Workspace, tmp_path: Path) -> None:
-    from launcher.runs.experiment import experiment
+    from launcher.workflows.experiment import experiment
 
     arrays: list[FakeArray] = []
 

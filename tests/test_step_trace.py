@@ -338,7 +338,7 @@ def test_diverge_refuses_what_it_cannot_localise_and_says_when_runs_agree(tmp_pa
 
 
 def test_the_causes_tried_follow_what_differs_between_the_runs(tmp_path: Path) -> None:
-    from launcher.runs.diverge import candidates
+    from launcher.workflows.diverge import candidates
 
     local = {"host_options": {"spec": None}, "placement": {"kind": "direct"}}
     remote = {"host_options": {"spec": "ssh://gpu1"}, "placement": {"kind": "direct"}}

@@ -10,6 +10,7 @@
 - :mod:`tarread`, :mod:`unpack`, :mod:`deps`: a bundle read as a stranger's file (headers first, the envelope
   verified before anything is written, only the files it names extracted) and held against each run's
   provenance;
-- :mod:`reproduce`: `launcher reproduce`: the bundle checked, the image rebuilt, the run repeated,
-  compared, and a signed verification summary (SLSA VSA v1, :mod:`summary`).
+- :mod:`summary`: the signed verification summary (SLSA VSA v1) of a reproduction; `launcher reproduce` itself,
+  which checks the bundle, rebuilds the image, repeats the run and compares, is
+  :mod:`launcher.workflows.reproduce` (it runs and verifies, above both).
 """

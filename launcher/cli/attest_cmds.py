@@ -17,7 +17,7 @@ from launcher.result import Result
 if TYPE_CHECKING:
     from launcher.attest.bundle import BundleOutcomeRecord
     from launcher.attest.provenance import AttestOutcomeRecord
-    from launcher.attest.reproduce import ReproduceOutcomeRecord
+    from launcher.workflows.reproduce import ReproduceOutcomeRecord
 
 app = typer.Typer()
 LOCAL = HostSpec()  # what a command gets without --host (@with_host passes the real value)
@@ -256,8 +256,8 @@ def reproduce_cmd(
     that leaves its folders, a link, a sparse member, a .git entry (UNSAFE_PATH); 13 not a bundle launcher
     reads (CORRUPT); 14 larger than the free disk (DISK_FULL); 2 no trust root given (USAGE).
     """
-    from launcher.attest.reproduce import reproduce
     from launcher.specs import userenv
+    from launcher.workflows.reproduce import reproduce
 
     secrets = userenv.parse([], secret_env or []).secret
     trust = _trust(ctx, allowed_signers, trusted_key, "--trusted-key")

@@ -12,7 +12,7 @@ from launcher.cli.params import complete_run
 from launcher.result import Result
 
 if TYPE_CHECKING:
-    from launcher.runs.divergence import DivergenceLines
+    from launcher.workflows.divergence import DivergenceLines
 
 app = typer.Typer()
 
@@ -54,7 +54,7 @@ def diverge_cmd(
 
     Example: launcher diverge 1a2b3c 4d5e6f
     """
-    from launcher.runs.diverge import diverge
+    from launcher.workflows.diverge import diverge
 
     ws = workspace_of(ctx)
     with reporter(ctx) as rep:

@@ -47,10 +47,10 @@ from launcher.result import Result
 
 if TYPE_CHECKING:
     from launcher.report.records import ReportDoc
-    from launcher.runs.experiment import ExperimentRecord, ExperimentResult
     from launcher.verify.differences import ModelExplanation
     from launcher.verify.modeldiff import SourcedModelDiff
     from launcher.verify.verdicts import RunRecord, VerdictRecord
+    from launcher.workflows.experiment import ExperimentRecord, ExperimentResult
 from launcher.determinism import DEFAULT_SEED
 
 app = typer.Typer()
@@ -296,8 +296,8 @@ def experiment_cmd(
 ) -> None:
     """Run replicates of a recipe in a same-seed and a different-seeds group, in parallel across hosts."""
     from launcher.runs import lifecycle as runs_mod
-    from launcher.runs.experiment import experiment
     from launcher.specs import userenv
+    from launcher.workflows.experiment import experiment
 
     runs_mod.probe_option(probes)  # a bad SPEC stops here, before any host is opened
     runs_mod.trace_option(trace_every)

@@ -179,7 +179,7 @@ class ArtifactRow:
     path: str
     checked: bool
     reference_sha256: str | None
-    # run id -> its Cell; held as plain dicts because launcher.attest.reproduce reads them as such
+    # run id -> its Cell; held as plain dicts because launcher.workflows.reproduce reads them as such
     cells: dict[str, dict[str, Any]]
     ignored_by: str | None = None
     kind: str = "other"

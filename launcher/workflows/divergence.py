@@ -1,4 +1,4 @@
-"""`launcher diverge`'s answer (launcher.runs.diverge): what was re-executed and checked, the exact step,
+"""`launcher diverge`'s answer (launcher.workflows.diverge): what was re-executed and checked, the exact step,
 the first value that differs, the cause tried, the lines that tell it, and its exit code.
 
 The order of the lines is the order of the reasoning: where the runs' own step fingerprints part; the

@@ -25,7 +25,7 @@ what makes them agree.
 
 Each re-execution is an ordinary run of the workspace (its own run folder, group
 ``diverge-<first run's tail>``), so its logs and outputs stay inspectable. The answer and its lines
-are in launcher.runs.divergence.
+are in launcher.workflows.divergence.
 """
 
 from __future__ import annotations
@@ -45,15 +45,6 @@ from launcher.records.rundir import RunDir
 from launcher.records.store import resolve_run_id
 from launcher.runs import rewind
 from launcher.runs.collect import pull_record, read_launch, wait_run
-from launcher.runs.divergence import (
-    Candidate,
-    CandidateRecord,
-    Divergence,
-    DivergenceLines,
-    DivergenceRecord,
-    Setting,
-    outside_change,
-)
 from launcher.runs.lifecycle import start_run
 from launcher.runs.replicates import is_failed
 from launcher.specs.runspec import RunSpec
@@ -64,6 +55,15 @@ from launcher.verify.classification import INPUT_CATEGORIES
 from launcher.verify.environment import environment_diff
 from launcher.verify.repeat import check_repeat, environment_changes
 from launcher.verify.stepdiff import read_steps, rows_diff, steps_diff
+from launcher.workflows.divergence import (
+    Candidate,
+    CandidateRecord,
+    Divergence,
+    DivergenceLines,
+    DivergenceRecord,
+    Setting,
+    outside_change,
+)
 from launcher.workspace import Workspace
 
 __all__ = ["Candidate", "CandidateRecord", "Divergence", "DivergenceLines", "DivergenceRecord", "Setting",
