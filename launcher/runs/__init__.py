@@ -1,2 +1,3 @@
-"""The run stage: what runs (recipe, code, determinism profile), where it is placed, its life
-(ship, start, wait, pull), the manifest that records it, and the store of finished runs."""
+"""The run stage: a run's life once it is specified (launcher.specs): the project's image made current,
+the run placed on its target (launcher.targets) and started, watched, collected, resumed and cleaned; the
+plain `docker run` that repeats it; a re-execution rewound to a checkpoint; a saved model explained."""
