@@ -127,7 +127,7 @@ def pull_record(
     """Copy the run's outputs back (skipping files verified before); write the manifest once it ended.
 
     Returns the manifest, or, while the run still goes (and watch is None), a status record.
-    run_id: the run's id, or any unique part of it (runs.store.resolve_run_id).
+    run_id: the run's id, or any unique part of it (records.store.resolve_run_id).
     """
     from launcher.records.store import resolve_run_id
     from launcher.transfers.pull import pull_outputs
