@@ -33,6 +33,10 @@ Measured on this machine (2 cores, shared with other work), `--workspace` with t
   this state:      docker 0.97 s, launcher 1.32 s outside the script (medians of 7): +0.35 s; again +0.41 s
   the state before (c30d746), on its own image minutes apart: docker 1.01 s, launcher 1.54 s: +0.53 s
   (under load 1-2 the same state measured +0.82 s; when issue 26 set the target, whole commands: about +1.8 s)
+  Typer's internals behind launcher/cli/typercompat.py, no atexit._run_exitfuncs (load 2.2-3.0): this state
+  +0.99 s, the state before +0.77 s and +0.27 s (docker's side alone moved 1.47 s -> 3.01 s between runs: too
+  noisy to tell them apart); the CLI alone (start to refusal of a missing recipe, 25 alternating runs each)
+  0.243 s against 0.253 s before, a paired median of -5 ms.
 Within 0.5 s. Where the time went, by timestamps on each subprocess and in the container:
   * before the container: the CLI's start to `docker run -d` 0.52 s -> 0.23-0.37 s. The local host makes
     folders, reads free space, ownership and its fact sheet in process (mkdir, df, id and facts.sh were

@@ -1,5 +1,5 @@
-"""The `launcher` command leaves without the interpreter's teardown (cli._leave): its exit code, its whole
-output and its exit functions are still those of a normal exit."""
+"""The `launcher` command leaves without the interpreter's teardown (cli._leave, then cli._last_exit, the last
+exit function): its exit code, its whole output and its exit functions are still those of a normal exit."""
 
 from __future__ import annotations
 
@@ -37,3 +37,29 @@ def test_the_whole_output_is_flushed_and_exit_functions_and_finalizers_run(tmp_p
     assert done.stdout.rstrip().endswith("╯") and "--determinism" in done.stdout  # the last panel, closed
     assert (tmp_path / "exit-functions-ran").read_text() == "yes"
     assert [p.name for p in tmp_path.iterdir()] == ["exit-functions-ran"]  # the temporary folder went
+
+
+def test_importing_the_cli_registers_one_exit_function_so_every_other_runs_before_it() -> None:
+    # the interpreter runs exit functions last registered first: one registered while launcher.cli is
+    # imported, before _last_exit, would be skipped by its os._exit (atexit.register watched here)
+    code = ("import atexit\n"
+            "seen = []\n"
+            "register = atexit.register\n"
+            "atexit.register = lambda f, *a, **k: (seen.append(getattr(f, '__qualname__', repr(f))), "
+            "register(f, *a, **k))[1]\n"
+            "import launcher.cli\n"
+            "print(seen)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120,
+                          check=True)
+    assert done.stdout.split("\n")[-2] == "['_last_exit']"
+
+
+def test_the_interpreters_teardown_is_skipped_and_importing_alone_changes_nothing(tmp_path: Path) -> None:
+    torn = "class Torn:\n    def __del__(self):\n        print('torn down', flush=True)\nkept = Torn()\n"
+    ran = subprocess.run([sys.executable, "-c", torn + "import sys\nsys.argv = ['launcher', '--version']\n"
+                          "from launcher.cli import main\nmain()\n"], capture_output=True, text=True, cwd=REPO,
+                         timeout=120)
+    assert ran.returncode == 0 and "launcher " in ran.stdout and "torn down" not in ran.stdout
+    imported = subprocess.run([sys.executable, "-c", torn + "import launcher.cli\nraise SystemExit(3)\n"],
+                              capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert imported.returncode == 3 and "torn down" in imported.stdout  # a script that only imports it

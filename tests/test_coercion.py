@@ -1,4 +1,5 @@
-"""launcher.cli.coercion: the same values and errors as typer's own coercion, without importing pydantic."""
+"""launcher.cli.typercompat's coercion: the same values and errors as typer's own, without importing pydantic;
+and, without the Typer internals it uses, typer's own coercion for every parameter."""
 
 from __future__ import annotations
 
@@ -6,17 +7,15 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, get_args, get_origin
+from typing import Any, Literal, get_args, get_origin
 
 import pytest
 import typer
 import typer.main
-from typer._coercion import build_runtime_param
-from typer._typing import is_literal_type, literal_values
-from typer.core import _TyperParameter
+from typer.core import TyperArgument, TyperOption
 
 from launcher.cli import app
-from launcher.cli.coercion import NOT_PLAIN, PlainRuntimeParam, plain
+from launcher.cli.typercompat import NOT_PLAIN, PlainRuntimeParam, plain, typers_coercion
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -27,15 +26,15 @@ def _params(group: Any) -> Iterator[tuple[Any, Any]]:
         if hasattr(cmd, "commands"):
             yield from _params(cmd)
         for p in cmd.params:
-            if isinstance(p, _TyperParameter):
+            if isinstance(p, (TyperArgument, TyperOption)):
                 yield cmd, p
 
 
 def _values(annotation: Any) -> list[Any]:
     leaf = get_args(annotation)[0] if get_origin(annotation) is list else annotation
     words = ["x", "", " 5", "7", "-3", "+4", "007", "0", "1_000", "1e3", "abc", "/tmp", "rel/dir", "-", "~/x"]
-    if is_literal_type(leaf):
-        words += [str(v) for v in literal_values(leaf)] + [str(v).upper() for v in literal_values(leaf)]
+    if get_origin(leaf) is Literal:
+        words += [str(v) for v in get_args(leaf)] + [str(v).upper() for v in get_args(leaf)]
     one: list[Any] = [*words, 3, Path("/tmp")]
     if get_origin(annotation) is list:
         return [*one, ["a", "7"], ("7", "-3"), [], ["x", ""]]
@@ -63,7 +62,7 @@ def test_every_parameter_of_every_command_coerces_as_typer_does() -> None:
         ctx = typer.Context(cmd)
         fast = PlainRuntimeParam(parameter_info=td.parameter_info, annotation=td.annotation)
         for v in _values(td.annotation):
-            want = _outcome(build_runtime_param(td), v, p, ctx)
+            want = _outcome(typers_coercion(p), v, p, ctx)
             got = _outcome(fast, v, p, ctx)
             assert got == want, (cmd.name, p.name, td.annotation, v)
             plain_answers += plain(td.annotation, td.parameter_info, v, p, ctx) is not NOT_PLAIN
@@ -95,3 +94,25 @@ def test_a_bad_value_is_still_typers_usage_error(args: list[str], message: str) 
                           cwd=REPO, timeout=120, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
     assert done.returncode == 2, done.stderr
     assert message in done.stderr
+
+
+def test_without_typers_internals_every_parameter_is_left_to_typers_own_coercion(tmp_path: Path) -> None:
+    # a Typer without the coercion seam (its class gone, so importing it fails): the same values and usage
+    # errors, by typer's own coercion, which imports pydantic
+    code = (
+        "import atexit, sys\n"
+        "import typer._coercion\n"
+        "del typer._coercion.RuntimeParam\n"
+        "from launcher.cli import main, typercompat\n"
+        "atexit.register(lambda: print('seam', typercompat.SEAM, 'pydantic' in sys.modules))\n"
+        f"sys.argv = ['launcher', '-w', {str(tmp_path)!r}, 'run', 'x', '--determinism', 'strict'] + sys.argv[1:]\n"
+        "main()\n"
+    )
+    for extra, code_wanted in ((["--seed", "abc"], 2), (["--seed", "3", "--threads", "2"], None)):
+        done = subprocess.run([sys.executable, "-c", code, *extra], capture_output=True, text=True, cwd=REPO,
+                              timeout=120, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+        assert "seam False True" in done.stdout, done.stdout + done.stderr
+        if code_wanted == 2:
+            assert done.returncode == 2 and "Invalid value for '--seed'" in done.stderr, done.stderr
+        else:  # parsed, then refused for the workspace: not a usage error
+            assert done.returncode not in (0, 2) and "error:" in done.stderr, done.stderr

@@ -83,8 +83,8 @@ def _terminate(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def main() -> None:
-    """The `launcher` command: the app, then out without tearing the interpreter down (see _leave)."""
+def main() -> NoReturn:
+    """The `launcher` command: the app, then out without tearing the interpreter down (see _last_exit)."""
     signal.signal(signal.SIGTERM, _terminate)
     try:
         app()
@@ -94,16 +94,31 @@ def main() -> None:
 
 
 def _leave(code: object) -> NoReturn:
-    """Exit with code once the exit functions have run (temporary files removed, logs flushed) and the
-    output is flushed, skipping the interpreter's teardown of its ~800 modules: some 50 ms of nothing
-    after every command's last line. Threads launcher starts are joined before this. A code that is
-    neither an int nor None is said on stderr and exits 1, as sys.exit does."""
+    """Exit with code: a code that is neither an int nor None is said on stderr and exits 1, as sys.exit
+    does. The interpreter then joins the threads left, runs the exit functions (temporary files removed,
+    logs flushed), and _last_exit ends the process after them."""
     if code is not None and not isinstance(code, int):
         print(code, file=sys.stderr)
-    atexit._run_exitfuncs()
+    _EXIT_CODE.append(code if isinstance(code, int) else 0 if code is None else 1)
+    raise SystemExit(_EXIT_CODE[-1])
+
+
+_EXIT_CODE: list[int] = []  # the code main() leaves with; empty when launcher.cli is imported and not run
+
+
+def _last_exit() -> None:
+    """The last exit function: once main() has left, flush the output and end the process with its code,
+    skipping the interpreter's teardown of its ~800 modules (some 50 ms of nothing after every command's
+    last line). Registered when this module is imported, before any exit function of a command (the
+    interpreter runs them last registered first, so each of those has run by now)."""
+    if not _EXIT_CODE:
+        return
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):  # a closed pipe: nothing more to say
             pass
-    os._exit(code if isinstance(code, int) else 0 if code is None else 1)
+    os._exit(_EXIT_CODE[-1])
+
+
+atexit.register(_last_exit)

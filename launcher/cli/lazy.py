@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 import typer.main
-from typer._click.core import Command
 from typer.models import TyperInfo
 
 from launcher.cli.params import LauncherGroup
+
+if TYPE_CHECKING:
+    from launcher.cli.typercompat import Command
 
 # Each command (or group) of the root and the module declaring it, in the order --help lists them.
 # tests/test_cli.py checks this against what the modules declare.
@@ -59,7 +61,7 @@ def _group_name(info: TyperInfo) -> object:
     return info.typer_instance.info.name
 
 
-class LazyCommands(MutableMapping[str, Command]):
+class LazyCommands(MutableMapping[str, "Command"]):
     """A group's commands by name: a name of `COMMANDS` imports its module on first lookup."""
 
     def __init__(self, added: MutableMapping[str, Command]) -> None:

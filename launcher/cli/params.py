@@ -22,15 +22,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import typer
-
-# Typer (0.26 on) parses with its own copy of Click, typer._click, and raises that copy's exceptions, not
-# those of a `click` installed beside it (MLflow brings one): what a parse is compared against comes from
-# there, in this one place. pyproject.toml holds Typer to the releases this module is tested with.
-from typer._click.core import ParameterSource
-from typer._click.exceptions import NoArgsIsHelpError
-from typer._click.exceptions import UsageError as ClickUsageError
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
+from launcher.cli.typercompat import CLICK_USAGE_ERROR, install, typed_on_command_line
 from launcher.errors import LauncherError
 from launcher.records.rundir import RunDir
 from launcher.workspace import VARIANTS, Workspace
@@ -180,13 +174,21 @@ def _choices(param: Any, ctx: Any) -> list[str] | None:
     dynamic = DYNAMIC_CHOICES.get(param.name or "")
     if dynamic is not None:
         return dynamic(ctx)
-    desc = param.type_descriptor
+    desc = getattr(param, "type_descriptor", None)
+    if desc is None:  # typer before 0.29: the Click type
+        found = getattr(param.type, "choices", None)
+        return [str(getattr(c, "value", c)) for c in found] if found is not None else None
     if desc.is_choice and desc.choices is not None:
         return [str(getattr(c, "value", c)) for c in desc.choices]
     return None
 
 
+_CLICK_TYPE_METAVAR = {"integer": "N", "float": "NUMBER", "text": "TEXT", "path": "PATH"}
+
+
 def _type_metavar(param: Any) -> str:
+    if not hasattr(param, "type_descriptor"):  # typer before 0.29: the Click type
+        return _CLICK_TYPE_METAVAR.get(getattr(param.type, "name", ""), "VALUE")
     annotation = param.type_descriptor.annotation
     args = get_args(annotation)
     if args and getattr(annotation, "__origin__", None) in (list, tuple):
@@ -213,6 +215,16 @@ class _Argument(TyperArgument):
         return name if self.required else f"[{name}]"
 
 
+def _shown_type(param: Any, click_type: Any, ctx: Any) -> Any:
+    """typer before 0.29 shows an argument's Click type in help (`<text>`): a copy of the type that shows
+    its choices, or nothing."""
+    shown = copy.copy(click_type)
+    choices = _choices(param, ctx)
+    shown.get_metavar = lambda *args, **kwargs: f"[{'|'.join(choices)}]" if choices else ""
+    shown.launcher_shown = True
+    return shown
+
+
 def conventional(ctx: Any, params: list[Any]) -> list[Any]:
     """Give every parameter a conventional metavar (idempotent; choices are looked up afresh). While help
     is written, an option's hidden aliases are left out of what it shows (a copy: parsing keeps them)."""
@@ -224,6 +236,9 @@ def conventional(ctx: Any, params: list[Any]) -> list[Any]:
                 p.__class__ = _Argument  # adds methods only: the same object, shown conventionally
             if p.metavar is None:
                 p.metavar = (p.name or "").upper() + ("..." if p.nargs != 1 else "")
+            click_type = getattr(p, "type", None)  # typer before 0.29 gives an argument a Click type
+            if click_type is not None and not getattr(click_type, "launcher_shown", False):
+                setattr(p, "type", _shown_type(p, click_type, ctx))  # noqa: B010  (no attribute in typer 0.29)
         elif isinstance(p, TyperOption):
             if p.is_flag or p.count:
                 p.metavar = ""  # a flag takes no value, so it shows none
@@ -244,10 +259,13 @@ def _without_hidden_aliases(param: Any) -> Any:
     return shown
 
 
-def _usage_error_as_json(info_name: str | None, args: list[str], parent: Any, exc: Exception) -> None:
+def _usage_error_as_json(info_name: str | None, args: list[str], parent: Any, exc: Exception, *,
+                         shows_help: bool = False) -> None:
     """With --json typed, a usage error found while parsing (an unknown option, a value outside a choice)
-    is also the versioned envelope on stdout, as every other error is; the message stays on stderr."""
-    if not isinstance(exc, ClickUsageError) or isinstance(exc, NoArgsIsHelpError):
+    is also the versioned envelope on stdout, as every other error is; the message stays on stderr.
+    shows_help: the command was given no arguments and answers that with its help (Click raises that as a
+    usage error too), which is not an error."""
+    if not isinstance(exc, CLICK_USAGE_ERROR) or shows_help:
         return
     typed = list((parent.meta.get(ARGV) if parent is not None else None) or args)
     if "--json" not in (typed[: typed.index("--")] if "--" in typed else typed):
@@ -265,8 +283,6 @@ class _Conventions:
     parse error answered as the JSON envelope under --json."""
 
     def get_params(self, ctx: Any) -> list[Any]:
-        from launcher.cli.coercion import install
-
         return install(conventional(ctx, super().get_params(ctx)))  # type: ignore[misc]
 
     def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
@@ -274,7 +290,8 @@ class _Conventions:
         try:
             return super().make_context(info_name, args, parent=parent, **extra)  # type: ignore[misc]
         except Exception as exc:
-            _usage_error_as_json(info_name, typed, parent, exc)
+            shows_help = not typed and bool(getattr(self, "no_args_is_help", False))
+            _usage_error_as_json(info_name, typed, parent, exc, shows_help=shows_help)
             raise
 
 
@@ -298,7 +315,7 @@ class LauncherGroup(_Conventions, TyperGroup):
 
 def typed(ctx: typer.Context, name: str) -> bool:
     """Whether the parameter NAME was typed on the command line, not left to its default."""
-    return ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE
+    return typed_on_command_line(ctx, name)
 
 
 def variant_for(ctx: typer.Context, ws: Workspace, variant: str, recipe: str, entry: str | None = None) -> str:
