@@ -319,7 +319,7 @@ def typed(ctx: typer.Context, name: str) -> bool:
 
 
 def variant_for(ctx: typer.Context, ws: Workspace, variant: str, recipe: str, entry: str | None = None) -> str:
-    """The image variant of a run (launcher.runs.runspec.choose_variant), its note said on stderr."""
+    """The image variant of a run (launcher.specs.runspec.choose_variant), its note said on stderr."""
     from launcher.specs.runspec import choose_variant
 
     chosen = choose_variant(ws, recipe, variant, given=typed(ctx, "variant"), entry=entry)
