@@ -15,7 +15,6 @@ from typer.testing import CliRunner
 from launcher.cli import app
 from launcher.errors import ExitCode
 from launcher.hosts import dockerapi
-from launcher.hosts import engine as docker_engine
 from launcher.images import build as build_mod
 from launcher.images.lock import parse_lock
 from launcher.workspace import Workspace
@@ -159,12 +158,12 @@ def test_unknown_variant_and_missing_engine(tmp_path: Path, make_workspace: Call
     res = runner.invoke(app, ["-w", str(ws.root), "build", "tpu"])
     assert res.exit_code == ExitCode.USAGE
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-such.sock")
-    docker_engine.client.cache_clear()
+    dockerapi.client.cache_clear()
     try:
         res = runner.invoke(app, ["-w", str(ws.root), "build", "cpu"])
     finally:
         monkeypatch.undo()
-        docker_engine.client.cache_clear()
+        dockerapi.client.cache_clear()
     assert res.exit_code == ExitCode.ENGINE_UNAVAILABLE, res.output
     assert "no Docker engine answers" in res.output
 

@@ -45,7 +45,7 @@ def uninterrupted(cpu_image: dict[str, Any]) -> dict[str, Any]:
     code, whole, err = cli(cpu_image["workspace"].root, *RUN)
     assert code == 0, err
     run: dict[str, Any] = whole["data"]["runs"][0]
-    assert run["checkpoint"] == {"every": 1} and len(run["segments"]) == 1
+    assert run["checkpoint"] == {"every": 1, "keep": "latest"} and len(run["segments"]) == 1
     return run
 
 
@@ -144,8 +144,9 @@ def test_a_run_killed_here_resumes_on_the_ssh_test_host(
     assert code == 0 and verdict["data"]["verdict"] == "identical", err
 
 
-def test_a_moved_run_mounts_the_new_hosts_folders() -> None:
+def test_a_moved_run_mounts_the_new_hosts_folders(tmp_path: Path) -> None:
     from launcher.hosts.engine import spec_from_argv
+    from launcher.records.rundir import RunDir
     from launcher.runs.resume import moved_spec
     from launcher.specs.container import launch_spec
 
@@ -153,7 +154,10 @@ def test_a_moved_run_mounts_the_new_hosts_folders() -> None:
     argv = ["docker", "run", "-d", "--name", "launcher-r", "-e", "LAUNCHER_SEED=3", "-e", "LAUNCHER_OWNER=0:0",
             "-v", "/old/r/out:/launcher/out", "-v", "/data/x:/launcher/data:ro", "sha256:img", "python", "-m",
             "launcher.runtime", "run", "-v", "/old/r/out:/x"]
-    old = launch_spec({"argv": argv})  # type: ignore[typeddict-item]
+    record = tmp_path / "r"
+    record.mkdir()
+    (record / "launch.json").write_text(json.dumps({"run_id": "r", "group": "g", "argv": argv}))
+    old = launch_spec(RunDir(record).read_launch())
     assert old == spec_from_argv(argv) and old is not None
     moved = moved_spec(old, {"/old/r/out": "/new/r/out", "/data/x": "/d/x"}, "1000:1000")
     assert [(m.source, m.target, m.read_only) for m in moved.mounts] == [
