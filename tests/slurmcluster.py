@@ -20,7 +20,7 @@ from pathlib import Path
 
 from testhost import HOST_PACKAGES, LABEL, RUN_FLAGS, TestHost, _sh, _wait_port, import_image, rootfs_tarball
 
-SLURM_PACKAGES = (*HOST_PACKAGES, "slurmctld", "slurmd", "slurm-client", "munge")
+SLURM_PACKAGES = HOST_PACKAGES  # the test hosts' root filesystem: the Slurm packages are in it
 PARTITION = "debug"
 SHARED = "/root/.launcher"
 NODE_NAMES = ("node1", "node2")

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from testhost import TestHost, base_image
+from testhost import TestHost
 
 from launcher.errors import Corrupt, TransferCut
 from launcher.hosts.ssh import SSHHost
@@ -21,12 +21,12 @@ STAGE = "/root/.launcher/ship"
 
 
 @pytest.fixture(scope="module")
-def big_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
-    """An image of its own with a compressible 90 MB layer no other test image shares (so the test host
-    lacks it), and the image's size uncompressed."""
+def big_image(tmp_path_factory: pytest.TempPathFactory, base_ref: str) -> Iterator[tuple[str, int]]:
+    """An image of its own (on the bootstrapped Debian base) with a compressible 90 MB layer no other test
+    image shares (so the test host lacks it), and the image's size uncompressed."""
     ctx = tmp_path_factory.mktemp("bigimage")
     mark = uuid.uuid4().hex
-    (ctx / "Dockerfile").write_text(f"FROM {base_image()}\nRUN seq 1 12000000 > /big.txt && echo {mark} >> /big.txt\n")
+    (ctx / "Dockerfile").write_text(f"FROM {base_ref}\nRUN seq 1 12000000 > /big.txt && echo {mark} >> /big.txt\n")
     tag = f"launcher-test-compress:{mark[:12]}"
     subprocess.run(["docker", "build", "-q", "-t", tag, str(ctx)], check=True, capture_output=True)
     image_id = subprocess.run(["docker", "image", "inspect", "-f", "{{.Id}}", tag], check=True,

@@ -100,14 +100,13 @@ def test_vm_up_provision_run_down_over_ssh(azure: AzureDouble, vm_host: TestHost
     assert "gpu1" not in aliases.own_ssh_config().read_text().split()
 
 
-def test_first_boot_setup_installs_what_an_image_lacks() -> None:
-    """cloud-init's runcmd on an image without Docker (a plain Debian here): it installs Docker from the
+def test_first_boot_setup_installs_what_an_image_lacks(base_ref: str) -> None:
+    """cloud-init's runcmd on an image without Docker (the bootstrapped Debian base here): it installs Docker from the
     distribution, puts the admin user in the docker group and marks the VM ready; run twice, it changes
     nothing more (cloud-init runs it once, but a rerun must be harmless)."""
     import subprocess
 
     from conftest import need
-    from testhost import base_image
 
     from launcher.vms.cloudinit import READY_MARKER, setup_script
 
@@ -116,7 +115,7 @@ def test_first_boot_setup_installs_what_an_image_lacks() -> None:
     cmd = ("useradd -m -s /bin/sh azureuser && cat > /tmp/setup.sh && ! command -v docker && "
            "sh /tmp/setup.sh azureuser && sh /tmp/setup.sh azureuser && command -v docker && "
            f"id -nG azureuser && cat {READY_MARKER}")
-    cp = subprocess.run(["docker", "run", "--rm", "-i", base_image(), "sh", "-c", cmd], input=script.encode(),
+    cp = subprocess.run(["docker", "run", "--rm", "-i", base_ref, "sh", "-c", cmd], input=script.encode(),
                         capture_output=True, timeout=900, check=False)
     err = cp.stderr.decode(errors="replace")
     need(cp.returncode == 0 or ("Could not resolve" not in err and "Temporary failure" not in err),

@@ -23,8 +23,10 @@ from pathlib import Path
 from launcher.workspace import default_cache_dir
 
 SUITE = "bookworm"
-HOST_PACKAGES = ("python3", "openssh-server", "docker.io", "iptables", "ca-certificates")
-BASE_PACKAGES = ("python3",)
+# One root filesystem for the SSH test hosts and the Slurm nodes (one debootstrap per session, not two):
+# the Slurm daemons are installed on every test host but started only on the cluster's nodes.
+HOST_PACKAGES = ("python3", "openssh-server", "docker.io", "iptables", "ca-certificates",
+                 "slurmctld", "slurmd", "slurm-client", "munge")
 # A host as a fresh VM comes: sshd and python3, no Docker (provision --install puts it there)
 BARE_PACKAGES = ("python3", "openssh-server", "ca-certificates")
 RUN_FLAGS = (
@@ -229,8 +231,3 @@ def start_testhost(workdir: Path, cache_dir: Path | None = None, *, network: str
         host.stop()
         raise
     return host
-
-
-def base_image(cache_dir: Path | None = None) -> str:
-    """A Debian minbase + python3 image, for tiny test images that need no TensorFlow."""
-    return import_image(rootfs_tarball(BASE_PACKAGES, cache_dir), "launcher-testbase")
