@@ -33,7 +33,7 @@ from launcher.images.bootstrap import bootstrap
 from launcher.runs import project
 from launcher.scaffold import init_workspace
 from launcher.specs.recipes import load_recipe
-from launcher.specs.runspec import RunSpec
+from launcher.specs.request import RunRequest
 from launcher.workspace import Workspace, default_cache_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,7 +70,7 @@ def main() -> int:
         proj.mkdir()
         (proj / "train.py").write_text(SCRIPT)
         (proj / "requirements.in").write_text("tabulate\nmsgpack\n")
-        spec = RunSpec(recipe=str(proj / "train.py"), variant="cpu")
+        spec = RunRequest(recipe=str(proj / "train.py"), variant="cpu")
         recipe = load_recipe(ws, spec.recipe)
         first = build.build(ws, "cpu")
         project.prepare(ws, spec, recipe)  # the project as it was: locked, its layer built
@@ -81,21 +81,21 @@ def main() -> int:
         print(f"full cpu image build, no cache: {full_s:.1f} s (image {full.image_id[7:19]}, "
               f"{'the same ID' if full.image_id == first.image_id else 'ANOTHER ID'} as before)")
 
-        before = project.with_image(ws, spec, recipe)
+        before = project.image_for(ws, spec, recipe)
         (proj / "requirements.in").write_text("tabulate\nmsgpack\nhumanize\n")
         started = time.monotonic()
         project.ensure_lock(ws, spec, recipe)
         lock_s = time.monotonic() - started
         started = time.monotonic()
-        after = project.with_image(fresh_cache(ws, Path(tmp) / "cache"), spec, recipe)
+        after = project.image_for(fresh_cache(ws, Path(tmp) / "cache"), spec, recipe)
         layer_s = time.monotonic() - started
-        assert before.image and after.image
+        assert before and after
         unchanged = buildrecord.read_record(ws, "cpu")
         same = unchanged is not None and unchanged.image_id == full.image_id
         print(f"after adding humanize to requirements.in: lock {lock_s:.1f} s, project layer {layer_s:.1f} s "
-              f"(packages {', '.join(after.image['project']['packages'])})")
-        print(f"cpu image unchanged: {same}; layer {before.image['project']['layer'][7:19]} -> "
-              f"{after.image['project']['layer'][7:19]}")
+              f"(packages {', '.join(after['project']['packages'])})")
+        print(f"cpu image unchanged: {same}; layer {before['project']['layer'][7:19]} -> "
+              f"{after['project']['layer'][7:19]}")
         print(f"project layer / full build: {layer_s / full_s:.4f} (target <= 0.1)")
         print(f"lock + project layer / full build: {(lock_s + layer_s) / full_s:.4f}")
         return 0 if same and layer_s / full_s <= 0.1 else 1

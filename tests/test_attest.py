@@ -308,8 +308,9 @@ def test_a_reproduction_repeats_what_the_manifest_recorded_and_checks_secrets_by
         ws: Workspace, tmp_path: Path) -> None:
     from launcher.attest.check import Verified
     from launcher.attest.unpack import OpenedRun
+    from launcher.specs.request import ProbesOption
     from launcher.specs.userenv import secret_digest
-    from launcher.workflows.reproduce import _preflight, _spec
+    from launcher.workflows.reproduce import _preflight, _request
 
     d = write_run(ws.runs, FakeRun(run_id="20261125T100000-mnist_convnet-cccccc", seed=7, threads=3))
     data = json.loads((d / "manifest.json").read_text())
@@ -325,9 +326,10 @@ def test_a_reproduction_repeats_what_the_manifest_recorded_and_checks_secrets_by
     with pytest.raises(UsageError, match="differs"):
         _preflight(run, allow_other_image=True, data_from=None, secret_env={"HF_TOKEN": "other"})
     _preflight(run, allow_other_image=True, data_from=None, secret_env={"HF_TOKEN": "s3cret"})
-    spec = _spec(run, None, None, {"HF_TOKEN": "s3cret"})
+    spec = _request(run, None, None, {"HF_TOKEN": "s3cret"})
     assert (spec.recipe, spec.seed, spec.profile, spec.threads) == ("mnist_convnet", 7, "deterministic", 3)
-    assert spec.params == {"epochs": 3, "batch_size": 32} and spec.args == ["--lr", "0.1"] and spec.probes == "off"
+    assert spec.params == {"epochs": 3, "batch_size": 32} and spec.args == ["--lr", "0.1"]
+    assert spec.probes == ProbesOption("off", None)
     assert spec.env == {"WANDB_MODE": "offline"} and spec.secret_env == {"HF_TOKEN": "s3cret"}
     assert spec.code_plan == {"source": "image", "git": {}}  # planned here: nothing plans it again with git
     project = tmp_path / "code" / "myproj"
@@ -335,5 +337,5 @@ def test_a_reproduction_repeats_what_the_manifest_recorded_and_checks_secrets_by
     (d / "manifest.json").write_text(json.dumps(data))
     run.manifest = load_manifest(d)
     plan: Any = {"source": "mounted", "root": str(project), "entry": "train.py", "local": str(tmp_path / "snap")}
-    spec = _spec(run, plan, None, {"HF_TOKEN": "s3cret"})
+    spec = _request(run, plan, None, {"HF_TOKEN": "s3cret"})
     assert (spec.recipe, spec.code, spec.code_plan) == (str(project / "train.py"), str(project), plan)

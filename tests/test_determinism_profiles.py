@@ -44,16 +44,16 @@ def test_source_date_epoch_is_the_profiles_and_the_user_may_set_another() -> Non
     # writers that honour it (matplotlib's PDF and SVG, zip, tar) stamp 1980-01-01, not the wall clock
     from launcher.runs import lifecycle
     from launcher.specs import userenv
-    from launcher.specs.runspec import RunSpec
+    from launcher.specs.request import RunRequest
 
     for profile in ("strict", "deterministic", "seeded"):
         assert determinism.profile_env(profile, 1)["SOURCE_DATE_EPOCH"] == "315532800"
     assert "SOURCE_DATE_EPOCH" not in determinism.RESERVED_ENV and "PYTHONHASHSEED" in determinism.RESERVED_ENV
     assert userenv.parse(["SOURCE_DATE_EPOCH=1764320000"]).plain == {"SOURCE_DATE_EPOCH": "1764320000"}
-    spec = RunSpec(recipe="r", env={"SOURCE_DATE_EPOCH": "1764320000"})
-    env = lifecycle._job_env(spec)
+    request = RunRequest(recipe="r", env={"SOURCE_DATE_EPOCH": "1764320000"})
+    env = lifecycle._job_env(request, None)
     assert "SOURCE_DATE_EPOCH" not in env and env["PYTHONHASHSEED"] == "42"  # the user's value goes on its own
-    assert lifecycle._job_env(RunSpec(recipe="r"))["SOURCE_DATE_EPOCH"] == "315532800"
+    assert lifecycle._job_env(RunRequest(recipe="r"), None)["SOURCE_DATE_EPOCH"] == "315532800"
 
 
 def test_off_sets_nothing_but_its_name() -> None:

@@ -26,7 +26,7 @@ from launcher.cli import app
 from launcher.errors import ExitCode
 from launcher.hosts.hostspec import HostSpec
 from launcher.hosts.local import LocalHost
-from launcher.runs.lifecycle import RunSpec, run_recipe
+from launcher.runs.lifecycle import RunRequest, run_recipe
 from launcher.runtime import fingerprints as fp
 from launcher.verify.opdiff import read_ops
 from launcher.verify.stepdiff import read_steps
@@ -188,7 +188,7 @@ def test_what_the_trace_records_is_what_the_fingerprints_show(cpu_image: dict[st
     script.parent.mkdir()
     script.write_text(SCRIPT)
     # Keras compiles no step with XLA under op determinism (it says so and goes on without): XLA runs seeded only
-    spec = RunSpec(recipe=str(script), seed=1, trace_every="1", optrace="2:5",
+    spec = RunRequest(recipe=str(script), seed=1, trace_every="1", optrace="2:5",
                    profile="seeded" if model == "xla" else "deterministic", args=["--model", model, "--edit-at", "3"])
     outcome = run_recipe(ws, spec, LocalHost(), host_spec=HostSpec())
     out = ws.runs / outcome.runs[0]["run_id"] / "outputs"

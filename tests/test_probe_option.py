@@ -21,7 +21,8 @@ from launcher.runtime.probespec import ProbeError, ProbeSpec, from_json, parse_o
 from launcher.runtime.recipespec import RecipeSpec, SpecError, parse_spec
 from launcher.specs.container import ContainerJob, runtime_argv
 from launcher.specs.recipes import Recipe
-from launcher.specs.runspec import RunSpec, probe_option, probes_record
+from launcher.specs.request import RunRequest, probe_option, probes_option
+from launcher.specs.runspec import probes_record
 from launcher.targets.slurm import pyxis_srun_argv
 
 REPO = Path(__file__).resolve().parent.parent
@@ -103,11 +104,12 @@ def test_the_choice_reaches_the_runtime_argv(tmp_path: Path) -> None:
 def test_the_launch_record_says_which_probes_and_where_from(tmp_path: Path) -> None:
     declared = ProbeSpec(count=16)
     recipe = _recipe(tmp_path, declared)
-    assert probes_record(RunSpec("r"), recipe) == {"source": "recipe", "config": declared.as_dict()}
-    assert probes_record(RunSpec("r", probes="off"), recipe) == {"source": "option", "option": "off", "config": None}
-    assert probes_record(RunSpec("r", probes="4"), _recipe(tmp_path, adhoc=True)) == {
+    assert probes_record(RunRequest("r"), recipe) == {"source": "recipe", "config": declared.as_dict()}
+    assert probes_record(RunRequest("r", probes=probes_option("off")), recipe) == {
+        "source": "option", "option": "off", "config": None}
+    assert probes_record(RunRequest("r", probes=probes_option("4")), _recipe(tmp_path, adhoc=True)) == {
         "source": "option", "option": "4", "config": ProbeSpec(count=4).as_dict()}
-    assert probes_record(RunSpec("r"), _recipe(tmp_path, adhoc=True)) == {"source": "none", "config": None}
+    assert probes_record(RunRequest("r"), _recipe(tmp_path, adhoc=True)) == {"source": "none", "config": None}
 
 
 def test_the_runtime_reads_back_what_the_host_sends() -> None:

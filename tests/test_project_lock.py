@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from launcher.progress import RecordingReporter
 from launcher.runs import project
 from launcher.scaffold import init_workspace
 from launcher.specs.recipes import load_recipe
-from launcher.specs.runspec import RunSpec
+from launcher.specs.request import RunRequest
 from launcher.workspace import Workspace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -148,8 +149,8 @@ def test_requirements_the_image_already_meets_are_locked_without_resolving_and_n
         (n, held[n].version, held[n].hashes) for n in ("numpy", "torch")]
     assert locked[1].version == "2.13.0+cpu"
     assert projectlock.stale_reason(ws, projectlock.find(proj), "torch-cpu") is None  # type: ignore[arg-type]
-    spec = RunSpec(recipe=str(proj / "train.py"), variant="torch-cpu")
-    assert project.with_image(ws, spec, load_recipe(ws, str(proj / "train.py"))) is spec  # no project layer
+    request = RunRequest(recipe=str(proj / "train.py"), variant="torch-cpu")
+    assert project.image_for(ws, request, load_recipe(ws, str(proj / "train.py"))) is None  # no project layer
     # one requirement the image does not meet (another version, extras, an option): resolved as before
     for text in ("torch<2\n", "numpy\ntabulate\n", "torch[opt-einsum]>=2\n", "--pre\ntorch\n"):
         (proj / "requirements.txt").write_text(text)
@@ -298,14 +299,14 @@ def test_run_locks_a_stale_project_with_one_line_and_no_build_refuses(ws: Worksp
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     proj = make_project(tmp_path / "myproj")
     compile_ = fake(monkeypatch, FakeCompile(entry("msgpack", "1.2.4")))
-    spec = RunSpec(recipe=str(proj / "train.py"), variant="cpu", build=False)
+    spec = RunRequest(recipe=str(proj / "train.py"), variant="cpu", build=False)
     recipe = load_recipe(ws, spec.recipe)
     assert project.folder(spec, recipe) == proj.resolve()
     with pytest.raises(ImageOutOfDate) as err:
         project.ensure_lock(ws, spec, recipe)
     assert "requirements.lock is missing" in err.value.message and f"launcher lock {proj}" in str(err.value.hint)
     rep = RecordingReporter()
-    spec.build = True
+    spec = replace(spec, build=True)
     project.ensure_lock(ws, spec, recipe, rep)
     assert rep.notes == ["project myproj: requirements.lock is missing; locking requirements.in for the cpu image"]
     project.ensure_lock(ws, spec, recipe, rep)  # current now: nothing more said, nothing locked

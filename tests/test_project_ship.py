@@ -14,7 +14,7 @@ from launcher.hosts.ssh import SSHHost
 from launcher.images import build
 from launcher.runs import project
 from launcher.specs.recipes import load_recipe
-from launcher.specs.runspec import RunSpec
+from launcher.specs.request import RunRequest
 from launcher.transfers import ship
 from launcher.workspace import Workspace
 
@@ -40,11 +40,11 @@ def test_the_project_layer_ships_alone_to_a_host_that_has_the_variants_image(
     proj.mkdir()
     (proj / "train.py").write_text("import tabulate\n")
     (proj / "requirements.in").write_text("tabulate\n")
-    spec = RunSpec(recipe=str(proj / "train.py"), variant="cpu")
-    spec = project.prepare(ws, spec, load_recipe(ws, spec.recipe))
-    assert spec.image is not None and spec.image["project"]["variant_image_id"] == variant.image_id
-    sent = ship.ship_image(remote, spec.image["id"], tag="launcher-test/project:one", cache_dir=ws.cache_dir)
-    n_layers = len(Engine(remote).inspect_image(spec.image["id"])["RootFS"]["Layers"])
+    request = RunRequest(recipe=str(proj / "train.py"), variant="cpu")
+    image = project.prepare(ws, request, load_recipe(ws, request.recipe))
+    assert image is not None and image["project"]["variant_image_id"] == variant.image_id
+    sent = ship.ship_image(remote, image["id"], tag="launcher-test/project:one", cache_dir=ws.cache_dir)
+    n_layers = len(Engine(remote).inspect_image(image["id"])["RootFS"]["Layers"])
     assert (sent.layers_sent, sent.layers_skipped) == (1, n_layers - 1)
     assert sent.bytes_sent < 1 << 20  # tabulate and its lock, not the image
     out = testhost.exec("docker", "run", "--rm", "--network", "none", "launcher-test/project:one", "python", "-c",

@@ -246,7 +246,7 @@ def test_experiment_wires_runs_and_hosts(ws: Workspace, monkeypatch: pytest.Monk
         opened.append((spec, workspace_root))
         return FakeHost(spec.name)
 
-    def run_recipe(ws_: Workspace, spec: runs.RunSpec, host: FakeHost, reporter: Any, **kw: Any) -> Any:
+    def run_recipe(ws_: Workspace, spec: runs.RunRequest, host: FakeHost, reporter: Any, **kw: Any) -> Any:
         with lock:
             calls.append({"spec": spec, "host": host.name, **kw})
             n = len(calls)

@@ -13,7 +13,7 @@ from fakeplacement import FakeArray, FakePlacement, Script, make_project, make_w
 from launcher.images import build
 from launcher.records.manifest import load_manifest
 from launcher.runs import collect, lifecycle
-from launcher.runs.lifecycle import RunSpec, run_recipe
+from launcher.runs.lifecycle import RunRequest, run_recipe
 from launcher.specs.userenv import UserEnv, find_salt, secret_digest, secret_hmac
 from launcher.workspace import Workspace
 
@@ -30,7 +30,7 @@ def ws(tmp_path: Path) -> Workspace:
 
 def _run(ws: Workspace, target: FakePlacement, script: Path, **kw: object) -> collect.RunOutcome:
     spec_kw = {k: kw.pop(k) for k in ("env", "secret_env", "args") if k in kw}
-    return run_recipe(ws, RunSpec(recipe=str(script), **spec_kw), target, facts={}, poll_s=0, **kw)  # type: ignore[arg-type]
+    return run_recipe(ws, RunRequest(recipe=str(script), **spec_kw), target, facts={}, poll_s=0, **kw)  # type: ignore[arg-type]
 
 
 def test_a_failed_replicate_stops_the_rest_and_names_itself(ws: Workspace, tmp_path: Path) -> None:
@@ -90,7 +90,7 @@ def test_a_script_named_like_a_recipe_is_not_the_recipe(ws: Workspace, tmp_path:
 
 def test_a_folder_with_an_entry_is_its_own_project(ws: Workspace, tmp_path: Path) -> None:
     script = make_project(tmp_path / "x" / "proj" / "src", "pkg", "main.py").parent.parent
-    out = run_recipe(ws, RunSpec(recipe=str(script), entry="pkg/main.py"), FakePlacement(ws), facts={}, poll_s=0)
+    out = run_recipe(ws, RunRequest(recipe=str(script), entry="pkg/main.py"), FakePlacement(ws), facts={}, poll_s=0)
     m = load_manifest(ws.runs / out.runs[0]["run_id"])
     assert m.code_name == "src/pkg/main.py"
 
@@ -184,9 +184,9 @@ def test_an_experiment_of_a_script_passes_its_args_and_env_and_names_groups_by_p
         ws: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from launcher.workflows.experiment import experiment
 
-    seen: list[RunSpec] = []
+    seen: list[RunRequest] = []
 
-    def run_recipe(ws_: Workspace, spec: RunSpec, *a: object, **kw: object) -> collect.RunOutcome:
+    def run_recipe(ws_: Workspace, spec: RunRequest, *a: object, **kw: object) -> collect.RunOutcome:
         seen.append(spec)
         return collect.RunOutcome(group=spec.group or "", runs=[{"run_id": "r", "status": "succeeded"}])
 
@@ -238,13 +238,13 @@ def test_the_fact_sheet_and_the_targets_checks_run_meanwhile_and_fail_in_the_old
 
     monkeypatch.setattr(provision, "facts_for_run", facts_fail)
     with pytest.raises(HostNotReady, match="no facts"):
-        run_recipe(ws, RunSpec(recipe=str(script)), Unready(ws), poll_s=0)
+        run_recipe(ws, RunRequest(recipe=str(script)), Unready(ws), poll_s=0)
     assert sorted(seen) == ["facts", "prepare"]  # both ran, the facts' error counts
     monkeypatch.setattr(provision, "facts_for_run", lambda ws_, host: {"os": "made-up"})
     with pytest.raises(NoGpu):
-        run_recipe(ws, RunSpec(recipe=str(script)), Unready(ws), poll_s=0)
+        run_recipe(ws, RunRequest(recipe=str(script)), Unready(ws), poll_s=0)
     assert not list(ws.runs.glob("*/launch.json"))  # nothing started
-    out = run_recipe(ws, RunSpec(recipe=str(script)), FakePlacement(ws), poll_s=0)
+    out = run_recipe(ws, RunRequest(recipe=str(script)), FakePlacement(ws), poll_s=0)
     manifest = load_manifest(ws.runs / out.runs[0]["run_id"])
     assert manifest.data["host"]["facts"]["os"] == "made-up"  # type: ignore[typeddict-item]
 
@@ -260,7 +260,7 @@ def test_a_run_started_from_a_checkpoint_finds_it_in_its_outputs_and_resumes(ws:
     point = {"run": "earlier", "checkpoint": "epoch-0001", "step": 5, "epochs": 1, "steps_total": 15,
              "seconds": 9.0, "seconds_saved": 3.0}
     target = FakePlacement(ws)
-    spec = RunSpec(recipe=str(make_project(tmp_path)), start_from={"folder": str(folder), "point": point})  # type: ignore[typeddict-item]
+    spec = RunRequest(recipe=str(make_project(tmp_path)), start_from={"folder": str(folder), "point": point})  # type: ignore[typeddict-item]
     out = run_recipe(ws, spec, target, facts={}, poll_s=0)
     job = target.jobs[0]
     assert job.env["LAUNCHER_RESUME"] == "1"

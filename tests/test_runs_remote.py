@@ -179,7 +179,7 @@ def test_cut_connection_leaves_the_run_going_and_pull_gets_everything(
     ws = Workspace.at(tiny_workspace)
     opts = {"identity": testhost.key, "known_hosts": testhost.known_hosts, "ssh_config": Path("/dev/null")}
     host = SSHHost.connect(testhost.spec, **opts)  # type: ignore[arg-type]
-    spec = runs.RunSpec("tiny", params={"sleep": 6.0, "size_kb": 128})
+    spec = runs.RunRequest("tiny", params={"sleep": 6.0, "size_kb": 128})
     failure: list[BaseException] = []
 
     def attached() -> None:

@@ -24,7 +24,7 @@ def test_mnist_convnet_trains_on_the_ssh_host_and_comes_back_verified(
 ) -> None:
     ws = cpu_image["workspace"]
     opts = {"identity": testhost.key, "known_hosts": testhost.known_hosts, "ssh_config": Path("/dev/null")}
-    spec = runs.RunSpec(
+    spec = runs.RunRequest(
         "mnist_convnet", seed=3, params={"epochs": 1, "train_samples": 256, "test_samples": 64}
     )
     rep = RecordingReporter()

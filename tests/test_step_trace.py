@@ -28,7 +28,7 @@ from launcher.determinism import profile_env
 from launcher.errors import ExitCode, UsageError
 from launcher.records.manifest import load_manifest
 from launcher.runtime import steps
-from launcher.specs.runspec import trace_option
+from launcher.specs.request import trace_option
 from launcher.verify.stepdiff import StepsDiff, StepsStrip, steps_diff, steps_strip
 from launcher.verify.verdicts import verify_checksums
 from launcher.workspace import Workspace

@@ -20,7 +20,7 @@ from launcher.hosts.local import LocalHost
 from launcher.images import build
 from launcher.runs import control
 from launcher.runs.collect import read_launch
-from launcher.runs.lifecycle import RunSpec, run_recipe
+from launcher.runs.lifecycle import RunRequest, run_recipe
 from launcher.targets import registry as targets
 from launcher.targets.registry import TargetOptions
 from launcher.targets.slurm import SlurmPlacement
@@ -46,7 +46,7 @@ def test_a_target_added_by_one_module_runs_a_group_and_reopens(toy: typing.Any, 
     assert "toy" in targets.scheduler_names()
     placement = targets.place(LocalHost(ws.root), HostSpec(), "toy", TargetOptions(partition="blue"))
     assert isinstance(placement, toy.ToyPlacement) and placement.label == "blue"
-    out = run_recipe(ws, RunSpec(recipe=str(make_project(tmp_path))), placement, facts={}, poll_s=0, runs=3)
+    out = run_recipe(ws, RunRequest(recipe=str(make_project(tmp_path))), placement, facts={}, poll_s=0, runs=3)
     assert [r["status"] for r in out.runs] == ["succeeded"] * 3 and out.exit_code == ExitCode.OK
     assert len(placement.jobs) == 3
     assert placement.prepared == 1  # once for the group (docs/design.md), not once per replicate
@@ -61,7 +61,7 @@ def test_a_target_added_by_one_module_runs_a_group_and_reopens(toy: typing.Any, 
 def test_a_failed_replicate_gives_the_run_exit_code(toy: typing.Any, ws: Workspace, tmp_path: Path) -> None:
     placement = targets.place(LocalHost(ws.root), HostSpec(), "toy", TargetOptions())
     placement.script.exit_codes = {0: 2}
-    out = run_recipe(ws, RunSpec(recipe=str(make_project(tmp_path))), placement, facts={}, poll_s=0, runs=2)
+    out = run_recipe(ws, RunRequest(recipe=str(make_project(tmp_path))), placement, facts={}, poll_s=0, runs=2)
     assert out.failure is not None and out.exit_code == ExitCode.RUN_FAILED
 
 
@@ -112,7 +112,7 @@ def test_exit_codes_of_results() -> None:
 def test_a_later_part_of_a_group_is_not_prepared_again(toy: typing.Any, ws: Workspace, tmp_path: Path) -> None:
     placement = targets.place(LocalHost(ws.root), HostSpec(), "toy", TargetOptions())
     script = make_project(tmp_path)
-    first = run_recipe(ws, RunSpec(recipe=str(script)), placement, facts={}, poll_s=0)
-    run_recipe(ws, RunSpec(recipe=str(script), group=first.group, replicate=1), placement, facts={}, poll_s=0,
+    first = run_recipe(ws, RunRequest(recipe=str(script)), placement, facts={}, poll_s=0)
+    run_recipe(ws, RunRequest(recipe=str(script), group=first.group, replicate=1), placement, facts={}, poll_s=0,
                prepared=True)  # as an experiment runs a group's replicates one by one on the same host
     assert placement.prepared == 1 and len(placement.jobs) == 2

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from launcher.hosts.provision import ProvisionListing
     from launcher.runs.control import CleanListing, PsListing
     from launcher.runs.replicates import FailureRecord
-    from launcher.specs.runspec import RunSpec
+    from launcher.specs.request import RunRequest
     from launcher.workspace import Workspace
 from launcher.targets import registry as targets
 
@@ -192,21 +192,20 @@ def run_cmd(
     from launcher.runs import lifecycle as runs
     from launcher.specs import userenv
 
-    runs.probe_option(probes)  # a bad SPEC stops here, before the workspace is read
-    runs.trace_option(trace_every)
-    runs.checkpoint_option(checkpoint_every, keep_checkpoints)
+    chosen_probes = runs.probes_option(probes)  # a bad SPEC stops here, before the workspace is read
+    trace = runs.trace_option(trace_every)
+    checkpoints = runs.checkpoints_option(checkpoint_every, keep_checkpoints)
     user_env = userenv.parse(env or [], secret_env or [])
     ws = workspace_of(ctx)
-    spec = runs.RunSpec(
+    request = runs.RunRequest(
         recipe=recipe, variant=variant_for(ctx, ws, variant, recipe, entry), seed=seed[0] if seed else None,
         profile=determinism, threads=threads_for(ctx, determinism, threads), data=data,
         data_from=str(data_from) if data_from else None, params=runs.parse_params(param or []), group=group,
         detach=detach, ship_via=ship_via, args=list(script_args or []), code=str(code_dir) if code_dir else None,
-        entry=entry, mount=mount, build=not no_build, probes=probes, trace_every=trace_every,
-        checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints, env=dict(user_env.plain),
-        secret_env=dict(user_env.secret), find_links=_wheel_dirs(find_links),
-        ca_bundle=str(ca_bundle) if ca_bundle else None)
-    _run(ctx, ws, spec, host, runs_n, seed or [], (scheduler, partition, slurm_opt, max_parallel))
+        entry=entry, mount=mount, build=not no_build, probes=chosen_probes, trace_every=trace,
+        checkpoints=checkpoints, env=dict(user_env.plain), secret_env=dict(user_env.secret),
+        find_links=_wheel_dirs(find_links), ca_bundle=str(ca_bundle) if ca_bundle else None)
+    _run(ctx, ws, request, host, runs_n, seed or [], (scheduler, partition, slurm_opt, max_parallel))
 
 
 def _wheel_dirs(dirs: list[Path] | None) -> list[str]:
@@ -218,17 +217,17 @@ def _wheel_dirs(dirs: list[Path] | None) -> list[str]:
     return [str(d) for d in wheelsources.check_dirs(dirs)]
 
 
-def _run(ctx: typer.Context, ws: Workspace, spec: RunSpec, host: HostSpec, runs_n: int, seeds: list[int],
+def _run(ctx: typer.Context, ws: Workspace, request: RunRequest, host: HostSpec, runs_n: int, seeds: list[int],
          placing: tuple[str | None, str | None, list[str] | None, int | None]) -> None:
-    """run_cmd's run of spec on host (placed by --scheduler and its options), rendered."""
+    """run_cmd's run of the request on host (placed by --scheduler and its options), rendered."""
     from launcher.runs import lifecycle as runs
 
-    runs.load_recipe(ws, spec.recipe, entry=spec.entry)
+    runs.load_recipe(ws, request.recipe, entry=request.entry)
     opts = options(ctx)
     # --quiet hides progress bars, not the training log the run streams (--json keeps stdout for the JSON)
     sink = None if opts.json else (lambda line: stdout.print(line, markup=False, highlight=False))
     with _open(ctx, host) as h, reporter(ctx) as rep:
-        outcome = runs.run_recipe(ws, spec, target(h, host, *placing), rep, runs=runs_n, seeds=seeds, on_log=sink,
+        outcome = runs.run_recipe(ws, request, target(h, host, *placing), rep, runs=runs_n, seeds=seeds, on_log=sink,
                                   host_spec=host)
     failure = outcome.failure
     if outcome.detached:

@@ -299,8 +299,8 @@ def experiment_cmd(
     from launcher.specs import userenv
     from launcher.workflows.experiment import experiment
 
-    runs_mod.probe_option(probes)  # a bad SPEC stops here, before any host is opened
-    runs_mod.trace_option(trace_every)
+    chosen_probes = runs_mod.probes_option(probes)  # a bad SPEC stops here, before any host is opened
+    trace = runs_mod.trace_option(trace_every)
     user_env = userenv.parse(env or [], secret_env or [])
     ws = workspace_of(ctx)
     variant = variant_for(ctx, ws, variant, recipe)
@@ -311,7 +311,7 @@ def experiment_cmd(
         res = experiment(ws, recipe, runs, seeds, host, base_seed=seed or [DEFAULT_SEED], variant=variant,
                          profile=determinism, threads=threads, data=data,
                          data_from=str(data_from) if data_from else None,
-                         params=runs_mod.parse_params(param or []), probes=probes, trace_every=trace_every,
+                         params=runs_mod.parse_params(param or []), probes=chosen_probes, trace_every=trace,
                          reporter=rep,
                          placement=cluster, args=script_args or [], user_env=user_env,
                          find_links=[str(d) for d in check_dirs(find_links or ())],

@@ -31,7 +31,7 @@ class GitState(TypedDict, total=False):
 
 class ProjectRecord(TypedDict):
     """ImageRecord's ``project``: a plain script's project layer beside the variant's image
-    (launcher.runs.project.with_image)."""
+    (launcher.runs.project.image_for)."""
 
     folder: str
     requirements_lock_sha256: str | None
@@ -277,7 +277,7 @@ class StartPoint(TypedDict):
 
 
 class StartFrom(TypedDict):
-    """RunSpec.start_from: the folder prepared here that becomes the outputs, and the point it stands at."""
+    """RunRequest.start_from: the folder prepared here that becomes the outputs, and the point it stands at."""
 
     folder: str
     point: StartPoint

@@ -2,10 +2,10 @@
 image (Python requirements, OS packages), locked beside it for the run's variant, and the image the
 run then uses: the variant's image plus one thin project layer (:mod:`launcher.images.projectlayer`).
 
-The project is the folder a plain script is sent with (``runs.spec.script_root``) or a recipe folder.
+The project is the folder a plain script is sent with (``specs.runspec.script_root``) or a recipe folder.
 Its ``requirements.lock`` is made (or made again) by :func:`ensure_lock` before the code is planned,
-since the lock is part of the project's code; :func:`with_image` puts the image with the layer in the
-run's spec, and the launch record and manifest keep it as ``image.project``.
+since the lock is part of the project's code; :func:`image_for` answers the image with the layer, which
+the run's plan takes (``runs.plan``), and the launch record and manifest keep it as ``image.project``.
 
 OS packages come from ``launcher.images.aptlock`` and ``launcher.images.debs``: ``[system] apt`` kept
 current in ``system.lock`` beside the project
@@ -19,7 +19,6 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,9 +28,10 @@ from launcher.images import aptlock, buildrecord, projectlock
 from launcher.images import pins as images
 from launcher.images.projectlock import Requirements
 from launcher.progress import NullReporter, Reporter
-from launcher.records.records import ProjectRecord
+from launcher.records.records import ImageRecord, ProjectRecord
 from launcher.specs.recipes import Recipe
-from launcher.specs.runspec import RunSpec, baked, image_record, script_root
+from launcher.specs.request import RunRequest
+from launcher.specs.runspec import baked, image_record, script_root
 from launcher.workspace import Workspace
 
 if TYPE_CHECKING:
@@ -40,67 +40,70 @@ if TYPE_CHECKING:
 SYSTEM_LOCK = "system.lock"
 
 
-def folder(spec: RunSpec, recipe: Recipe) -> Path:
+def folder(request: RunRequest, recipe: Recipe) -> Path:
     """The project folder of a run: a plain script's code root, or the recipe's folder."""
-    return (script_root(spec, recipe) if recipe.adhoc else recipe.path).resolve()
+    return (script_root(request, recipe) if recipe.adhoc else recipe.path).resolve()
 
 
-def _paths(spec: RunSpec) -> tuple[tuple[Path, ...], Path | None]:
-    return tuple(Path(p) for p in spec.find_links), Path(spec.ca_bundle) if spec.ca_bundle else None
+def _paths(request: RunRequest) -> tuple[tuple[Path, ...], Path | None]:
+    return tuple(Path(p) for p in request.find_links), Path(request.ca_bundle) if request.ca_bundle else None
 
 
-def ensure_lock(ws: Workspace, spec: RunSpec, recipe: Recipe, reporter: Reporter | None = None) -> Requirements | None:
+def ensure_lock(ws: Workspace, request: RunRequest, recipe: Recipe,
+                reporter: Reporter | None = None) -> Requirements | None:
     """The project's requirements, with requirements.lock current for the run's variant: locked here
     (one line says why) when it is missing or stale. None when the project declares none. With
-    spec.build False (--no-build) a stale lock is refused instead."""
+    request.build False (--no-build) a stale lock is refused instead."""
     rep = reporter or NullReporter()
-    root = folder(spec, recipe)
-    ensure_system_lock(ws, root, spec.variant, spec.build, rep)
+    root = folder(request, recipe)
+    ensure_system_lock(ws, root, request.variant, request.build, rep)
     req = projectlock.find(root)
     if req is None:
         return None
-    reason = projectlock.stale_reason(ws, req, spec.variant)
+    reason = projectlock.stale_reason(ws, req, request.variant)
     if reason is None:
         return req
-    if not spec.build:
+    if not request.build:
         raise ImageOutOfDate(f"the project {root.name}: {reason}",
-                             f"lock it with `launcher lock {root} --variant {spec.variant}`, or drop --no-build")
-    rep.note(f"project {root.name}: {reason}; locking {req.source.name} for the {spec.variant} image")
-    find_links, ca_bundle = _paths(spec)
-    projectlock.lock_project(ws, root, spec.variant, find_links=find_links, ca_bundle=ca_bundle, reporter=rep)
+                             f"lock it with `launcher lock {root} --variant {request.variant}`, or drop --no-build")
+    rep.note(f"project {root.name}: {reason}; locking {req.source.name} for the {request.variant} image")
+    find_links, ca_bundle = _paths(request)
+    projectlock.lock_project(ws, root, request.variant, find_links=find_links, ca_bundle=ca_bundle, reporter=rep)
     return req
 
 
-def with_image(ws: Workspace, spec: RunSpec, recipe: Recipe, reporter: Reporter | None = None) -> RunSpec:
-    """The spec with the image its run uses: the variant's image plus the project layer, when the project
-    declares requirements or OS packages (its lock current: ensure_lock first); unchanged otherwise."""
+def image_for(ws: Workspace, request: RunRequest, recipe: Recipe,
+              reporter: Reporter | None = None) -> ImageRecord | None:
+    """The image the run uses when it is not the variant's own: the variant's image plus the project layer,
+    when the project declares requirements or OS packages (its lock current: ensure_lock first); the
+    request's image when it names one; None otherwise (the variant's image)."""
     from launcher.images import build
 
-    if spec.image is not None:
-        return spec
+    if request.image is not None:
+        return request.image
     rep = reporter or NullReporter()
-    root = folder(spec, recipe)
+    root = folder(request, recipe)
     req = projectlock.find(root)
-    with system_part(ws, root, spec.variant, rep) as system:
+    with system_part(ws, root, request.variant, rep) as system:
         if req is None and system is None:
-            return spec
-        if system is None and req is not None and not _beyond_image(ws, req, spec.variant):
-            return spec  # every requirement is one the image pins: its own image, no layer
+            return None
+        if system is None and req is not None and not _beyond_image(ws, req, request.variant):
+            return None  # every requirement is one the image pins: its own image, no layer
         from launcher.images import projectlayer  # and what builds a layer: only for a project that needs one
         from launcher.images.tree import DEFAULT_EPOCH
 
-        base = image_record(ws, spec.variant)
-        record = buildrecord.read_record(ws, spec.variant)
+        base = image_record(ws, request.variant)
+        record = buildrecord.read_record(ws, request.variant)
         extra = record.extra if record is not None else {}
         env_id = str(extra.get("env_image_id") or "")
         installer = env_id if env_id and dockerapi.image_exists(env_id) else str(base["id"])
         epoch = int(extra.get("epoch") or DEFAULT_EPOCH)
-        find_links, ca_bundle = _paths(spec)
+        find_links, ca_bundle = _paths(request)
         layer = projectlayer.build_layer(
-            lock_path=req.lock_path if req is not None else None, variant_lock=ws.lock_txt(spec.variant),
-            image_id=installer, pin=images.load(ws).get(spec.variant), cache_dir=ws.cache_dir,
+            lock_path=req.lock_path if req is not None else None, variant_lock=ws.lock_txt(request.variant),
+            image_id=installer, pin=images.load(ws).get(request.variant), cache_dir=ws.cache_dir,
             find_links=find_links, ca_bundle=ca_bundle, system=system, epoch=epoch, reporter=rep)
-    tag = f"launcher/{build.slug(ws.root.name)}-{spec.variant}-project:{build.slug(root.name)}"
+    tag = f"launcher/{build.slug(ws.root.name)}-{request.variant}-project:{build.slug(root.name)}"
     image_id, new = projectlayer.ensure_image(str(base["id"]), layer, tag, ws.cache_dir, epoch)
     if layer.built or new:  # said when the project's image changes; the same one again goes without a word
         count = f"{len(layer.packages)} package{'' if len(layer.packages) == 1 else 's'}"
@@ -111,12 +114,12 @@ def with_image(ws: Workspace, spec: RunSpec, recipe: Recipe, reporter: Reporter 
         os_part = (f" and {len(debs)} OS package{'' if len(debs) == 1 else 's'} ({', '.join(debs[:6])}"
                    f"{', ...' if len(debs) > 6 else ''})") if debs else ""
         rep.note(f"project layer of {root.name}: {count}{f' ({names})' if names else ''}{os_part} beside the "
-                 f"{spec.variant} image, {how}; the {spec.variant} image itself is unchanged")
+                 f"{request.variant} image, {how}; the {request.variant} image itself is unchanged")
     project: ProjectRecord = {"folder": root.name, "requirements_lock_sha256": layer.requirements_lock_sha256,
                "system_lock_sha256": layer.system_lock_sha256, "layer": layer.diff_id,
                "packages": list(layer.packages), "system_packages": list(layer.system_packages),
                "variant_image_id": base["id"]}
-    return replace(spec, image={**base, "id": image_id, "tag": tag, "project": project})
+    return {**base, "id": image_id, "tag": tag, "project": project}
 
 
 def _beyond_image(ws: Workspace, req: projectlock.Requirements, variant: str) -> bool:
@@ -128,23 +131,24 @@ def _beyond_image(ws: Workspace, req: projectlock.Requirements, variant: str) ->
     return bool(projectlock.extra_requirements(locked, held))
 
 
-def declares(spec: RunSpec, recipe: Recipe) -> bool:
+def declares(request: RunRequest, recipe: Recipe) -> bool:
     """Whether the run's project declares anything beyond the image (Python requirements, OS packages)."""
-    root = folder(spec, recipe)
+    root = folder(request, recipe)
     return projectlock.find(root) is not None or (root / SYSTEM_LOCK).is_file() or \
         bool(aptlock.declared(root).packages)
 
 
-def prepare(ws: Workspace, spec: RunSpec, recipe: Recipe, reporter: Reporter | None = None) -> RunSpec:
+def prepare(ws: Workspace, request: RunRequest, recipe: Recipe,
+            reporter: Reporter | None = None) -> ImageRecord | None:
     """Everything a group of runs shares before any starts: the project's lock, the variant's image
-    current, the image with the project layer (once, for an experiment's many runs)."""
+    current, the image with the project layer (once, for an experiment's many runs; image_for's answer)."""
     from launcher.images import build
 
-    ensure_lock(ws, spec, recipe, reporter)
-    find_links, ca_bundle = _paths(spec)
-    build.ensure_current(ws, spec.variant, recipes=baked(ws, recipe, spec.mount), allow_build=spec.build,
+    ensure_lock(ws, request, recipe, reporter)
+    find_links, ca_bundle = _paths(request)
+    build.ensure_current(ws, request.variant, recipes=baked(ws, recipe, request.mount), allow_build=request.build,
                          find_links=find_links, ca_bundle=ca_bundle, reporter=reporter)
-    return with_image(ws, spec, recipe, reporter)
+    return image_for(ws, request, recipe, reporter)
 
 
 def ensure_system_lock(ws: Workspace, root: Path, variant: str, build: bool, reporter: Reporter) -> None:

@@ -30,7 +30,7 @@ def script_identity(root: Path, script: Path) -> str:
 
 
 def from_plan(plan: CodePlan | None) -> str | None:
-    """The identity of a plain script from its code plan (runs.spec.plan_code), None for a recipe."""
+    """The identity of a plain script from its code plan (specs.runspec.plan_code), None for a recipe."""
     if plan is None or plan.get("source") != MOUNTED or not plan.get("root") or not plan.get("entry"):
         return None
     return f"{Path(str(plan['root'])).name or 'code'}/{plan['entry']}"

@@ -1,56 +1,22 @@
-"""A run's spec before it starts: its options, its params checked against the recipe, its image, its code plan."""
+"""What a run's request is resolved with before it starts (launcher.runs.plan): its recipe, its params checked
+against it, its variant and framework, its probes record, its image record, its code plan."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from launcher import __version__
 from launcher.errors import Corrupt, LauncherError, NotFound, UsageError
 from launcher.images.lock import parse_lock
-from launcher.records.records import BAKED, CodePlan, DataSource, ImageRecord, ProbesRecord, StartFrom
+from launcher.records.records import BAKED, CodePlan, ImageRecord, ProbesRecord
 from launcher.runtime import frameworks
-from launcher.runtime.probespec import ProbeError, ProbeSpec, parse_option
-from launcher.runtime.steps import EPOCH, parse_every
 from launcher.specs import recipes
 from launcher.specs.recipes import ParamValue, Recipe
+from launcher.specs.request import RunRequest
 from launcher.workspace import Workspace, check_variant_name
-
-
-@dataclass
-class RunSpec:
-    recipe: str
-    variant: str = "cpu"
-    seed: int | None = None
-    profile: str = "deterministic"
-    threads: int | None = None
-    data: str | None = None
-    params: dict[str, ParamValue] = field(default_factory=dict)
-    group: str | None = None
-    replicate: int = 0
-    detach: bool = False
-    ship_via: str | None = None  # None: docker save | load; or a registry address such as 127.0.0.1:5000
-    data_from: str | None = None  # a dataset folder on this machine, sent to the host by content
-    data_source: DataSource | None = None  # where the data came from (set when the placement receives it)
-    args: list[str] = field(default_factory=list)  # the script's own argv (after `--`)
-    code: str | None = None  # --code DIR: the folder a plain script is sent with
-    entry: str | None = None  # --entry FILE: the script of a folder without recipe.toml
-    mount: bool = False  # mount the workspace recipe read-only instead of running the baked copy
-    build: bool = True  # rebuild a stale image first; False: refuse to run stale code
-    code_plan: CodePlan | None = None  # what code runs and where the host has it (set by Placement.send_code)
-    probes: str | None = None  # --probes SPEC as given: off, N or KEY=VALUE,...; None: the recipe's [probes]
-    trace_every: str | None = None  # --trace-every: epoch (None), off or a step count (launcher.runtime.steps)
-    optrace: str | None = None  # LO:HI: trace these steps op by op (a `launcher diverge` re-execution)
-    checkpoint_every: int | None = None  # --checkpoint-every N: a checkpoint after every N-th epoch
-    keep_checkpoints: bool = False  # --keep-checkpoints: every checkpoint kept, not only the latest
-    start_from: StartFrom | None = None  # a run's checkpoint the run starts from (a `launcher diverge` re-execution)
-    env: dict[str, str] = field(default_factory=dict)  # --env: the user's variables, recorded with their values
-    secret_env: dict[str, str] = field(default_factory=dict, repr=False)  # --secret-env: recorded by sha256 only
-    find_links: list[str] = field(default_factory=list)  # --find-links DIR: wheels no reachable index serves
-    ca_bundle: str | None = None  # --ca-bundle FILE: the CA pip trusts for the index (locks and downloads)
-    image: ImageRecord | None = None  # the image the runs use when it is not the variant's (a project layer)
 
 
 def parse_params(pairs: Sequence[str]) -> dict[str, ParamValue]:
@@ -58,47 +24,12 @@ def parse_params(pairs: Sequence[str]) -> dict[str, ParamValue]:
     return dict(recipes.parse_param(p) for p in pairs)
 
 
-def probe_option(text: str | None) -> ProbeSpec | None:
-    """--probes SPEC as a probe set (None for off, or when not given); a bad SPEC is a UsageError,
-    checked as recipe.toml's [probes] is."""
-    if text is None:
-        return None
-    try:
-        return parse_option(text)
-    except ProbeError as exc:
-        raise UsageError(f"--probes {text}: {exc}",
-                         "give off, a count (--probes 8) or KEY=VALUE pairs with recipe.toml's [probes] keys "
-                         "(--probes count=8,gradcam=false, --probes indices=0;3;7,layer=conv2d)") from None
-
-
-def trace_option(text: str | None) -> str:
-    """--trace-every as the runtime reads it: ``epoch`` (the default), ``off`` or a step count;
-    anything else is a UsageError."""
-    try:
-        every = parse_every(text)
-    except ValueError:
-        raise UsageError(f"--trace-every {text}: not a number of steps, 'epoch' or 'off'",
-                         "give a step count of at least 1 (--trace-every 10), epoch (the default) or off") from None
-    return EPOCH if every is None else str(every)
-
-
-def checkpoint_option(every: int | None, keep: bool = False) -> int | None:
-    """--checkpoint-every N: None, or N when it is at least 1 (else a UsageError); --keep-checkpoints only with it."""
-    if every is not None and every < 1:
-        raise UsageError(f"--checkpoint-every {every}: not a number of epochs of at least 1",
-                         "give how many epochs go between checkpoints (--checkpoint-every 1), or drop it")
-    if keep and every is None:
-        raise UsageError("--keep-checkpoints without --checkpoint-every: there are no checkpoints to keep",
-                         "add --checkpoint-every N, or drop --keep-checkpoints")
-    return every
-
-
-def probes_record(spec: RunSpec, recipe: Recipe) -> ProbesRecord:
+def probes_record(request: RunRequest, recipe: Recipe) -> ProbesRecord:
     """The probe set a run records, for its launch record and manifest: where it came from (option,
     recipe or none) and its config (None: no probes)."""
-    if spec.probes is not None:
-        chosen = probe_option(spec.probes)
-        return {"source": "option", "option": spec.probes, "config": chosen.as_dict() if chosen else None}
+    if request.probes is not None:
+        chosen = request.probes.config
+        return {"source": "option", "option": request.probes.text, "config": chosen.as_dict() if chosen else None}
     declared = recipe.spec.probes
     return {"source": "recipe" if declared else "none", "config": declared.as_dict() if declared else None}
 
@@ -240,37 +171,37 @@ def baked(ws: Workspace, recipe: Recipe, mount: bool = False) -> bool:
     return not mount and not recipe.adhoc and recipe.path.parent == ws.recipes.resolve()
 
 
-def plan_code(ws: Workspace, spec: RunSpec, recipe: Recipe) -> CodePlan:
+def plan_code(ws: Workspace, request: RunRequest, recipe: Recipe) -> CodePlan:
     """What code the run executes: the recipe baked into the image, or a folder to mount (a plain
     script's project, a recipe folder from outside the workspace, or --mount), snapshotted here
     by its code digest."""
     from launcher.specs import code
 
-    if spec.code and not recipe.adhoc:
+    if request.code and not recipe.adhoc:
         raise UsageError("--code is for plain scripts", f"{recipe.name} is a recipe folder: it is its own code")
-    if baked(ws, recipe, spec.mount):
+    if baked(ws, recipe, request.mount):
         return {"source": BAKED, "git": code.git_state(recipe.path)}
-    tree = code.select(script_root(spec, recipe), recipe.path) if recipe.adhoc else code.select(recipe.path)
+    tree = code.select(script_root(request, recipe), recipe.path) if recipe.adhoc else code.select(recipe.path)
     local = code.snapshot(tree, ws.cache_dir)
     return tree.plan(local)
 
 
-def script_root(spec: RunSpec, recipe: Recipe) -> Path:
+def script_root(request: RunRequest, recipe: Recipe) -> Path:
     """The project folder a plain script is sent with: --code DIR, else the enclosing git work tree,
     else the folder named with --entry, else the script's own folder."""
     from launcher.specs import code
 
-    if spec.code:
-        return Path(spec.code)
+    if request.code:
+        return Path(request.code)
     top = code.git_toplevel(recipe.path.parent)
     if top is not None:
         return top
-    return Path(spec.recipe) if spec.entry else recipe.path.parent
+    return Path(request.recipe) if request.entry else recipe.path.parent
 
 
-def code_identity(spec: RunSpec, recipe: Recipe) -> str | None:
+def code_identity(request: RunRequest, recipe: Recipe) -> str | None:
     """A plain script's ``project/path`` (specs.identity) before its code is planned; None for a recipe."""
     from launcher.specs import identity
 
-    return identity.script_identity(script_root(spec, recipe), recipe.path) if recipe.adhoc else None
+    return identity.script_identity(script_root(request, recipe), recipe.path) if recipe.adhoc else None
 

@@ -47,7 +47,7 @@ from launcher.runs import rewind
 from launcher.runs.collect import pull_record, read_launch, wait_run
 from launcher.runs.lifecycle import start_run
 from launcher.runs.replicates import is_failed
-from launcher.specs.runspec import RunSpec
+from launcher.specs.request import RunRequest
 from launcher.specs.userenv import is_secret
 from launcher.targets.registry import open_placement
 from launcher.verify import opdiff
@@ -70,8 +70,8 @@ __all__ = ["Candidate", "CandidateRecord", "Divergence", "DivergenceLines", "Div
            "candidates", "diverge", "respec"]
 
 
-def respec(ws: Workspace, m: Manifest, launch: LaunchRecord, window: tuple[int, int]) -> RunSpec:
-    """A run's spec again, as its launch record holds it, every step fingerprinted and the window traced."""
+def respec(ws: Workspace, m: Manifest, launch: LaunchRecord, window: tuple[int, int]) -> RunRequest:
+    """A run's request again, as its launch record holds it, every step fingerprinted and the window traced."""
     recipe = launch["recipe"]
     code = launch.get("code") or None
     det = m.determinism
@@ -88,17 +88,17 @@ def respec(ws: Workspace, m: Manifest, launch: LaunchRecord, window: tuple[int, 
     if any(is_secret(v) for v in env.values()):
         raise UsageError(f"run {m.run_id} was given --secret-env variables, which launcher does not keep",
                          "run both again with the same --secret-env, then diverge the new runs")
-    return RunSpec(recipe=name, variant=str(launch["image"].get("variant") or launch.get("variant")),
-                   seed=m.seed, profile=str(det.get("profile") or "deterministic"),
-                   threads=det.get("threads") if det.get("profile") == "deterministic" else None,
-                   data=launch.get("data"), params=dict(m.params),
-                   args=[str(a) for a in recipe.get("args") or []],
-                   group=f"diverge-{m.run_id.rsplit('-', 1)[-1]}", code_plan=code.copy() if code else None,
-                   image=launch["image"].copy(), env=plain, trace_every="1",
-                   optrace=f"{window[0]}:{window[1]}")
+    return RunRequest(recipe=name, variant=str(launch["image"].get("variant") or launch.get("variant")),
+                      seed=m.seed, profile=str(det.get("profile") or "deterministic"),
+                      threads=det.get("threads") if det.get("profile") == "deterministic" else None,
+                      data=launch.get("data"), params=dict(m.params),
+                      args=[str(a) for a in recipe.get("args") or []],
+                      group=f"diverge-{m.run_id.rsplit('-', 1)[-1]}", code_plan=code.copy() if code else None,
+                      image=launch["image"].copy(), env=plain, trace_every="1",
+                      optrace=f"{window[0]}:{window[1]}")
 
 
-def _execute(ws: Workspace, launch: LaunchRecord, spec: RunSpec, rep: Reporter,
+def _execute(ws: Workspace, launch: LaunchRecord, spec: RunRequest, rep: Reporter,
              on_log: Callable[[str], None] | None, point: StartPoint | None = None) -> str:
     """One re-execution, started as the original was: its recorded image and code plan as they are
     (nothing is planned, locked or built again), on its own placement; from the checkpoint point names."""
@@ -170,7 +170,7 @@ def _start_points(ws: Workspace, result: Divergence, ms: list[Manifest], launche
 
 
 def _reexecute(ws: Workspace, result: Divergence, ms: list[Manifest], launches: list[LaunchRecord],
-               specs: list[RunSpec], rep: Reporter, on_log: Callable[[str], None] | None) -> list[Path]:
+               specs: list[RunRequest], rep: Reporter, on_log: Callable[[str], None] | None) -> list[Path]:
     """Both runs executed again, each checked against its run; their outputs folders."""
     assert result.window is not None and result.steps is not None
     agree_until = result.steps["agree_until"] or 0
@@ -196,7 +196,7 @@ def _reexecute(ws: Workspace, result: Divergence, ms: list[Manifest], launches: 
 
 
 def _try_causes(ws: Workspace, result: Divergence, ms: list[Manifest], launches: list[LaunchRecord],
-                specs: list[RunSpec], outs: list[Path], rep: Reporter,
+                specs: list[RunRequest], outs: list[Path], rep: Reporter,
                 on_log: Callable[[str], None] | None) -> None:
     """One setting at a time until the operation agrees (see :func:`candidates`)."""
     assert result.first is not None

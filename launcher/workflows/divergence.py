@@ -29,7 +29,7 @@ OUTSIDE = "a change the code made to the weights outside the traced operations"
 
 
 class Setting(TypedDict, total=False):
-    """The RunSpec fields a candidate changes (given to dataclasses.replace)."""
+    """The RunRequest fields a candidate changes (given to dataclasses.replace)."""
 
     threads: int | None
     profile: str
@@ -71,7 +71,7 @@ class DivergenceLines(DivergenceRecord):
 @dataclass
 class Candidate:
     name: str  # what was changed, e.g. "threads 1 (the reference's)"
-    setting: Setting  # the RunSpec fields changed
+    setting: Setting  # the RunRequest fields changed
     both: bool = False  # the reference is executed again under the same change (else its first trace serves)
     on_reference_host: bool = False  # the second run is executed where the reference ran
     run_id: str | None = None

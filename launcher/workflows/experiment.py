@@ -20,12 +20,13 @@ from launcher.hosts.hostspec import HostSpec
 from launcher.progress import NullReporter, Reporter
 from launcher.records.records import CANCELLED, FAILED, LaunchRecord, RunRecord
 from launcher.runs.replicates import Failure, FailureRecord, seed_override_note
+from launcher.runtime.steps import EPOCH
 from launcher.specs.recipes import ParamValue
 from launcher.specs.userenv import UserEnv
 from launcher.workspace import Workspace
 
 if TYPE_CHECKING:
-    from launcher.specs.runspec import RunSpec
+    from launcher.specs.request import ProbesOption, RunRequest
 
 SEED_MODES = ("same", "different", "both")
 SAME_SEED = "same-seed"
@@ -236,8 +237,8 @@ def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
                profile: str = "deterministic",
                threads: int | None = None, data: str | None = None, data_from: str | None = None,
                params: dict[str, ParamValue] | None = None,
-               probes: str | None = None,
-               trace_every: str | None = None,
+               probes: ProbesOption | None = None,
+               trace_every: str = EPOCH,
                args: Sequence[str] = (),
                user_env: UserEnv | None = None,
                find_links: Sequence[str] = (), ca_bundle: str | None = None,
@@ -246,6 +247,7 @@ def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
                stamp: str | None = None,
                placement: Callable[[Any, HostSpec], Any] | None = None) -> ExperimentResult:
     """Plan the groups, open every host (failing early if one is unreachable), run, collect.
+    probes, trace_every: --probes and --trace-every, parsed (launcher.specs.request: probes_option, trace_option);
     args: the script's own arguments (after `--`), as `run` takes them; user_env: --env/--secret-env;
     find_links, ca_bundle: --find-links folders and --ca-bundle for the project's lock and wheels.
     The first replicate that fails stops the experiment: no replicate is started after it (those going
@@ -254,11 +256,10 @@ def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
 
     rep = reporter or NullReporter()
     env = user_env or UserEnv()
-    base = runs_mod.RunSpec(recipe=recipe, variant=variant, profile=profile, threads=threads, data=data,
-                            data_from=data_from, params=dict(params or {}), probes=probes, trace_every=trace_every,
-                            args=list(args),
-                            env=dict(env.plain), secret_env=dict(env.secret), find_links=list(find_links),
-                            ca_bundle=ca_bundle)
+    base = runs_mod.RunRequest(recipe=recipe, variant=variant, profile=profile, threads=threads, data=data,
+                               data_from=data_from, params=dict(params or {}), probes=probes,
+                               trace_every=trace_every, args=list(args), env=dict(env.plain),
+                               secret_env=dict(env.secret), find_links=list(find_links), ca_bundle=ca_bundle)
     name, code_name = recipe, None
     if launch is None:  # a wrong param or image stops here, before any progress is drawn
         base, name, code_name = _prepared(ws, base, rep)
@@ -291,9 +292,10 @@ def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
     return result
 
 
-def _prepared(ws: Workspace, base: RunSpec, rep: Reporter) -> tuple[RunSpec, str, str | None]:
-    """The base spec checked (params, probes, framework) and its project prepared
-    once for every run; with the name its groups carry and a plain script's code name."""
+def _prepared(ws: Workspace, base: RunRequest, rep: Reporter) -> tuple[RunRequest, str, str | None]:
+    """The base request checked (params, framework) and its project prepared once for every run (the
+    request then names the image with the project layer); with the name its groups carry and a plain
+    script's code name."""
     from launcher.runs import lifecycle as runs_mod
     from launcher.runs import project
     from launcher.specs import identity
@@ -301,15 +303,16 @@ def _prepared(ws: Workspace, base: RunSpec, rep: Reporter) -> tuple[RunSpec, str
 
     loaded = runs_mod.load_recipe(ws, base.recipe)
     runs_mod.check_params(loaded, dict(base.params))
-    runs_mod.probe_option(base.probes)
     runs_mod.check_framework(ws, loaded, base.variant)
     if project.declares(base, loaded):  # its lock and image, once for every run (not in each thread)
-        base = project.prepare(ws, base, loaded, rep)
+        image = project.prepare(ws, base, loaded, rep)
+        if image is not None:
+            base = replace(base, image=image)
     code_name = code_identity(base, loaded)
     return base, identity.slug(loaded.name, code_name), code_name
 
 
-def _on_hosts(ws: Workspace, base: RunSpec, jobs: Sequence[PlannedRun], specs: Sequence[HostSpec],
+def _on_hosts(ws: Workspace, base: RunRequest, jobs: Sequence[PlannedRun], specs: Sequence[HostSpec],
               placement: Callable[[Any, HostSpec], Any] | None, result: ExperimentResult, rep: Reporter,
               done: Callable[[Outcome[PlannedRun]], None],
               stop_when: Callable[[Outcome[PlannedRun]], str | None]) -> None:

@@ -46,7 +46,7 @@ from launcher.progress import NullReporter, Reporter
 from launcher.records.manifest import Manifest
 from launcher.records.records import BAKED, CodePlan
 from launcher.runtime import code as codedigest
-from launcher.specs.runspec import RunSpec
+from launcher.specs.request import RunRequest, probes_option, trace_option
 from launcher.targets.placement import Placement
 from launcher.verify.differences import REFERENCE
 from launcher.verify.verdicts import verify_checksums
@@ -307,7 +307,8 @@ def _record(m: Manifest, key: str) -> Mapping[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _spec(run: OpenedRun, plan: CodePlan | None, data_from: Path | None, secret_env: Mapping[str, str]) -> RunSpec:
+def _request(run: OpenedRun, plan: CodePlan | None, data_from: Path | None,
+             secret_env: Mapping[str, str]) -> RunRequest:
     """The run as recorded, its code already planned (so nothing plans it again with git)."""
     from launcher.specs.userenv import is_secret
 
@@ -323,15 +324,15 @@ def _spec(run: OpenedRun, plan: CodePlan | None, data_from: Path | None, secret_
     else:
         recipe, code = str(code_dir), None
     data = run.data or data_from
-    return RunSpec(recipe=recipe, variant=str(run.image_facts["variant"]), seed=m.seed,
-                   profile=str(det.get("profile") or "deterministic"),
-                   threads=det.get("threads") if det.get("profile") == "deterministic" else None,
-                   params=dict(m.params), args=[str(a) for a in m.recipe.get("args") or []], code=code,
-                   data_from=str(data) if data else None, group=f"{m.run_id}-reproduced",
-                   probes=probes.get("option") if probes.get("source") == "option" else None,
-                   trace_every=str(trace["every"]) if trace.get("every") else None,
-                   env={k: v["value"] for k, v in env.items() if "value" in v},
-                   secret_env={k: secret_env[k] for k, v in env.items() if is_secret(v)}, code_plan=plan)
+    return RunRequest(recipe=recipe, variant=str(run.image_facts["variant"]), seed=m.seed,
+                      profile=str(det.get("profile") or "deterministic"),
+                      threads=det.get("threads") if det.get("profile") == "deterministic" else None,
+                      params=dict(m.params), args=[str(a) for a in m.recipe.get("args") or []], code=code,
+                      data_from=str(data) if data else None, group=f"{m.run_id}-reproduced",
+                      probes=probes_option(probes.get("option") if probes.get("source") == "option" else None),
+                      trace_every=trace_option(str(trace["every"]) if trace.get("every") else None),
+                      env={k: v["value"] for k, v in env.items() if "value" in v},
+                      secret_env={k: secret_env[k] for k, v in env.items() if is_secret(v)}, code_plan=plan)
 
 
 def _judge(ws: Workspace, run: OpenedRun, new_id: str, signer: Signer, other_image: bool) -> Reproduction:
@@ -389,8 +390,8 @@ def reproduce(bundle: Path, into: Path, target: Host | Placement, *, trust: Trus
     outcome = ReproduceOutcome(bundle, into, image, base, signed_by=opened.bundle.signers, trusted=trust.roots())
     for run in runs:
         shutil.copytree(run.folder, ws.runs / run.run_id)
-        spec = _spec(run, _code(run, ws), data_from, secrets)
-        done = run_recipe(ws, spec, target, rep, host_spec=host_spec, on_log=on_log)
+        request = _request(run, _code(run, ws), data_from, secrets)
+        done = run_recipe(ws, request, target, rep, host_spec=host_spec, on_log=on_log)
         if done.failure is not None or done.failed:
             raise RunFailed(f"the reproduction of {run.run_id} failed: {done.failure or done.failed[0]['run_id']}",
                             "see its log with `launcher logs RUN --workspace " + str(into) + "`")
