@@ -98,17 +98,17 @@ def respec(ws: Workspace, m: Manifest, launch: LaunchRecord, window: tuple[int, 
                       optrace=f"{window[0]}:{window[1]}")
 
 
-def _execute(ws: Workspace, launch: LaunchRecord, spec: RunRequest, rep: Reporter,
+def _execute(ws: Workspace, launch: LaunchRecord, request: RunRequest, rep: Reporter,
              on_log: Callable[[str], None] | None, point: StartPoint | None = None) -> str:
     """One re-execution, started as the original was: its recorded image and code plan as they are
     (nothing is planned, locked or built again), on its own placement; from the checkpoint point names."""
     folder = rewind.prepare(load_manifest(ws.runs / point["run"]), point) if point is not None else None
     try:
         if folder is not None and point is not None:
-            spec = replace(spec, start_from={"folder": str(folder), "point": point})
+            request = replace(request, start_from={"folder": str(folder), "point": point})
         with open_placement(ws, launch) as placement:
             facts = provision.facts_for_run(ws, placement.host)  # the host as it is now, compared with the run's
-            started = start_run(ws, spec, placement, rep, facts=facts)
+            started = start_run(ws, request, placement, rep, facts=facts)
             run_id = str(started["run_id"])
             wait_run(ws, run_id, placement, on_log=on_log)
             manifest = pull_record(ws, run_id, placement, rep)
@@ -170,15 +170,15 @@ def _start_points(ws: Workspace, result: Divergence, ms: list[Manifest], launche
 
 
 def _reexecute(ws: Workspace, result: Divergence, ms: list[Manifest], launches: list[LaunchRecord],
-               specs: list[RunRequest], rep: Reporter, on_log: Callable[[str], None] | None) -> list[Path]:
+               requests: list[RunRequest], rep: Reporter, on_log: Callable[[str], None] | None) -> list[Path]:
     """Both runs executed again, each checked against its run; their outputs folders."""
     assert result.window is not None and result.steps is not None
     agree_until = result.steps["agree_until"] or 0
     points = _start_points(ws, result, ms, launches, agree_until)
-    for m, launch, spec, point in zip(ms, launches, specs, points, strict=True):
+    for m, launch, request, point in zip(ms, launches, requests, points, strict=True):
         where = f" from its checkpoint {point['checkpoint']} (step {point['step']})" if point else ""
         rep.note(f"re-executing {m.run_id}{where} with steps {result.window[0]}..{result.window[1]} traced")
-        result.reruns[m.run_id] = _execute(ws, launch, spec, rep, on_log, point)
+        result.reruns[m.run_id] = _execute(ws, launch, request, rep, on_log, point)
     outs = []
     for m, point in zip(ms, points, strict=True):
         rerun = result.reruns[m.run_id]
@@ -196,7 +196,7 @@ def _reexecute(ws: Workspace, result: Divergence, ms: list[Manifest], launches: 
 
 
 def _try_causes(ws: Workspace, result: Divergence, ms: list[Manifest], launches: list[LaunchRecord],
-                specs: list[RunRequest], outs: list[Path], rep: Reporter,
+                requests: list[RunRequest], outs: list[Path], rep: Reporter,
                 on_log: Callable[[str], None] | None) -> None:
     """One setting at a time until the operation agrees (see :func:`candidates`)."""
     assert result.first is not None
@@ -206,13 +206,13 @@ def _try_causes(ws: Workspace, result: Divergence, ms: list[Manifest], launches:
         point = result.started_from.get(m.run_id)
         points.append(cast(StartPoint, {k: v for k, v in point.items() if k != "rerun_seconds"}) if point else None)
     for cand in candidates(ms[0], ms[1], launches[0], launches[1]):
-        spec = replace(specs[1], optrace=f"{step}:{step}", **cand.setting)
+        request = replace(requests[1], optrace=f"{step}:{step}", **cand.setting)
         rep.note(f"re-executing {ms[1].run_id} with {cand.name}")
-        cand.run_id = _execute(ws, launches[0] if cand.on_reference_host else launches[1], spec, rep, on_log,
+        cand.run_id = _execute(ws, launches[0] if cand.on_reference_host else launches[1], request, rep, on_log,
                                points[1])
         if cand.both:
-            ref_spec = replace(specs[0], optrace=f"{step}:{step}", **cand.setting)
-            ref_out = RunDir(ws.runs / _execute(ws, launches[0], ref_spec, rep, on_log, points[0])).outputs
+            ref_request = replace(requests[0], optrace=f"{step}:{step}", **cand.setting)
+            ref_out = RunDir(ws.runs / _execute(ws, launches[0], ref_request, rep, on_log, points[0])).outputs
         else:
             ref_out = outs[0]
         d = opdiff.compare_traces(ref_out, RunDir(ws.runs / cand.run_id).outputs)
@@ -242,13 +242,13 @@ def diverge(ws: Workspace, reference: str, other: str, *, causes: bool = True,
         return result  # they agree, or their initial weights differ: no training step to trace
     result.window = ((steps["agree_until"] or 0) + 1, parts_by)
     launches = [read_launch(ws, i) for i in ids]
-    specs = [respec(ws, m, launch, result.window) for m, launch in zip(ms, launches, strict=True)]
-    outs = _reexecute(ws, result, ms, launches, specs, rep, on_log)
+    requests = [respec(ws, m, launch, result.window) for m, launch in zip(ms, launches, strict=True)]
+    outs = _reexecute(ws, result, ms, launches, requests, rep, on_log)
     if not all(c["repeats"] for c in result.checks):
         return result
     result.trace = dict(opdiff.trace_info(outs[0]))
     result.exact = rows_diff(read_steps(outs[0]), read_steps(outs[1]))
     result.first = opdiff.compare_traces(outs[0], outs[1])
     if causes and result.first.get("found") and not outside_change(result.first) and not result.inputs:
-        _try_causes(ws, result, ms, launches, specs, outs, rep, on_log)
+        _try_causes(ws, result, ms, launches, requests, outs, rep, on_log)
     return result
