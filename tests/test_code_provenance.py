@@ -234,9 +234,11 @@ def test_two_projects_train_py_are_two_codes_never_one_group(tiny_workspace: Pat
     (beta.parent / "util.py").write_text("def scale(x):\n    return x * 5\n")
     twin = write_project(tmp_path / "elsewhere" / "alpha")  # the same folder name, other code
     (twin.parent / "util.py").write_text("def scale(x):\n    return x * 7\n")
+    started: list[str] = []  # run ids in the order they ran (two runs in one second sort by name)
     for script in (alpha, beta, twin):
         code, out, err = cli(tiny_workspace, "run", str(script), "--runs", "2")
         assert code == 0, (out, err)
+        started += [r["run_id"] for r in out["data"]["runs"]]
     runs = manifests(tiny_workspace)
     by_name: dict[str, set[str]] = {}
     for m in runs:
@@ -246,10 +248,10 @@ def test_two_projects_train_py_are_two_codes_never_one_group(tiny_workspace: Pat
     assert len(groups) == 3 and len(by_name["alpha/train.py"]) == 2  # the twin is another group
     assert all("alpha_train.py" in m["run_id"] or "beta_train.py" in m["run_id"] for m in runs)
 
-    first_alpha, first_beta = runs[0], next(m for m in runs if m["recipe"]["identity"] == "beta/train.py")
+    by_id = {m["run_id"]: m for m in runs}
+    first_alpha, first_beta, twin_run = by_id[started[0]], by_id[started[2]], by_id[started[-1]]
     code, verdict, err = cli(tiny_workspace, "verify", "checksums", first_alpha["run_id"], first_beta["run_id"])
     assert code == ExitCode.INCOMPATIBLE and "--across-code" in err, (verdict, err)
-    twin_run = runs[-1]
     code, verdict, err = cli(tiny_workspace, "verify", "checksums", first_alpha["run_id"], twin_run["run_id"])
     assert code == ExitCode.INCOMPATIBLE, (verdict, err)  # same name, other digest: other code
     code, verdict, _ = cli(tiny_workspace, "verify", "checksums", first_alpha["run_id"], first_beta["run_id"],
@@ -257,4 +259,4 @@ def test_two_projects_train_py_are_two_codes_never_one_group(tiny_workspace: Pat
     assert code == ExitCode.NOT_REPRODUCIBLE and "the code differs" in verdict["summary"], verdict["summary"]
     assert "may come from the code" in verdict["summary"]
     code, verdict, _ = cli(tiny_workspace, "verify", "checksums")  # the latest group: the twin's two runs
-    assert {r["run_id"] for r in verdict["data"]["runs"]} == {m["run_id"] for m in runs[-2:]}
+    assert {r["run_id"] for r in verdict["data"]["runs"]} == set(started[-2:])
