@@ -33,6 +33,22 @@ def pin_lockfile(ws: Workspace, ref: str) -> None:
     images.save(ws, pinned)
 
 
+def test_a_dotted_variant_name_survives_images_lock(tmp_path: Path) -> None:
+    """`torch-cpu-2.6` is a variant name: images.lock keeps it one section (quoted), next to the plain ones."""
+    ws = small_workspace(tmp_path / "ws", "six\n")
+    ref = "127.0.0.1:5000/launcher/base@sha256:" + "a" * 64
+    pinned = images.ImagesLock()
+    for v in ("cpu", "torch-cpu-2.6", "a.b.c"):
+        pinned.pins[v] = images.BasePin(v, ref, python="3.11", source="bootstrap")
+    images.save(ws, pinned)
+    text = ws.images_lock.read_text()
+    assert '\n[cpu]\n' in text and '\n["torch-cpu-2.6"]\n' in text
+    again = images.load(ws)
+    assert sorted(again.pins) == ["a.b.c", "cpu", "torch-cpu-2.6"]
+    assert again.get("torch-cpu-2.6").ref == ref and again.get("a.b.c").source == "bootstrap"
+    assert not images.save(ws, again)  # rendered the same: nothing rewritten
+
+
 def test_parse_lock_refuses_unpinned_requirement() -> None:
     with pytest.raises(LockFailed, match="not pinned"):
         lock.parse_lock("six>=1.0 \\\n    --hash=sha256:" + "a" * 64 + "\n")

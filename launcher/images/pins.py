@@ -54,7 +54,8 @@ class ImagesLock:
         out = [HEADER]
         for variant in sorted(self.pins):
             pin = self.pins[variant]
-            out.append(f"\n[{variant}]\n")
+            # a dotted name is one key only when quoted ([a.b] would be table b inside table a)
+            out.append(f'\n["{variant}"]\n' if "." in variant else f"\n[{variant}]\n")
             out.append(f'ref = "{pin.ref}"\n')
             out.append(f'python = "{pin.python}"\n')
             out.append(f'platform = "{pin.platform}"\n')
