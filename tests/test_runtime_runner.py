@@ -306,6 +306,30 @@ def test_a_missing_file_and_a_write_into_the_code_are_explained(tmp_path: Path) 
         "name in the outputs); pass that path")
 
 
+def test_a_download_its_container_cannot_reach_is_explained_with_what_it_fetched(tmp_path: Path) -> None:
+    """keras.datasets.mnist.load_data() in a container without a route out dies with Keras' own words."""
+    from launcher.runtime import workdir
+
+    (tmp_path / "o").mkdir()
+    view = workdir.show(tmp_path / "o", None, None)
+    keras = ("  File \"/opt/venv/lib/python3.11/site-packages/keras/src/utils/file_utils.py\", line 399, in get_file\n"
+             "Exception: URL fetch failure on https://storage.googleapis.com/tensorflow/tf-keras-datasets/mnist.npz: "
+             "None -- [Errno -2] Name or service not known\n")
+    assert workdir.hint_after_failure(keras, view) == (
+        "the script tried to download https://storage.googleapis.com/tensorflow/tf-keras-datasets/mnist.npz, and its "
+        "container could not reach the server (Name or service not known): download it where it can be reached, put "
+        "it in a folder, send that with --data-from DIR and have the script read it from there (the folder's entries "
+        f"are shown in its working directory {tmp_path / 'o'})")
+    requests = ("requests.exceptions.ConnectionError: HTTPSConnectionPool(host='huggingface.co', port=443): Max "
+                "retries exceeded with url: /api/models/gpt2 (Caused by NewConnectionError('<urllib3.connection."
+                "HTTPSConnection object>: Failed to establish a new connection: [Errno -3] Temporary failure in name "
+                "resolution'))\n")
+    hint = workdir.hint_after_failure(requests, view)
+    assert hint is not None and hint.startswith("the script tried to reach a server its container cannot reach "
+                                                "(Failed to establish a new connection): download what it needs where")
+    assert workdir.hint_after_failure("ValueError: bad shape (3, 4)\n", view) is None
+
+
 def test_links_of_an_earlier_segment_are_replaced_and_the_outputs_own_files_win(tmp_path: Path) -> None:
     from launcher.runtime import workdir
 

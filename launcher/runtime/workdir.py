@@ -33,6 +33,10 @@ RUNTIME_NAMES = frozenset({"_launcher", "logs", "fingerprints", "metrics.jsonl",
 _MISSING = (r"(?:FileNotFoundError|No such file or directory|does not exist|not found)[^\n]*?"
             r"""['"]((?!/)[^'"\n]+)['"]""")
 _READ_ONLY = r"""Read-only file system[^\n]*?['"]((?!/)[^'"\n]+)['"]"""
+# a download that could not reach its server: the resolver's or the socket's words (Python, urllib3, requests, curl)
+_OFFLINE = (r"Name or service not known|Temporary failure in name resolution|Could not resolve host|"
+            r"No address associated with hostname|Network is unreachable|Failed to establish a new connection")
+_URL = r"""https?://[^\s'"<>)]+"""
 
 
 @dataclass
@@ -128,8 +132,26 @@ def notice(view: View, script: str | None = None) -> str | None:
 
 
 def hint_after_failure(log_tail: str, view: View) -> str | None:
-    """A hint when the failure's text names a relative path the script could not read, or wrote into a
-    shown (read-only) folder; None otherwise."""
+    """A hint when the failure's text names a relative path the script could not read, wrote into a
+    shown (read-only) folder, or could not download a file; None otherwise."""
+    return _file_hint(log_tail, view) or download_hint(log_tail, view)
+
+
+def download_hint(log_tail: str, view: View) -> str | None:
+    """When the script died downloading (a server its container could not reach): what it fetched and how
+    to give it the file instead; None when the text shows no such failure."""
+    offline = re.search(_OFFLINE, log_tail)
+    if offline is None:
+        return None
+    urls = re.findall(_URL, log_tail[:offline.end()])
+    what = (f"download {urls[-1].rstrip('.:,;')}, and its container could not reach the server" if urls else
+            "reach a server its container cannot reach")
+    return (f"the script tried to {what} ({offline.group(0)}): download {'it' if urls else 'what it needs'} "
+            "where it can be reached, put it in a folder, send that with --data-from DIR and have the "
+            f"script read it from there (the folder's entries are shown in its working directory {view.out})")
+
+
+def _file_hint(log_tail: str, view: View) -> str | None:
     found = re.search(_READ_ONLY, log_tail)
     if found:
         top = Path(found.group(1).removeprefix("./")).parts[0] if found.group(1).removeprefix("./") else ""
