@@ -256,6 +256,41 @@ def test_companions_must_carry_their_frameworks_label() -> None:
     assert companions.mismatches({"tensorflow": "2.21.0", "tensorflow-cpu": "2.21.0"})[0].rule == "build"
 
 
+# pip-compile's annotations in a project lock: tensorflow-probability[tf] pulls in tf-keras, which needs PyPI's
+# `tensorflow` (the cpu image pins `tensorflow-cpu`)
+TFP_LOCK = """tensorflow==2.21.0 \\
+    --hash=sha256:{a}
+    # via tf-keras
+tensorflow-probability[tf]==0.25.0 \\
+    --hash=sha256:{b}
+    # via -r requirements.txt
+tf-keras==2.21.0 \\
+    --hash=sha256:{c}
+    # via
+    #   -r requirements.txt
+    #   tensorflow-probability
+""".format(a="a" * 64, b="b" * 64, c="c" * 64)
+
+
+def test_a_second_tensorflow_build_a_project_pulls_in_is_named_with_what_pulls_it_not_the_images() -> None:
+    assert companions.via(TFP_LOCK) == {"tensorflow": ["tf-keras"], "tensorflow-probability": ["-r requirements.txt"],
+                                        "tf-keras": ["-r requirements.txt", "tensorflow-probability"]}
+    with pytest.raises(LockFailed) as err:
+        companions.check({"tensorflow-cpu": "2.21.0", "tensorflow": "2.21.0", "tf-keras": "2.21.0"},
+                         {"tensorflow-cpu": "lockfiles/cpu.txt", "tensorflow": "requirements.lock",
+                          "tf-keras": "requirements.lock"},
+                         source="requirements.txt", relock="launcher lock ./mdn --variant cpu",
+                         pulled_by=companions.via(TFP_LOCK))
+    assert err.value.message == ("tensorflow==2.21.0 (requirements.lock) is a second build of tensorflow beside "
+                                 "tensorflow-cpu==2.21.0 (lockfiles/cpu.txt): both install the same module")
+    assert str(err.value.hint) == ("keep the image's tensorflow-cpu: remove what pulls in tensorflow (pulled in by "
+                                   "tf-keras) from requirements.txt, then `launcher lock ./mdn --variant cpu`")
+    with pytest.raises(LockFailed) as err:  # both in one lock (a variant's own): either may go
+        companions.check({"tensorflow": "2.21.0", "tensorflow-cpu": "2.21.0"}, {}, source="lockfiles/cpu.in",
+                         relock="launcher lock --variant cpu")
+    assert str(err.value.hint).startswith("keep one: remove what pulls in tensorflow-cpu from lockfiles/cpu.in")
+
+
 def test_a_cpu_torch_beside_a_cuda_companion_names_both_wheels_and_the_exact_fix() -> None:
     with pytest.raises(LockFailed) as err:
         companions.check({"torch": "2.13.0+cpu", "torchvision": "0.28.0"},

@@ -13,7 +13,7 @@ none), which also says the index it came from. TensorFlow's companions (``tensor
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from launcher.errors import LockFailed
@@ -94,10 +94,51 @@ def mismatches(pins: Mapping[str, str]) -> list[Mismatch]:
     return out
 
 
-def check(pins: Mapping[str, str], where: Mapping[str, str], *, source: str, relock: str) -> None:
+def via(lock_text: str) -> dict[str, list[str]]:
+    """What pulls in each package of a pip-compile lock, from its annotations (``# via tf-keras``, or
+    ``# via`` followed by ``#   name`` lines): normalized name -> the names given (``-r file`` as written)."""
+    out: dict[str, list[str]] = {}
+    current: str | None = None
+    listing = False
+    for line in lock_text.splitlines():
+        stripped = line.strip()
+        if line and not line[0].isspace() and not stripped.startswith(("#", "-")) and "==" in stripped:
+            current, listing = stripped.split("==", 1)[0].split("[")[0].strip().lower().replace("_", "-"), False
+        elif current is not None and stripped.startswith("# via"):
+            rest = stripped[len("# via"):].strip()
+            listing = not rest
+            if rest:
+                out.setdefault(current, []).append(rest)
+        elif current is not None and listing and stripped.startswith("#   "):
+            out.setdefault(current, []).append(stripped[1:].strip())
+        elif not stripped.startswith("--hash") and not stripped.startswith("#"):
+            listing = False
+    return out
+
+
+def _second_build(m: Mismatch, where: Mapping[str, str], pulled_by: Mapping[str, Sequence[str]],
+                  source: str, relock: str) -> LockFailed:
+    """Two builds of one framework: the one the image's lock (lockfiles/) pins is kept, the other named with
+    what pulls it in."""
+    def pinned(name: str, version: str) -> str:
+        return f"{name}=={version} ({where.get(name, 'the lock')})"
+
+    image = [n for n in (m.framework, m.companion) if where.get(n, "").startswith("lockfiles/")]
+    extra, kept = (m.framework, m.companion) if image == [m.companion] else (m.companion, m.framework)
+    versions = {m.framework: m.framework_version, m.companion: m.companion_version}
+    by = pulled_by.get(extra) or []
+    what = f"{extra} (pulled in by {', '.join(by)})" if by else extra
+    keep = f"keep the image's {kept}" if image else "keep one"
+    return LockFailed(f"{pinned(extra, versions[extra])} is a second build of {m.framework} beside "
+                      f"{pinned(kept, versions[kept])}: both install the same module",
+                      f"{keep}: remove what pulls in {what} from {source}, then `{relock}`")
+
+
+def check(pins: Mapping[str, str], where: Mapping[str, str], *, source: str, relock: str,
+          pulled_by: Mapping[str, Sequence[str]] | None = None) -> None:
     """Refuse a set of pins that pairs a framework build with a companion of another build.
     where: name -> the lockfile that pins it; source: the requirements file to edit; relock: the
-    `launcher lock ...` command that locks it again."""
+    `launcher lock ...` command that locks it again; pulled_by: what pulls in each package (:func:`via`)."""
     found = mismatches(pins)
     if not found:
         return
@@ -105,8 +146,7 @@ def check(pins: Mapping[str, str], where: Mapping[str, str], *, source: str, rel
     comp = f"{m.companion}=={m.companion_version} ({where.get(m.companion, 'the lock')})"
     fw = f"{m.framework}=={m.framework_version} ({where.get(m.framework, 'the lock')})"
     if m.rule == "build":
-        raise LockFailed(f"{comp} is a second build of {m.framework} beside {fw}: both install the same module",
-                         f"keep one: remove what pulls in {m.companion} from {source}, then `{relock}`")
+        raise _second_build(m, where, pulled_by or {}, source, relock)
     if m.rule == "minor":
         raise LockFailed(f"{comp} does not match {fw}: its releases follow {m.framework}'s major.minor "
                          f"({minor(m.framework_version)})",

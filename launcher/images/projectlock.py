@@ -198,7 +198,7 @@ def lock_project(ws: Workspace, folder: Path, variant: str, *, upgrade: bool = F
 def _write(req: Requirements, variant: str, text: str, held: Sequence[LockedRequirement], folder: Path,
            pin: images.BasePin, target: str = "") -> ProjectLockResult:
     reqs = parse_lock(text, str(req.lock_path))
-    _check_against(reqs, held, req, variant, folder)
+    _check_against(reqs, held, req, variant, folder, text)
     path = req.lock_path
     changed = not (path.is_file() and path.read_text() == text)
     if changed:
@@ -284,7 +284,7 @@ def _included(folder: Path, text: str, seen: dict[str, str] | None = None) -> di
 
 
 def _check_against(reqs: Sequence[LockedRequirement], held: Sequence[LockedRequirement], req: Requirements,
-                   variant: str, folder: Path) -> None:
+                   variant: str, folder: Path, text: str = "") -> None:
     from launcher.images import companions
 
     pins = {r.name: r.version for r in held}
@@ -295,7 +295,7 @@ def _check_against(reqs: Sequence[LockedRequirement], held: Sequence[LockedRequi
     where = {**dict.fromkeys(pins, f"lockfiles/{variant}.txt"), **{r.name: LOCK_NAME for r in reqs
                                                                     if r.name not in pins}}
     companions.check({**pins, **{r.name: r.version for r in reqs}}, where, source=req.source.name,
-                     relock=f"launcher lock {folder} --variant {variant}")
+                     relock=f"launcher lock {folder} --variant {variant}", pulled_by=companions.via(text))
 
 
 def conflict(output: str, diagnosis: str, source: str, variant: str, held: Sequence[LockedRequirement],
