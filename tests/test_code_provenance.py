@@ -35,7 +35,10 @@ def cli(ws: Path, *args: str) -> tuple[int, dict[str, Any], str]:
 
 
 def manifests(ws: Path) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in sorted(ws.glob("runs/*/manifest.json"))]
+    """The runs' manifests in the order the runs ended (one after the other here): a run folder's name starts
+    with the second it started, and two runs started in one second sort by their random suffix."""
+    found = sorted(ws.glob("runs/*/manifest.json"), key=lambda p: p.stat().st_mtime_ns)
+    return [json.loads(p.read_text()) for p in found]
 
 
 def digest_in_image(image_id: str, path: str, into: Path) -> str:

@@ -96,7 +96,9 @@ def cli(ws: Path, *args: str) -> tuple[int, dict[str, Any], str]:
 
 
 def manifests(ws: Path) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in sorted(ws.glob("runs/*/manifest.json"))]
+    """In the order the runs ended (two runs started in one second would sort by their folders' random suffix)."""
+    found = sorted(ws.glob("runs/*/manifest.json"), key=lambda p: p.stat().st_mtime_ns)
+    return [json.loads(p.read_text()) for p in found]
 
 
 @pytest.mark.docker
