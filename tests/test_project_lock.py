@@ -289,6 +289,11 @@ def test_a_second_tensorflow_build_a_project_pulls_in_is_named_with_what_pulls_i
         companions.check({"tensorflow": "2.21.0", "tensorflow-cpu": "2.21.0"}, {}, source="lockfiles/cpu.in",
                          relock="launcher lock --variant cpu")
     assert str(err.value.hint).startswith("keep one: remove what pulls in tensorflow-cpu from lockfiles/cpu.in")
+    with pytest.raises(LockFailed) as err:  # a variant's own lock names both
+        companions.check({"tensorflow": "2.21.0", "tensorflow-cpu": "2.21.0"},
+                         dict.fromkeys(("tensorflow", "tensorflow-cpu"), "lockfiles/cpu.txt"),
+                         source="lockfiles/cpu.in", relock="launcher lock --variant cpu")
+    assert str(err.value.hint).startswith("keep one: remove what pulls in tensorflow-cpu from lockfiles/cpu.in")
 
 
 def test_a_cpu_torch_beside_a_cuda_companion_names_both_wheels_and_the_exact_fix() -> None:

@@ -128,7 +128,7 @@ def _second_build(m: Mismatch, where: Mapping[str, str], pulled_by: Mapping[str,
     versions = {m.framework: m.framework_version, m.companion: m.companion_version}
     by = pulled_by.get(extra) or []
     what = f"{extra} (pulled in by {', '.join(by)})" if by else extra
-    keep = f"keep the image's {kept}" if image else "keep one"
+    keep = f"keep the image's {kept}" if len(image) == 1 else "keep one"  # both in one lock: a variant's own
     return LockFailed(f"{pinned(extra, versions[extra])} is a second build of {m.framework} beside "
                       f"{pinned(kept, versions[kept])}: both install the same module",
                       f"{keep}: remove what pulls in {what} from {source}, then `{relock}`")
