@@ -284,7 +284,7 @@ def _included(folder: Path, text: str, seen: dict[str, str] | None = None) -> di
 
 
 def _check_against(reqs: Sequence[LockedRequirement], held: Sequence[LockedRequirement], req: Requirements,
-                   variant: str, folder: Path, text: str = "") -> None:
+                   variant: str, folder: Path, text: str) -> None:
     from launcher.images import companions
 
     pins = {r.name: r.version for r in held}
