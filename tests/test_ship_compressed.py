@@ -4,6 +4,7 @@ into a staging folder on the host that a cut ship resumes from (the SSH test hos
 from __future__ import annotations
 
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ from testhost import TestHost
 from launcher.errors import Corrupt, TransferCut
 from launcher.hosts.ssh import SSHHost
 from launcher.images import blobs
+from launcher.progress import NullReporter, Task
 from launcher.transfers import ship, shipstaged
 
 pytestmark = [pytest.mark.testhost, pytest.mark.docker]
@@ -47,6 +49,31 @@ def remote(testhost: TestHost, big_image: tuple[str, int], monkeypatch: pytest.M
                          ssh_config=Path("/dev/null")) as h:
         yield h
     testhost.exec("sh", "-c", f"docker rmi -f {big_image[0]} >/dev/null 2>&1; rm -rf {STAGE}; true")
+
+
+class _SlowLink(NullReporter):
+    """A link that slows to 20 MiB/s once 2 MiB have gone: the cut below then lands mid-layer on any machine
+    (over loopback SSH a fast one sends the whole layer before a watcher polling the host sees 2 MiB)."""
+
+    def task(self, description: str, total: float | None = None, unit: str = "") -> Task:
+        return _Paced() if description.startswith("ship image") else super().task(description, total, unit)
+
+
+class _Paced:
+    def __init__(self) -> None:
+        self.done = 0.0
+
+    def advance(self, amount: float = 1) -> None:
+        self.done += amount
+        if self.done > 2 << 20:
+            time.sleep(0.05 * amount / (1 << 20))
+
+    def update(self, *, completed: float | None = None, total: float | None = None,
+               description: str | None = None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def test_a_compressed_ship_sends_the_missing_layer_as_a_blob_made_once(
@@ -85,7 +112,7 @@ def test_a_cut_ship_resumes_from_what_arrived_and_a_damaged_part_is_refused(
     watcher = subprocess.Popen(["docker", "exec", testhost.container, "sh", "-c", watch])
     try:
         with pytest.raises(TransferCut) as cut:
-            ship.ship_image(remote, image_id, cache_dir=cache)
+            ship.ship_image(remote, image_id, cache_dir=cache, reporter=_SlowLink())
     finally:
         watcher.kill()
     assert cut.value.hint and "run again: the ship resumes from what arrived" in cut.value.hint
