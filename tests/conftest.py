@@ -5,10 +5,13 @@ same machine, never relied on)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +31,20 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # the SSH test host and a tiny image (tests/testhost.py); the tiers of the suite (tests/tiers.py)
 pytest_plugins = ["conftest_testhost", "tiers"]
+
+
+@contextlib.contextmanager
+def made_once(name: str) -> Iterator[None]:
+    """Make a shared thing (the base, an image) with the other workers of this run waiting: the first makes
+    it, the others then find it made (by content) instead of making it beside it on the same two cores."""
+    folder = Path(tempfile.gettempdir()) / f"launcher-tests-{os.getuid()}"
+    folder.mkdir(exist_ok=True)
+    with open(folder / f"{name}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def need(ok: bool, reason: str) -> None:
@@ -78,7 +95,8 @@ def registry_addr(engine: dict[str, Any]) -> str:
 @pytest.fixture(scope="session")
 def base_ref(registry_addr: str) -> str:
     try:
-        return bootstrap(default_cache_dir(), registry_address=registry_addr).ref
+        with made_once("base"):
+            return bootstrap(default_cache_dir(), registry_address=registry_addr).ref
     except LauncherError as exc:
         need(False, f"cannot bootstrap a base image: {exc.one_line()}")
         raise
@@ -137,5 +155,6 @@ def cpu_image(tf_workspace: Workspace) -> Iterator[dict[str, Any]]:
     """The real TensorFlow CPU image, built once from the committed lock (lockfiles/cpu.txt)."""
     from launcher.images.build import build
 
-    rec = build(tf_workspace, "cpu")
+    with made_once("tensorflow-image"):
+        rec = build(tf_workspace, "cpu")
     yield {"id": rec.image_id, "tag": rec.tag, "record": rec, "workspace": tf_workspace}

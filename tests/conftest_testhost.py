@@ -101,12 +101,15 @@ def tiny_image(tmp_path_factory: pytest.TempPathFactory, base_ref: str) -> Itera
     """Debian + python3 + launcher's in-container runtime + the tiny recipes, built by `launcher
     build` like any image (so runs see a real build record): seconds to build."""
     _need_host_tools()
+    from conftest import made_once
+
     from launcher.images.build import build
     from launcher.workspace import Workspace
 
     root = tmp_path_factory.mktemp("tiny-image") / "tiny"
     write_tiny_inputs(root, base_ref)
-    rec = build(Workspace.at(root), "cpu")
+    with made_once("tiny-image"):
+        rec = build(Workspace.at(root), "cpu")
     yield {"id": rec.image_id, "tag": rec.tag, "base": base_ref, "workspace": root}
 
 

@@ -161,3 +161,25 @@ def test_every_session_fixture_of_the_conftest_files_is_classified() -> None:
     (("testhost", "docker"), "hosts"), (("cluster", "testhost"), "cluster")])
 def test_a_tier_is_the_most_expensive_thing_a_test_needs(markers: tuple[str, ...], tier: str) -> None:
     assert tiers.tier_of(markers) == tier
+
+
+def test_a_lane_runs_its_tests_without_the_fast_tier(tmp_path: Path) -> None:
+    """What scripts/test.sh runs beside each other after the fast tier: lane "local" has the local tests of
+    files not listed for the other lane; lane "hosts" the test hosts' and the listed files'."""
+    outcomes, out = run_suite(tmp_path, "--lane", "local")
+    assert outcomes == {"test_framework_marked_slow": "passed", "test_docker_marked": "passed",
+                        "test_docker_through_a_fixture": "passed"}, out
+    outcomes, out = run_suite(tmp_path, "--lane", "hosts")
+    assert outcomes == {} and "8 deselected" in out, out
+
+
+@pytest.mark.parametrize(("tier", "lane"), [("fast", None), ("local", "local"), ("hosts", "hosts"),
+                                            ("cluster", "hosts")])
+def test_the_test_hosts_and_the_cluster_share_a_lane(tier: str, lane: str | None) -> None:
+    item = type("Item", (), {"path": HERE / "test_nothing_listed.py"})()
+    assert tiers.lane_of(item, tier) == lane  # type: ignore[arg-type]
+
+
+def test_the_lane_list_names_local_tier_test_files_that_exist() -> None:
+    files = {p.name for p in HERE.glob("test_*.py")}
+    assert tiers.HOSTS_LANE_LOCAL <= files, sorted(tiers.HOSTS_LANE_LOCAL - files)

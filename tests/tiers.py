@@ -9,7 +9,13 @@ classified without anybody listing it. Its tier is the most expensive thing it n
   hosts    SSH test host containers
   cluster  a test cluster (Slurm: several test hosts)
 
-`--tier NAME` runs that tier and those above it in this list (default: all). A fast-tier test runs,
+`--tier NAME` runs that tier and those above it in this list (default: all). `--lane local|hosts` runs the
+tests of one lane, the fast tier left out: scripts/test.sh runs the fast tier on two workers, then the two
+lanes side by side, in two pytest processes. Lane "hosts" has the SSH test hosts and the cluster and the
+local-tier files listed in HOSTS_LANE_LOCAL; lane "local" the other local-tier tests. A run is mostly one
+core busy and the other waiting on a build, a container or TensorFlow starting, so the lanes overlap;
+what both use (the base, the TensorFlow image) is made once, the other lane waiting for it
+(conftest.py `made_once`). A fast-tier test runs,
 in every run, without Docker or SSH: the infrastructure's commands are taken off PATH and DOCKER_HOST
 points nowhere, so a test that starts a container or reaches a host without saying so fails instead of
 passing slowly. A fast-tier test that imports TensorFlow, PyTorch or JAX (in pytest's process, or in a
@@ -68,6 +74,9 @@ INFRA_COMMANDS = frozenset({
 })
 FRAMEWORKS = ("tensorflow", "torch", "jax", "keras")
 NO_DOCKER_HOST = "unix:///nonexistent/the-fast-tier-has-no-docker-engine.sock"
+# The local-tier test files that run in the lane of the test hosts (lane "hosts"); the others in lane "local".
+# Chosen to even out the lanes' times on a 2-core machine (scripts/test.sh prints each tier's time).
+HOSTS_LANE_LOCAL = frozenset({"test_torch_variant.py", "test_examples_in_image.py", "test_jax_variant.py"})
 FAST_SECONDS = 5.0  # longer than this in the fast tier: reported as a candidate for `slow`
 SPY = '''\
 import atexit, os, sys
@@ -100,15 +109,31 @@ def tier_of(markers: Iterable[str]) -> str:
     return "fast"
 
 
+LANES = ("local", "hosts")
+
+
+def lane_of(item: pytest.Item, tier: str) -> str | None:
+    """The lane of a test that is not in the fast tier (None for the fast tier)."""
+    if tier == "fast":
+        return None
+    if tier in ("hosts", "cluster") or Path(str(item.path)).name in HOSTS_LANE_LOCAL:
+        return "hosts"
+    return "local"
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--tier", choices=(*TIERS[:-1], "full"), default="full",
                      help="run this tier of the suite and the cheaper ones: fast (no root, Docker or "
                           "training), local (no SSH test hosts), hosts (no Slurm cluster), full")
+    parser.addoption("--lane", choices=LANES, default=None,
+                     help="only the tests of this lane, the fast tier left out (scripts/test.sh runs the two "
+                          "lanes side by side)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     chosen = config.getoption("tier")
     last = len(TIERS) if chosen == "full" else TIERS.index(chosen) + 1
+    lane = config.getoption("lane")
     keep, drop = [], []
     for item in items:
         names = markers_of(item)
@@ -116,7 +141,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(name)
         tier = tier_of(names)
         item.user_properties.append(("tier", tier))
-        (keep if TIERS.index(tier) < last else drop).append(item)
+        wanted = TIERS.index(tier) < last and (lane is None or lane_of(item, tier) == lane)
+        (keep if wanted else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
     # cheapest tier first (in collection order within each): a logic error fails in minutes, and the session's
