@@ -45,6 +45,7 @@ timed shellcheck find launcher -name '*.sh' -exec shellcheck {} +
 # With --serial, or a selection of tests given, one pytest process runs everything in order.
 reports=()
 rc=0
+lanes=
 pytest_step() {  # pytest_step NAME ARGS...: one pytest run, its tier report kept for the summary
   local name=$1 report
   shift
@@ -57,6 +58,7 @@ if [ "$tier" = fast ] || [ "$serial" = 1 ] || [ ${#args[@]} -gt 0 ]; then
   [ "$tier" = fast ] && [ "$serial" = 0 ] && workers=(-n 2)
   pytest_step pytest --durations=15 --tier "$tier" "${workers[@]}" "${args[@]}" || rc=$?
 else
+  lanes=1
   pytest_step fast --durations=5 --tier fast -n 2 || rc=$?
   hosts_log=$(mktemp)
   hosts_report=$(mktemp)
@@ -80,7 +82,7 @@ else
   rm -f "$hosts_ms"
   rm -f "$hosts_log"
 fi
-echo "scripts/test.sh --tier $tier: wall time of each step (lane-local and lane-hosts side by side)"
+echo "scripts/test.sh --tier $tier: wall time of each step${lanes:+ (lane-local and lane-hosts side by side)}"
 for entry in "${times[@]}"; do
   ms=${entry#* }
   printf '  %-11s %6d.%d s\n' "${entry% *}" $((ms / 1000)) $((ms % 1000 / 100))
