@@ -35,8 +35,8 @@ pytest_plugins = ["conftest_testhost", "tiers"]
 
 @contextlib.contextmanager
 def made_once(name: str) -> Iterator[None]:
-    """Make a shared thing (the base, an image) with the other workers of this run waiting: the first makes
-    it, the others then find it made (by content) instead of making it beside it on the same two cores."""
+    """Make a shared thing (the base, an image) with the other lane of this run waiting (tests/tiers.py): the
+    first makes it, the other then finds it made (by content) instead of making it beside it on two cores."""
     folder = Path(tempfile.gettempdir()) / f"launcher-tests-{os.getuid()}"
     folder.mkdir(exist_ok=True)
     with open(folder / f"{name}.lock", "w") as f:
