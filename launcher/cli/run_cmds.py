@@ -45,6 +45,8 @@ from launcher.cli.run_opts import (
     GroupOpt,
     MountOpt,
     NoBuildOpt,
+    NodesOpt,
+    ProcsPerNodeOpt,
     RecipeArg,
     ReplicatesOpt,
     ShipViaOpt,
@@ -181,6 +183,8 @@ def run_cmd(
     max_parallel: MaxParallelOpt = None,
     find_links: WheelsOpt = None,
     ca_bundle: IndexCaOpt = None,
+    nodes: NodesOpt = None,
+    procs_per_node: ProcsPerNodeOpt = None,
 ) -> None:
     """Run a recipe or a script in its pinned image on the local engine or a host over SSH, determinism injected.
 
@@ -190,21 +194,23 @@ def run_cmd(
     plus one thin layer of them, locked first when requirements.lock is missing or stale.
     """
     from launcher.runs import lifecycle as runs
-    from launcher.specs import userenv
+    from launcher.specs import topology, userenv
 
     chosen_probes = runs.probes_option(probes)  # a bad SPEC stops here, before the workspace is read
     trace = runs.trace_option(trace_every)
     checkpoints = runs.checkpoints_option(checkpoint_every, keep_checkpoints)
     user_env = userenv.parse(env or [], secret_env or [])
     ws = workspace_of(ctx)
+    request_variant = variant_for(ctx, ws, variant, recipe, entry)
     request = runs.RunRequest(
-        recipe=recipe, variant=variant_for(ctx, ws, variant, recipe, entry), seed=seed[0] if seed else None,
+        recipe=recipe, variant=request_variant, seed=seed[0] if seed else None,
         profile=determinism, threads=threads_for(ctx, determinism, threads), data=data,
         data_from=str(data_from) if data_from else None, params=runs.parse_params(param or []), group=group,
         detach=detach, ship_via=ship_via, args=list(script_args or []), code=str(code_dir) if code_dir else None,
         entry=entry, mount=mount, build=not no_build, probes=chosen_probes, trace_every=trace,
         checkpoints=checkpoints, env=dict(user_env.plain), secret_env=dict(user_env.secret),
-        find_links=_wheel_dirs(find_links), ca_bundle=str(ca_bundle) if ca_bundle else None)
+        find_links=_wheel_dirs(find_links), ca_bundle=str(ca_bundle) if ca_bundle else None,
+        topology=topology.topology_option(nodes, procs_per_node, gpu=ws.needs_gpu(request_variant)))
     _run(ctx, ws, request, host, runs_n, seed or [], (scheduler, partition, slurm_opt, max_parallel))
 
 
@@ -234,7 +240,7 @@ def _run(ctx: typer.Context, ws: Workspace, request: RunRequest, host: HostSpec,
         summary = f"group {outcome.group}: {len(outcome.runs)} runs started; `launcher pull RUN` when done"
     elif failure:
         summary = (f"group {outcome.group}: {failure.line()}; its log: "
-                   f"runs/{failure.run_id}/outputs/logs/train.log (`launcher logs {failure.run_id}`)")
+                   f"runs/{failure.run_id}/{failure.log} (`launcher logs {failure.run_id}`)")
     else:
         n = len(outcome.runs)
         summary = f"group {outcome.group}: {n} run{'s' if n != 1 else ''} succeeded"

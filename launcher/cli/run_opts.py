@@ -72,3 +72,22 @@ EntryOpt = Annotated[
     str | None,
     typer.Option("--entry", metavar="FILE", help="Run FILE inside the folder RECIPE, which has no recipe.toml."),
 ]
+NodesOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--nodes",
+        metavar="N",
+        help="Run on N nodes, one container each, all from the same image ID, ranks laid out node by node (PyTorch: "
+        "torchrun, static rendezvous). On the local engine or one host: N containers on a private network. "
+        "Recorded as the run's topology; a different world size is an environment difference in verify.",
+    ),
+]
+ProcsPerNodeOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--procs-per-node",
+        metavar="M",
+        help="Processes (ranks) per node (default 1): world size N x M; rank 0 writes the run's outputs, rank r its "
+        "records under outputs/ranks/r (on node k > 0: outputs/nodes/k/ranks/r).",
+    ),
+]

@@ -390,6 +390,15 @@ def assemble(launch: LaunchRecord, outputs: Path, files: Mapping[str, PulledFile
     if launch.get("checkpoint"):
         data["checkpoint"] = launch["checkpoint"]
         data["segments"] = segments
+    if launch.get("topology"):
+        from launcher.records import ranks
+
+        data["topology"] = topology = ranks.completed(launch["topology"], outputs, outputs.parent)
+        failed = topology.get("failed")
+        if failed is not None:  # the run's exit code is the rank's that failed first, not a node's stopped for it
+            data["exit_code"] = failed["exit_code"]
+            if data["status"] != CANCELLED:
+                data["status"] = FAILED
     return data
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from launcher.hosts.base import HostDescription
 from launcher.hosts.containerspec import SpecRecord
+from launcher.records.ranks import TopologyRecord
 from launcher.runtime.recipespec import ParamValue
 
 if TYPE_CHECKING:
@@ -246,6 +247,8 @@ class StartedRecord(TypedDict):
     container_spec: NotRequired[SpecRecord]
     image_ran: NotRequired[str]
     slurm: NotRequired[SlurmJob]
+    node_containers: NotRequired[list[str]]  # a run of several nodes: each node's container, node 0's first
+    network: NotRequired[str]  # and the private network launcher made for them
 
 
 class ManifestPlacement(TypedDict):
@@ -318,6 +321,9 @@ class LaunchRecord(TypedDict):
     argv: NotRequired[list[str]]  # version 1's: the rendered command line (read back into container_spec)
     image_ran: NotRequired[str]
     slurm: NotRequired[SlurmJob]
+    node_containers: NotRequired[list[str]]
+    network: NotRequired[str]
+    topology: NotRequired[TopologyRecord]
     start_error: NotRequired[str]
     segments: NotRequired[list[Segment]]  # launcher resume: each container the run had
     start_from: NotRequired[StartPoint]  # a diverge re-execution started from a run's checkpoint
@@ -441,6 +447,7 @@ class ManifestData(TypedDict):
     artifacts: list[ArtifactEntry]
     checkpoint: NotRequired[CheckpointRecord]
     segments: NotRequired[list[Segment]]
+    topology: NotRequired[TopologyRecord]
 
 
 RunRecord = ManifestData | LaunchRecord | PullStatus  # a run as a command answers it: ended, detached or going

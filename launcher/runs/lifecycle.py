@@ -122,6 +122,8 @@ def _job_env(request: RunRequest, seed: int | None) -> dict[str, str]:
             env[CHECKPOINT_KEEP_ENV] = "all"
     if request.start_from:
         env[RESUME_ENV] = "1"  # from the checkpoint placed in its outputs (launcher.runs.rewind)
+    if request.topology is not None:  # what pins the collectives, on every node
+        env.update(request.topology.env())
     return env
 
 
@@ -144,6 +146,7 @@ def _job(ws: Workspace, run: ResolvedRun, run_id: str, env: dict[str, str], remo
         no_probes=probes["source"] == "option" and probes["config"] is None,
         user_env=dict(request.env),
         secret_env=dict(request.secret_env),
+        topology=request.topology,
     )
 
 
@@ -235,6 +238,8 @@ def _launch(ws: Workspace, run: ResolvedRun, one: Replicate, placement: Placemen
         "launched_at": utc_now(),
     }
     _checkpoints_of(request, launch)
+    if request.topology is not None:
+        launch["topology"] = request.topology.record([placement.name] * request.topology.nodes)
     RunDir(ws.runs / run_id).write_launch(launch)
     return launch, job
 

@@ -103,6 +103,9 @@ def _checked(ws: Workspace, request: RunRequest, seed_list: Sequence[int | None]
     params = check_params(recipe, request.params)
     if framework:
         check_framework(ws, recipe, request.variant)
+    from launcher.specs import topology
+
+    topology.check_framework(request.topology, recipe.framework, request.recipe)
     for seed in seed_list:
         determinism.profile_env(request.profile, seed, request.threads)
     return recipe, params

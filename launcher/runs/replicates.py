@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, TypedDict, TypeGuard
 
 from launcher.errors import LauncherError
 from launcher.records.records import FAILED, ManifestData, RunRecord
-from launcher.records.rundir import RunDir
+from launcher.records.rundir import OUTPUTS, TRAIN_LOG, RunDir
 from launcher.workspace import Workspace
 
 if TYPE_CHECKING:
@@ -34,6 +34,9 @@ class FailureRecord(TypedDict):
     log_tail: list[str]
     not_started: int
     cancelled: list[str]
+    rank: int | None  # a run of several processes: the rank that failed first, and its node
+    node: int | None
+    log: str  # the failed log's path under the run folder
 
 
 @dataclass(frozen=True)
@@ -47,9 +50,14 @@ class Failure:
     log_tail: list[str]
     not_started: int = 0  # later replicates not started because of it
     cancelled: list[str] = field(default_factory=list)  # replicates already going, stopped because of it
+    rank: int | None = None  # a run of several processes: the rank that failed first (its log is log_tail's)
+    node: int | None = None
+    log: str = f"{OUTPUTS}/{TRAIN_LOG}"  # under the run's folder
 
     def line(self) -> str:
         what = f"replicate #{self.replicate} (run {self.run_id}) failed with exit {self.exit_code}"
+        if self.rank is not None:
+            what += f" (rank {self.rank} on node {self.node} failed first; the other ranks were stopped)"
         rest = []
         if self.not_started:
             rest.append(f"{self.not_started} later replicate{'s' if self.not_started != 1 else ''} not started")
@@ -60,7 +68,8 @@ class Failure:
 
     def to_dict(self) -> FailureRecord:
         return {"run_id": self.run_id, "group": self.group, "replicate": self.replicate, "exit_code": self.exit_code,
-                "log_tail": list(self.log_tail), "not_started": self.not_started, "cancelled": list(self.cancelled)}
+                "log_tail": list(self.log_tail), "not_started": self.not_started, "cancelled": list(self.cancelled),
+                "rank": self.rank, "node": self.node, "log": self.log}
 
 
 def is_failed(run: RunRecord) -> TypeGuard[ManifestData]:
@@ -89,6 +98,12 @@ def failure_of(ws: Workspace, manifest: ManifestData, placement: Placement | Non
                cancelled: Sequence[str] = ()) -> Failure:
     run_id = str(manifest["run_id"])
     code = manifest.get("exit_code")
+    topology = manifest.get("topology")
+    failed = topology.get("failed") if topology else None
+    if failed:  # a run of several processes: the rank that failed first, with its own log
+        return Failure(run_id, str(manifest.get("group", "")), int(manifest.get("replicate") or 0),
+                       code if isinstance(code, int) else None, [line.rstrip() for line in failed["last_lines"]],
+                       not_started, list(cancelled), rank=failed["rank"], node=failed["node"], log=failed["log"])
     return Failure(run_id, str(manifest.get("group", "")), int(manifest.get("replicate") or 0),
                    code if isinstance(code, int) else None, log_tail(ws, run_id, placement), not_started,
                    list(cancelled))

@@ -10,7 +10,7 @@ import runpy
 import sys
 from pathlib import Path
 
-from launcher.runtime import hooks
+from launcher.runtime import distributed, hooks
 from launcher.runtime.checkpoint import NotResumable
 from launcher.runtime.record import (
     EXIT_BAD_DATA,
@@ -23,6 +23,21 @@ from launcher.runtime.record import (
 
 
 def main(argv: list[str]) -> int:
+    rank = distributed.this_rank()
+    if rank is None:
+        return run(argv)
+    distributed.enter_rank(rank)  # before the hooks: its records go to its own folder
+    code = 1
+    try:
+        code = run(argv)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        distributed.leave_rank(rank, code)
+    return code
+
+
+def run(argv: list[str]) -> int:
     entry = Path(argv[0]).resolve()
     hooks.install()
     sys.argv = [str(entry), *argv[1:]]

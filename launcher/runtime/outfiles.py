@@ -7,6 +7,7 @@ the typed documents only when it is type-checked.
 
 RUNTIME_JSON = "_launcher/runtime.json"
 EXIT_JSON = "_launcher/exit.json"
+RANKS_JSON = "_launcher/ranks.json"  # a node of a run of several processes: how each of its ranks ended
 DATASET_JSON = "fingerprints/dataset.json"
 ARRAYS_JSON = "fingerprints/arrays.json"
 INITIAL_WEIGHTS = "fingerprints/initial_weights.json"

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import launcher
-from launcher.runtime import checkpoint, probespec, recipeparams, workdir
+from launcher.runtime import checkpoint, distributed, probespec, recipeparams, workdir
 from launcher.runtime import code as codemod
 from launcher.runtime import explain as explainmod
 from launcher.runtime import fingerprints as fp
 from launcher.runtime import recipespec as recipe_spec
-from launcher.runtime.outfiles import DATASET_JSON, EXIT_JSON, METRICS, RUNTIME_JSON
+from launcher.runtime.outfiles import DATASET_JSON, EXIT_JSON, METRICS, RANKS_JSON, RUNTIME_JSON
 from launcher.runtime.record import EXIT_BAD_DATA, EXIT_BAD_RECIPE, EXIT_NOT_RESUMABLE, EXIT_USAGE, expected_mismatch
 
 if TYPE_CHECKING:
@@ -108,6 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
     probes.add_argument("--probes", metavar="JSON", help="the probe set to record (a [probes] table as a JSON "
                         "object), instead of recipe.toml's")
     probes.add_argument("--no-probes", action="store_true", help="record no probes, whatever recipe.toml says")
+    run.add_argument("--nodes", type=int, default=1, help="the run's nodes (one container each)")
+    run.add_argument("--procs-per-node", type=int, default=1, help="processes (ranks) on each node")
+    run.add_argument("--node-rank", type=int, default=0, help="this node's rank, 0 to --nodes - 1")
+    run.add_argument("--master", default="localhost", metavar="ADDR[:PORT]",
+                     help=f"rank 0's node address for the rendezvous (default port {distributed.MASTER_PORT})")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     explainmod.add_parser(sub)
     return parser
@@ -352,11 +357,33 @@ def _name_version(meta: str) -> str:
     return f"{(fields.get('name') or '?').lower()}=={fields.get('version')}"
 
 
+def layout_of(args: argparse.Namespace) -> distributed.Layout | None:
+    """The node's place in a run of several processes (--nodes, --procs-per-node), else None; raises RunError."""
+    if args.nodes == 1 and args.procs_per_node == 1:
+        return None
+    if args.nodes < 1 or args.procs_per_node < 1 or not 0 <= args.node_rank < args.nodes:
+        raise RunError(f"--nodes {args.nodes} --procs-per-node {args.procs_per_node} --node-rank {args.node_rank}: "
+                       "each at least 1 and the node rank below the node count", EXIT_USAGE)
+    try:
+        addr, port = distributed.parse_master(args.master)
+    except ValueError as exc:
+        raise RunError(str(exc), EXIT_USAGE) from None
+    return distributed.Layout(args.nodes, args.procs_per_node, args.node_rank, addr, port)
+
+
 def run_child(spec: recipe_spec.RecipeSpec, env: dict[str, str], args: argparse.Namespace, tee: Tee) -> int:
     extra = list(args.args)
     if extra[:1] == ["--"]:  # the separator itself; a "--" further on is the script's own
         extra = extra[1:]
-    cmd = [sys.executable, "-m", "launcher.runtime.child", str(spec.entry_path), *extra]
+    layout = layout_of(args)
+    if layout is None:
+        cmd = [sys.executable, "-m", "launcher.runtime.child", str(spec.entry_path), *extra]
+    else:
+        cmd = distributed.torchrun_argv(sys.executable, layout, str(spec.entry_path), extra)
+        env = {**env, distributed.ENV: "torchrun"}
+        tee.say(f"node {layout.node_rank} of {layout.nodes}: ranks {layout.global_ranks().start} to "
+                f"{layout.global_ranks().stop - 1} of {layout.world_size}, rendezvous at "
+                f"{layout.master_addr}:{layout.master_port} (torchrun, static)")
     proc = subprocess.Popen(cmd, env=env, cwd=str(args.out.resolve()), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
 
@@ -374,7 +401,20 @@ def run_child(spec: recipe_spec.RecipeSpec, env: dict[str, str], args: argparse.
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+    if layout is not None:
+        record_ranks(args.out, layout, tee)
     return 128 - rc if rc < 0 else rc
+
+
+def record_ranks(out: Path, layout: distributed.Layout, tee: Tee) -> None:
+    """How each rank of this node ended (_launcher/ranks.json), and the first that failed, said."""
+    rows = distributed.node_ranks(out, layout, tee.tail.decode("utf-8", "replace"))
+    fp.write_json(out / RANKS_JSON, {"nodes": layout.nodes, "procs_per_node": layout.procs_per_node,
+                                     "node_rank": layout.node_rank, "ranks": rows})
+    for row in rows:
+        if row["exit_code"] not in (0, None):
+            tee.say(f"rank {row['rank']} (node {row['node']}) ended with exit code {row['exit_code']}")
+            break
 
 
 def run_prepared(args: argparse.Namespace, tee: Tee) -> int:
@@ -430,7 +470,7 @@ def run(args: argparse.Namespace) -> int:
             tee.say(f"error: {exc}")
             rc = exc.code
         finally:
-            if not (out / RUNTIME_JSON).exists():
+            if not (out / RUNTIME_JSON).exists() and args.node_rank == 0:
                 import platform  # only here: a child that started wrote runtime.json itself
 
                 fp.write_json(out / RUNTIME_JSON, {

@@ -10,7 +10,9 @@ from typing import Any
 
 from launcher.hosts.containerspec import ContainerSpec, Mount
 from launcher.records.records import BAKED, MOUNTED, LaunchRecord
+from launcher.runtime.distributed import RANKS
 from launcher.specs.recipes import ParamValue, Recipe
+from launcher.specs.topology import Topology
 
 RUN_LABEL = "org.launcher.run"
 CONTAINER_OUT = "/launcher/out"
@@ -21,8 +23,23 @@ OWNER_ENV = "LAUNCHER_OWNER"  # who gets the outputs when the run ends (not part
 SECRET_ENV_FILE = "secret.env"  # noqa: S105 - a file name: in the run's host directory, beside out/ (never pulled)
 
 
-def container_name(run_id: str) -> str:
+NODE_LABEL = "org.launcher.node"  # a run of several nodes: the containers of nodes 1 and on (node 0: RUN_LABEL)
+NODES = "nodes"  # node k's outputs (k >= 1): nodes/<k>/ under the run's outputs
+
+
+def container_name(run_id: str, node: int = 0) -> str:
+    """The run's container (node 0's), or node k's of a run of several nodes."""
+    return f"launcher-{run_id}" if node == 0 else f"launcher-{run_id}-node{node}"
+
+
+def network_name(run_id: str) -> str:
+    """The private network of a run of several nodes."""
     return f"launcher-{run_id}"
+
+
+def node_outputs(host_out: str, node: int) -> str:
+    """Where node k's container writes on the host: the run's outputs for node 0, nodes/<k>/ below them else."""
+    return host_out if node == 0 else f"{host_out}/{NODES}/{node}"
 
 
 @dataclass(frozen=True)
@@ -53,10 +70,18 @@ class ContainerJob:
     user_env: Mapping[str, str] = field(default_factory=dict)
     secret_env: Mapping[str, str] = field(default_factory=dict, repr=False)
     env_file: str | None = None
+    topology: Topology | None = None  # several processes (--nodes, --procs-per-node); None: one
+    node: int = 0  # which node's container this is (a run of several nodes)
+    network: str | None = None  # the run's private network (several nodes)
 
     @property
     def name(self) -> str:
-        return container_name(self.run_id)
+        return container_name(self.run_id, self.node)
+
+    @property
+    def master(self) -> str:
+        """Rank 0's node as the other nodes reach it: its container's name on the private network."""
+        return container_name(self.run_id) if self.network else "localhost"
 
     @property
     def run_dir(self) -> str:
@@ -92,6 +117,8 @@ def runtime_argv(job: ContainerJob) -> list[str]:
     elif job.probes is not None:
         argv += ["--probes", json.dumps(dict(job.probes), sort_keys=True, separators=(",", ":"))]
     argv += ["--params", json.dumps(dict(job.params), sort_keys=True, separators=(",", ":"))]
+    if job.topology is not None:
+        argv += job.topology.runtime_args(job.node, job.master)
     if job.args:
         argv += ["--", *job.args]
     return argv
@@ -99,7 +126,9 @@ def runtime_argv(job: ContainerJob) -> list[str]:
 
 def mounts(job: ContainerJob) -> list[tuple[str, str, bool]]:
     """(host path, container path, read-only) for each folder the container sees."""
-    out = [(job.host_out, CONTAINER_OUT, False)]
+    out = [(node_outputs(job.host_out, job.node), CONTAINER_OUT, False)]
+    if job.node != 0:  # every rank's records in the run's ranks/ folder, whichever node it ran on
+        out.append((f"{job.host_out}/{RANKS}", f"{CONTAINER_OUT}/{RANKS}", False))
     if job.data:
         out.append((job.data, CONTAINER_DATA, True))
     if job.host_code:
@@ -124,7 +153,8 @@ def container_spec(job: ContainerJob, *, detach: bool = True) -> ContainerSpec:
     if job.owner:
         env[OWNER_ENV] = job.owner
     return ContainerSpec(
-        image=job.image_id, command=tuple(runtime_argv(job)), name=job.name, labels={RUN_LABEL: job.run_id},
+        image=job.image_id, command=tuple(runtime_argv(job)), name=job.name,
+        labels={RUN_LABEL if job.node == 0 else NODE_LABEL: job.run_id},
         env=env, env_file=job.env_file if job.secret_env else None,
         mounts=tuple(Mount(src, dst, ro) for src, dst, ro in mounts(job)), gpus="all" if job.gpu else None,
-        detach=detach)
+        network=job.network, detach=detach)

@@ -12,6 +12,7 @@ from launcher.records.records import CodePlan, ImageRecord, StartFrom
 from launcher.runtime.probespec import ProbeError, ProbeSpec, parse_option
 from launcher.runtime.steps import EPOCH, parse_every
 from launcher.specs.recipes import ParamValue
+from launcher.specs.topology import Topology
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class RunRequest:
     secret_env: dict[str, str] = field(default_factory=dict, repr=False)  # --secret-env: recorded by sha256 only
     find_links: list[str] = field(default_factory=list)  # --find-links DIR: wheels no reachable index serves
     ca_bundle: str | None = None  # --ca-bundle FILE: the CA pip trusts for the index (locks and downloads)
+    topology: Topology | None = None  # --nodes, --procs-per-node (specs.topology.topology_option); None: one process
     # given by a caller that has them already, used as they are (never filled in by the planning):
     code_plan: CodePlan | None = None  # the code as planned elsewhere (reproduce: a bundle's; diverge: as recorded)
     image: ImageRecord | None = None  # the image when it is not the variant's (a project layer, a recorded image)

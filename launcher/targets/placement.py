@@ -11,6 +11,8 @@ direct placement on the host it created. Each is named in the launch record by i
 from __future__ import annotations
 
 import re
+import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -41,11 +43,13 @@ from launcher.specs.container import (
     env_file_text,
     launch_spec,
 )
+from launcher.targets import nodes
 from launcher.transfers.ship import ShipResult, ship_image
 
 IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}")  # an image's full ID, as `docker run` takes it
 
 MIN_FREE_BYTES = 512 << 20
+POLL_NODES_S = 0.5  # how often a run of several nodes is looked at while it runs here
 REMOTE_OUT = "out"  # the run's outputs folder, inside its directory on the host
 
 
@@ -231,6 +235,11 @@ class DirectPlacement(Placement):
     def start(self, job: ContainerJob) -> StartedRecord:
         self._ended.pop(job.name, None)
         job = self.write_secrets(replace(job, owner=output_owner(self.host, self.engine, self._options)))
+        if job.topology is not None and job.topology.nodes > 1:
+            try:
+                return nodes.start(self.engine, job, self.name)
+            finally:
+                self.remove_secrets(job)
         spec = container_spec(job)
         record: StartedRecord = {"container": job.name, "container_spec": spec.to_record()}
         try:
@@ -249,6 +258,9 @@ class DirectPlacement(Placement):
         return record
 
     def restart(self, launch: LaunchRecord, env: Mapping[str, str]) -> StartedRecord:
+        if nodes.containers(launch):
+            raise NotResumable(f"run {launch['run_id']} ran on several nodes: launcher resumes runs of one node only "
+                               "so far", "start it again with `launcher run`")
         spec = launch_spec(launch)
         if spec is None:
             raise NotResumable(f"the launch record of {launch['run_id']} lacks the container's command",
@@ -275,6 +287,11 @@ class DirectPlacement(Placement):
         name = self._container(launch)
         if name in self._ended:
             return self._ended[name]
+        if nodes.containers(launch):
+            state = nodes.state(self.engine, launch)
+            if state is not None and state.ended:
+                self._ended[name] = state
+            return state
         s = self.engine.container_state(name)
         if s is None:
             return None
@@ -291,13 +308,23 @@ class DirectPlacement(Placement):
         return state
 
     def until_ended(self, launch: LaunchRecord) -> None:
-        if self.host.kind == "local":  # `docker wait` returns as the container exits; a host over SSH is polled
+        if nodes.containers(launch):  # polled: the first node to fail stops the others (nodes.state)
+            while (state := self.state(launch)) is not None and not state.ended:
+                time.sleep(POLL_NODES_S)
+        elif self.host.kind == "local":  # `docker wait` returns as the container exits; a host over SSH is polled
             self.engine.wait(self._container(launch))
 
     def logs(self, launch: LaunchRecord, *, follow: bool = False) -> Iterator[str]:
+        if follow and nodes.containers(launch):  # node 0's log ends with node 0: a failed node must stop it
+            threading.Thread(target=self.until_ended, args=(launch,), daemon=True).start()
         return self.engine.logs(self._container(launch), follow=follow)
 
     def stop(self, launch: LaunchRecord) -> RunState | None:
+        if nodes.containers(launch):
+            if not nodes.stop(self.engine, launch, timeout_s=10):
+                raise NotFound(f"run {launch['run_id']} has no node containers on {self.name}",
+                               "it may have finished already: `launcher pull RUN`")
+            return self.state(launch)
         done = self.engine.stop(self._container(launch), timeout_s=10)
         if done.returncode != 0:
             raise NotFound(
@@ -308,6 +335,9 @@ class DirectPlacement(Placement):
 
     def release(self, launch: LaunchRecord) -> None:
         self._ended.pop(self._container(launch), None)
+        if nodes.containers(launch):
+            nodes.remove(self.engine, nodes.containers(launch), launch.get("network"))
+            return
         self.engine.rm(self._container(launch))
 
     def listed(self) -> list[ListedRun]:

@@ -46,8 +46,9 @@ IGNORED_BY_OPTION = "--ignore"
 
 # The files launcher itself never compares (the one list; README "Verify", docs/verify-json.md):
 # its own records of times and of the environment, which the manifests compare instead, the
-# recipe's console log, which carries times, and the checkpoints of `run --checkpoint-every`, which a
-# run without them lacks (the final model is compared). Listed in the table, left out of the verdict.
+# recipe's console log, which carries times (each node's and each rank's of a run of several), and the
+# checkpoints of `run --checkpoint-every`, which a run without them lacks (the final model is compared).
+# Listed in the table, left out of the verdict.
 # Everything else is compared, by content where the format is known (launcher.verify.content); the
 # step fingerprints (launcher's weight digests) step by step (launcher.verify.stepevidence), even when
 # their bytes agree, for what they prove.
@@ -56,6 +57,11 @@ VOLATILE = (
     "outputs/logs/train.log",
     "outputs/checkpoints/*",
     rundir.LAUNCH,
+    # a run of several processes: the same for each other node (nodes/<k>/) and each other rank (ranks/<r>/)
+    "outputs/nodes/*/_launcher/*",
+    "outputs/nodes/*/logs/train.log",
+    "outputs/ranks/*/_launcher/*",
+    "outputs/ranks/*/logs/train.log",
 )
 # Why each who leaves files out: said once per who, not once per file.
 IGNORED_WHY = {

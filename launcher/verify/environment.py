@@ -65,9 +65,25 @@ def environment_view(m: Manifest) -> dict[str, Any]:
         if key in m.data:
             _flatten(key, m.data[key], flat)
     flat["seed"] = m.seed
+    _flatten("topology", topology_view(m), flat)
     flat.pop("recipe.name", None)
     # a param is the user's input whatever its name (a `decay_at`, a `start_time` is no timestamp of the run)
     return {k: v for k, v in flat.items() if k.startswith("params.") or not _is_volatile_key(k)}
+
+
+# What of a run's topology computes its bits (its layout, backend and collective settings), and the layout of a
+# run of one process, so that one compared with a run of several names the fields that differ.
+TOPOLOGY_KEYS = ("nodes", "procs_per_node", "world_size", "backend", "launcher", "ranks", "collectives")
+ONE_PROCESS = {"nodes": 1, "procs_per_node": 1, "world_size": 1}
+
+
+def topology_view(m: Manifest) -> dict[str, Any]:
+    """The manifest's topology as an environment: the layout and the collectives (not where each node ran, nor how
+    its ranks ended); a run of one process as one node of one process."""
+    recorded: Mapping[str, Any] | None = m.data.get("topology")
+    if not isinstance(recorded, Mapping):
+        return dict(ONE_PROCESS)
+    return {k: recorded[k] for k in TOPOLOGY_KEYS if k in recorded}
 
 
 def _is_volatile_key(key: str) -> bool:
@@ -80,6 +96,8 @@ def categorize(key: str) -> str:
         return _EXACT_CATEGORY[key]
     if key.startswith("params."):
         return "params"
+    if key.startswith("topology."):  # where and how the ranks compute, as the hardware is
+        return "hardware"
     if key.startswith("recipe.git."):
         return "info"
     if key.startswith(("determinism.env.", "runtime.env.")):

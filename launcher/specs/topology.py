@@ -1,0 +1,79 @@
+"""A run of several processes and nodes before it is placed (`--nodes N --procs-per-node M`): its rank layout,
+the collective backend and the settings that pin the collectives, the runtime arguments of each node, and what
+the launch record and the manifest keep of it (``topology``).
+
+Ranks are laid out node-major and fixed: node k runs global ranks ``k*M`` to ``k*M + M - 1``, local rank i being
+global rank ``k*M + i``, the same in every replicate (torchrun's static rendezvous with an explicit node rank;
+launcher.runtime.distributed starts it in each node's container).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from launcher.errors import UsageError
+from launcher.runtime.distributed import COLLECTIVE_ENV, MASTER_PORT
+
+if TYPE_CHECKING:
+    from launcher.records.ranks import RankRow, TopologyRecord
+
+LAUNCHER = "torchrun (static rendezvous, explicit node rank)"
+FRAMEWORKS = ("torch",)  # whose own launcher starts the ranks today
+MAX_WORLD = 1024
+
+
+@dataclass(frozen=True)
+class Topology:
+    nodes: int = 1
+    procs_per_node: int = 1
+    backend: str = "gloo"  # gloo on CPUs, nccl on GPUs
+    master_port: int = MASTER_PORT
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+    def ranks(self) -> list[RankRow]:
+        """Every rank: its node and its local rank there."""
+        return [{"rank": node * self.procs_per_node + local, "node": node, "local_rank": local}
+                for node in range(self.nodes) for local in range(self.procs_per_node)]
+
+    def env(self) -> dict[str, str]:
+        """The settings that pin the backend's collectives (injected into every node with the profile)."""
+        return dict(COLLECTIVE_ENV[self.backend])
+
+    def runtime_args(self, node: int, master_addr: str) -> list[str]:
+        """The runtime's arguments for one node (launcher.runtime.runner)."""
+        return ["--nodes", str(self.nodes), "--procs-per-node", str(self.procs_per_node), "--node-rank", str(node),
+                "--master", f"{master_addr}:{self.master_port}"]
+
+    def record(self, node_hosts: list[str]) -> TopologyRecord:
+        """What the launch record keeps: the layout, the backend and its settings, each node's host."""
+        return {"nodes": self.nodes, "procs_per_node": self.procs_per_node, "world_size": self.world_size,
+                "backend": self.backend, "launcher": LAUNCHER, "master_port": self.master_port,
+                "ranks": self.ranks(), "collectives": self.env(), "node_hosts": node_hosts}
+
+
+def topology_option(nodes: int | None, procs_per_node: int | None, *, gpu: bool) -> Topology | None:
+    """--nodes and --procs-per-node parsed: None for one process (neither given, or both 1), else the topology
+    (NCCL for a GPU variant, Gloo otherwise); a count below 1 or a world too large is a UsageError."""
+    n = 1 if nodes is None else nodes
+    m = 1 if procs_per_node is None else procs_per_node
+    for flag, value in (("--nodes", n), ("--procs-per-node", m)):
+        if value < 1:
+            raise UsageError(f"{flag} {value}: a run needs at least one", f"give {flag} 1 or more, or drop it")
+    if n * m > MAX_WORLD:
+        raise UsageError(f"--nodes {n} --procs-per-node {m}: {n * m} processes, more than {MAX_WORLD}",
+                         "give fewer nodes or processes per node")
+    if n == 1 and m == 1:
+        return None
+    return Topology(n, m, "nccl" if gpu else "gloo")
+
+
+def check_framework(topology: Topology | None, framework: str, name: str) -> None:
+    """A run of several processes is started by its framework's own launcher: refuse one launcher cannot start yet."""
+    if topology is None or framework in FRAMEWORKS:
+        return
+    raise UsageError(f"{name} uses {framework}: launcher starts runs of several processes for PyTorch (torchrun) "
+                     "only so far", "run it as one process (drop --nodes and --procs-per-node)")

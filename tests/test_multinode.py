@@ -1,0 +1,127 @@
+"""Runs of several processes and nodes, for real: a DDP script (tests/fixtures/ddp/train.py, Gloo on CPUs) in the
+torch-cpu image as 2 nodes x 2 processes (two containers on a private network on the local engine), as 1 node x 4
+processes and as 1 x 2; verified across replicates, across layouts of the same world size, and across world sizes;
+one rank killed mid-run while the others wait outside any collective, so only launcher can end the run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import need
+from typer.testing import CliRunner
+
+from launcher.cli import app
+from launcher.workspace import Workspace
+
+pytestmark = [pytest.mark.tfimage]
+WHEEL = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+SCRIPT = Path(__file__).parent / "fixtures/ddp/train.py"
+
+
+def cli(ws: Workspace, *args: str, code: int = 0) -> dict[str, Any]:
+    res = CliRunner().invoke(app, ["-w", str(ws.root), "--json", *args])
+    assert res.exit_code == code, res.output
+    return json.loads(res.stdout)
+
+
+@pytest.fixture(scope="module")
+def ddp(make_workspace: Callable[[Path], Workspace],
+        tmp_path_factory: pytest.TempPathFactory) -> tuple[Workspace, Path]:
+    """A workspace with the torch-cpu image (found by content when another test built it) and the script in its
+    own project folder."""
+    wheels = Path("/opt/wheels")
+    need((wheels / WHEEL).is_file(), f"no {WHEEL} in {wheels} (download.pytorch.org serves it)")
+    root = tmp_path_factory.mktemp("ddp")
+    ws = make_workspace(root / "ws")
+    cli(ws, "build", "--variant", "torch-cpu", "--find-links", str(wheels))
+    project = root / "project"
+    project.mkdir()
+    shutil.copy(SCRIPT, project / "train.py")
+    return ws, project / "train.py"
+
+
+def run(ws: Workspace, script: Path, *opts: str, code: int = 0) -> dict[str, Any]:
+    return cli(ws, "run", str(script), "--variant", "torch-cpu", "--trace-every", "4", *opts, code=code)["data"]
+
+
+def manifest(ws: Workspace, run_id: str) -> dict[str, Any]:
+    return json.loads((ws.runs / run_id / "manifest.json").read_text())
+
+
+def leftovers(run_id: str) -> list[str]:
+    """The run's containers and network still on the engine."""
+    names = subprocess.run(["docker", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True).stdout
+    nets = subprocess.run(["docker", "network", "ls", "--format", "{{.Name}}"], capture_output=True, text=True).stdout
+    return [n for n in (names + nets).split() if run_id in n]
+
+
+def test_two_nodes_of_two_verify_identical_and_match_one_node_of_four_but_not_a_world_of_two(
+        ddp: tuple[Workspace, Path]) -> None:
+    ws, script = ddp
+    group = run(ws, script, "--nodes", "2", "--procs-per-node", "2", "--runs", "2")
+    a, b = (r["run_id"] for r in group["runs"])
+    for run_id in (a, b):
+        m = manifest(ws, run_id)
+        topo = m["topology"]
+        assert m["status"] == "succeeded", m
+        assert (topo["nodes"], topo["procs_per_node"], topo["world_size"], topo["backend"]) == (2, 2, 4, "gloo")
+        assert [(r["rank"], r["node"], r["local_rank"]) for r in topo["ranks"]] == [(0, 0, 0), (1, 0, 1), (2, 1, 0),
+                                                                                     (3, 1, 1)]
+        assert [e["exit_code"] for e in topo["ended"]] == [0, 0, 0, 0]
+        assert topo["failed"] is None and topo["inconsistent"] is None  # every rank's weights agree at every step
+        assert topo["collectives"] == {"GLOO_SOCKET_IFNAME": "eth0"}
+        assert m["determinism"]["env"]["GLOO_SOCKET_IFNAME"] == "eth0"
+        out = ws.runs / run_id / "outputs"
+        for rank in (1, 2, 3):  # every rank's records, whichever node ran it
+            assert (out / f"ranks/{rank}/fingerprints/steps.jsonl").is_file()
+        assert "after 24 steps of 4 ranks" in (out / "logs/train.log").read_text()
+        assert leftovers(run_id) == []  # both containers and the private network removed
+    verdict = cli(ws, "verify", "checksums", a, b)["data"]
+    assert verdict["verdict"] == "identical", verdict["summary"]
+
+    # the same ranks in the same order on one node: the same bits
+    (one_by_four,) = run(ws, script, "--procs-per-node", "4")["runs"]
+    assert manifest(ws, one_by_four["run_id"])["topology"]["nodes"] == 1
+    verdict = cli(ws, "verify", "checksums", a, one_by_four["run_id"])["data"]
+    assert verdict["verdict"] == "identical", verdict["summary"]
+
+    # half the world size: other bits, and the verdict names the topology as the environment that differs
+    (world_two,) = run(ws, script, "--procs-per-node", "2")["runs"]
+    res = CliRunner().invoke(app, ["-w", str(ws.root), "--json", "verify", "checksums", a, world_two["run_id"]])
+    verdict = json.loads(res.stdout)["data"]
+    assert verdict["verdict"] == "differs"
+    explained = verdict["explanations"][world_two["run_id"]]
+    assert explained["classification"]["kind"] == "environment", explained["classification"]
+    rows = {row["key"]: row for row in explained["environment"]}
+    assert rows["topology.world_size"]["reference"] == 4 and rows["topology.world_size"]["run"] == 2
+    assert rows["topology.world_size"]["category"] == "hardware"
+    assert "topology.nodes" in rows
+
+
+def test_a_rank_killed_mid_run_stops_every_node_and_the_manifest_names_it(ddp: tuple[Workspace, Path]) -> None:
+    ws, script = ddp
+    # rank 3 dies after step 6; the other ranks sleep 600 s before their next all-reduce, so the run ends only
+    # because launcher stops the nodes (the command's own timeout would otherwise fail the test)
+    res = subprocess.run(
+        [sys.executable, "-m", "launcher", "-w", str(ws.root), "--json", "run", str(script),
+         "--variant", "torch-cpu", "--nodes", "2", "--procs-per-node", "2", "--", "--die-rank", "3",
+         "--die-step", "6"], capture_output=True, text=True, timeout=240)
+    assert res.returncode != 0, res.stderr
+    data = json.loads(res.stdout)["data"]
+    failure = data["failure"]
+    assert (failure["rank"], failure["node"], failure["exit_code"]) == (3, 1, 137)
+    assert "rank 3 dies after step 6" in "\n".join(failure["log_tail"])
+    m = manifest(ws, failure["run_id"])
+    assert m["status"] == "failed" and m["exit_code"] == 137
+    topo = m["topology"]
+    assert topo["failed"]["log"] == "outputs/ranks/3/logs/train.log"
+    assert {e["rank"]: e["exit_code"] for e in topo["ended"]}[3] == 137
+    assert all(e["exit_code"] != 0 for e in topo["ended"])  # none finished: the others were stopped
+    assert leftovers(failure["run_id"]) == []
