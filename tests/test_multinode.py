@@ -105,6 +105,23 @@ def test_two_nodes_of_two_verify_identical_and_match_one_node_of_four_but_not_a_
     assert "topology.nodes" in rows
 
 
+def test_the_canonical_reduction_gives_a_world_of_four_and_one_of_two_the_same_bits(
+        ddp: tuple[Workspace, Path]) -> None:
+    ws, script = ddp
+    (four,) = run(ws, script, "--nodes", "2", "--procs-per-node", "2", "--reduction", "canonical", "--",
+                  "--micro", "4")["runs"]
+    (two,) = run(ws, script, "--procs-per-node", "2", "--reduction", "canonical", "--", "--micro", "4")["runs"]
+    assert manifest(ws, four["run_id"])["determinism"]["env"]["LAUNCHER_REDUCTION"] == "canonical"
+    verdict = cli(ws, "verify", "checksums", four["run_id"], two["run_id"])["data"]
+    assert verdict["verdict"] == "identical", verdict["summary"]  # ranks 2 and 3's records: the larger world's only
+    # the same micro-batches summed by DDP's own all-reduce: the world size shows in the bits
+    (default_two,) = run(ws, script, "--procs-per-node", "2", "--", "--micro", "4")["runs"]
+    res = CliRunner().invoke(app, ["-w", str(ws.root), "--json", "verify", "checksums", four["run_id"],
+                                   default_two["run_id"]])
+    assert json.loads(res.stdout)["data"]["verdict"] == "differs"
+    assert "LAUNCHER_REDUCTION" not in manifest(ws, default_two["run_id"])["determinism"]["env"]
+
+
 def test_a_rank_killed_mid_run_stops_every_node_and_the_manifest_names_it(ddp: tuple[Workspace, Path]) -> None:
     ws, script = ddp
     # rank 3 dies after step 6; the other ranks sleep 600 s before their next all-reduce, so the run ends only

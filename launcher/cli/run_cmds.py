@@ -48,6 +48,7 @@ from launcher.cli.run_opts import (
     NodesOpt,
     ProcsPerNodeOpt,
     RecipeArg,
+    ReductionOpt,
     ReplicatesOpt,
     ShipViaOpt,
 )
@@ -185,6 +186,7 @@ def run_cmd(
     ca_bundle: IndexCaOpt = None,
     nodes: NodesOpt = None,
     procs_per_node: ProcsPerNodeOpt = None,
+    reduction: ReductionOpt = "default",
 ) -> None:
     """Run a recipe or a script in its pinned image on the local engine or a host over SSH, determinism injected.
 
@@ -210,7 +212,8 @@ def run_cmd(
         entry=entry, mount=mount, build=not no_build, probes=chosen_probes, trace_every=trace,
         checkpoints=checkpoints, env=dict(user_env.plain), secret_env=dict(user_env.secret),
         find_links=_wheel_dirs(find_links), ca_bundle=str(ca_bundle) if ca_bundle else None,
-        topology=topology.topology_option(nodes, procs_per_node, gpu=ws.needs_gpu(request_variant)))
+        topology=topology.topology_option(nodes, procs_per_node, gpu=ws.needs_gpu(request_variant)),
+        reduction=topology.reduction_option(reduction))
     _run(ctx, ws, request, host, runs_n, seed or [], (scheduler, partition, slurm_opt, max_parallel))
 
 

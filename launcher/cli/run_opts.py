@@ -91,3 +91,14 @@ ProcsPerNodeOpt = Annotated[
         "records under outputs/ranks/r (on node k > 0: outputs/nodes/k/ranks/r).",
     ),
 ]
+ReductionOpt = Annotated[
+    str,
+    typer.Option(
+        "--reduction",
+        metavar="default|canonical",
+        help="How a PyTorch data-parallel step's gradients are summed when the script steps through "
+        "launcher.runtime.api.micro_batches: default (DDP's own all-reduce) or canonical (a fixed binary tree over "
+        "the micro-batches, gathered, not all-reduced: the same bits for any world size or layout with the same "
+        "global batch; docs/distributed.md says what it cannot cover).",
+    ),
+]

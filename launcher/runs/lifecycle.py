@@ -35,6 +35,7 @@ from launcher.runtime.checkpoint import ENV_EVERY as CHECKPOINT_ENV
 from launcher.runtime.checkpoint import ENV_KEEP as CHECKPOINT_KEEP_ENV
 from launcher.runtime.checkpoint import ENV_RESUME as RESUME_ENV
 from launcher.runtime.optrace import ENV as OPTRACE_ENV
+from launcher.runtime.reduction import ENV as REDUCTION_ENV
 from launcher.runtime.steps import ENV as TRACE_ENV
 from launcher.runtime.steps import EPOCH
 from launcher.specs.container import ContainerJob
@@ -124,6 +125,8 @@ def _job_env(request: RunRequest, seed: int | None) -> dict[str, str]:
         env[RESUME_ENV] = "1"  # from the checkpoint placed in its outputs (launcher.runs.rewind)
     if request.topology is not None:  # what pins the collectives, on every node
         env.update(request.topology.env())
+    if request.reduction != "default":
+        env[REDUCTION_ENV] = request.reduction
     return env
 
 

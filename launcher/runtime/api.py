@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, SupportsFloat
 
@@ -35,9 +35,28 @@ if TYPE_CHECKING:
 
 JAX_STATE = "jax.npz"  # a checkpoint's JAX part: the loop's state pytree (launcher.runtime.frameworks.fw_jax)
 
-__all__ = ["BadData", "checkpoint", "data_dir", "jax_checkpoint", "jax_layers", "jax_resume_point", "out_dir", "params",
-           "profile", "record_dataset", "record_epoch", "record_initial_weights", "record_step", "resume_point",
-           "save_final", "seed", "threads", "torch_generator", "torch_layers"]
+__all__ = [
+    "BadData",
+    "checkpoint",
+    "data_dir",
+    "jax_checkpoint",
+    "jax_layers",
+    "jax_resume_point",
+    "micro_batches",
+    "out_dir",
+    "params",
+    "profile",
+    "record_dataset",
+    "record_epoch",
+    "record_initial_weights",
+    "record_step",
+    "resume_point",
+    "save_final",
+    "seed",
+    "threads",
+    "torch_generator",
+    "torch_layers",
+]
 
 
 # the user's params are any JSON (recipe.toml's defaults, --param, a plain script's --params), read by
@@ -51,6 +70,26 @@ def params(defaults: dict[str, Any] | None = None) -> dict[str, Any]:
 def data_dir() -> Path | None:
     raw = os.environ.get("LAUNCHER_DATA")
     return Path(raw) if raw else None
+
+
+def micro_batches(model: Any, indices: Any, size: int) -> Iterator[Any]:
+    """A PyTorch data-parallel step over fixed micro-batches: give it the step's global batch (a 1-D tensor of
+    sample indices, the same on every rank) and run each micro-batch's forward and backward in the loop; the step's
+    gradient is then the mean over the global batch. Under `launcher run --reduction canonical` it does not depend on
+    the world size (launcher.runtime.reduction)::
+
+        opt.zero_grad()
+        for part in api.micro_batches(ddp_model, global_indices, 4):
+            loss_fn(ddp_model(x[part]), y[part]).backward()
+        opt.step()
+    """
+    from launcher.runtime import reduction
+    from launcher.runtime.record import BadRecipe
+
+    try:
+        yield from reduction.micro_batches(model, indices, size, seed=seed())
+    except reduction.ReductionError as exc:
+        raise BadRecipe(str(exc)) from None
 
 
 def out_dir() -> Path:

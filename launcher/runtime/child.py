@@ -6,6 +6,7 @@ before a line of the recipe runs, then runs the entry as ``__main__``.
 
 from __future__ import annotations
 
+import os
 import runpy
 import sys
 from pathlib import Path
@@ -30,6 +31,10 @@ def main(argv: list[str]) -> int:
     code = 1
     try:
         code = run(argv)
+        if rank == 0 and os.environ.get("LAUNCHER_REDUCTION") == "canonical" and \
+                "launcher.runtime.reduction" not in sys.modules:
+            print("launcher: --reduction canonical had no effect: the script did not step through "
+                  "launcher.runtime.api.micro_batches, so DDP's own all-reduce summed its gradients", flush=True)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

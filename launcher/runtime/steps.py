@@ -159,12 +159,13 @@ class TorchSteps:
         self.model: weakref.ref[Any] | None = None
         self.searched = False
         self.backwards = 0  # Tensor.backward() calls before any optimizer stepped (updates made by hand)
+        self.optimizer_made = False  # an optimizer exists: backward() calls are its steps' (accumulated), not updates
         self.module = "parameters"  # the class of the model found, for covers()
         trace.covers = self.covers
 
     @property
     def by_hand(self) -> bool:
-        return self.optimizer is None and self.backwards > 0
+        return self.optimizer is None and not self.optimizer_made and self.backwards > 0
 
     def layers(self) -> fp.Layers:
         model = self.model() if self.model is not None else None
@@ -218,8 +219,9 @@ class TorchSteps:
         return best
 
     def backward(self) -> None:
-        """``Tensor.backward()`` is about to run: a step of a loop that updates its parameters by hand."""
-        if self.optimizer is not None:
+        """``Tensor.backward()`` is about to run: a step of a loop that updates its parameters by hand (none while an
+        optimizer exists: several backward calls before its first step accumulate gradients, micro-batches)."""
+        if self.optimizer is not None or self.optimizer_made:
             return
         self.backwards += 1
         if self.backwards == 1:
@@ -237,7 +239,9 @@ class TorchSteps:
             self.ops.trace.begin(self.backwards + 1)
 
     def created(self, optimizer: Any) -> None:
-        """An optimizer was made: on a diverge re-execution, find its model now and begin step 1."""
+        """An optimizer was made: its steps are the run's; on a diverge re-execution, find its model now and begin
+        step 1."""
+        self.optimizer_made = True
         if self.optimizer is None and self.ops is not None:
             self.optimizer = optimizer
             self.layers()
@@ -270,8 +274,9 @@ class TorchSteps:
 
 def install_torch(torch: Any, trace: StepTrace, ops: Any = None) -> TorchSteps | None:
     """Global optimizer hooks and a DataLoader wrapper (torch >= 2.0); None where they are missing.
-    ops: a launcher.runtime.optrace.TorchOps on a diverge re-execution (optimizers' construction is
-    then watched too, where step 1 begins)."""
+    ops: a launcher.runtime.optrace.TorchOps on a diverge re-execution. Optimizers' construction is watched: once
+    one exists, backward() calls are its steps' gradients (accumulated over micro-batches), and on a diverge
+    re-execution step 1 begins there."""
     if trace.off and ops is None:
         return None
     try:
@@ -291,14 +296,13 @@ def install_torch(torch: Any, trace: StepTrace, ops: Any = None) -> TorchSteps |
         return done
 
     torch.Tensor.backward = backward
-    if ops is not None:
-        init = torch.optim.Optimizer.__init__
+    init = torch.optim.Optimizer.__init__  # watched: an optimizer made means backward() calls are not updates
 
-        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-            init(self, *args, **kwargs)
-            steps.created(self)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        steps.created(self)
 
-        torch.optim.Optimizer.__init__ = __init__
+    torch.optim.Optimizer.__init__ = __init__
     original = DataLoader.__iter__
     if not getattr(original, "__launcher_wrapped__", False):
         def __iter__(self: Any) -> Any:

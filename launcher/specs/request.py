@@ -60,6 +60,7 @@ class RunRequest:
     find_links: list[str] = field(default_factory=list)  # --find-links DIR: wheels no reachable index serves
     ca_bundle: str | None = None  # --ca-bundle FILE: the CA pip trusts for the index (locks and downloads)
     topology: Topology | None = None  # --nodes, --procs-per-node (specs.topology.topology_option); None: one process
+    reduction: str = "default"  # --reduction: default or canonical (launcher.runtime.reduction)
     # given by a caller that has them already, used as they are (never filled in by the planning):
     code_plan: CodePlan | None = None  # the code as planned elsewhere (reproduce: a bundle's; diverge: as recorded)
     image: ImageRecord | None = None  # the image when it is not the variant's (a project layer, a recorded image)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from launcher.errors import UsageError
 from launcher.runtime.distributed import COLLECTIVE_ENV, MASTER_PORT
+from launcher.runtime.reduction import MODES as REDUCTIONS
 
 if TYPE_CHECKING:
     from launcher.records.ranks import RankRow, TopologyRecord
@@ -69,6 +70,14 @@ def topology_option(nodes: int | None, procs_per_node: int | None, *, gpu: bool)
     if n == 1 and m == 1:
         return None
     return Topology(n, m, "nccl" if gpu else "gloo")
+
+
+def reduction_option(text: str) -> str:
+    """--reduction: default or canonical (launcher.runtime.reduction); anything else is a UsageError."""
+    if text not in REDUCTIONS:
+        raise UsageError(f"--reduction {text}: not one of {', '.join(REDUCTIONS)}",
+                         "give --reduction canonical for gradients summed in a fixed tree, or drop it")
+    return text
 
 
 def check_framework(topology: Topology | None, framework: str, name: str) -> None:

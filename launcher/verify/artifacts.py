@@ -272,6 +272,23 @@ def _cell(ref: Manifest, m: Manifest, ref_path: str | None, run_path: str | None
     return cell
 
 
+_RANK_RECORD = re.compile(r"outputs/ranks/(\d+)/")
+
+
+def world_size(m: Manifest) -> int:
+    """The run's number of ranks (1 for a run of one process)."""
+    topology = m.data.get("topology")
+    size = topology.get("world_size") if isinstance(topology, dict) else None
+    return size if isinstance(size, int) and size > 0 else 1
+
+
+def _beyond_world(path: str, ref: Manifest, m: Manifest) -> bool:
+    """Whether path is a record of a rank that only one of the two runs had (a comparison across world sizes, whose
+    topology the environment names)."""
+    found = _RANK_RECORD.match(path)
+    return found is not None and int(found.group(1)) >= min(world_size(ref), world_size(m))
+
+
 def compare_artifacts(ref: Manifest, runs: list[Manifest], recipe_globs: list[str], ignore: list[str],
                       evidence: Iterable[str] = ()) -> tuple[list[ArtifactRow], dict[str, bool]]:
     """One row per paired artifact, reference first; and, per other run, whether a compared file differs."""
@@ -295,6 +312,8 @@ def compare_artifacts(ref: Manifest, runs: list[Manifest], recipe_globs: list[st
         for m in runs[1:]:
             run_path = keyed[m.run_id].get(key)
             cells[m.run_id] = dict(_cell(ref, m, ref_path, run_path, why, savedmodels))
+            if cells[m.run_id]["status"] == MISSING and _beyond_world(path, ref, m):
+                cells[m.run_id]["status"] = IGNORED  # a rank only the run with more ranks had
             if run_path is not None and run_path != path:
                 cells[m.run_id]["path"] = run_path
             if why is None and cells[m.run_id]["status"] in (DIFFERS, MISSING):
