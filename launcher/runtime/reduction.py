@@ -111,7 +111,7 @@ def micro_batches(model: Any, indices: Any, size: int, *, seed: int | None) -> I
     if state is None:
         state = _State(canonical)
         if ddp:  # DDP checks the hook's annotations by identity (strings here, from __future__ annotations)
-            _hook.__annotations__ = {"state": _State, "bucket": dist.GradBucket,
+            _hook.__annotations__ = {"state": _State, "bucket": dist.GradBucket,  # type: ignore[attr-defined]
                                      "return": torch.futures.Future[torch.Tensor]}
             model.register_comm_hook(state, _hook)
         setattr(model, _STATE, state)
