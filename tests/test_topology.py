@@ -277,3 +277,36 @@ def test_the_first_node_to_fail_stops_the_others_and_gives_the_run_its_exit_code
     state = nodes.state(done, launch)  # type: ignore[arg-type]
     assert state is not None and state.ended and state.exit_code == 0 and state.finished_at == "t4"
     assert nodes.state(ScriptedEngine({}), launch) is None  # type: ignore[arg-type]
+
+
+def test_ctrl_c_while_a_run_of_several_nodes_goes_stops_every_node(tmp_path: Path) -> None:
+    from launcher.hosts.local import LocalHost
+    from launcher.records.rundir import RunDir
+    from launcher.runs.collect import wait_run
+    from launcher.targets.placement import DirectPlacement
+    from launcher.workspace import Workspace
+
+    ws = Workspace.at(tmp_path / "ws", cache_dir=tmp_path / "cache")
+    ws.runs.mkdir(parents=True)
+    stopped: list[str] = []
+
+    class Interrupted(DirectPlacement):
+        """The local engine's placement, its log cut by Ctrl-C and its stop recorded."""
+
+        def logs(self, launch: Any, *, follow: bool = False) -> Any:
+            yield "rank 0: step 1\n"
+            raise KeyboardInterrupt
+
+        def stop(self, launch: Any) -> None:
+            stopped.extend(launch["node_containers"])
+
+    for run_id, containers in (("20261129T000000-a-aaaaaa", ["n0", "n1"]), ("20261129T000000-b-bbbbbb", None)):
+        launch: dict[str, Any] = {"run_id": run_id, "group": "g", "remote_dir": "/r", "launched_at": "t",
+                                  "recipe": {"name": "a"}, "determinism": {}, "image": {"id": "i"},
+                                  "host": {"name": "local", "kind": "local"}}
+        if containers:
+            launch["node_containers"] = containers
+        RunDir(ws.runs / run_id).write_launch(launch)  # type: ignore[arg-type]
+        with pytest.raises(KeyboardInterrupt):
+            wait_run(ws, run_id, Interrupted(LocalHost(ws.root)), on_log=lambda line: None)
+    assert stopped == ["n0", "n1"]  # a run of one container is left to `launcher attach`, as before

@@ -74,11 +74,16 @@ def wait_run(
     launch = read_launch(ws, run_id)
     placement = placement_for(target)
     with Meanwhile(_import_collecting):
-        if on_log is not None:  # the log ends with the run
-            for line in placement.logs(launch, follow=True):
-                on_log(line.rstrip("\n"))
-        else:
-            placement.until_ended(launch)
+        try:
+            if on_log is not None:  # the log ends with the run
+                for line in placement.logs(launch, follow=True):
+                    on_log(line.rstrip("\n"))
+            else:
+                placement.until_ended(launch)
+        except KeyboardInterrupt:
+            if launch.get("node_containers"):  # Ctrl-C: a node left running would wait for the others forever
+                placement.stop(launch)
+            raise
     while True:
         state = placement.state(launch)
         if state is None:
