@@ -122,6 +122,24 @@ def test_the_canonical_reduction_gives_a_world_of_four_and_one_of_two_the_same_b
     assert "LAUNCHER_REDUCTION" not in manifest(ws, default_two["run_id"])["determinism"]["env"]
 
 
+def test_a_replica_that_parts_from_rank_0_is_named_with_its_step_and_verify_names_the_rank(
+        ddp: tuple[Workspace, Path]) -> None:
+    ws, script = ddp
+    (clean,) = run(ws, script, "--nodes", "2", "--procs-per-node", "2")["runs"]
+    result = cli(ws, "run", str(script), "--variant", "torch-cpu", "--trace-every", "4", "--nodes", "2",
+                 "--procs-per-node", "2", "--", "--part-rank", "2", "--part-step", "5")
+    (parted,) = result["data"]["runs"]
+    # rank 2 nudged its own weights after step 5 (steps count from 0: its sixth update); the next trace is step 8
+    assert manifest(ws, parted["run_id"])["topology"]["inconsistent"] == {"rank": 2, "step": 8, "epoch": None}
+    assert any("rank 2's weights differ from rank 0's at step 8" in note for note in result["data"]["notes"])
+    res = CliRunner().invoke(app, ["-w", str(ws.root), "--json", "verify", "checksums", clean["run_id"],
+                                   parted["run_id"]])
+    files = {f["path"]: f for f in json.loads(res.stdout)["data"]["explanations"][parted["run_id"]]["files"]}
+    rank_two = files["outputs/ranks/2/fingerprints/steps.jsonl"]
+    assert rank_two["kind"] == "weight digests"
+    assert "agree up to step 4 and part by step 8" in rank_two["content"]["difference"]
+
+
 def test_a_rank_killed_mid_run_stops_every_node_and_the_manifest_names_it(ddp: tuple[Workspace, Path]) -> None:
     ws, script = ddp
     # rank 3 dies after step 6; the other ranks sleep 600 s before their next all-reduce, so the run ends only

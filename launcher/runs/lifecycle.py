@@ -313,8 +313,9 @@ def _run_group(ws: Workspace, run: ResolvedRun, placement: Placement, reporter: 
         return RunOutcome(group=run.group, runs=list(launches), detached=True)
     else:
         outcome = _one_by_one(ws, placement, run, reporter, begin, on_log=on_log, poll_s=poll_s)
-    from launcher.runs.replicates import seed_override_note
+    from launcher.runs.replicates import inconsistency_notes, seed_override_note
 
     if len({one.seed for one in run.replicates}) > 1 and (note := seed_override_note(outcome.runs)):
         outcome.notes.append(note)
+    outcome.notes.extend(inconsistency_notes(outcome.runs))
     return outcome

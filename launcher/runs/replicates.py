@@ -132,3 +132,18 @@ def seed_override_note(manifests: Iterable[RunRecord]) -> str | None:
             f"{', ...' if len(seen) > 4 else ''}): the script's own seed overrides launcher's, so these runs' "
             "seeds are not different; seed from the run's seed (int(os.environ['LAUNCHER_SEED'])) or drop the "
             "script's own seeding")
+
+
+def inconsistency_notes(manifests: Iterable[RunRecord]) -> list[str]:
+    """A warning per run of several processes whose data-parallel ranks held different weights at a recorded step
+    (the manifest's ``topology.inconsistent``): one replica was not what the others were."""
+    notes = []
+    for run in manifests:
+        m = dict(run)  # read by key: only a manifest has a completed topology
+        topology = m.get("topology")
+        found = topology.get("inconsistent") if isinstance(topology, dict) else None
+        if isinstance(found, dict):
+            notes.append(f"run {m.get('run_id')}: rank {found.get('rank')}'s weights differ from rank 0's at step "
+                         f"{found.get('step')} (data-parallel replicas should hold the same weights after every step; "
+                         f"`launcher verify` on its replicates compares every rank's)")
+    return notes

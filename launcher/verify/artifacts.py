@@ -34,7 +34,7 @@ from launcher.verify.differences import (
     DifferingFile,
 )
 from launcher.verify.evidence import ROW_ALONE, RowOutcome, classify, matches
-from launcher.verify.stepdiff import STEPS
+from launcher.verify.stepdiff import is_steps
 from launcher.verify.stepevidence import FORMAT as STEPS_FORMAT
 from launcher.verify.stepevidence import compare_steps
 from launcher.workspace import Workspace
@@ -215,7 +215,7 @@ class ArtifactRow:
 def _content(ref: Manifest, run: Manifest, ref_path: str, run_path: str,
              savedmodels: dict[tuple[Path, Path], ContentDiff]) -> ContentDiff | None:
     a, b = ref.file(ref_path), run.file(run_path)
-    if ref_path == STEPS:
+    if is_steps(ref_path):
         try:
             return compare_steps(a, b)
         except (OSError, ValueError) as exc:
@@ -249,7 +249,7 @@ def _cell(ref: Manifest, m: Manifest, ref_path: str | None, run_path: str | None
         return cell
     if a.sha256 == ra.sha256:
         cell["status"] = IDENTICAL
-        if ref_path == STEPS and why is None:  # what identical digests prove (the step, the module), or nothing
+        if is_steps(ref_path) and why is None:  # what identical digests prove (the step, the module), or nothing
             content = _content(ref, m, ref_path, run_path, savedmodels)
             if content is not None and content.unreadable is None:
                 cell["content"] = content.to_dict()

@@ -21,7 +21,7 @@ from launcher.records.manifest import Manifest
 from launcher.verify.contenttf import SAVED_MODEL_PB, SAVED_MODEL_PBTXT
 from launcher.verify.differences import CANONICAL_MODEL, DIFFERS, IDENTICAL, IGNORED, LAYERS, UNREADABLE
 from launcher.verify.formats import model_suffixes
-from launcher.verify.stepdiff import STEPS
+from launcher.verify.stepdiff import is_steps
 
 KIND_NAMED = "named evidence"  # files matching `verify checksums --evidence GLOB`
 KIND_MODEL = "model"
@@ -69,7 +69,7 @@ def kind_of(path: str, savedmodels: Iterable[str] = (), named: Iterable[str] = (
     if named and matches(path, named):
         return KIND_NAMED
     rel = path.removeprefix("outputs/")
-    if path == STEPS:
+    if is_steps(path):  # rank 0's, and every other rank's of a run of several processes
         return KIND_STEPS
     if path == rundir.LAUNCH or rel.startswith(("_launcher/", "fingerprints/")):
         return KIND_RECORDS

@@ -3,6 +3,7 @@ reports, the strip the report draws, and the sentences both print."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict, cast
@@ -13,6 +14,12 @@ from launcher.runtime import steps as runtime_steps
 from launcher.verify.jsonlines import read_jsonl
 
 STEPS = f"{OUTPUTS}/{runtime_steps.STEPS}"  # the runtime's step fingerprints, from the run folder
+_RANK_STEPS = re.compile(rf"{OUTPUTS}/ranks/[0-9]+/{re.escape(runtime_steps.STEPS)}")
+
+
+def is_steps(path: str) -> bool:
+    """Whether path (from the run folder) holds step fingerprints: rank 0's, or another rank's (ranks/<r>/)."""
+    return path == STEPS or _RANK_STEPS.fullmatch(path) is not None
 
 
 class StepRow(TypedDict):
