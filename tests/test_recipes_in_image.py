@@ -37,11 +37,11 @@ RECIPES: dict[str, tuple[dict[str, Any], str]] = {
     "mnist_convnet": ({"epochs": 2, "train_samples": 384, "test_samples": 64}, "trainable params: 1,199,882"),
     "catsdogs_convnet": ({"epochs": 1, "train_samples": 32}, "trainable params: 991,041"),  # seed 002
     "mini_xception": ({"epochs": 1, "train_samples": 16, "batch_size": 16}, "trainable params: 718,849"),
-    # the smallest ResNet v2 (one block per stage) and a 64-pixel U-Net: the same code paths, a third of the time
+    # the smallest ResNet v2 (one block per stage): the same code paths, a third of the time
     "cifar_resnet": ({"epochs": 1, "train_samples": 64, "test_samples": 32, "depth": 11},
                      "ResNet11v2: trainable params:"),
     # seed 000's experiment: its dropout seed forgotten, which the default profile's global seed covers
-    "pets_unet": ({"epochs": 1, "train_samples": 16, "batch_size": 8, "dropout_seed": "none", "img_size": 64},
+    "pets_unet": ({"epochs": 1, "train_samples": 16, "batch_size": 8, "dropout_seed": "none"},
                   "unet_mobilenetv2: trainable params:"),
 }
 

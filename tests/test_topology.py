@@ -59,12 +59,15 @@ def test_ranks_are_laid_out_node_by_node_and_the_collectives_pinned_per_backend(
     assert record["world_size"] == 6 and record["node_hosts"] == ["a", "b"] and len(record["ranks"]) == 6
 
 
-def test_pytorch_alone_is_started_as_several_processes_so_far() -> None:
-    topology.check_framework(None, "tensorflow", "x.py")
+def test_pytorch_and_tensorflow_runs_are_started_as_several_processes_and_jax_is_refused_so_far() -> None:
+    topology.check_framework(None, "jax", "x.py")
     topology.check_framework(topology.Topology(2, 1), "torch", "x.py")
+    topology.check_framework(topology.Topology(2, 1), "tensorflow", "x.py")
     with pytest.raises(UsageError) as err:
-        topology.check_framework(topology.Topology(2, 1), "tensorflow", "x.py")
+        topology.check_framework(topology.Topology(2, 1), "jax", "x.py")
     assert "PyTorch" in err.value.message and "--nodes" in (err.value.hint or "")
+    assert topology.Topology(2, 1).for_framework("tensorflow").launcher == "tf_config"
+    assert topology.Topology(2, 1).for_framework("torch").record(["a", "b"])["launcher"].startswith("torchrun")
 
 
 def _job(tmp_path: Path, **kw: Any) -> ContainerJob:
@@ -89,7 +92,8 @@ def test_each_node_gets_its_container_name_outputs_ranks_folder_network_and_rend
     assert ("/runs/r/out", CONTAINER_OUT) in {(m.source, m.target) for m in spec0.mounts}
     argv = runtime_argv(one)
     flags = argv[argv.index("--nodes"):argv.index("--")]
-    assert flags == ["--nodes", "2", "--procs-per-node", "2", "--node-rank", "1", "--master", f"{spec0.name}:29500"]
+    assert flags == ["--nodes", "2", "--procs-per-node", "2", "--node-rank", "1", "--master", f"{spec0.name}:29500",
+                     "--launcher", "torchrun", "--peers", f"{spec0.name},{spec1.name}"]
     assert argv[-3:] == ["--", "--steps", "3"]  # the script's own arguments stay last
     # one node of several processes: no network, the rendezvous on the container itself
     single = _job(tmp_path, topology=topology.Topology(1, 4))
@@ -310,3 +314,40 @@ def test_ctrl_c_while_a_run_of_several_nodes_goes_stops_every_node(tmp_path: Pat
         with pytest.raises(KeyboardInterrupt):
             wait_run(ws, run_id, Interrupted(LocalHost(ws.root)), on_log=lambda line: None)
     assert stopped == ["n0", "n1"]  # a run of one container is left to `launcher attach`, as before
+
+
+WORKER = """\
+import json, os, sys, time
+cfg = json.loads(os.environ["TF_CONFIG"])
+rank = int(os.environ["RANK"])
+print("worker", cfg["task"]["index"], "of", len(cfg["cluster"]["worker"]), cfg["cluster"]["worker"][rank], flush=True)
+if "--fail" in sys.argv:
+    if rank == 1:
+        sys.exit(3)
+    time.sleep(600)
+"""
+
+
+def test_tensorflow_workers_get_their_tf_config_and_the_first_to_fail_stops_the_others(tmp_path: Path) -> None:
+    """The runtime starts TensorFlow's workers itself (no framework here: a script that reads what it was given)."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "worker.py").write_text(WORKER)
+
+    def node(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "launcher.runtime", "run", "--script", str(code / "worker.py"),
+                               "--out", str(out), "--procs-per-node", "2", "--launcher", "tf_config", *extra],
+                              capture_output=True, text=True, timeout=120)
+
+    done = node(tmp_path / "ok")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "worker 0 of 2 localhost:20000" in (tmp_path / "ok/logs/train.log").read_text()
+    assert (tmp_path / "ok/ranks/1/logs/train.log").read_text() == "worker 1 of 2 localhost:20001\n"
+    rows = json.loads((tmp_path / "ok/_launcher/ranks.json").read_text())["ranks"]
+    assert [(r["rank"], r["exit_code"]) for r in rows] == [(0, 0), (1, 0)]
+    # worker 1 fails at once while worker 0 would sleep ten minutes: the node ends with worker 1's status
+    failed = node(tmp_path / "bad", "--", "--fail")
+    assert failed.returncode == 3, failed.stdout + failed.stderr
+    rows = json.loads((tmp_path / "bad/_launcher/ranks.json").read_text())["ranks"]
+    assert [(r["rank"], r["exit_code"]) for r in rows] == [(0, 143), (1, 3)]
+    assert "rank 1 (node 0) ended with exit code 3" in (tmp_path / "bad/logs/train.log").read_text()

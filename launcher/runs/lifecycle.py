@@ -149,7 +149,7 @@ def _job(ws: Workspace, run: ResolvedRun, run_id: str, env: dict[str, str], remo
         no_probes=probes["source"] == "option" and probes["config"] is None,
         user_env=dict(request.env),
         secret_env=dict(request.secret_env),
-        topology=request.topology,
+        topology=run.topology,
     )
 
 
@@ -241,8 +241,8 @@ def _launch(ws: Workspace, run: ResolvedRun, one: Replicate, placement: Placemen
         "launched_at": utc_now(),
     }
     _checkpoints_of(request, launch)
-    if request.topology is not None:
-        launch["topology"] = request.topology.record([placement.name] * request.topology.nodes)
+    if run.topology is not None:
+        launch["topology"] = run.topology.record([placement.name] * run.topology.nodes)
     RunDir(ws.runs / run_id).write_launch(launch)
     return launch, job
 

@@ -23,6 +23,7 @@ from launcher.records.records import BAKED, MOUNTED, CodePlan, DataSource, Image
 from launcher.specs.recipes import ParamValue, Recipe
 from launcher.specs.request import RunRequest
 from launcher.specs.runspec import check_framework, check_params, image_record, load_recipe, plan_code, probes_record
+from launcher.specs.topology import Topology
 from launcher.targets.placement import Placement
 from launcher.workspace import Workspace
 
@@ -53,6 +54,7 @@ class ResolvedRun:
     group: str
     facts: HostFacts | NoFacts  # the host's fact sheet, {} when none was read
     replicates: tuple[Replicate, ...]
+    topology: Topology | None = None  # the request's, with the recipe's framework's way of starting ranks
 
 
 def plan_run(ws: Workspace, request: RunRequest, placement: Placement, reporter: Reporter | None = None, *,
@@ -89,7 +91,8 @@ def plan_run(ws: Workspace, request: RunRequest, placement: Placement, reporter:
                        probes=probes_record(request, recipe), image=image,
                        baked_digest=baked_digests.get(recipe.name), code=plan, code_identity=code_identity,
                        data=data, data_source=source, group=_group_of(request, recipe, code_identity),
-                       facts=sheet, replicates=replicates)
+                       facts=sheet, replicates=replicates,
+                       topology=request.topology.for_framework(recipe.framework) if request.topology else None)
 
 
 def _checked(ws: Workspace, request: RunRequest, seed_list: Sequence[int | None], *,

@@ -18,14 +18,27 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
-ENV = "LAUNCHER_DISTRIBUTED"  # set by the node's runner for each rank it starts: "torchrun"
+from launcher.runtime.outfiles import RANKS_JSON
+
+if TYPE_CHECKING:
+    import subprocess
+
+ENV = "LAUNCHER_DISTRIBUTED"  # set by the node's runner for each rank it starts: its launcher's name
 RANKS = "ranks"
 RANK_JSON = "_launcher/rank.json"
 MASTER_PORT = 29500
+STOPPED = 128 + signal.SIGTERM  # a rank stopped because another failed
+TF_PORT = 20000  # worker i of a node listens on TF_PORT + i (TensorFlow's collective ops, over gRPC)
+# How each framework's ranks are started: PyTorch's own launcher; TensorFlow has none, so the runner starts each
+# worker with its TF_CONFIG (MultiWorkerMirroredStrategy reads it)
+LAUNCHERS = {"torch": "torchrun", "tensorflow": "tf_config"}
 
 # What pins the collectives' order, per backend (the host injects it with the profile and records it).
 # Gloo: the interface of the node's private network. NCCL: one algorithm, the Simple protocol, a fixed channel
@@ -55,6 +68,23 @@ class Layout:
         """The ranks this node runs."""
         first = self.node_rank * self.procs_per_node
         return range(first, first + self.procs_per_node)
+
+
+def tf_config(layout: Layout, peers: list[str], rank: int) -> str:
+    """TF_CONFIG of one worker: every worker's address (node by node, port TF_PORT + local rank) and its index."""
+    workers = [f"{peers[node]}:{TF_PORT + local}" for node in range(layout.nodes)
+               for local in range(layout.procs_per_node)]
+    return json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}},
+                      separators=(",", ":"))
+
+
+def worker_env(layout: Layout, peers: list[str], local: int) -> dict[str, str]:
+    """What the runner gives worker `local` of this node it starts itself (TensorFlow): its ranks, as torchrun
+    names them, and its TF_CONFIG."""
+    rank = layout.node_rank * layout.procs_per_node + local
+    return {ENV: "tf_config", "RANK": str(rank), "LOCAL_RANK": str(local), "GROUP_RANK": str(layout.node_rank),
+            "WORLD_SIZE": str(layout.world_size), "LOCAL_WORLD_SIZE": str(layout.procs_per_node),
+            "TF_CONFIG": tf_config(layout, peers, rank)}
 
 
 def parse_master(text: str) -> tuple[str, int]:
@@ -125,10 +155,13 @@ def _int_env(name: str) -> int | None:
 _FAILED = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n.*?exitcode\s*:\s*(-?\d+)", re.S)
 
 
-def node_ranks(out: Path, layout: Layout, console: str) -> list[dict[str, int | float | None]]:
-    """Each rank of this node and how it ended: its own record (its exit code and when it ended), else torchrun's
-    summary of its failure (a rank killed from outside: no time), else None (stopped before it could say)."""
+def node_ranks(out: Path, layout: Layout, console: str,
+               codes: dict[int, int] | None = None) -> list[dict[str, int | float | None]]:
+    """Each rank of this node and how it ended: its own record (its exit code and when it ended), else its process's
+    exit status (codes: ranks the runner started itself) or torchrun's summary of its failure (a rank killed from
+    outside: no time), else None (stopped before it could say)."""
     said = {int(r): int(c) for r, c in _FAILED.findall(console)}
+    said.update(codes or {})
     rows: list[dict[str, int | float | None]] = []
     for rank in layout.global_ranks():
         code: int | None = None
@@ -143,3 +176,95 @@ def node_ranks(out: Path, layout: Layout, console: str) -> list[dict[str, int | 
             code = 128 - code  # killed by a signal, as a shell says it
         rows.append({"rank": rank, "node": layout.node_rank, "exit_code": code, "ended_at": ended})
     return rows
+
+
+class Console(Protocol):
+    """The node's console (launcher.runtime.runner.Tee): what it writes is shown and kept in its log."""
+
+    tail: bytes
+
+    def write(self, data: bytes) -> None: ...
+
+    def say(self, line: str) -> None: ...
+
+
+def run_node(layout: Layout, launcher: str, peers: list[str], entry: str, args: list[str], env: dict[str, str],
+             out: Path, console: Console) -> int:
+    """This node's ranks started, rank 0's console (on node 0) teed, until they end; each rank's end recorded in
+    _launcher/ranks.json. Its exit status: torchrun's, or the first of its workers' to fail."""
+    import subprocess  # only in the node's runner: a rank's interpreter does not pay for it
+
+    ranks = layout.global_ranks()
+    how = (f"rendezvous at {layout.master_addr}:{layout.master_port} (torchrun, static)" if launcher == "torchrun"
+           else "TensorFlow workers (TF_CONFIG)")
+    console.say(f"node {layout.node_rank} of {layout.nodes}: ranks {ranks.start} to {ranks.stop - 1} of "
+                f"{layout.world_size}, {how}")
+    codes: dict[int, int] = {}
+    if launcher == "torchrun":
+        procs = {ranks.start: subprocess.Popen(torchrun_argv(sys.executable, layout, entry, args),
+                                               env={**env, ENV: "torchrun"}, cwd=str(out.resolve()),
+                                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)}
+        rc = _watch(procs, console, ranks.start)
+    else:
+        procs = {}
+        for local in range(layout.procs_per_node):
+            rank = ranks.start + local
+            procs[rank] = subprocess.Popen([sys.executable, "-m", "launcher.runtime.child", entry, *args],
+                                           env={**env, **worker_env(layout, peers, local)}, cwd=str(out.resolve()),
+                                           stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
+                                           stderr=subprocess.STDOUT)
+        rc = _watch(procs, console, 0)
+        codes = {rank: _shell_code(p.returncode) for rank, p in procs.items() if p.returncode is not None}
+    rows = node_ranks(out, layout, console.tail.decode("utf-8", "replace"), codes)
+    doc = {"nodes": layout.nodes, "procs_per_node": layout.procs_per_node, "node_rank": layout.node_rank,
+           "launcher": launcher, "ranks": rows}
+    tmp = out / (RANKS_JSON + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, out / RANKS_JSON)
+    failed = [r for r in rows if r["exit_code"] not in (0, None)]
+    if failed:  # the first to fail on its own, not one stopped for it (SIGTERM's 143), when there is one
+        row = next((r for r in failed if r["exit_code"] != STOPPED), failed[0])
+        console.say(f"rank {row['rank']} (node {row['node']}) ended with exit code {row['exit_code']}")
+    return _shell_code(rc)
+
+
+def _shell_code(rc: int) -> int:
+    return 128 - rc if rc < 0 else rc
+
+
+def _watch(procs: dict[int, subprocess.Popen[bytes]], console: Console, teed: int) -> int:
+    """Wait for the node's processes, the console of the one ``teed`` shown as it comes (if it runs here), signals
+    passed on to all; the first to fail stops the others. The exit status: the first failure's, else 0."""
+    import threading
+
+    first: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signum)
+
+    def watch() -> None:
+        while None in [p.poll() for p in procs.values()]:  # every one polled (any() would stop at the first)
+            failed = [p.returncode for p in procs.values() if p.returncode not in (None, 0)]
+            if failed and not first:
+                first.append(failed[0])
+                forward(signal.SIGTERM, None)
+            time.sleep(0.2)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        stream = procs[teed].stdout if teed in procs else None
+        if stream is not None:
+            for chunk in iter(lambda: stream.read1(1 << 16), b""):  # type: ignore[attr-defined]
+                console.write(chunk)
+        for proc in procs.values():
+            proc.wait()
+        watcher.join()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    codes = [p.returncode for p in procs.values()]
+    return first[0] if first else next((c for c in codes if c != 0), 0)

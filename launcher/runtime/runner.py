@@ -25,7 +25,7 @@ from launcher.runtime import code as codemod
 from launcher.runtime import explain as explainmod
 from launcher.runtime import fingerprints as fp
 from launcher.runtime import recipespec as recipe_spec
-from launcher.runtime.outfiles import DATASET_JSON, EXIT_JSON, METRICS, RANKS_JSON, RUNTIME_JSON
+from launcher.runtime.outfiles import DATASET_JSON, EXIT_JSON, METRICS, RUNTIME_JSON
 from launcher.runtime.record import EXIT_BAD_DATA, EXIT_BAD_RECIPE, EXIT_NOT_RESUMABLE, EXIT_USAGE, expected_mismatch
 
 if TYPE_CHECKING:
@@ -113,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--node-rank", type=int, default=0, help="this node's rank, 0 to --nodes - 1")
     run.add_argument("--master", default="localhost", metavar="ADDR[:PORT]",
                      help=f"rank 0's node address for the rendezvous (default port {distributed.MASTER_PORT})")
+    run.add_argument("--peers", metavar="ADDR,...", help="every node's address, node 0's first (TensorFlow's "
+                     "workers; default: --master's for one node)")
+    run.add_argument("--launcher", default="torchrun", choices=sorted(set(distributed.LAUNCHERS.values())),
+                     help="how this node's ranks are started: torchrun (PyTorch), tf_config (TensorFlow workers)")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     explainmod.add_parser(sub)
     return parser
@@ -376,14 +380,10 @@ def run_child(spec: recipe_spec.RecipeSpec, env: dict[str, str], args: argparse.
     if extra[:1] == ["--"]:  # the separator itself; a "--" further on is the script's own
         extra = extra[1:]
     layout = layout_of(args)
-    if layout is None:
-        cmd = [sys.executable, "-m", "launcher.runtime.child", str(spec.entry_path), *extra]
-    else:
-        cmd = distributed.torchrun_argv(sys.executable, layout, str(spec.entry_path), extra)
-        env = {**env, distributed.ENV: "torchrun"}
-        tee.say(f"node {layout.node_rank} of {layout.nodes}: ranks {layout.global_ranks().start} to "
-                f"{layout.global_ranks().stop - 1} of {layout.world_size}, rendezvous at "
-                f"{layout.master_addr}:{layout.master_port} (torchrun, static)")
+    if layout is not None:  # this node's ranks, started by the framework's launcher (launcher.runtime.distributed)
+        return distributed.run_node(layout, args.launcher, _peers(args, layout), str(spec.entry_path), extra, env,
+                                    args.out, tee)
+    cmd = [sys.executable, "-m", "launcher.runtime.child", str(spec.entry_path), *extra]
     proc = subprocess.Popen(cmd, env=env, cwd=str(args.out.resolve()), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
 
@@ -401,20 +401,15 @@ def run_child(spec: recipe_spec.RecipeSpec, env: dict[str, str], args: argparse.
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    if layout is not None:
-        record_ranks(args.out, layout, tee)
     return 128 - rc if rc < 0 else rc
 
 
-def record_ranks(out: Path, layout: distributed.Layout, tee: Tee) -> None:
-    """How each rank of this node ended (_launcher/ranks.json), and the first that failed, said."""
-    rows = distributed.node_ranks(out, layout, tee.tail.decode("utf-8", "replace"))
-    fp.write_json(out / RANKS_JSON, {"nodes": layout.nodes, "procs_per_node": layout.procs_per_node,
-                                     "node_rank": layout.node_rank, "ranks": rows})
-    for row in rows:
-        if row["exit_code"] not in (0, None):
-            tee.say(f"rank {row['rank']} (node {row['node']}) ended with exit code {row['exit_code']}")
-            break
+def _peers(args: argparse.Namespace, layout: distributed.Layout) -> list[str]:
+    """Every node's address, node 0's first (--peers; one node: rank 0's); raises RunError."""
+    peers = [p for p in (args.peers or "").split(",") if p] or [layout.master_addr]
+    if len(peers) != layout.nodes:
+        raise RunError(f"--peers names {len(peers)} nodes, not --nodes {layout.nodes}", EXIT_USAGE)
+    return peers
 
 
 def run_prepared(args: argparse.Namespace, tee: Tee) -> int:

@@ -118,7 +118,9 @@ def runtime_argv(job: ContainerJob) -> list[str]:
         argv += ["--probes", json.dumps(dict(job.probes), sort_keys=True, separators=(",", ":"))]
     argv += ["--params", json.dumps(dict(job.params), sort_keys=True, separators=(",", ":"))]
     if job.topology is not None:
-        argv += job.topology.runtime_args(job.node, job.master)
+        peers = ([container_name(job.run_id, k) for k in range(job.topology.nodes)] if job.network
+                 else ["localhost"])
+        argv += job.topology.runtime_args(job.node, job.master, peers)
     if job.args:
         argv += ["--", *job.args]
     return argv

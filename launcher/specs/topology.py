@@ -9,18 +9,21 @@ launcher.runtime.distributed starts it in each node's container).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from launcher.errors import UsageError
-from launcher.runtime.distributed import COLLECTIVE_ENV, MASTER_PORT
+from launcher.runtime.distributed import COLLECTIVE_ENV, LAUNCHERS, MASTER_PORT
 from launcher.runtime.reduction import MODES as REDUCTIONS
 
 if TYPE_CHECKING:
     from launcher.records.ranks import RankRow, TopologyRecord
 
-LAUNCHER = "torchrun (static rendezvous, explicit node rank)"
-FRAMEWORKS = ("torch",)  # whose own launcher starts the ranks today
+DESCRIBED = {  # launcher.runtime.distributed.LAUNCHERS' values, as the records say them
+    "torchrun": "torchrun (static rendezvous, explicit node rank)",
+    "tf_config": "TF_CONFIG per worker (MultiWorkerMirroredStrategy), each worker started by launcher's runtime",
+}
+FRAMEWORKS = tuple(LAUNCHERS)  # the frameworks whose ranks launcher can start
 MAX_WORLD = 1024
 
 
@@ -30,6 +33,7 @@ class Topology:
     procs_per_node: int = 1
     backend: str = "gloo"  # gloo on CPUs, nccl on GPUs
     master_port: int = MASTER_PORT
+    launcher: str = "torchrun"  # how each node starts its ranks: the framework's (for_framework)
 
     @property
     def world_size(self) -> int:
@@ -44,15 +48,20 @@ class Topology:
         """The settings that pin the backend's collectives (injected into every node with the profile)."""
         return dict(COLLECTIVE_ENV[self.backend])
 
-    def runtime_args(self, node: int, master_addr: str) -> list[str]:
-        """The runtime's arguments for one node (launcher.runtime.runner)."""
+    def for_framework(self, framework: str) -> Topology:
+        """The topology with the framework's own way of starting ranks (PyTorch: torchrun; TensorFlow: TF_CONFIG)."""
+        return replace(self, launcher=LAUNCHERS[framework])
+
+    def runtime_args(self, node: int, master_addr: str, peers: list[str]) -> list[str]:
+        """The runtime's arguments for one node (launcher.runtime.runner); peers: every node's address."""
         return ["--nodes", str(self.nodes), "--procs-per-node", str(self.procs_per_node), "--node-rank", str(node),
-                "--master", f"{master_addr}:{self.master_port}"]
+                "--master", f"{master_addr}:{self.master_port}", "--launcher", self.launcher,
+                "--peers", ",".join(peers)]
 
     def record(self, node_hosts: list[str]) -> TopologyRecord:
         """What the launch record keeps: the layout, the backend and its settings, each node's host."""
         return {"nodes": self.nodes, "procs_per_node": self.procs_per_node, "world_size": self.world_size,
-                "backend": self.backend, "launcher": LAUNCHER, "master_port": self.master_port,
+                "backend": self.backend, "launcher": DESCRIBED[self.launcher], "master_port": self.master_port,
                 "ranks": self.ranks(), "collectives": self.env(), "node_hosts": node_hosts}
 
 
@@ -85,4 +94,5 @@ def check_framework(topology: Topology | None, framework: str, name: str) -> Non
     if topology is None or framework in FRAMEWORKS:
         return
     raise UsageError(f"{name} uses {framework}: launcher starts runs of several processes for PyTorch (torchrun) "
-                     "only so far", "run it as one process (drop --nodes and --procs-per-node)")
+                     "and TensorFlow (TF_CONFIG) only so far",
+                     "run it as one process (drop --nodes and --procs-per-node)")
