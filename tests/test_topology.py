@@ -59,14 +59,15 @@ def test_ranks_are_laid_out_node_by_node_and_the_collectives_pinned_per_backend(
     assert record["world_size"] == 6 and record["node_hosts"] == ["a", "b"] and len(record["ranks"]) == 6
 
 
-def test_pytorch_and_tensorflow_runs_are_started_as_several_processes_and_jax_is_refused_so_far() -> None:
-    topology.check_framework(None, "jax", "x.py")
-    topology.check_framework(topology.Topology(2, 1), "torch", "x.py")
-    topology.check_framework(topology.Topology(2, 1), "tensorflow", "x.py")
+def test_pytorch_tensorflow_and_jax_runs_are_started_as_several_processes_and_others_refused() -> None:
+    topology.check_framework(None, "keras", "x.py")
+    for framework in ("torch", "tensorflow", "jax"):
+        topology.check_framework(topology.Topology(2, 1), framework, "x.py")
     with pytest.raises(UsageError) as err:
-        topology.check_framework(topology.Topology(2, 1), "jax", "x.py")
+        topology.check_framework(topology.Topology(2, 1), "keras", "x.py")
     assert "PyTorch" in err.value.message and "--nodes" in (err.value.hint or "")
     assert topology.Topology(2, 1).for_framework("tensorflow").launcher == "tf_config"
+    assert topology.Topology(2, 1).for_framework("jax").launcher == "jax_distributed"
     assert topology.Topology(2, 1).for_framework("torch").record(["a", "b"])["launcher"].startswith("torchrun")
 
 
@@ -99,6 +100,16 @@ def test_each_node_gets_its_container_name_outputs_ranks_folder_network_and_rend
     single = _job(tmp_path, topology=topology.Topology(1, 4))
     assert container_spec(single).network is None and "localhost:29500" in runtime_argv(single)
     assert "--nodes" not in runtime_argv(_job(tmp_path))
+
+
+def test_jax_processes_get_node_0_as_their_coordinator_and_their_ids_by_rank() -> None:
+    layout = distributed.Layout(2, 2, 1, "n0", 29501)
+    env = distributed.worker_env(layout, ["n0", "n1"], 1, "jax_distributed")
+    assert env["LAUNCHER_JAX_COORDINATOR"] == "n0:29501" and env["RANK"] == "3" and env["WORLD_SIZE"] == "4"
+    assert "TF_CONFIG" not in env and env["LAUNCHER_DISTRIBUTED"] == "jax_distributed"
+    tf = json.loads(distributed.worker_env(layout, ["n0", "n1"], 0)["TF_CONFIG"])
+    assert tf == {"cluster": {"worker": ["n0:20000", "n0:20001", "n1:20000", "n1:20001"]},
+                  "task": {"type": "worker", "index": 2}}
 
 
 def test_the_runtime_starts_torchrun_static_with_an_explicit_node_rank() -> None:

@@ -78,7 +78,8 @@ NodesOpt = Annotated[
         "--nodes",
         metavar="N",
         help="Run on N nodes, one container each, all from the same image ID, ranks laid out node by node (PyTorch: "
-        "torchrun, static rendezvous; TensorFlow: a TF_CONFIG per worker). On the local engine or one host: N "
+        "torchrun, static rendezvous; TensorFlow: a TF_CONFIG per worker; JAX: jax.distributed with node 0 as "
+        "coordinator). On the local engine or one host: N "
         "containers on a private network. "
         "Recorded as the run's topology; a different world size is an environment difference in verify.",
     ),

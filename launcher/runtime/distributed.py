@@ -38,7 +38,8 @@ STOPPED = 128 + signal.SIGTERM  # a rank stopped because another failed
 TF_PORT = 20000  # worker i of a node listens on TF_PORT + i (TensorFlow's collective ops, over gRPC)
 # How each framework's ranks are started: PyTorch's own launcher; TensorFlow has none, so the runner starts each
 # worker with its TF_CONFIG (MultiWorkerMirroredStrategy reads it)
-LAUNCHERS = {"torch": "torchrun", "tensorflow": "tf_config"}
+LAUNCHERS = {"torch": "torchrun", "tensorflow": "tf_config", "jax": "jax_distributed"}
+JAX_COORDINATOR = "LAUNCHER_JAX_COORDINATOR"  # node 0's address:port for jax.distributed.initialize
 
 # What pins the collectives' order, per backend (the host injects it with the profile and records it).
 # Gloo: the interface of the node's private network. NCCL: one algorithm, the Simple protocol, a fixed channel
@@ -78,13 +79,17 @@ def tf_config(layout: Layout, peers: list[str], rank: int) -> str:
                       separators=(",", ":"))
 
 
-def worker_env(layout: Layout, peers: list[str], local: int) -> dict[str, str]:
-    """What the runner gives worker `local` of this node it starts itself (TensorFlow): its ranks, as torchrun
-    names them, and its TF_CONFIG."""
+def worker_env(layout: Layout, peers: list[str], local: int, launcher: str = "tf_config") -> dict[str, str]:
+    """What the runner gives process `local` of this node it starts itself: its ranks, as torchrun names them, and
+    TensorFlow's TF_CONFIG, or JAX's coordinator (launcher.runtime.frameworks.fw_jax initializes it)."""
     rank = layout.node_rank * layout.procs_per_node + local
-    return {ENV: "tf_config", "RANK": str(rank), "LOCAL_RANK": str(local), "GROUP_RANK": str(layout.node_rank),
-            "WORLD_SIZE": str(layout.world_size), "LOCAL_WORLD_SIZE": str(layout.procs_per_node),
-            "TF_CONFIG": tf_config(layout, peers, rank)}
+    env = {ENV: launcher, "RANK": str(rank), "LOCAL_RANK": str(local), "GROUP_RANK": str(layout.node_rank),
+           "WORLD_SIZE": str(layout.world_size), "LOCAL_WORLD_SIZE": str(layout.procs_per_node)}
+    if launcher == "jax_distributed":
+        env[JAX_COORDINATOR] = f"{peers[0]}:{layout.master_port}"
+    else:
+        env["TF_CONFIG"] = tf_config(layout, peers, rank)
+    return env
 
 
 def parse_master(text: str) -> tuple[str, int]:
@@ -195,8 +200,9 @@ def run_node(layout: Layout, launcher: str, peers: list[str], entry: str, args: 
     import subprocess  # only in the node's runner: a rank's interpreter does not pay for it
 
     ranks = layout.global_ranks()
-    how = (f"rendezvous at {layout.master_addr}:{layout.master_port} (torchrun, static)" if launcher == "torchrun"
-           else "TensorFlow workers (TF_CONFIG)")
+    how = {"torchrun": f"rendezvous at {layout.master_addr}:{layout.master_port} (torchrun, static)",
+           "tf_config": "TensorFlow workers (TF_CONFIG)",
+           "jax_distributed": f"JAX processes, coordinator at {peers[0]}:{layout.master_port}"}.get(launcher, launcher)
     console.say(f"node {layout.node_rank} of {layout.nodes}: ranks {ranks.start} to {ranks.stop - 1} of "
                 f"{layout.world_size}, {how}")
     codes: dict[int, int] = {}
@@ -210,7 +216,8 @@ def run_node(layout: Layout, launcher: str, peers: list[str], entry: str, args: 
         for local in range(layout.procs_per_node):
             rank = ranks.start + local
             procs[rank] = subprocess.Popen([sys.executable, "-m", "launcher.runtime.child", entry, *args],
-                                           env={**env, **worker_env(layout, peers, local)}, cwd=str(out.resolve()),
+                                           env={**env, **worker_env(layout, peers, local, launcher)},
+                                           cwd=str(out.resolve()),
                                            stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
                                            stderr=subprocess.STDOUT)
         rc = _watch(procs, console, 0)

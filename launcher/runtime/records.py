@@ -243,6 +243,7 @@ class Applied(TypedDict, total=False):
     deterministic_ops: bool
     note: str
     jaxlib: str | None
+    distributed: dict[str, Any]  # a process of a run of several: the process count and its id
 
 
 class PythonInfo(TypedDict):

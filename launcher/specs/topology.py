@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 DESCRIBED = {  # launcher.runtime.distributed.LAUNCHERS' values, as the records say them
     "torchrun": "torchrun (static rendezvous, explicit node rank)",
     "tf_config": "TF_CONFIG per worker (MultiWorkerMirroredStrategy), each worker started by launcher's runtime",
+    "jax_distributed": "jax.distributed.initialize per process (coordinator on node 0, CPU collectives over Gloo), "
+                       "each process started by launcher's runtime",
 }
 FRAMEWORKS = tuple(LAUNCHERS)  # the frameworks whose ranks launcher can start
 MAX_WORLD = 1024
@@ -93,6 +95,6 @@ def check_framework(topology: Topology | None, framework: str, name: str) -> Non
     """A run of several processes is started by its framework's own launcher: refuse one launcher cannot start yet."""
     if topology is None or framework in FRAMEWORKS:
         return
-    raise UsageError(f"{name} uses {framework}: launcher starts runs of several processes for PyTorch (torchrun) "
-                     "and TensorFlow (TF_CONFIG) only so far",
+    raise UsageError(f"{name} uses {framework}: launcher starts runs of several processes for PyTorch (torchrun), "
+                     "TensorFlow (TF_CONFIG) and JAX (jax.distributed) only",
                      "run it as one process (drop --nodes and --procs-per-node)")

@@ -35,6 +35,23 @@ def bind_threads(threads: int) -> int | None:
     return len(chosen)
 
 
+def initialize_distributed(jax: Any) -> dict[str, Any]:
+    """A process of a run of several (launcher.runtime.distributed started it): JAX's distributed runtime
+    initialized before anything starts its backend, with CPU collectives over Gloo; the script's own
+    ``jax.distributed.initialize()`` then does nothing (it was called with what launcher knows: the coordinator on
+    node 0, the process count, this process's id)."""
+    coordinator = os.environ["LAUNCHER_JAX_COORDINATOR"]
+    processes, process_id = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=processes, process_id=process_id)
+
+    def initialize(*args: Any, **kwargs: Any) -> None:
+        return None  # launcher initialized it with this run's layout
+
+    jax.distributed.initialize = initialize
+    return {"processes": processes, "process_id": process_id}  # not the coordinator: its name holds the run's id
+
+
 def apply(jax: Any, profile: str, seed: int | None, threads: int | None) -> Applied:
     flags = os.environ.get("XLA_FLAGS", "")
     info: Applied = {"name": "jax", "version": getattr(jax, "__version__", None),
@@ -45,6 +62,8 @@ def apply(jax: Any, profile: str, seed: int | None, threads: int | None) -> Appl
         bound = bind_threads(threads)
         if bound:
             info["threads"] = {"intra_op": bound, "inter_op": bound}
+    if os.environ.get("LAUNCHER_DISTRIBUTED") == "jax_distributed":  # before jax.devices() starts the backend
+        info["distributed"] = initialize_distributed(jax)
     info["note"] = "JAX's PRNG keys come from the program: its PRNGKey/key calls are listed in seed_calls"
     if threads is not None and "threads" not in info:
         info["note"] += f"; XLA's CPU threads could not be bound to {threads} (no CPU affinity here)"
