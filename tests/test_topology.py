@@ -362,3 +362,30 @@ def test_tensorflow_workers_get_their_tf_config_and_the_first_to_fail_stops_the_
     rows = json.loads((tmp_path / "bad/_launcher/ranks.json").read_text())["ranks"]
     assert [(r["rank"], r["exit_code"]) for r in rows] == [(0, 143), (1, 3)]
     assert "rank 1 (node 0) ended with exit code 3" in (tmp_path / "bad/logs/train.log").read_text()
+
+
+def _run_with(run_id: str, world: int, paths: list[str]) -> Manifest:
+    from launcher.records.manifest import Artifact
+
+    data: dict[str, Any] = {"run_id": run_id, "topology": topology.Topology(1, world).record(["h"])}
+    return Manifest(Path("/nowhere") / run_id, data, tuple(Artifact(p, 1, "sha256:" + "0" * 64) for p in paths))  # type: ignore[arg-type]
+
+
+def test_only_records_of_ranks_the_other_world_lacks_are_left_out_not_files_added_under_any_rank() -> None:
+    from launcher.verify.artifacts import compare_artifacts
+
+    steps = "fingerprints/steps.jsonl"
+    four = _run_with("four", 4, ["outputs/model.pt", *(f"outputs/ranks/{r}/{steps}" for r in (1, 2, 3))])
+    two = _run_with("two", 2, ["outputs/model.pt", f"outputs/ranks/1/{steps}"])
+    rows, differs = compare_artifacts(four, [four, two], [], [])
+    cells = {row.path: row.cells["two"]["status"] for row in rows}
+    assert cells[f"outputs/ranks/3/{steps}"] == "ignored" and differs == {"two": False}
+    # the attacker's run: world 2, yet a file under a rank no world here has, or a rank of its own world missing
+    added = _run_with("added", 2, ["outputs/model.pt", f"outputs/ranks/1/{steps}", "outputs/ranks/9/payload.bin"])
+    _, differs = compare_artifacts(two, [two, added], [], [])
+    assert differs == {"added": True}
+    lacking = _run_with("lacking", 2, ["outputs/model.pt"])
+    _, differs = compare_artifacts(two, [two, lacking], [], [])
+    assert differs == {"lacking": True}
+    _, differs = compare_artifacts(two, [two, four], [], [])  # the larger world second: its ranks 2 and 3 alone
+    assert differs == {"four": False}

@@ -282,11 +282,16 @@ def world_size(m: Manifest) -> int:
     return size if isinstance(size, int) and size > 0 else 1
 
 
-def _beyond_world(path: str, ref: Manifest, m: Manifest) -> bool:
-    """Whether path is a record of a rank that only one of the two runs had (a comparison across world sizes, whose
-    topology the environment names)."""
+def _rank_of_the_larger_world(path: str, ref: Manifest, m: Manifest, in_ref: bool) -> bool:
+    """Whether path, in one of the two runs only (the reference's when in_ref), is a record of a rank that only that
+    run had: a rank its own topology counts and the other run's does not (a comparison across world sizes, whose
+    topology the environment names). A file under a rank that neither run's world has is an output like any other."""
     found = _RANK_RECORD.match(path)
-    return found is not None and int(found.group(1)) >= min(world_size(ref), world_size(m))
+    if found is None:
+        return False
+    rank = int(found.group(1))
+    holder, other = (ref, m) if in_ref else (m, ref)
+    return world_size(other) <= rank < world_size(holder)
 
 
 def compare_artifacts(ref: Manifest, runs: list[Manifest], recipe_globs: list[str], ignore: list[str],
@@ -312,7 +317,7 @@ def compare_artifacts(ref: Manifest, runs: list[Manifest], recipe_globs: list[st
         for m in runs[1:]:
             run_path = keyed[m.run_id].get(key)
             cells[m.run_id] = dict(_cell(ref, m, ref_path, run_path, why, savedmodels))
-            if cells[m.run_id]["status"] == MISSING and _beyond_world(path, ref, m):
+            if cells[m.run_id]["status"] == MISSING and _rank_of_the_larger_world(path, ref, m, ra is not None):
                 cells[m.run_id]["status"] = IGNORED  # a rank only the run with more ranks had
             if run_path is not None and run_path != path:
                 cells[m.run_id]["path"] = run_path
