@@ -23,10 +23,10 @@ DESTINATION = "HOST, USER@HOST, USER@HOST:PORT or a ~/.ssh/config alias"
 PANEL = "Host (SSH) options"
 
 
-def _options(multiple: bool) -> list[inspect.Parameter]:
+def _options(multiple: bool, repeated: str | None = None) -> list[inspect.Parameter]:
     host_help = (
-        f"SSH destination: {DESTINATION}; repeat to spread runs over hosts (one run per host at a time). "
-        "Default: the local Docker engine."
+        f"SSH destination: {DESTINATION}; {repeated or 'repeat to spread runs over hosts (one run per host at a time)'}"
+        ". Default: the local Docker engine."
         if multiple
         else f"SSH destination: {DESTINATION}. Default: the local Docker engine."
     )
@@ -55,16 +55,18 @@ def _options(multiple: bool) -> list[inspect.Parameter]:
             for name, ann, default in declared]
 
 
-def with_host(*, multiple: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def with_host(*, multiple: bool = False,
+              repeated: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Give a command the shared host options; it must declare a ``host`` parameter, which receives
-    the HostSpec (a list of them with multiple=True; one local spec when no --host was given)."""
+    the HostSpec (a list of them with multiple=True; one local spec when no --host was given).
+    repeated: what --host given several times does, for its help (multiple=True)."""
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         sig = inspect.signature(fn, eval_str=True)
         if "host" not in sig.parameters:
             raise TypeError(f"{fn.__name__} has no `host` parameter for @with_host")
         own = [p for name, p in sig.parameters.items() if name != "host"]
-        extra = _options(multiple)
+        extra = _options(multiple, repeated)
         names = [p.name for p in extra]
 
         @functools.wraps(fn)

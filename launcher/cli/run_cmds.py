@@ -13,6 +13,7 @@ from launcher.cli.hostopts import (
     PartitionOpt,
     SchedulerOpt,
     SlurmOpt,
+    check_cluster_options,
     target,
     with_host,
 )
@@ -151,12 +152,12 @@ def print_failure(failure: FailureRecord | None) -> None:
 
 
 @command(app, "run")
-@with_host()
+@with_host(multiple=True, repeated="give it once per node with --nodes to run one node on each host")
 def run_cmd(
     ctx: typer.Context,
     recipe: RecipeArg,
     script_args: ScriptArgs = None,
-    host: HostSpec = LOCAL,
+    host: list[HostSpec] = [LOCAL],  # noqa: B006 - @with_host passes the real value
     variant: VariantOpt = "cpu",
     seed: SeedOpt = None,
     determinism: DeterminismOpt = "deterministic",
@@ -204,6 +205,8 @@ def run_cmd(
     user_env = userenv.parse(env or [], secret_env or [])
     ws = workspace_of(ctx)
     request_variant = variant_for(ctx, ws, variant, recipe, entry)
+    if len(host) > 1 and nodes is None:
+        nodes = len(host)  # one node on each host
     request = runs.RunRequest(
         recipe=recipe, variant=request_variant, seed=seed[0] if seed else None,
         profile=determinism, threads=threads_for(ctx, determinism, threads), data=data,
@@ -226,18 +229,34 @@ def _wheel_dirs(dirs: list[Path] | None) -> list[str]:
     return [str(d) for d in wheelsources.check_dirs(dirs)]
 
 
-def _run(ctx: typer.Context, ws: Workspace, request: RunRequest, host: HostSpec, runs_n: int, seeds: list[int],
-         placing: tuple[str | None, str | None, list[str] | None, int | None]) -> None:
-    """run_cmd's run of the request on host (placed by --scheduler and its options), rendered."""
+def _run(ctx: typer.Context, ws: Workspace, request: RunRequest, hosts: list[HostSpec], runs_n: int,
+         seeds: list[int], placing: tuple[str | None, str | None, list[str] | None, int | None]) -> None:
+    """run_cmd's run of the request on its host (placed by --scheduler and its options), or one node on each of
+    several hosts, rendered."""
+    from contextlib import ExitStack
+
     from launcher.runs import lifecycle as runs
 
+    if len(hosts) > 1 and (check_cluster_options(*placing) or len({h.name for h in hosts}) != len(hosts)):
+        raise UsageError("--host given several times places one node on each host: each host once, without "
+                         "--scheduler", "give the login node once with --scheduler, or each node's host once")
+    if len(hosts) > 1 and (request.topology is None or request.topology.nodes != len(hosts)):
+        nodes = 1 if request.topology is None else request.topology.nodes
+        raise UsageError(f"{len(hosts)} hosts given (--host) for a run of {nodes} node{'s' if nodes != 1 else ''}: "
+                         "launcher places one node on each host", f"give --nodes {len(hosts)}, or drop --nodes")
     runs.load_recipe(ws, request.recipe, entry=request.entry)
     opts = options(ctx)
     # --quiet hides progress bars, not the training log the run streams (--json keeps stdout for the JSON)
     sink = None if opts.json else (lambda line: stdout.print(line, markup=False, highlight=False))
-    with _open(ctx, host) as h, reporter(ctx) as rep:
-        outcome = runs.run_recipe(ws, request, target(h, host, *placing), rep, runs=runs_n, seeds=seeds, on_log=sink,
-                                  host_spec=host)
+    host = hosts[0]
+    with ExitStack() as opened, reporter(ctx) as rep:
+        if len(hosts) > 1:
+            from launcher.targets.hostnodes import HostsPlacement
+
+            placed: Any = HostsPlacement([opened.enter_context(_open(ctx, h)) for h in hosts], hosts)
+        else:
+            placed = target(opened.enter_context(_open(ctx, host)), host, *placing)
+        outcome = runs.run_recipe(ws, request, placed, rep, runs=runs_n, seeds=seeds, on_log=sink, host_spec=host)
     failure = outcome.failure
     if outcome.detached:
         summary = f"group {outcome.group}: {len(outcome.runs)} runs started; `launcher pull RUN` when done"

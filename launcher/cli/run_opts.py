@@ -80,7 +80,8 @@ NodesOpt = Annotated[
         help="Run on N nodes, one container each, all from the same image ID, ranks laid out node by node (PyTorch: "
         "torchrun, static rendezvous; TensorFlow: a TF_CONFIG per worker; JAX: jax.distributed with node 0 as "
         "coordinator). On the local engine or one host: N "
-        "containers on a private network. "
+        "containers on a private network; with --host given N times: one node on each host, on its host's network "
+        "(default N: the number of --host). "
         "Recorded as the run's topology; a different world size is an environment difference in verify.",
     ),
 ]
@@ -90,7 +91,7 @@ ProcsPerNodeOpt = Annotated[
         "--procs-per-node",
         metavar="M",
         help="Processes (ranks) per node (default 1): world size N x M; rank 0 writes the run's outputs, rank r its "
-        "records under outputs/ranks/r (on node k > 0: outputs/nodes/k/ranks/r).",
+        "records under outputs/ranks/r, whichever node ran it; node k's own under outputs/nodes/k.",
     ),
 ]
 ReductionOpt = Annotated[

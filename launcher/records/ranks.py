@@ -69,6 +69,7 @@ class TopologyRecord(TypedDict):
     ranks: list[RankRow]
     collectives: dict[str, str]
     node_hosts: list[str]
+    network: NotRequired[str]  # "private" (one engine's network) or "host" (one node per host); older: private
     ended: NotRequired[list[RankEnd]]
     failed: NotRequired[RankFailure | None]
     inconsistent: NotRequired[RankInconsistency | None]

@@ -238,6 +238,7 @@ class PlacementRecord(TypedDict):
     max_parallel: NotRequired[int | None]
     image_source: NotRequired[ImageSource]
     runtime: NotRequired[str]
+    hosts: NotRequired[list[HostRecord]]  # one node per host: each node's host, as HostSpec.to_record() keeps it
 
 
 class StartedRecord(TypedDict):
@@ -248,7 +249,9 @@ class StartedRecord(TypedDict):
     image_ran: NotRequired[str]
     slurm: NotRequired[SlurmJob]
     node_containers: NotRequired[list[str]]  # a run of several nodes: each node's container, node 0's first
-    network: NotRequired[str]  # and the private network launcher made for them
+    network: NotRequired[str]  # and the private network launcher made for them ("host": one node per host)
+    node_dirs: NotRequired[list[str | None]]  # one node per host: the run's directory on each node's host
+    # (None: the host shares node 0's, as a cluster's shared home)
 
 
 class ManifestPlacement(TypedDict):
@@ -323,6 +326,7 @@ class LaunchRecord(TypedDict):
     slurm: NotRequired[SlurmJob]
     node_containers: NotRequired[list[str]]
     network: NotRequired[str]
+    node_dirs: NotRequired[list[str | None]]
     topology: NotRequired[TopologyRecord]
     start_error: NotRequired[str]
     segments: NotRequired[list[Segment]]  # launcher resume: each container the run had

@@ -73,6 +73,11 @@ class RunDir:
     def pulled_file(self) -> Path:
         return self.path / PULLED
 
+    def pulled_file_of(self, part: str) -> Path:
+        """The pull state of outputs pulled from another place than the run's host (``part``: a folder under the
+        outputs, such as nodes/1 of a node on its own host)."""
+        return self.path / (PULLED.removesuffix(".json") + "-" + part.replace("/", "-") + ".json")
+
     @property
     def outputs(self) -> Path:
         return self.path / OUTPUTS
@@ -124,6 +129,8 @@ class RunDir:
 
         self.manifest_file.unlink(missing_ok=True)
         self.pulled_file.unlink(missing_ok=True)
+        for other in self.path.glob(PULLED.removesuffix(".json") + "-*.json"):
+            other.unlink(missing_ok=True)
         shutil.rmtree(self.outputs, ignore_errors=True)
 
 

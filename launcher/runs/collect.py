@@ -135,7 +135,6 @@ def pull_record(
     run_id: the run's id, or any unique part of it (records.store.resolve_run_id).
     """
     from launcher.records.store import resolve_run_id
-    from launcher.transfers.pull import pull_outputs
 
     run_id = resolve_run_id(ws, run_id)
     launch = read_launch(ws, run_id)
@@ -146,13 +145,7 @@ def pull_record(
         while True:
             state = placement.state(launch)
             running = bool(state and state.running)
-            result = pull_outputs(
-                placement.host,
-                placement.outputs(launch),
-                local.outputs,
-                state_file=local.pulled_file,
-                reporter=reporter,
-            )
+            result = _pull_outputs(placement, launch, local, reporter)
             if on_pass is not None:
                 on_pass(result)
             if result.refused:
@@ -178,6 +171,30 @@ def pull_record(
     finally:
         if own:
             placement.close()
+
+
+def _pull_outputs(placement: Placement, launch: LaunchRecord, local: RunDir, reporter: Reporter | None) -> PullResult:
+    """The run's outputs from its host, and those its target holds elsewhere (nodes on other hosts) into their
+    folders under the outputs; a file two places both send is refused, neither copy counted."""
+    from launcher.transfers.pull import pull_outputs
+
+    result = pull_outputs(placement.host, placement.outputs(launch), local.outputs, state_file=local.pulled_file,
+                          reporter=reporter)
+    for host, remote, part in placement.more_outputs(launch):
+        more = pull_outputs(host, remote, local.outputs / part, state_file=local.pulled_file_of(part),
+                            reporter=reporter)
+        result.refused += [f"{part}/{why}" for why in more.refused]
+        for rel, rec in more.files.items():
+            path = f"{part}/{rel}"
+            if path in result.files and result.files[path]["sha256"] != rec["sha256"]:
+                result.refused.append(f"{path} (sent by {host.name} and by another node's host)")
+                del result.files[path]
+                continue
+            result.files[path] = rec
+        result.transferred += [f"{part}/{rel}" for rel in more.transferred]
+        result.skipped += [f"{part}/{rel}" for rel in more.skipped]
+        result.bytes += more.bytes
+    return result
 
 
 def _finish(ws: Workspace, launch: LaunchRecord, result: PullResult, state: RunState | None) -> ManifestData:

@@ -41,6 +41,7 @@ from launcher.runtime.steps import EPOCH
 from launcher.specs.container import ContainerJob
 from launcher.specs.request import RunRequest, checkpoints_option, probes_option, trace_option
 from launcher.specs.runspec import check_framework, check_params, load_recipe, parse_params
+from launcher.specs.topology import Topology
 from launcher.specs.userenv import UserEnv, new_salt
 from launcher.targets.placement import Placement, placement_for, remote_outputs
 from launcher.workspace import Workspace
@@ -105,7 +106,7 @@ def _start(ws: Workspace, placement: Placement, launches: Sequence[tuple[LaunchR
     return out
 
 
-def _job_env(request: RunRequest, seed: int | None) -> dict[str, str]:
+def _job_env(request: RunRequest, seed: int | None, topology: Topology | None = None) -> dict[str, str]:
     """The container's environment: the determinism profile with the replicate's seed (less what the user's
     --env sets in its place), the step trace, op trace and checkpoint options."""
     from launcher import determinism
@@ -123,8 +124,8 @@ def _job_env(request: RunRequest, seed: int | None) -> dict[str, str]:
             env[CHECKPOINT_KEEP_ENV] = "all"
     if request.start_from:
         env[RESUME_ENV] = "1"  # from the checkpoint placed in its outputs (launcher.runs.rewind)
-    if request.topology is not None:  # what pins the collectives, on every node
-        env.update(request.topology.env())
+    if topology is not None:  # what pins the collectives, on every node (as the target places them)
+        env.update(topology.env())
     if request.reduction != "default":
         env[REDUCTION_ENV] = request.reduction
     return env
@@ -210,7 +211,7 @@ def _launch(ws: Workspace, run: ResolvedRun, one: Replicate, placement: Placemen
 
     rep = reporter or NullReporter()
     request = run.request
-    env = _job_env(request, one.seed)
+    env = _job_env(request, one.seed, run.topology)
     run_id = new_run_id(identity.slug(run.recipe.name, run.code_identity))
     remote = _run_dir(request, placement, run_id, run.data, rep)
     shipped = placement.ship(run.image, via=request.ship_via, reporter=rep, cache_dir=cache_dir or ws.cache_dir)
@@ -242,7 +243,7 @@ def _launch(ws: Workspace, run: ResolvedRun, one: Replicate, placement: Placemen
     }
     _checkpoints_of(request, launch)
     if run.topology is not None:
-        launch["topology"] = run.topology.record([placement.name] * run.topology.nodes)
+        launch["topology"] = run.topology.record(placement.node_names(run.topology.nodes))
     RunDir(ws.runs / run_id).write_launch(launch)
     return launch, job
 

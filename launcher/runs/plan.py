@@ -69,6 +69,7 @@ def plan_run(ws: Workspace, request: RunRequest, placement: Placement, reporter:
 
     seed_list = list(seeds) or [request.seed]
     recipe, params = _checked(ws, request, seed_list, framework=not recorded)
+    topology = placement.topology_for(request.topology)  # before anything is built or sent: one it cannot place
     plan: CodePlan | None = None
     sheet: HostFacts | NoFacts
     if recorded:
@@ -92,7 +93,7 @@ def plan_run(ws: Workspace, request: RunRequest, placement: Placement, reporter:
                        baked_digest=baked_digests.get(recipe.name), code=plan, code_identity=code_identity,
                        data=data, data_source=source, group=_group_of(request, recipe, code_identity),
                        facts=sheet, replicates=replicates,
-                       topology=request.topology.for_framework(recipe.framework) if request.topology else None)
+                       topology=topology.for_framework(recipe.framework) if topology else None)
 
 
 def _checked(ws: Workspace, request: RunRequest, seed_list: Sequence[int | None], *,

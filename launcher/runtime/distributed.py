@@ -44,8 +44,9 @@ JAX_COORDINATOR = "LAUNCHER_JAX_COORDINATOR"  # node 0's address:port for jax.di
 # What pins the collectives' order, per backend (the host injects it with the profile and records it).
 # Gloo: the interface of the node's private network. NCCL: one algorithm, the Simple protocol, a fixed channel
 # count, NVLink SHARP and CollNet off (their reductions are not ordered), cuBLAS's deterministic workspace.
+GLOO_IFNAME = "GLOO_SOCKET_IFNAME"
 COLLECTIVE_ENV = {
-    "gloo": {"GLOO_SOCKET_IFNAME": "eth0"},
+    "gloo": {GLOO_IFNAME: "eth0"},
     "nccl": {"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple", "NCCL_MIN_NCHANNELS": "4", "NCCL_MAX_NCHANNELS": "4",
              "NCCL_NVLS_ENABLE": "0", "NCCL_COLLNET_ENABLE": "0", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"},
 }
@@ -205,6 +206,11 @@ def run_node(layout: Layout, launcher: str, peers: list[str], entry: str, args: 
            "jax_distributed": f"JAX processes, coordinator at {peers[0]}:{layout.master_port}"}.get(launcher, launcher)
     console.say(f"node {layout.node_rank} of {layout.nodes}: ranks {ranks.start} to {ranks.stop - 1} of "
                 f"{layout.world_size}, {how}")
+    if layout.nodes > 1 and GLOO_IFNAME not in env:  # nodes on their hosts' networks: the interface to node 0
+        found = interface_towards(peers[0] if launcher != "torchrun" else layout.master_addr)
+        if found:
+            env = {**env, GLOO_IFNAME: found}
+            console.say(f"Gloo over {found}, the interface towards node 0")
     codes: dict[int, int] = {}
     if launcher == "torchrun":
         procs = {ranks.start: subprocess.Popen(torchrun_argv(sys.executable, layout, entry, args),
@@ -233,6 +239,30 @@ def run_node(layout: Layout, launcher: str, peers: list[str], entry: str, args: 
         row = next((r for r in failed if r["exit_code"] != STOPPED), failed[0])
         console.say(f"rank {row['rank']} (node {row['node']}) ended with exit code {row['exit_code']}")
     return _shell_code(rc)
+
+
+def interface_towards(addr: str) -> str | None:
+    """The name of this machine's network interface whose IPv4 address routes to addr (a node on its host's network
+    finds Gloo's interface so); None when it cannot tell."""
+    import fcntl
+    import socket
+    import struct
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((addr, 9))  # no packet is sent: the kernel picks the route and the source address
+            local = probe.getsockname()[0]
+        for _, name in socket.if_nameindex():
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                try:  # SIOCGIFADDR: the interface's address
+                    packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+                except OSError:
+                    continue
+            if socket.inet_ntoa(packed[20:24]) == local:
+                return name
+    except OSError:
+        return None
+    return None
 
 
 def _shell_code(rc: int) -> int:

@@ -72,7 +72,8 @@ class ContainerJob:
     env_file: str | None = None
     topology: Topology | None = None  # several processes (--nodes, --procs-per-node); None: one
     node: int = 0  # which node's container this is (a run of several nodes)
-    network: str | None = None  # the run's private network (several nodes)
+    network: str | None = None  # the run's private network (several nodes), or "host" (one node per host)
+    peers: Sequence[str] = ()  # one node per host: every node's address as the others reach it, node 0's first
 
     @property
     def name(self) -> str:
@@ -80,7 +81,10 @@ class ContainerJob:
 
     @property
     def master(self) -> str:
-        """Rank 0's node as the other nodes reach it: its container's name on the private network."""
+        """Rank 0's node as the other nodes reach it: its host's address (one node per host), its container's name
+        on the private network, or this container (one node)."""
+        if self.peers:
+            return self.peers[0]
         return container_name(self.run_id) if self.network else "localhost"
 
     @property
@@ -118,7 +122,8 @@ def runtime_argv(job: ContainerJob) -> list[str]:
         argv += ["--probes", json.dumps(dict(job.probes), sort_keys=True, separators=(",", ":"))]
     argv += ["--params", json.dumps(dict(job.params), sort_keys=True, separators=(",", ":"))]
     if job.topology is not None:
-        peers = ([container_name(job.run_id, k) for k in range(job.topology.nodes)] if job.network
+        peers = (list(job.peers) if job.peers
+                 else [container_name(job.run_id, k) for k in range(job.topology.nodes)] if job.network
                  else ["localhost"])
         argv += job.topology.runtime_args(job.node, job.master, peers)
     if job.args:

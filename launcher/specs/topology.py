@@ -27,6 +27,8 @@ DESCRIBED = {  # launcher.runtime.distributed.LAUNCHERS' values, as the records 
 }
 FRAMEWORKS = tuple(LAUNCHERS)  # the frameworks whose ranks launcher can start
 MAX_WORLD = 1024
+PRIVATE = "private"  # the nodes share a network launcher made on one engine (its interface: eth0)
+HOST = "host"  # one node per host, each container on its host's network (the runtime picks Gloo's interface)
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,8 @@ class Topology:
     backend: str = "gloo"  # gloo on CPUs, nccl on GPUs
     master_port: int = MASTER_PORT
     launcher: str = "torchrun"  # how each node starts its ranks: the framework's (for_framework)
+    network: str = PRIVATE  # PRIVATE: the nodes' containers on one engine's private network; HOST: one per host
+
 
     @property
     def world_size(self) -> int:
@@ -47,8 +51,12 @@ class Topology:
                 for node in range(self.nodes) for local in range(self.procs_per_node)]
 
     def env(self) -> dict[str, str]:
-        """The settings that pin the backend's collectives (injected into every node with the profile)."""
-        return dict(COLLECTIVE_ENV[self.backend])
+        """The settings that pin the backend's collectives (injected into every node with the profile). Across
+        hosts, Gloo's interface is the one each node routes to node 0 through, which the runtime finds there."""
+        env = dict(COLLECTIVE_ENV[self.backend])
+        if self.network == HOST:
+            env.pop("GLOO_SOCKET_IFNAME", None)
+        return env
 
     def for_framework(self, framework: str) -> Topology:
         """The topology with the framework's own way of starting ranks (PyTorch: torchrun; TensorFlow: TF_CONFIG)."""
@@ -64,7 +72,8 @@ class Topology:
         """What the launch record keeps: the layout, the backend and its settings, each node's host."""
         return {"nodes": self.nodes, "procs_per_node": self.procs_per_node, "world_size": self.world_size,
                 "backend": self.backend, "launcher": DESCRIBED[self.launcher], "master_port": self.master_port,
-                "ranks": self.ranks(), "collectives": self.env(), "node_hosts": node_hosts}
+                "ranks": self.ranks(), "collectives": self.env(), "node_hosts": node_hosts,
+                "network": self.network}
 
 
 def topology_option(nodes: int | None, procs_per_node: int | None, *, gpu: bool) -> Topology | None:

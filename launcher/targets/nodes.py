@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import cast
 
 from launcher.errors import CommandFailed
 from launcher.hosts.engine import ContainerState, Engine
@@ -59,11 +60,21 @@ def containers(launch: LaunchRecord) -> list[str]:
     return list(launch.get("node_containers") or [])
 
 
-def state(engine: Engine, launch: LaunchRecord) -> RunState | None:
+def state(engine: Engine | Sequence[Engine], launch: LaunchRecord) -> RunState | None:
     """The run as one: running while every node runs; once a node has failed, the others are stopped and the run
-    has ended with the failed node's exit code; ended when every node has. None when no node is known."""
+    has ended with the failed node's exit code; ended when every node has. None when no node is known.
+    engine: the one engine of every node, or node k's engine at k (one node per host)."""
     names = containers(launch)
-    states = engine.container_states(names)
+    engines = _per_node(engine, len(names))
+    on = dict(zip(names, engines, strict=True))
+
+    def states_now() -> dict[str, ContainerState]:
+        found: dict[str, ContainerState] = {}
+        for each in _distinct(engines):
+            found.update(each.container_states([n for n in names if on[n] is each]))
+        return found
+
+    states = states_now()
     if not states:
         return None
     ended = {n: s for n, s in states.items() if _ended(s)}
@@ -71,8 +82,8 @@ def state(engine: Engine, launch: LaunchRecord) -> RunState | None:
     running = [n for n in names if n in states and n not in ended]
     if failed and running:
         for name in running:  # a rank died: the others would wait in a collective until its timeout
-            engine.stop(name, timeout_s=STOP_S)
-        states = engine.container_states(names)
+            on[name].stop(name, timeout_s=STOP_S)
+        states = states_now()
         ended = {n: s for n, s in states.items() if _ended(s)}
         running = [n for n in names if n in states and n not in ended]
     first = states.get(names[0]) or next(iter(states.values()))
@@ -84,13 +95,28 @@ def state(engine: Engine, launch: LaunchRecord) -> RunState | None:
                     started_at=first.get("StartedAt"), finished_at=finished or None)
 
 
+def _per_node(engine: Engine | Sequence[Engine], count: int) -> list[Engine]:
+    """Node k's engine at k: the one engine of every node, or each node's own."""
+    return list(engine) if isinstance(engine, (list, tuple)) else [cast(Engine, engine)] * count
+
+
+def _distinct(engines: Sequence[Engine]) -> list[Engine]:
+    out: list[Engine] = []
+    for e in engines:
+        if not any(e is seen for seen in out):
+            out.append(e)
+    return out
+
+
 def _ended(s: ContainerState) -> bool:
     return not s.get("Running") and s.get("Status") in ("exited", "dead", "created")
 
 
-def stop(engine: Engine, launch: LaunchRecord, timeout_s: int) -> bool:
+def stop(engine: Engine | Sequence[Engine], launch: LaunchRecord, timeout_s: int) -> bool:
     """Every node stopped (Ctrl-C, `launcher stop`); False when none was there to stop."""
-    done = [engine.stop(name, timeout_s=timeout_s) for name in containers(launch)]
+    names = containers(launch)
+    engines = _per_node(engine, len(names))
+    done = [e.stop(name, timeout_s=timeout_s) for name, e in zip(names, engines, strict=True)]
     return any(d.returncode == 0 for d in done)
 
 

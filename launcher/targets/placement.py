@@ -43,6 +43,7 @@ from launcher.specs.container import (
     env_file_text,
     launch_spec,
 )
+from launcher.specs.topology import Topology
 from launcher.targets import nodes
 from launcher.transfers.ship import ShipResult, ship_image
 
@@ -79,6 +80,19 @@ class Placement(ABC):
     @property
     def name(self) -> str:
         return self.host.name
+
+    def node_names(self, count: int) -> list[str]:
+        """The host of each of a run's ``count`` nodes, by name (one target: its own name for each)."""
+        return [self.name] * count
+
+    def topology_for(self, topology: Topology | None) -> Topology | None:
+        """The run's topology as this target places it (a UsageError for one it cannot): by default as given."""
+        return topology
+
+    def more_outputs(self, launch: LaunchRecord) -> list[tuple[Host, str, str]]:
+        """Outputs of the run held elsewhere than ``outputs()`` (nodes on other hosts): each as (host, folder there,
+        folder under the run's outputs). None by default."""
+        return []
 
     def record(self) -> PlacementRecord:  # a target's own fields (SlurmPlacement adds its own)
         """What the launch record keeps to reopen this placement (see targets/registry.py)."""
@@ -222,6 +236,10 @@ class DirectPlacement(Placement):
         if gpu:
             gpu_ready(self.host, self.engine)
 
+    def output_owner(self) -> str | None:
+        """Whom this host's containers hand their outputs to (output_owner, with the options prepare() read)."""
+        return output_owner(self.host, self.engine, self._options)
+
     def send_code(self, plan: CodePlan, reporter: Reporter | None) -> CodePlan:
         if self.host.kind == "local":  # the local engine mounts the snapshot where it is
             return {**plan, "host_path": plan["local"], "sent": False}
@@ -234,7 +252,7 @@ class DirectPlacement(Placement):
 
     def start(self, job: ContainerJob) -> StartedRecord:
         self._ended.pop(job.name, None)
-        job = self.write_secrets(replace(job, owner=output_owner(self.host, self.engine, self._options)))
+        job = self.write_secrets(replace(job, owner=self.output_owner()))
         if job.topology is not None and job.topology.nodes > 1:
             try:
                 return nodes.start(self.engine, job, self.name)

@@ -27,6 +27,8 @@ from launcher.workspace import Workspace
 # the built-in scheduled targets by name, and the module that registers each when imported (only once a
 # command names one, or reopens a run placed by one: a run on one host imports none)
 BUILTIN = {"slurm": "launcher.targets.slurm_target"}
+# targets no --scheduler names, imported only to reopen a run they placed: one node per host (--host repeated)
+REOPENED = {"hosts": "launcher.targets.hostnodes"}
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,8 @@ def open_placement(ws: Workspace, launch: LaunchRecord) -> Placement:
     """Reopen the placement a run was started with, from its launch record (records from before
     placements were recorded are direct placements)."""
     kind = str(placement_kind(launch, DirectPlacement.kind))
+    if kind in REOPENED:
+        importlib.import_module(REOPENED[kind])
     chosen = targets().get(kind)
     if chosen is None:
         raise UsageError(f"run {launch.get('run_id')} was placed by {kind!r}, which this launcher does not know",

@@ -409,8 +409,10 @@ def ship_image(
             eng.tag(image_id, tag)
         return ShipResult(image_id, skipped=True, seconds=time.monotonic() - started)
     if not eng.has_image(image_id):
-        # one ship of an image to a host at a time: runs started together send it once, the others wait
-        with host.exclusive(f"ship-{image_id.removeprefix('sha256:')[:16]}"):
+        # one ship of an image to a host at a time: runs started together send it once, the others wait (the lock
+        # named by the machine too: hosts that share a home, as a cluster's nodes do, each load their own engine)
+        machine = re.sub(r"[^A-Za-z0-9_.-]", "_", host.run(["uname", "-n"], check=False).out.strip()) or "host"
+        with host.exclusive(f"ship-{image_id.removeprefix('sha256:')[:16]}-{machine}"):
             if not eng.has_image(image_id):
                 s = Shipment(host, eng, info, reporter or NullReporter(), cache_dir, via, only_missing_layers)
                 if not via:
