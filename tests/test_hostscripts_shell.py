@@ -109,3 +109,73 @@ def test_write_atomic_writes_whole_files_in_new_folders_and_private_ones_for_the
     done = subprocess.run(write_atomic_argv(str(blocked / "under a file")), input=b"x", capture_output=True,
                           check=False)
     assert done.returncode != 0
+
+
+FAKE_SRUN = """#!/bin/bash
+# srun's stand-in: the last argument (task.sh) once per node, SLURM_NODEID set; SIGTERM passed on to them
+PIDS=()
+for K in 0 1; do SLURM_NODEID=$K bash "${@: -1}" & PIDS+=($!); done
+trap 'kill -TERM "${PIDS[@]}" 2>/dev/null' TERM
+RC=0
+for P in "${PIDS[@]}"; do wait "$P" || RC=$?; done
+for P in "${PIDS[@]}"; do wait "$P" 2>/dev/null; done
+exit $RC
+"""
+# A node's task (task.sh's stand-in): node 1 fails at once when told to (FAIL_NODE1), else every node runs until
+# stopped; a stopped node records 143 as slurm_task.sh does
+FAKE_TASK = """#!/bin/bash
+RUN=${0%/*}
+result() {
+  echo "{\\"exit_code\\": $1, \\"status\\": \\"$2\\", \\"image_ran\\": \\"sha256:abc\\"}" \
+    > "$RUN/node-$SLURM_NODEID.json"
+}
+echo "$LAUNCHER_NODE_HOSTS" > "$RUN/hosts-$SLURM_NODEID"
+if [ "$SLURM_NODEID" = 1 ] && [ -n "${FAIL_NODE1:-}" ]; then sleep 0.3; result 137 failed; exit 137; fi
+trap 'result 143 cancelled; exit 143' TERM
+for _ in $(seq 600); do sleep 0.1; done
+result 0 succeeded
+"""
+
+
+def _nodes_job(tmp_path: Path, **env: str) -> tuple[Path, subprocess.Popen[bytes]]:
+    """slurm_nodes.sh started in a run folder as a Slurm job of nodes node1 and node2 would start it."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "nodes.sh").write_text(host_script("slurm_nodes.sh"))
+    (run / "task.sh").write_text(FAKE_TASK)
+    bin_dir = tmp_path / "bin"
+    _stand_in(bin_dir, "scontrol", 'test "$1 $2 $3" = "show hostnames node[1-2]" && printf "node1\\nnode2\\n"\n')
+    _stand_in(bin_dir, "scancel", "exit 1\n")  # no controller here: the script signals its step itself
+    (bin_dir / "srun").write_text(FAKE_SRUN)
+    (bin_dir / "srun").chmod(0o755)
+    job_env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node[1-2]",
+               "SLURM_JOB_ID": "41", "SLURM_ARRAY_JOB_ID": "40", "SLURM_ARRAY_TASK_ID": "1", **env}
+    return run, subprocess.Popen(["bash", str(run / "nodes.sh")], env=job_env)
+
+
+def test_a_job_of_two_nodes_stops_the_other_node_when_one_fails_and_names_it(tmp_path: Path) -> None:
+    run, job = _nodes_job(tmp_path, FAIL_NODE1="1")
+    assert job.wait(timeout=60) == 137
+    assert (run / "hosts-0").read_text().strip() == (run / "hosts-1").read_text().strip() == "node1,node2"
+    # node 0 would have run for a minute: it was stopped, and the run's result names node 1 and its exit code
+    assert json.loads((run / "node-0.json").read_text())["exit_code"] == 143
+    task = json.loads((run / "task.json").read_text())
+    assert (task["exit_code"], task["status"], task["error"]) == (137, "failed", "node 1 failed (exit 137)")
+    assert (task["node"], task["nodes"], task["job_id"], task["array_index"]) == ("node1", "node1,node2", "40", "1")
+    assert task["image_ran"] == "sha256:abc"
+
+
+def test_a_job_of_two_nodes_cancelled_stops_both_and_says_cancelled(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    run, job = _nodes_job(tmp_path)
+    deadline = time.monotonic() + 30
+    while not ((run / "hosts-0").exists() and (run / "hosts-1").exists()):
+        assert time.monotonic() < deadline and job.poll() is None
+        time.sleep(0.05)
+    job.send_signal(signal.SIGTERM)  # scancel: the batch script gets SIGTERM
+    assert job.wait(timeout=60) == 143
+    task = json.loads((run / "task.json").read_text())
+    assert (task["status"], task["exit_code"]) == ("cancelled", 143)
+    assert [json.loads((run / f"node-{k}.json").read_text())["exit_code"] for k in (0, 1)] == [143, 143]

@@ -197,6 +197,7 @@ class SlurmRunInfo(TypedDict):
     image_source: ImageSource
     runtime: str
     node: NotRequired[str | None]
+    nodes: NotRequired[list[str]]  # a run of several nodes: the job's nodes by name, node 0's first
     error: NotRequired[str | None]
     node_facts: NotRequired[HostFacts | NoFacts]
 

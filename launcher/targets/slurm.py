@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict, cast
+from typing import TYPE_CHECKING, NotRequired, TypedDict, cast
 
 from launcher.errors import (
     CommandFailed,
@@ -51,7 +51,9 @@ from launcher.records.records import (
     SlurmRunInfo,
     StartedRecord,
 )
-from launcher.specs.container import ContainerJob, container_spec, mounts, runtime_argv
+from launcher.runtime.distributed import RANKS
+from launcher.specs.container import ContainerJob, container_spec, mounts, node_outputs, runtime_argv
+from launcher.specs.topology import HOST, Topology
 from launcher.targets.cluster import (
     DOCKER_RUNTIME,
     PYXIS_RUNTIME,
@@ -78,6 +80,8 @@ JOBS = "jobs"  # under SLURM_AREA: a file per submitted job ID naming its array'
 RUNS_TABLE = "runs.txt"  # in an array's folder: "INDEX RUN_ID" per task
 TASK_ARGS = "task.args"  # the task script's values, NUL-separated (hosts/scripts/slurm_task.sh reads them)
 TASK_SCRIPT = "task.sh"  # hosts/scripts/slurm_task.sh, written into each run's folder
+NODES_SCRIPT = "nodes.sh"  # hosts/scripts/slurm_nodes.sh, a run of several nodes: one task.sh on each node
+NODE_ARGS = "task-node{}.args"  # a run of several nodes: node K's task values
 ARRAY_SCRIPT = "array.sh"  # hosts/scripts/slurm_array.sh, written into the array's folder and given to sbatch
 ARRAY_TASKS = "tasks"  # the task script of each array index, NUL-separated (slurm_array.sh reads them)
 # sacct states of a task that ended without writing task.json (killed before or outside its script)
@@ -96,6 +100,7 @@ class TaskResult(TypedDict):
     image_ran: str
     error: str
     ended_at: str
+    nodes: NotRequired[str]  # a run of several nodes (slurm_nodes.sh): the job's nodes, comma-separated
 
 
 def pyxis_image(ref: str) -> str:
@@ -133,6 +138,7 @@ class SlurmPlacement(Placement):
         self.max_parallel = max_parallel
         self.settings: ClusterSettings = {}
         self.image_source: ImageSource = {"kind": SHARED_VIA}  # where the tasks get the image
+        self._topology: Topology | None = None  # a run of several nodes (topology_for): one job of N nodes each
 
     @classmethod
     def reopen(cls, host: Host, host_spec: HostSpec, record: PlacementRecord) -> Placement:
@@ -152,6 +158,18 @@ class SlurmPlacement(Placement):
         return {"kind": self.kind, "partition": self.partition, "options": self.options,
                 "max_parallel": self.max_parallel, "image_source": self.image_source, "runtime": self.runtime}
 
+    def topology_for(self, topology: Topology | None) -> Topology | None:
+        """A run of several nodes: one job of N nodes, each node's container on its node's network (Docker on the
+        nodes; Pyxis runs one process per task and is refused)."""
+        if topology is None or topology.nodes == 1:
+            return topology
+        self._topology = replace(topology, network=HOST)
+        return self._topology
+
+    def node_names(self, count: int) -> list[str]:
+        """Not known before the job runs: Slurm allocates the nodes (the manifest's placement names them)."""
+        return [f"{self.name}: node {k} of the Slurm job" for k in range(count)]
+
     # -- checks before anything is sent
     def prepare(self, gpu: bool) -> None:
         require_slurm(self.host)
@@ -167,31 +185,43 @@ class SlurmPlacement(Placement):
         if self.runtime not in RUNTIMES:
             raise UsageError(f"the cluster's settings name an unknown container runtime {self.runtime!r}",
                              "run `launcher provision --scheduler slurm --container-runtime docker|pyxis`")
-        if self.options or self.max_parallel:
-            self._test_submit(gpu)
+        if self._topology is not None and self.runtime == PYXIS_RUNTIME:
+            raise UsageError("runs of several nodes on a cluster whose nodes run containers through Pyxis are not "
+                             "supported yet", "give --nodes 1 (one node, several --procs-per-node), or run on a "
+                             "cluster with Docker on its nodes")
+        if self.options or self.max_parallel or self._topology is not None:
+            self._test_submit(gpu)  # a job of N nodes: refused now where the partition has fewer
 
-    def _sbatch_options(self, n: int, gpu: bool) -> list[str]:
+    def _sbatch_options(self, n: int, gpu: bool, topology: Topology | None = None) -> list[str]:
         """The sbatch options of an n-task array (without output paths), on its command line:
-        array, partition, GPUs, --slurm-opt."""
+        array, partition, GPUs, --slurm-opt; a run of several nodes: each task N nodes, one task on each."""
         limit = f"%{self.max_parallel}" if self.max_parallel else ""
         opts = [f"--job-name={JOB_NAME}", f"--array=0-{n - 1}{limit}"]
+        if topology is not None and topology.nodes > 1:  # whole nodes: each node's ranks listen on its ports
+            opts += [f"--nodes={topology.nodes}", "--ntasks-per-node=1"]
+            if "exclusive" not in self.options and "oversubscribe" not in self.options:
+                opts.append("--exclusive")
         if self.partition:
             opts.append(f"--partition={self.partition}")
-        if gpu and "gpus-per-task" not in self.options and "gres" not in self.options:
+        gpus_given = any(k in self.options for k in ("gpus-per-task", "gpus-per-node", "gres"))
+        if gpu and not gpus_given and topology is not None and topology.nodes > 1:
+            opts.append(f"--gpus-per-node={topology.procs_per_node}")
+        elif gpu and not gpus_given:
             opts.append("--gpus-per-task=1")
         opts += [f"--{k}={v}" if v else f"--{k}" for k, v in sorted(self.options.items())]
         return opts
 
     def _test_submit(self, gpu: bool) -> None:
         """Let sbatch judge the --slurm-opt values before anything is shipped (`--test-only` submits nothing)."""
-        done = self.host.run(["sbatch", "--test-only", *self._sbatch_options(1, gpu),
+        done = self.host.run(["sbatch", "--test-only", *self._sbatch_options(1, gpu, self._topology),
                               "--output=/dev/null", "--wrap=true"], check=False)
         if done.returncode != 0:
+            fix = ("correct or drop the --slurm-opt (or --max-parallel) value it names; "
+                   "`sbatch --help` on the login node lists the options")
+            if self._topology is not None:
+                fix = f"give --nodes no more than the partition's nodes (`sinfo` on the login node), or {fix}"
             raise SlurmRefused(
-                f"sbatch on {self.name} refuses the job: {done.last_error_line() or 'no reason given'}",
-                "correct or drop the --slurm-opt (or --max-parallel) value it names; "
-                "`sbatch --help` on the login node lists the options",
-            )
+                f"sbatch on {self.name} refuses the job: {done.last_error_line() or 'no reason given'}", fix)
 
     # -- the image, once, on the shared filesystem
     def image_archive(self, image_id: str) -> str:
@@ -251,21 +281,43 @@ class SlurmPlacement(Placement):
                   host_script("facts.sh"), str(len(exports)), *exports, *command]
         return b"".join(f.encode() + b"\0" for f in fields)
 
+    def _node_args(self, job: ContainerJob, owner: str | None) -> list[bytes]:
+        """Each node's task values of a run of several nodes (task-node<K>.args): node K's container on its node's
+        network, the nodes named @NODE<J>@ (slurm_task.sh puts the job's node names in their place)."""
+        assert job.topology is not None
+        names = tuple(f"@NODE{j}@" for j in range(job.topology.nodes))
+        return [self._task_args(replace(job, node=k, network="host", peers=names), owner)
+                for k in range(job.topology.nodes)]
+
+    def _nodes(self, job: ContainerJob) -> int:
+        return job.topology.nodes if job.topology is not None else 1
+
     def start_array(self, jobs: Sequence[ContainerJob]) -> list[StartedRecord]:
-        """Submit the jobs as one array: task i runs jobs[i]. Returns each job's launch fields."""
+        """Submit the jobs as one array: task i runs jobs[i] (a run of N nodes: N nodes, one task on each).
+        Returns each job's launch fields."""
         owner = self.host.owner()  # the same user runs the tasks on every node; it gets the outputs
         key = jobs[0].run_id
         array_dir = self.host.area(SLURM_AREA, key)
         self.host.makedirs(array_dir)
         jobs = [self.write_secrets(job) for job in jobs]  # read on the node when the task runs, then removed
         run_dirs = [job.run_dir for job in jobs]
+        scripts = []
         for job, run_dir in zip(jobs, run_dirs, strict=True):
-            self._write(f"{run_dir}/{TASK_ARGS}", self._task_args(job, owner))
             self._write(f"{run_dir}/{TASK_SCRIPT}", host_script("slurm_task.sh"))
-        self._write(f"{array_dir}/{ARRAY_TASKS}", b"".join(f"{d}/{TASK_SCRIPT}".encode() + b"\0" for d in run_dirs))
+            if self._nodes(job) > 1:
+                for k, args in enumerate(self._node_args(job, owner)):
+                    self.host.makedirs(node_outputs(job.host_out, k))
+                    self._write(f"{run_dir}/{NODE_ARGS.format(k)}", args)
+                self.host.makedirs(f"{job.host_out}/{RANKS}")
+                self._write(f"{run_dir}/{NODES_SCRIPT}", host_script("slurm_nodes.sh"))
+                scripts.append(f"{run_dir}/{NODES_SCRIPT}")
+            else:
+                self._write(f"{run_dir}/{TASK_ARGS}", self._task_args(job, owner))
+                scripts.append(f"{run_dir}/{TASK_SCRIPT}")
+        self._write(f"{array_dir}/{ARRAY_TASKS}", b"".join(path.encode() + b"\0" for path in scripts))
         self._write(f"{array_dir}/{ARRAY_SCRIPT}", host_script("slurm_array.sh"))
         self._write(f"{array_dir}/{RUNS_TABLE}", "".join(f"{i} {job.run_id}\n" for i, job in enumerate(jobs)))
-        opts = [*self._sbatch_options(len(jobs), any(job.gpu for job in jobs)),
+        opts = [*self._sbatch_options(len(jobs), any(job.gpu for job in jobs), jobs[0].topology),
                 f"--output={array_dir}/task-%a.log", "--open-mode=append"]
         done = self.host.run(["sbatch", "--parsable", *opts, f"{array_dir}/{ARRAY_SCRIPT}", array_dir], check=False)
         job_id = done.out.strip().split(";")[0]
@@ -329,6 +381,8 @@ class SlurmPlacement(Placement):
         info = self._slurm_info(s)
         info.update({"node": task.get("node"), "job_id": task.get("job_id"), "array_index": task.get("array_index"),
                      "partition": task.get("partition"), "error": task.get("error")})
+        if task.get("nodes"):
+            info["nodes"] = [n for n in str(task.get("nodes")).split(",") if n]
         info["node_facts"] = self._node_facts(s)
         code = task.get("exit_code")
         return RunState(running=False, ended=True, exit_code=int(code) if isinstance(code, int) else None,

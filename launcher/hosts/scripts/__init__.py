@@ -22,6 +22,8 @@ never evaluates them.
 - ``stage_load.sh``: ``docker load`` of a staged image's layers (``Engine.load_staged``).
 - ``slurm_task.sh``: one replicate of a run on a Slurm node (bash), its values in ``task.args``
   (``launcher.targets.slurm``).
+- ``slurm_nodes.sh``: a run of several nodes as one Slurm job of N nodes (bash), written as ``nodes.sh``: one
+  ``task.sh`` per node through srun, the first node to fail stopping the others (``launcher.targets.slurm``).
 - ``slurm_array.sh``: a Slurm job array (bash), written as ``array.sh`` and given to sbatch with
   its options on the command line; task i runs the i-th task script listed in ``tasks``
   (``launcher.targets.slurm``).

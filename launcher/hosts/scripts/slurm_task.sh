@@ -8,10 +8,25 @@
 # filesystem). FACTS: the text of facts.sh, the node's fact sheet. N EXPORT...: the NAME=VALUE
 # variables exported for srun (pyxis). COMMAND: the `docker run` or `srun` argv.
 # It writes task.json (exit code, status, node, job) and the node's facts into the run's folder.
+# One node of a run of several (started by nodes.sh through srun, LAUNCHER_NODE_HOSTS set to the job's
+# nodes by name, comma-separated): its values are in task-node<K>.args, K the node's index in the job
+# (SLURM_NODEID); each @NODE<J>@ in them becomes node J's name; it writes node-<K>.json instead of task.json.
 set -u
 RUN=${0%/*}
 ARGS=()
-while IFS= read -r -d '' ARG; do ARGS+=("$ARG"); done < "$RUN/task.args"
+RESULT=task.json FACTS_FILE=node-facts.txt ARGS_FILE=task.args
+if [ -n "${LAUNCHER_NODE_HOSTS:-}" ]; then
+  K=${SLURM_NODEID:-0}
+  RESULT=node-$K.json ARGS_FILE=task-node$K.args
+  [ "$K" -eq 0 ] || FACTS_FILE=node-facts-$K.txt
+  IFS=, read -r -a NODE_HOSTS <<< "$LAUNCHER_NODE_HOSTS"
+fi
+while IFS= read -r -d '' ARG; do
+  if [ -n "${LAUNCHER_NODE_HOSTS:-}" ]; then
+    for J in "${!NODE_HOSTS[@]}"; do ARG=${ARG//@NODE$J@/${NODE_HOSTS[$J]}}; done
+  fi
+  ARGS+=("$ARG")
+done < "$RUN/$ARGS_FILE"
 RUNTIME=${ARGS[0]} IMAGE=${ARGS[1]} NAME=${ARGS[2]} ENV_FILE=${ARGS[3]}
 SOURCE_KIND=${ARGS[4]} SOURCE=${ARGS[5]} FACTS=${ARGS[6]} N=${ARGS[7]}
 EXPORTS=("${ARGS[@]:8:N}")
@@ -21,10 +36,10 @@ write_task() {
   printf '{"exit_code": %s, "status": "%s", "node": "%s", "job_id": "%s", "array_index": "%s", "partition": "%s", "image_ran": "%s", "error": "%s", "ended_at": "%s"}\n' \
     "$1" "$2" "${SLURMD_NODENAME:-$(hostname)}" "${SLURM_ARRAY_JOB_ID:-${SLURM_JOB_ID:-}}" \
     "${SLURM_ARRAY_TASK_ID:-0}" "${SLURM_JOB_PARTITION:-}" "${HAVE:-}" "$3" \
-    "$(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$RUN/task.json.part" && mv -f "$RUN/task.json.part" "$RUN/task.json"
+    "$(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$RUN/$RESULT.part" && mv -f "$RUN/$RESULT.part" "$RUN/$RESULT"
 }
 
-sh -c "$FACTS" > "$RUN/node-facts.txt" 2>/dev/null || true
+sh -c "$FACTS" > "$RUN/$FACTS_FILE" 2>/dev/null || true
 if [ -n "$ENV_FILE" ]; then  # the secrets' file goes when the task ends, however it ends
   trap 'rm -f "$ENV_FILE"' EXIT
 fi
