@@ -122,7 +122,7 @@ def test_the_canonical_reduction_gives_a_world_of_four_and_one_of_two_the_same_b
     assert "LAUNCHER_REDUCTION" not in manifest(ws, default_two["run_id"])["determinism"]["env"]
 
 
-def test_a_replica_that_parts_from_rank_0_is_named_with_its_step_and_verify_names_the_rank(
+def test_a_replica_that_parts_from_rank_0_is_named_with_its_step_verify_and_diverge_name_the_rank(
         ddp: tuple[Workspace, Path]) -> None:
     ws, script = ddp
     (clean,) = run(ws, script, "--nodes", "2", "--procs-per-node", "2")["runs"]
@@ -138,6 +138,20 @@ def test_a_replica_that_parts_from_rank_0_is_named_with_its_step_and_verify_name
     rank_two = files["outputs/ranks/2/fingerprints/steps.jsonl"]
     assert rank_two["kind"] == "weight digests"
     assert "agree up to step 4 and part by step 8" in rank_two["content"]["difference"]
+
+    # diverge re-executes both as 2 x 2, every rank fingerprinted every step and steps 5..8 traced: ranks 0 and 2
+    # part at the same step (DDP's all-reduce carries rank 2's nudge to every rank), and the traces say which
+    # rank's difference comes first in that step: rank 2's weights, changed outside any traced operation
+    found = cli(ws, "diverge", clean["run_id"], parted["run_id"])["data"]
+    assert found["outcome"] == "localised" and found["rank"] == 2, found["lines"]
+    assert found["window"] == [5, 8] and all(c["repeats"] for c in found["checks"])
+    first = found["first_difference"]
+    assert (first["kind"], first["changed_in"]) == ("weights", ["run"]), first
+    assert first["step"] == found["exact"]["parts_by"]
+    assert found["cause"] == "a change the code made to the weights outside the traced operations"
+    assert any("(rank 2, the first rank whose weights part)" in line for line in found["lines"])
+    for rerun in found["reruns"].values():
+        assert manifest(ws, rerun)["topology"]["world_size"] == 4
 
 
 def test_a_rank_killed_mid_run_stops_every_node_and_the_manifest_names_it(ddp: tuple[Workspace, Path]) -> None:

@@ -239,6 +239,12 @@ def compare_traces(ref: Path, run: Path, from_step: int = 0) -> OpDifference:
             "steps_only_in_one": sorted(set(a) ^ set(b))}
 
 
+def position(d: OpDifference) -> tuple[int, int]:
+    """Where in a run a found difference lies, for comparing two traces' first differences (the ranks of one run):
+    its step, then its kind in the order compare_traces reads a step (the weights read first, the update last)."""
+    return int(d.get("step", 1 << 30)), _KIND_RANK.get(str(d.get("kind")), 4)
+
+
 def _size_phrase(d: OpDifference) -> str:
     size = d.get("size") or {}
     if "max_abs_diff" in size:

@@ -31,10 +31,10 @@ are in launcher.workflows.divergence.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from launcher.errors import RunFailed, UsageError
 from launcher.hosts import provision
@@ -47,14 +47,17 @@ from launcher.runs import rewind
 from launcher.runs.collect import pull_record, read_launch, wait_run
 from launcher.runs.lifecycle import start_run
 from launcher.runs.replicates import is_failed
+from launcher.runtime.distributed import MASTER_PORT, rank_out
+from launcher.runtime.reduction import ENV as REDUCTION_ENV
 from launcher.specs.request import RunRequest
+from launcher.specs.topology import Topology
 from launcher.specs.userenv import is_secret
 from launcher.targets.registry import open_placement
 from launcher.verify import opdiff
 from launcher.verify.classification import INPUT_CATEGORIES
 from launcher.verify.environment import environment_diff
 from launcher.verify.repeat import check_repeat, environment_changes
-from launcher.verify.stepdiff import read_steps, rows_diff, steps_diff
+from launcher.verify.stepdiff import StepsDiff, read_steps, rows_diff, steps_diff
 from launcher.workflows.divergence import (
     Candidate,
     CandidateRecord,
@@ -88,6 +91,10 @@ def respec(ws: Workspace, m: Manifest, launch: LaunchRecord, window: tuple[int, 
     if any(is_secret(v) for v in env.values()):
         raise UsageError(f"run {m.run_id} was given --secret-env variables, which launcher does not keep",
                          "run both again with the same --secret-env, then diverge the new runs")
+    topo = launch.get("topology")
+    layout = Topology(int(topo["nodes"]), int(topo["procs_per_node"]), str(topo["backend"]),
+                      int(topo.get("master_port") or MASTER_PORT)) if topo else None
+    reduction = str((det.get("env") or {}).get(REDUCTION_ENV) or "default")
     return RunRequest(recipe=name, variant=str(launch["image"].get("variant") or launch.get("variant")),
                       seed=m.seed, profile=str(det.get("profile") or "deterministic"),
                       threads=det.get("threads") if det.get("profile") == "deterministic" else None,
@@ -95,7 +102,7 @@ def respec(ws: Workspace, m: Manifest, launch: LaunchRecord, window: tuple[int, 
                       args=[str(a) for a in recipe.get("args") or []],
                       group=f"diverge-{m.run_id.rsplit('-', 1)[-1]}", code_plan=code.copy() if code else None,
                       image=launch["image"].copy(), env=plain, trace_every="1",
-                      optrace=f"{window[0]}:{window[1]}")
+                      optrace=f"{window[0]}:{window[1]}", topology=layout, reduction=reduction)
 
 
 def _execute(ws: Workspace, launch: LaunchRecord, request: RunRequest, rep: Reporter,
@@ -123,6 +130,51 @@ def _execute(ws: Workspace, launch: LaunchRecord, request: RunRequest, rep: Repo
 
 def _host_of(launch: LaunchRecord) -> tuple[object, object]:  # compared only: where a run ran
     return (launch.get("host_options"), placement_kind(launch, None))
+
+
+def _ranks(ms: list[Manifest]) -> range:
+    """The ranks both runs had (one process each: rank 0 alone)."""
+    worlds = []
+    for m in ms:
+        topology: Mapping[str, Any] | None = m.data.get("topology")
+        worlds.append(int((topology or {}).get("world_size") or 1))
+    return range(min(worlds))
+
+
+def _parting(ms: list[Manifest]) -> tuple[int | None, StepsDiff | None]:
+    """Where the runs' own step fingerprints part: rank 0's for runs of one process (rank None); for runs of
+    several, the rank whose weights part first (the earliest step by which a rank's part; the lowest rank of
+    those), with the window from the last step every rank agreed at."""
+    ranks = _ranks(ms)
+    if len(ranks) < 2:
+        return None, steps_diff(ms[0], ms[1])
+    diffs = {r: rows_diff(*(read_steps(rank_out(m.file("outputs"), r)) for m in ms)) for r in ranks}
+    parted = {r: d for r, d in diffs.items() if d["same"] is False and d["parts_by"] is not None}
+    if not parted:
+        return 0, diffs[0]
+    first = min(parted, key=lambda r: (parted[r]["parts_by"], r))
+    agreed = [d["agree_until"] for d in parted.values() if d["parts_by"] == parted[first]["parts_by"]]
+    return first, {**parted[first], "agree_until": min((a for a in agreed if a is not None), default=None)}
+
+
+def _first_rank(outs: list[Path], ranks: range, recorded: int) -> int:
+    """The rank whose re-executed weights part first (every step fingerprinted; the recorded one when none do).
+    Ranks whose weights part at the same step (a data-parallel all-reduce passes one rank's difference on within
+    the step) are told apart by their traces: the rank whose first differing value comes first in the step (the
+    weights its forward pass read, before any gradient) is where the runs part; else the lowest rank."""
+    exact = {r: rows_diff(*(read_steps(rank_out(out, r)) for out in outs)) for r in ranks}
+    parted = {r: d["parts_by"] for r, d in exact.items() if d["same"] is False and d["parts_by"] is not None}
+    if not parted:
+        return recorded
+    step = min(parted.values())
+    tied = sorted(r for r, s in parted.items() if s == step)
+    if len(tied) == 1:
+        return tied[0]
+    where = {}
+    for r in tied:
+        found = opdiff.compare_traces(rank_out(outs[0], r), rank_out(outs[1], r))
+        where[r] = opdiff.position(found) if found.get("found") else (1 << 30, 9)
+    return min(tied, key=lambda r: (where[r], r))
 
 
 def candidates(ref: Manifest, run: Manifest, ref_launch: LaunchRecord, run_launch: LaunchRecord) -> list[Candidate]:
@@ -179,13 +231,17 @@ def _reexecute(ws: Workspace, result: Divergence, ms: list[Manifest], launches: 
         where = f" from its checkpoint {point['checkpoint']} (step {point['step']})" if point else ""
         rep.note(f"re-executing {m.run_id}{where} with steps {result.window[0]}..{result.window[1]} traced")
         result.reruns[m.run_id] = _execute(ws, launch, request, rep, on_log, point)
+    reruns = [RunDir(ws.runs / result.reruns[m.run_id]).outputs for m in ms]
+    if result.rank is not None:  # every rank fingerprinted every step now: the first to part, exactly
+        result.rank = _first_rank(reruns, _ranks(ms), result.rank)
+    rank = result.rank or 0
     outs = []
-    for m, point in zip(ms, points, strict=True):
+    for m, point, rerun_out in zip(ms, points, reruns, strict=True):
         rerun = result.reruns[m.run_id]
-        out = RunDir(ws.runs / rerun).outputs
+        out = rank_out(rerun_out, rank)
         if point is not None:
             result.started_from[m.run_id] = {**point, "rerun_seconds": rewind.seconds(load_manifest(ws.runs / rerun))}
-        check = check_repeat(m.run_id, rerun, read_steps(m.file("outputs")), read_steps(out),
+        check = check_repeat(m.run_id, rerun, read_steps(rank_out(m.file("outputs"), rank)), read_steps(out),
                              computed_from=point["step"] if point else 0, upto=agree_until,
                              parting=result.steps["parts_by"])
         if not check["repeats"]:
@@ -212,10 +268,11 @@ def _try_causes(ws: Workspace, result: Divergence, ms: list[Manifest], launches:
                                points[1])
         if cand.both:
             ref_request = replace(requests[0], optrace=f"{step}:{step}", **cand.setting)
-            ref_out = RunDir(ws.runs / _execute(ws, launches[0], ref_request, rep, on_log, points[0])).outputs
+            ref_out = rank_out(RunDir(ws.runs / _execute(ws, launches[0], ref_request, rep, on_log, points[0])).outputs,
+                               result.rank or 0)
         else:
             ref_out = outs[0]
-        d = opdiff.compare_traces(ref_out, RunDir(ws.runs / cand.run_id).outputs)
+        d = opdiff.compare_traces(ref_out, rank_out(RunDir(ws.runs / cand.run_id).outputs, result.rank or 0))
         traced = step in (d.get("steps_traced") or [])
         cand.agrees = (not d.get("found")) if traced else None
         result.candidates.append(cand)
@@ -231,8 +288,8 @@ def diverge(ws: Workspace, reference: str, other: str, *, causes: bool = True,
     if ids[0] == ids[1]:
         raise UsageError("diverge needs two different runs", "give the two run ids `launcher verify` compared")
     ms = [load_manifest(ws.runs / i) for i in ids]
-    steps = steps_diff(ms[0], ms[1])
-    result = Divergence(ids[0], ids[1], steps)
+    rank, steps = _parting(ms)
+    result = Divergence(ids[0], ids[1], steps, rank=rank)
     result.inputs = [row for row in environment_diff(ms[0], ms[1]) if row["category"] in INPUT_CATEGORIES]
     if steps is None:
         raise UsageError("the runs have no step fingerprints in common (fingerprints/steps.jsonl)",

@@ -60,6 +60,7 @@ class DivergenceRecord(TypedDict):
     candidates: list[CandidateRecord]
     inputs: list[EnvironmentRow]  # what verify would name as the runs' differing inputs (code, data, seed, params)
     cause: str | None
+    rank: int | None  # runs of several processes: the rank whose weights part first (its records traced)
 
 
 class DivergenceLines(DivergenceRecord):
@@ -125,6 +126,7 @@ class Divergence:
     first: OpDifference | None = None  # the traces compared (launcher.verify.opdiff.compare_traces)
     candidates: list[Candidate] = field(default_factory=list)
     inputs: list[EnvironmentRow] = field(default_factory=list)  # the inputs that differ: code, data, seed, params
+    rank: int | None = None  # runs of several processes: the rank whose weights part first (None: one process)
 
     @property
     def cause(self) -> str | None:
@@ -154,8 +156,9 @@ class Divergence:
         return ExitCode.NOT_REPEATED if self.outcome in (NOT_REPEATED, PARTING_NOT_REPEATED, AGREE) else ExitCode.OK
 
     def lines(self) -> list[str]:
-        out = [f"{self.run} against {self.reference}: " + (steps_phrase(self.steps) if self.steps else
-                                                            "no step fingerprints")]
+        whose = f" (rank {self.rank}, the first rank whose weights part)" if self.rank else ""
+        out = [f"{self.run} against {self.reference}{whose}: " + (steps_phrase(self.steps) if self.steps else
+                                                                  "no step fingerprints")]
         if self.inputs:
             out.append(f"their inputs differ: {inputs_phrase(self.inputs)}"
                        + ("; what follows shows where that first acts" if self.window else ""))
@@ -191,7 +194,8 @@ class Divergence:
     def _finding_lines(self) -> list[str]:
         out: list[str] = []
         if self.exact is not None:
-            out.append("exact step: the re-executions' weights " + exact_phrase(self.exact))
+            whose = f" of rank {self.rank}" if self.rank is not None else ""
+            out.append(f"exact step: the re-executions' weights{whose} " + exact_phrase(self.exact))
         names = (self.reference, self.run)
         if self.first is not None:
             out.append(opdiff.op_phrase(self.first, names))
@@ -222,7 +226,7 @@ class Divergence:
                 "checks": self.checks, "trace": self.trace, "exact": self.exact, "first_difference": self.first,
                 "candidates": [{"name": c.name, "setting": c.setting, "run_id": c.run_id, "agrees": c.agrees}
                                for c in self.candidates],
-                "inputs": self.inputs, "cause": self.cause}
+                "inputs": self.inputs, "cause": self.cause, "rank": self.rank}
 
 
 def exact_phrase(d: StepsDiff) -> str:
