@@ -62,11 +62,22 @@ def leftovers(run_id: str) -> list[str]:
     return [n for n in (names + nets).split() if run_id in n]
 
 
-def test_two_nodes_of_two_verify_identical_and_match_one_node_of_four_but_not_a_world_of_two(
-        ddp: tuple[Workspace, Path]) -> None:
+@pytest.fixture(scope="module")
+def pair(ddp: tuple[Workspace, Path]) -> tuple[str, str]:
+    """Two replicates of 2 nodes x 2 ranks, as an experiment's same-seed group (its runs take --nodes as `run`
+    does); the tests below compare other runs with them."""
     ws, script = ddp
-    group = run(ws, script, "--nodes", "2", "--procs-per-node", "2", "--runs", "2")
-    a, b = (r["run_id"] for r in group["runs"])
+    done = cli(ws, "experiment", str(script), "--variant", "torch-cpu", "--trace-every", "4", "--nodes", "2",
+               "--procs-per-node", "2", "--runs", "2", "--seeds", "same")["data"]
+    assert all(r["ok"] for r in done["runs"]), done
+    a, b = (run_id for r in done["runs"] for run_id in r["run_ids"])
+    return a, b
+
+
+def test_two_nodes_of_two_verify_identical_and_match_one_node_of_four(ddp: tuple[Workspace, Path],
+                                                                      pair: tuple[str, str]) -> None:
+    ws, script = ddp
+    a, b = pair
     for run_id in (a, b):
         m = manifest(ws, run_id)
         topo = m["topology"]
@@ -92,17 +103,6 @@ def test_two_nodes_of_two_verify_identical_and_match_one_node_of_four_but_not_a_
     verdict = cli(ws, "verify", "checksums", a, one_by_four["run_id"])["data"]
     assert verdict["verdict"] == "identical", verdict["summary"]
 
-    # half the world size: other bits, and the verdict names the topology as the environment that differs
-    (world_two,) = run(ws, script, "--procs-per-node", "2")["runs"]
-    res = CliRunner().invoke(app, ["-w", str(ws.root), "--json", "verify", "checksums", a, world_two["run_id"]])
-    verdict = json.loads(res.stdout)["data"]
-    assert verdict["verdict"] == "differs"
-    explained = verdict["explanations"][world_two["run_id"]]
-    assert explained["classification"]["kind"] == "environment", explained["classification"]
-    rows = {row["key"]: row for row in explained["environment"]}
-    assert rows["topology.world_size"]["reference"] == 4 and rows["topology.world_size"]["run"] == 2
-    assert rows["topology.world_size"]["category"] == "hardware"
-    assert "topology.nodes" in rows
 
 
 def test_the_canonical_reduction_gives_a_world_of_four_and_one_of_two_the_same_bits(
@@ -114,18 +114,26 @@ def test_the_canonical_reduction_gives_a_world_of_four_and_one_of_two_the_same_b
     assert manifest(ws, four["run_id"])["determinism"]["env"]["LAUNCHER_REDUCTION"] == "canonical"
     verdict = cli(ws, "verify", "checksums", four["run_id"], two["run_id"])["data"]
     assert verdict["verdict"] == "identical", verdict["summary"]  # ranks 2 and 3's records: the larger world's only
-    # the same micro-batches summed by DDP's own all-reduce: the world size shows in the bits
+    # the same micro-batches summed by DDP's own all-reduce: the world size shows in the bits, and the verdict names
+    # the topology as the environment that differs
     (default_two,) = run(ws, script, "--procs-per-node", "2", "--", "--micro", "4")["runs"]
     res = CliRunner().invoke(app, ["-w", str(ws.root), "--json", "verify", "checksums", four["run_id"],
                                    default_two["run_id"]])
-    assert json.loads(res.stdout)["data"]["verdict"] == "differs"
+    verdict = json.loads(res.stdout)["data"]
+    assert verdict["verdict"] == "differs"
     assert "LAUNCHER_REDUCTION" not in manifest(ws, default_two["run_id"])["determinism"]["env"]
+    explained = verdict["explanations"][default_two["run_id"]]
+    assert explained["classification"]["kind"] == "environment", explained["classification"]
+    rows = {row["key"]: row for row in explained["environment"]}
+    assert rows["topology.world_size"]["reference"] == 4 and rows["topology.world_size"]["run"] == 2
+    assert rows["topology.world_size"]["category"] == "hardware"
+    assert "topology.nodes" in rows
 
 
 def test_a_replica_that_parts_from_rank_0_is_named_with_its_step_verify_and_diverge_name_the_rank(
-        ddp: tuple[Workspace, Path]) -> None:
+        ddp: tuple[Workspace, Path], pair: tuple[str, str]) -> None:
     ws, script = ddp
-    (clean,) = run(ws, script, "--nodes", "2", "--procs-per-node", "2")["runs"]
+    clean = {"run_id": pair[0]}  # 2 x 2, nothing nudged
     result = cli(ws, "run", str(script), "--variant", "torch-cpu", "--trace-every", "4", "--nodes", "2",
                  "--procs-per-node", "2", "--", "--part-rank", "2", "--part-step", "5")
     (parted,) = result["data"]["runs"]

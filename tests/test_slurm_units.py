@@ -241,10 +241,13 @@ def test_a_docker_task_passes_secrets_by_env_file_written_through_stdin(tmp_path
 
 def test_the_task_script_writes_the_files_the_placement_reads(tmp_path: Path) -> None:
     """slurm_task.sh names task.json and the node's facts itself: the names targets.slurm reads."""
-    from launcher.targets.slurm import NODE_FACTS, TASK_ARGS, TASK_FILE
+    from launcher.targets.slurm import NODE_ARGS, NODE_FACTS, TASK_ARGS, TASK_FILE
 
     script = host_script("slurm_task.sh")
-    assert f'"$RUN/{TASK_FILE}"' in script and f'"$RUN/{NODE_FACTS}"' in script and f'"$RUN/{TASK_ARGS}"' in script
+    assert f"RESULT={TASK_FILE} FACTS_FILE={NODE_FACTS} ARGS_FILE={TASK_ARGS}" in script
+    assert f"ARGS_FILE={NODE_ARGS.format('$K')}" in script  # one node of several: its own values
+    assert '"$RUN/$RESULT"' in script and '"$RUN/$FACTS_FILE"' in script and '"$RUN/$ARGS_FILE"' in script
+    assert f'"$RUN/{TASK_FILE}.part"' in host_script("slurm_nodes.sh")  # the job of several nodes: its result
 
 
 def test_a_docker_task_without_the_shared_archive_runs_nothing(tmp_path: Path) -> None:

@@ -85,6 +85,15 @@ NodesOpt = Annotated[
         "Recorded as the run's topology; a different world size is an environment difference in verify.",
     ),
 ]
+ExperimentNodesOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--nodes",
+        metavar="N",
+        help="Each run on N nodes (as `launcher run --nodes`): N containers on the engine of the host that runs it, "
+        "or one Slurm job of N nodes with --scheduler slurm. Repeated --host spreads the runs over hosts here.",
+    ),
+]
 ProcsPerNodeOpt = Annotated[
     int | None,
     typer.Option(

@@ -41,6 +41,7 @@ from launcher.cli.params import (
     variant_for,
 )
 from launcher.cli.run_cmds import print_failure
+from launcher.cli.run_opts import ExperimentNodesOpt, ProcsPerNodeOpt, ReductionOpt
 from launcher.hosts.hostspec import HostSpec
 from launcher.images.wheelsources import check_dirs
 from launcher.result import Result
@@ -293,10 +294,13 @@ def experiment_cmd(
     secret_env: SecretEnvOpt = None,
     find_links: WheelsOpt = None,
     ca_bundle: IndexCaOpt = None,
+    nodes: ExperimentNodesOpt = None,
+    procs_per_node: ProcsPerNodeOpt = None,
+    reduction: ReductionOpt = "default",
 ) -> None:
     """Run replicates of a recipe in a same-seed and a different-seeds group, in parallel across hosts."""
     from launcher.runs import lifecycle as runs_mod
-    from launcher.specs import userenv
+    from launcher.specs import topology, userenv
     from launcher.workflows.experiment import experiment
 
     chosen_probes = runs_mod.probes_option(probes)  # a bad SPEC stops here, before any host is opened
@@ -306,6 +310,7 @@ def experiment_cmd(
     variant = variant_for(ctx, ws, variant, recipe)
     threads = threads_for(ctx, determinism, threads)
     cluster = placer(scheduler, partition, slurm_opt, max_parallel)
+    layout = topology.topology_option(nodes, procs_per_node, gpu=ws.needs_gpu(variant))
 
     with reporter(ctx) as rep:
         res = experiment(ws, recipe, runs, seeds, host, base_seed=seed or [DEFAULT_SEED], variant=variant,
@@ -315,7 +320,8 @@ def experiment_cmd(
                          reporter=rep,
                          placement=cluster, args=script_args or [], user_env=user_env,
                          find_links=[str(d) for d in check_dirs(find_links or ())],
-                         ca_bundle=str(ca_bundle) if ca_bundle else None)
+                         ca_bundle=str(ca_bundle) if ca_bundle else None, topology=layout,
+                         reduction=topology.reduction_option(reduction))
     render(ctx, Result("experiment", res.to_dict(), res.exit_code, _experiment_summary(res)), _print_experiment)
 
 

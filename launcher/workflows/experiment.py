@@ -22,6 +22,7 @@ from launcher.records.records import CANCELLED, FAILED, LaunchRecord, RunRecord
 from launcher.runs.replicates import Failure, FailureRecord, seed_override_note
 from launcher.runtime.steps import EPOCH
 from launcher.specs.recipes import ParamValue
+from launcher.specs.topology import Topology
 from launcher.specs.userenv import UserEnv
 from launcher.workspace import Workspace
 
@@ -245,11 +246,13 @@ def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
                reporter: Reporter | None = None,
                launch: Callable[[PlannedRun, Any], Any] | None = None,
                stamp: str | None = None,
-               placement: Callable[[Any, HostSpec], Any] | None = None) -> ExperimentResult:
+               placement: Callable[[Any, HostSpec], Any] | None = None,
+               topology: Topology | None = None, reduction: str = "default") -> ExperimentResult:
     """Plan the groups, open every host (failing early if one is unreachable), run, collect.
     probes, trace_every: --probes and --trace-every, parsed (launcher.specs.request: probes_option, trace_option);
     args: the script's own arguments (after `--`), as `run` takes them; user_env: --env/--secret-env;
-    find_links, ca_bundle: --find-links folders and --ca-bundle for the project's lock and wheels.
+    find_links, ca_bundle: --find-links folders and --ca-bundle for the project's lock and wheels; topology,
+    reduction: --nodes/--procs-per-node and --reduction, each run's layout (on the host that runs it).
     The first replicate that fails stops the experiment: no replicate is started after it (those going
     on other hosts finish; a cluster's job arrays are cancelled); ExperimentResult.failure says which."""
     from launcher.runs import lifecycle as runs_mod
@@ -259,7 +262,8 @@ def experiment(ws: Workspace, recipe: str, runs: int, seeds: str = "both",
     base = runs_mod.RunRequest(recipe=recipe, variant=variant, profile=profile, threads=threads, data=data,
                                data_from=data_from, params=dict(params or {}), probes=probes,
                                trace_every=trace_every, args=list(args), env=dict(env.plain),
-                               secret_env=dict(env.secret), find_links=list(find_links), ca_bundle=ca_bundle)
+                               secret_env=dict(env.secret), find_links=list(find_links), ca_bundle=ca_bundle,
+                               topology=topology, reduction=reduction)
     name, code_name = recipe, None
     if launch is None:  # a wrong param or image stops here, before any progress is drawn
         base, name, code_name = _prepared(ws, base, rep)
