@@ -76,7 +76,8 @@ FRAMEWORKS = ("tensorflow", "torch", "jax", "keras")
 NO_DOCKER_HOST = "unix:///nonexistent/the-fast-tier-has-no-docker-engine.sock"
 # The local-tier test files that run in the lane of the test hosts (lane "hosts"); the others in lane "local".
 # Chosen to even out the lanes' times on a 2-core machine (scripts/test.sh prints each tier's time).
-HOSTS_LANE_LOCAL = frozenset({"test_examples_in_image.py", "test_jax_variant.py", "test_multinode.py"})
+HOSTS_LANE_LOCAL = frozenset({"test_torch_variant.py", "test_examples_in_image.py", "test_jax_variant.py",
+                              "test_multinode.py"})
 FAST_SECONDS = 5.0  # longer than this in the fast tier: reported as a candidate for `slow`
 SPY = '''\
 import atexit, os, sys
