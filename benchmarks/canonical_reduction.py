@@ -1,6 +1,7 @@
 """The canonical reduction's cost: a DDP step over fixed micro-batches at world size 4 (Gloo, CPU processes on this
-machine, one thread each), gradients summed by DDP's own all-reduce (the reference) and by the canonical tree
-(`launcher run --reduction canonical`: each micro-batch's gradient kept apart, an all-gather, trees on each rank).
+machine, one thread each), gradients summed by the default reduction (the reference: each rank's micro-batches in
+order, then one all-reduce of the whole gradient in parameter order) and by the canonical tree (`launcher run
+--reduction canonical`: each micro-batch's gradient kept apart, an all-gather, trees on each rank).
 
 Prints the median step time of each and the ratio canonical / default, with the model size, and checks that the
 canonical runs at world sizes 4 and 2 end on the same weights (they must; the default runs need not).

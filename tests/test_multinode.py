@@ -1,7 +1,8 @@
 """Runs of several processes and nodes, for real: a DDP script (tests/fixtures/ddp/train.py, Gloo on CPUs) in the
 torch-cpu image as 2 nodes x 2 processes (two containers on a private network on the local engine), as 1 node x 4
 processes and as 1 x 2; verified across replicates, across layouts of the same world size, and across world sizes;
-one rank killed mid-run while the others wait outside any collective, so only launcher can end the run."""
+one rank killed mid-run while the others wait outside any collective, so only launcher can end the run, and that
+run resumed, every rank from its checkpoint, to the bits of the runs never stopped."""
 
 from __future__ import annotations
 
@@ -162,23 +163,42 @@ def test_a_replica_that_parts_from_rank_0_is_named_with_its_step_verify_and_dive
         assert manifest(ws, rerun)["topology"]["world_size"] == 4
 
 
-def test_a_rank_killed_mid_run_stops_every_node_and_the_manifest_names_it(ddp: tuple[Workspace, Path]) -> None:
+def test_a_rank_killed_mid_run_stops_every_node_and_the_run_resumes_to_the_bits_of_an_uninterrupted_one(
+        ddp: tuple[Workspace, Path], pair: tuple[str, str]) -> None:
     ws, script = ddp
-    # rank 3 dies after step 6; the other ranks sleep 600 s before their next all-reduce, so the run ends only
-    # because launcher stops the nodes (the command's own timeout would otherwise fail the test)
+    # rank 3 dies after step 8 (epoch 2 of 4, every rank checkpointed after epoch 1); the other ranks sleep 600 s
+    # before their next all-reduce, so the run ends only because launcher stops the nodes (the command's own timeout
+    # would otherwise fail the test)
     res = subprocess.run(
         [sys.executable, "-m", "launcher", "-w", str(ws.root), "--json", "run", str(script),
-         "--variant", "torch-cpu", "--nodes", "2", "--procs-per-node", "2", "--", "--die-rank", "3",
-         "--die-step", "6"], capture_output=True, text=True, timeout=240)
+         "--variant", "torch-cpu", "--trace-every", "4", "--nodes", "2", "--procs-per-node", "2",
+         "--checkpoint-every", "1", "--", "--epochs", "4", "--die-rank", "3", "--die-step", "8"],
+        capture_output=True, text=True, timeout=240)
     assert res.returncode != 0, res.stderr
     data = json.loads(res.stdout)["data"]
     failure = data["failure"]
     assert (failure["rank"], failure["node"], failure["exit_code"]) == (3, 1, 137)
-    assert "rank 3 dies after step 6" in "\n".join(failure["log_tail"])
-    m = manifest(ws, failure["run_id"])
+    assert "rank 3 dies after step 8" in "\n".join(failure["log_tail"])
+    run_id = failure["run_id"]
+    m = manifest(ws, run_id)
     assert m["status"] == "failed" and m["exit_code"] == 137
     topo = m["topology"]
     assert topo["failed"]["log"] == "outputs/ranks/3/logs/train.log"
     assert {e["rank"]: e["exit_code"] for e in topo["ended"]}[3] == 137
     assert all(e["exit_code"] != 0 for e in topo["ended"])  # none finished: the others were stopped
-    assert leftovers(failure["run_id"]) == []
+    assert leftovers(run_id) == []
+
+    # every rank goes on from epoch-0001 (the fixture dies only in a run that was not resumed) in both nodes'
+    # containers started again, and ends with the bits of the 2 x 2 runs never stopped
+    resumed = cli(ws, "resume", run_id)["data"]["run"]
+    assert resumed["status"] == "succeeded" and resumed["exit_code"] == 0
+    assert [s["resumed_from"] for s in resumed["segments"]] == [None, "epoch-0001"]
+    assert [e["exit_code"] for e in manifest(ws, run_id)["topology"]["ended"]] == [0, 0, 0, 0]
+    out = ws.runs / run_id / "outputs"
+    log = (out / "ranks/3/logs/train.log").read_text()
+    assert "rank 3 dies after step 8" in log and "restored checkpoint epoch-0001" in log
+    for rel in ("model.pt", "fingerprints/steps.jsonl", "ranks/3/fingerprints/steps.jsonl"):
+        assert (out / rel).read_bytes() == (ws.runs / pair[0] / "outputs" / rel).read_bytes(), rel
+    verdict = cli(ws, "verify", "checksums", pair[0], run_id)["data"]
+    assert verdict["verdict"] == "identical", verdict["summary"]
+    assert leftovers(run_id) == []

@@ -95,3 +95,68 @@ def test_resume_without_a_checkpoint_says_so(tmp_path: Path) -> None:
                           timeout=300)
     assert done.returncode == 45
     assert "has no checkpoint (checkpoints/latest.json): the run stopped before its first one" in done.stderr
+
+
+DDP = Path(__file__).parent / "fixtures/ddp/train.py"
+
+
+def ddp(out: Path, port: int, *extra: str) -> list[str]:
+    """The DDP fixture as 4 ranks on this machine (torchrun, Gloo over loopback), 4 epochs of 6 steps: a world above
+    2, where the order in which the ranks' gradients are added shows in the bits."""
+    return [torch_python(), "-m", "launcher.runtime", "run", "--script", str(DDP), "--out", str(out),
+            "--procs-per-node", "4", "--master", f"127.0.0.1:{port}", "--", "--epochs", "4", *extra]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_every_rank_resumes_from_the_checkpoint_they_all_hold_to_the_bits_of_an_uninterrupted_run(
+        tmp_path: Path) -> None:
+    """Rank 1 of 4 dies in epoch 3 (after every rank wrote epoch-0002), and, as if it had died while writing
+    epoch-0002, its copy is taken away: the others still hold epoch-0001 beside their latest (a rank of several
+    keeps the checkpoint before the latest), so all resume from epoch-0001 and end with the bits of a run never
+    stopped (DDP's gradients all-reduced one parameter at a time: its first step after the resume adds them in the
+    order the run never stopped added them)."""
+    from launcher.runs.resume import common_checkpoint
+
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    ranks_env = env(LAUNCHER_TRACE_EVERY="4", GLOO_SOCKET_IFNAME="lo")
+    done = subprocess.run(ddp(whole, free_port()), env=ranks_env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert checkpoint.checkpoint_names(whole) == ["epoch-0003", "epoch-0004"]  # the latest and the one before
+
+    died = subprocess.run(ddp(cut, free_port(), "--die-rank", "1", "--die-step", "14"), env=ranks_env,
+                          capture_output=True, text=True, timeout=300)
+    assert died.returncode != 0 and "rank 1 dies after step 14" in (cut / "ranks/1/logs/train.log").read_text()
+    rank1 = cut / "ranks/1"
+    assert checkpoint.checkpoint_names(cut) == checkpoint.checkpoint_names(rank1) == ["epoch-0001", "epoch-0002"]
+    (rank1 / "checkpoints/epoch-0002").rename(rank1 / "checkpoints/.epoch-0002.partial")
+    (rank1 / "checkpoints/latest.json").write_text('{"name": "epoch-0001"}\n')
+    held = {r: set(checkpoint.checkpoint_names(cut if r == 0 else cut / f"ranks/{r}")) for r in range(4)}
+    name = common_checkpoint(held, {"run_id": "r"})  # type: ignore[typeddict-item]
+    assert name == "epoch-0001"
+
+    resumed = subprocess.run(ddp(cut, free_port(), "--die-rank", "1", "--die-step", "14"),
+                             env={**ranks_env, "LAUNCHER_RESUME": "1", "LAUNCHER_RESUME_FROM": name},
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    for rel in ("model.pt", "fingerprints/steps.jsonl", "ranks/1/fingerprints/steps.jsonl",
+                "checkpoints/epoch-0004/torch.pt", "checkpoints/epoch-0004/state.json",
+                "ranks/1/checkpoints/epoch-0004/torch.pt", "ranks/1/checkpoints/epoch-0004/rng.json"):
+        assert (whole / rel).read_bytes() == (cut / rel).read_bytes(), rel
+    log = (rank1 / "logs/train.log").read_text()  # a rank's log goes on across the resume
+    assert "rank 1 dies after step 14" in log and "restored checkpoint epoch-0001" in log
+    ends = json.loads((cut / "_launcher/ranks.json").read_text())["ranks"]
+    assert [e["exit_code"] for e in ends] == [0, 0, 0, 0]
+
+    again = subprocess.run(ddp(cut, free_port()), env={**ranks_env, "LAUNCHER_RESUME": "1",
+                                                         "LAUNCHER_RESUME_FROM": "../../etc"},
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 45, again.stderr  # a name that is not a checkpoint's is no path to follow
+    assert "has no checkpoint '../../etc' (checkpoints/)" in again.stderr

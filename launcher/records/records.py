@@ -253,6 +253,7 @@ class StartedRecord(TypedDict):
     network: NotRequired[str]  # and the private network launcher made for them ("host": one node per host)
     node_dirs: NotRequired[list[str | None]]  # one node per host: the run's directory on each node's host
     # (None: the host shares node 0's, as a cluster's shared home)
+    node_specs: NotRequired[list[SpecRecord]]  # each node's container as started (launcher resume starts them again)
 
 
 class ManifestPlacement(TypedDict):
@@ -328,6 +329,7 @@ class LaunchRecord(TypedDict):
     node_containers: NotRequired[list[str]]
     network: NotRequired[str]
     node_dirs: NotRequired[list[str | None]]
+    node_specs: NotRequired[list[SpecRecord]]
     topology: NotRequired[TopologyRecord]
     start_error: NotRequired[str]
     segments: NotRequired[list[Segment]]  # launcher resume: each container the run had

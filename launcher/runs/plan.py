@@ -109,7 +109,7 @@ def _checked(ws: Workspace, request: RunRequest, seed_list: Sequence[int | None]
         check_framework(ws, recipe, request.variant)
     from launcher.specs import topology
 
-    topology.check_framework(request.topology, recipe.framework, request.recipe)
+    topology.check_framework(request.topology, recipe.framework, request.recipe, request.checkpoints is not None)
     for seed in seed_list:
         determinism.profile_env(request.profile, seed, request.threads)
     return recipe, params

@@ -11,6 +11,11 @@ exist on the new host too.
 
 Each container a run had is a segment in its launch record and manifest (``segments``): where and
 when it ran, its exit code, and the checkpoint it resumed from.
+
+A run of several processes (``--nodes``, ``--procs-per-node``) resumes every rank from the newest checkpoint that
+every rank holds, read from each rank's folder on the host of its node (``Placement.rank_outputs``) and named to
+the runtime (``LAUNCHER_RESUME_FROM``); each node's container is started again as it was (``node_specs``), on the
+engine or host it ran on: such a run does not move to another host.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from launcher.errors import LauncherError, NotResumable
+from launcher.hosts.base import Host
 from launcher.hosts.containerspec import ContainerSpec
 from launcher.hosts.hostspec import HostSpec
 from launcher.progress import NullReporter, Reporter
@@ -29,7 +35,8 @@ from launcher.records.records import MOUNTED, SUCCEEDED, LaunchRecord, RunState,
 from launcher.records.rundir import RunDir
 from launcher.records.store import resolve_run_id
 from launcher.runs.collect import LogSink, pull_run, read_launch, wait_run
-from launcher.runtime.checkpoint import ENV_RESUME, LATEST
+from launcher.runtime.checkpoint import ENV_RESUME, ENV_RESUME_FROM, LATEST
+from launcher.runtime.checkpoint import NAME as CHECKPOINT_NAME
 from launcher.specs.container import OWNER_ENV, launch_spec
 from launcher.specs.userenv import is_secret
 from launcher.targets.placement import DirectPlacement, Placement, output_owner, remote_outputs
@@ -37,11 +44,45 @@ from launcher.targets.registry import open_placement
 from launcher.transfers.pull import pull_outputs
 from launcher.workspace import Workspace
 
+# Each folder given: its complete checkpoints, one "FOLDER<TAB>NAME" line each (checkpoint.checkpoint_names' rule)
+LIST_CHECKPOINTS = ('for d in "$@"; do for c in "$d"/checkpoints/epoch-*; do '
+                    '[ -f "$c/state.json" ] && printf "%s\\t%s\\n" "$d" "${c##*/}"; done; done; true')
+
 
 def checkpoint_on_host(placement: Placement, launch: LaunchRecord) -> str:
-    """The name of the run's latest checkpoint where it ran; NotResumable when there is none."""
-    return _checkpoint_name(placement.host.read_text(f"{placement.outputs(launch)}/{LATEST}"), launch,
-                            f"on {placement.name}")
+    """The name of the checkpoint the run resumes from, where it ran: its latest; for a run of several processes
+    the newest that every rank holds. NotResumable when there is none."""
+    folders = placement.rank_outputs(launch)
+    if len(folders) == 1:
+        return _checkpoint_name(placement.host.read_text(f"{placement.outputs(launch)}/{LATEST}"), launch,
+                                f"on {placement.name}")
+    held: dict[int, set[str]] = {}
+    by_host: dict[int, tuple[Host, list[tuple[int, str]]]] = {}
+    for rank, host, folder in folders:
+        by_host.setdefault(id(host), (host, []))[1].append((rank, folder))
+    for host, listed in by_host.values():
+        done = host.run(["sh", "-c", LIST_CHECKPOINTS, "sh", *(f for _, f in listed)], check=False)
+        seen: dict[str, set[str]] = {}
+        for line in done.out.splitlines():
+            folder, _, name = line.partition("\t")
+            if CHECKPOINT_NAME.fullmatch(name):  # a folder the run named otherwise is none of launcher's
+                seen.setdefault(folder, set()).add(name)
+        for rank, folder in listed:
+            held[rank] = seen.get(folder, set())
+    return common_checkpoint(held, launch)
+
+
+def common_checkpoint(held: Mapping[int, set[str]], launch: LaunchRecord) -> str:
+    """The newest checkpoint every rank holds (held: rank -> its checkpoints' names); NotResumable if none."""
+    bare = sorted(rank for rank, names in held.items() if not names)
+    if bare:
+        raise NotResumable(f"run {launch['run_id']} has no checkpoint of rank {bare[0]}: it stopped before its first "
+                           "one", "start it again with `launcher run`")
+    common = set.intersection(*(set(names) for names in held.values())) if held else set()
+    if not common:
+        raise NotResumable(f"the ranks of run {launch['run_id']} hold no checkpoint in common (rank 0: "
+                           f"{', '.join(sorted(held.get(0, set()))) or 'none'})", "start it again with `launcher run`")
+    return max(common)
 
 
 def _checkpoint_name(text: str | None, launch: LaunchRecord, where: str) -> str:
@@ -112,7 +153,7 @@ def resume_run(ws: Workspace, run_ref: str, reporter: Reporter | None = None, *,
             segments = run_segments(launch, state)
             _ended(launch, segments, local)
         name = checkpoint_on_host(placement, launch)
-        record = placement.restart(launch, {ENV_RESUME: "1"})
+        record = placement.restart(launch, {ENV_RESUME: "1", ENV_RESUME_FROM: name})
         started = placement.state(launch)
         segments.append({"segment": len(segments), "host": placement.name, "resumed_from": name,
                          "container": record["container"], "started_at": started.started_at if started else None})
@@ -140,6 +181,9 @@ def _move(ws: Workspace, launch: LaunchRecord, local: RunDir, spec: HostSpec,
     if kind != DirectPlacement.kind:
         raise NotResumable(f"run {run_id} ran on a {kind} target: launcher moves runs "
                            "between Docker engines (local or over SSH) only", "start it again with `launcher run`")
+    if launch.get("node_containers"):
+        raise NotResumable(f"run {run_id} ran as several nodes: it resumes where it ran, not on another host",
+                           f"resume it without --host (`launcher resume {run_id}`)")
     segments = _leave(ws, launch, local, rep)
     _ended(launch, segments, local)
     _checkpoint_name((local.outputs / LATEST).read_text() if (local.outputs / LATEST).is_file() else None,

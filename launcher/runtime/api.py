@@ -86,8 +86,10 @@ def micro_batches(model: Any, indices: Any, size: int) -> Iterator[Any]:
     from launcher.runtime import reduction
     from launcher.runtime.record import BadRecipe
 
+    restored = recorder().checkpoints.restored  # resumed: the steps go on from the checkpoint's, and their keys
     try:
-        yield from reduction.micro_batches(model, indices, size, seed=seed())
+        yield from reduction.micro_batches(model, indices, size, seed=seed(),
+                                           first_step=int(restored["step"]) if restored else 0)
     except reduction.ReductionError as exc:
         raise BadRecipe(str(exc)) from None
 
@@ -227,7 +229,7 @@ def checkpoint(epoch: int, model: Any, optimizer: Any, generator: Any = None) ->
                 "generator": generator.get_state() if generator is not None else None}
         torch.save(blob, folder / "torch.pt")
 
-    points.write(epoch, rec.trace.step, "torch", save)
+    points.write(epoch, rec.trace.step, "torch", save, trace_epoch=rec.trace.epoch)
 
 
 # ---------------------------------------------------------------- checkpoints (JAX)
@@ -271,4 +273,5 @@ def jax_checkpoint(epoch: int, state: Any) -> None:
         return
     from launcher.runtime.frameworks import fw_jax
 
-    points.write(epoch, rec.trace.step, "jax", lambda folder: fw_jax.save_state(folder / JAX_STATE, state))
+    points.write(epoch, rec.trace.step, "jax", lambda folder: fw_jax.save_state(folder / JAX_STATE, state),
+                 trace_epoch=rec.trace.epoch)

@@ -135,8 +135,9 @@ def enter_rank(rank: int) -> None:
     for sub in ("logs", "_launcher", "fingerprints"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     os.environ["LAUNCHER_OUT"] = str(out)
-    if rank != 0:
-        fd = os.open(out / "logs/train.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    if rank != 0:  # a resumed run's rank goes on with its log (LAUNCHER_RESUME, launcher.runtime.checkpoint)
+        again = os.O_APPEND if os.environ.get("LAUNCHER_RESUME") == "1" else os.O_TRUNC
+        fd = os.open(out / "logs/train.log", os.O_WRONLY | os.O_CREAT | again, 0o644)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)

@@ -115,7 +115,7 @@ class Recorder:
         """Training goes on from a checkpoint: the step trace continues at its step and epoch."""
         trace = self.trace
         trace.step = trace.last = int(state["step"])
-        trace.epoch = int(state["next_epoch"])
+        trace.epoch = int(state.get("trace_epoch", state["next_epoch"]))
         self.checkpoints.restored = state
 
     def steps_boundary(self, epoch: int | None = None) -> None:

@@ -181,6 +181,7 @@ class CheckpointState(TypedDict):
     step: int
     framework: str
     files: dict[str, int]
+    trace_epoch: NotRequired[int]  # the step trace's next epoch-boundary number (a loop that does not number them)
 
 
 class RngState(TypedDict):

@@ -15,6 +15,16 @@ the step and the micro-batch's number, never by the rank. The step's gradient is
   one binary tree over all micro-batches in order, whichever way they are split among ranks: 1 x 4, 2 x 2, 4 x 1
   and a world of 2 against one of 4 (the same global batch) give the same bits.
 
+Under launcher's deterministic profiles, every DDP module of a rank sums its gradients over the ranks as one tensor
+laid out in the module's parameter order (:func:`pin_ddp`, a communication hook registered before its first forward
+unless the script registered its own; the default reduction of :func:`micro_batches` does the same): the buckets'
+gradients are held until the step's last bucket, summed in one all-reduce and copied back. DDP's own hook
+all-reduces each bucket's flat buffer, and where a gradient sits in that buffer decides the order in which the
+ranks' values are added (the ring's chunks); DDP lays its buckets out by parameter order for the first step and by
+gradient-ready order after it, so a run resumed from a checkpoint, whose first step is again the first of its
+process, would add one step's gradients in another order than the run never stopped (world sizes above 2; two
+summands add the same either way). Laid out by parameter order, every step adds them the same way.
+
 What it cannot cover: model-parallel layers (tensor, pipeline or expert parallelism) reduce inside the model;
 optimizer states sharded across ranks (ZeRO, FSDP) reduce-scatter; a micro-batch count that is not a power of two
 per rank, or a world size that is not one, has no shared tree (refused).
@@ -30,6 +40,7 @@ from typing import Any
 ENV = "LAUNCHER_REDUCTION"  # "canonical", else DDP's own all-reduce
 MODES = ("default", "canonical")
 _STATE = "_launcher_reduction"
+_PINNED = "_launcher_pinned"  # a DDP module given launcher's whole-gradient hook (pin_ddp)
 
 
 class ReductionError(ValueError):
@@ -69,6 +80,80 @@ class _State:
         self.stash: list[dict[Any, Any]] = []
         self.total = 1
         self.steps = 0  # the steps given so far: each micro-batch's randomness is keyed by its step and number
+        self.whole: WholeGradient | None = None  # default: the ranks' sums summed as one tensor
+
+
+class WholeGradient:
+    """One DDP module's step: its buckets' gradients held until the last bucket of the step, then summed over the
+    ranks as one tensor laid out in the module's parameter order (see the module's doc)."""
+
+    def __init__(self, params: Sequence[Any]) -> None:
+        self.order = {id(p): i for i, p in enumerate(params)}
+        self.pending: list[tuple[Any, list[tuple[int, Any]], Any]] = []  # (buffer, [(order, gradient view)], future)
+
+    def hook(self, bucket: Any, divisor: int) -> Any:
+        """DDP's communication hook for one bucket: a future of its buffer holding the ranks' sum / divisor."""
+        import torch
+        import torch.distributed as dist
+
+        done: Any = torch.futures.Future()
+        grads = [(self.order.get(id(p), len(self.order) + i), g)
+                 for i, (p, g) in enumerate(zip(bucket.parameters(), bucket.gradients(), strict=True))]
+        self.pending.append((bucket.buffer(), grads, done))
+        if not bucket.is_last():
+            return done
+        pending, self.pending = self.pending, []
+        views = sorted((pair for _, grads, _ in pending for pair in grads), key=lambda pair: pair[0])
+        flat = torch.cat([g.reshape(-1) for _, g in views])
+
+        def spread(fut: Any) -> Any:
+            try:
+                fut.value()
+                flat.div_(divisor)
+                offset = 0
+                for _, g in views:
+                    g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                    offset += g.numel()
+            except Exception as exc:  # every bucket's future fails with it: DDP raises, nothing waits forever
+                for _, _, each in pending:
+                    each.set_exception(exc)
+                return flat
+            for buffer, _, each in pending:
+                each.set_result(buffer)
+            return flat
+
+        dist.all_reduce(flat, async_op=True).get_future().then(spread)
+        return done
+
+
+def _whole_hook(state: WholeGradient, bucket: Any) -> Any:
+    """DDP's communication hook under launcher's profile: the ranks' mean gradient, summed as one tensor."""
+    import torch.distributed as dist
+
+    return state.hook(bucket, dist.get_world_size())
+
+
+def pin_ddp(torch: Any) -> None:
+    """Every DistributedDataParallel module of this process sums its gradients over the ranks as one tensor in its
+    parameter order (see the module's doc): the hook is registered at its first forward, unless the script
+    registered one of its own before."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    forward = DDP.forward
+    if getattr(forward, _PINNED, False):
+        return
+
+    def pinned_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not self._comm_hooks and not getattr(self, _PINNED, False):
+            setattr(self, _PINNED, True)
+            _whole_hook.__annotations__ = {"state": WholeGradient, "bucket": dist.GradBucket,  # type: ignore[attr-defined]
+                                           "return": torch.futures.Future[torch.Tensor]}
+            self.register_comm_hook(WholeGradient(list(self.module.parameters())), _whole_hook)
+        return forward(self, *args, **kwargs)  # type: ignore[no-untyped-call]
+
+    setattr(pinned_forward, _PINNED, True)
+    DDP.forward = pinned_forward  # type: ignore[method-assign]
 
 
 def _hook(state: _State, bucket: Any) -> Any:
@@ -77,9 +162,9 @@ def _hook(state: _State, bucket: Any) -> Any:
     import torch.distributed as dist
 
     world = dist.get_world_size()
-    if not state.canonical:  # DDP's own sum over the ranks, then the mean over the micro-batches
-        buffer = bucket.buffer()
-        return dist.all_reduce(buffer, async_op=True).get_future().then(lambda f: f.value()[0].div_(state.total))
+    if not state.canonical:  # the ranks' sums summed as one tensor, then the mean over the micro-batches
+        assert state.whole is not None
+        return state.whole.hook(bucket, state.total)
     params = bucket.parameters()
     mine = [torch.cat([stash[p].reshape(-1) for p in params]) for stash in state.stash] + [bucket.buffer()]
     local = tree_sum(mine)
@@ -92,8 +177,9 @@ def _hook(state: _State, bucket: Any) -> Any:
     return work.get_future().then(summed)
 
 
-def micro_batches(model: Any, indices: Any, size: int, *, seed: int | None) -> Iterator[Any]:
-    """The rank's micro-batches of a global batch (a 1-D tensor of sample indices), in order; see the module's doc."""
+def micro_batches(model: Any, indices: Any, size: int, *, seed: int | None, first_step: int = 0) -> Iterator[Any]:
+    """The rank's micro-batches of a global batch (a 1-D tensor of sample indices), in order; see the module's doc.
+    first_step: the steps done before this process's first (a run resumed from a checkpoint)."""
     import torch
     import torch.distributed as dist
 
@@ -110,6 +196,8 @@ def micro_batches(model: Any, indices: Any, size: int, *, seed: int | None) -> I
     state: _State | None = getattr(model, _STATE, None)
     if state is None:
         state = _State(canonical)
+        state.steps = first_step
+        state.whole = WholeGradient(list(model.parameters()))
         if ddp:  # DDP checks the hook's annotations by identity (strings here, from __future__ annotations)
             _hook.__annotations__ = {"state": _State, "bucket": dist.GradBucket,  # type: ignore[attr-defined]
                                      "return": torch.futures.Future[torch.Tensor]}

@@ -25,7 +25,7 @@ from launcher.runtime import code as codemod
 from launcher.runtime import explain as explainmod
 from launcher.runtime import fingerprints as fp
 from launcher.runtime import recipespec as recipe_spec
-from launcher.runtime.outfiles import DATASET_JSON, EXIT_JSON, METRICS, RUNTIME_JSON
+from launcher.runtime.outfiles import DATASET_JSON, EXIT_JSON, METRICS, RANKS_JSON, RUNTIME_JSON
 from launcher.runtime.record import EXIT_BAD_DATA, EXIT_BAD_RECIPE, EXIT_NOT_RESUMABLE, EXIT_USAGE, expected_mismatch
 
 if TYPE_CHECKING:
@@ -440,7 +440,7 @@ def run(args: argparse.Namespace) -> int:
     resumed_from = None
     if resume:
         try:
-            resumed_from = checkpoint.prepare_resume(out)
+            resumed_from = prepare_resume(args)
         except checkpoint.NotResumable as exc:
             print(f"launcher: error: cannot resume: {exc}", file=sys.stderr)
             return EXIT_NOT_RESUMABLE
@@ -477,6 +477,29 @@ def run(args: argparse.Namespace) -> int:
         tee.say(f"exit code {rc}")
     hand_over(out, os.environ.get("LAUNCHER_OWNER", ""))
     return rc
+
+
+def prepare_resume(args: argparse.Namespace) -> checkpoint.Resume:
+    """The outputs put back to the checkpoint the run resumes from: its own, or, on a node of a run of several
+    processes, each of the node's ranks' (the one ``LAUNCHER_RESUME_FROM`` names, which every rank holds) with the
+    node's and its ranks' end records removed; the first of those checkpoints. Raises NotResumable."""
+    out: Path = args.out
+    name = os.environ.get(checkpoint.ENV_RESUME_FROM) or None
+    try:
+        layout = layout_of(args)
+    except RunError:
+        layout = None  # said when the run starts
+    if layout is None:
+        return checkpoint.prepare_resume(out, name)
+    if name is None:
+        raise checkpoint.NotResumable(f"the ranks of a run of several processes resume from the checkpoint every "
+                                      f"rank holds, and {checkpoint.ENV_RESUME_FROM} names none")
+    ends = (distributed.RANK_JSON, RANKS_JSON)
+    if layout.node_rank != 0:  # node 0's folder is rank 0's
+        checkpoint.clear_final(out, ends)
+    folders = [checkpoint.prepare_resume(distributed.rank_out(out, rank), name, ends)
+               for rank in layout.global_ranks()]
+    return folders[0]
 
 
 def hand_over(out: Path, owner: str) -> None:

@@ -100,9 +100,15 @@ def reduction_option(text: str) -> str:
     return text
 
 
-def check_framework(topology: Topology | None, framework: str, name: str) -> None:
-    """A run of several processes is started by its framework's own launcher: refuse one launcher cannot start yet."""
-    if topology is None or framework in FRAMEWORKS:
+def check_framework(topology: Topology | None, framework: str, name: str, checkpoints: bool = False) -> None:
+    """A run of several processes is started by its framework's own launcher: refuse one launcher cannot start yet,
+    or checkpoints (--checkpoint-every) where launcher does not resume every rank yet (PyTorch's alone)."""
+    if topology is None:
+        return
+    if checkpoints and framework in FRAMEWORKS and framework != "torch":
+        raise UsageError(f"{name} uses {framework}: launcher checkpoints and resumes runs of several processes for "
+                         "PyTorch only so far", "drop --checkpoint-every, or run it as one process")
+    if framework in FRAMEWORKS:
         return
     raise UsageError(f"{name} uses {framework}: launcher starts runs of several processes for PyTorch (torchrun), "
                      "TensorFlow (TF_CONFIG) and JAX (jax.distributed) only",

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from launcher.errors import CommandFailed, HostNotReady, HostUnreachable, NotFound, UsageError
 from launcher.hosts.base import Host
+from launcher.hosts.containerspec import SpecRecord
 from launcher.hosts.engine import Engine
 from launcher.hosts.hostspec import HostSpec
 from launcher.progress import Reporter
@@ -192,6 +193,7 @@ class HostsPlacement(Placement):
         addresses = self._addresses if self._addresses is not None else self._reachable()
         dirs = self._dirs.get(job.run_id) or [job.run_dir] * len(self.parts)
         names: list[str] = []
+        specs: list[SpecRecord] = []
         record: StartedRecord | None = None
         try:
             for k, p in enumerate(self.parts):
@@ -203,6 +205,7 @@ class HostsPlacement(Placement):
                 one = p.write_secrets(one)
                 spec = container_spec(one)
                 names.append(one.name)
+                specs.append(spec.to_record())
                 try:
                     started = p.engine.run(spec)
                 finally:
@@ -222,12 +225,54 @@ class HostsPlacement(Placement):
         assert record is not None
         record["node_containers"] = names
         record["network"] = HOST_NETWORK
+        record["node_specs"] = specs
         shared = self._shared(dirs)  # node k's outputs are pulled from host k, unless they are in node 0's folder
         record["node_dirs"] = [None if k and shared[k] else d for k, d in enumerate(dirs)]
         return record
 
     def restart(self, launch: LaunchRecord, env: Mapping[str, str]) -> StartedRecord:
-        return self.parts[0].restart(launch, env)  # refused there: a run of several nodes is not resumed yet
+        """Every node's container started again on its host as it was, with env added (``launcher resume``)."""
+        specs = [s.with_env(env) for s in nodes.node_specs(launch)]
+        engines = self._node_engines(launch)
+        names = nodes.containers(launch)
+        self._ended.pop(str(launch.get("container")), None)
+        for name, engine in zip(names, engines, strict=True):
+            engine.stop(name, timeout_s=1)
+            engine.rm(name)
+        started_on: list[int] = []
+        try:
+            for k, (spec, p) in enumerate(zip(specs, self.parts, strict=True)):
+                started = p.engine.run(spec)
+                if started.returncode != 0:
+                    raise CommandFailed(f"node {k}'s container for {launch['run_id']} did not start again on "
+                                        f"{p.name}: {started.last_error_line()}", "check the image and Docker there")
+                started_on.append(k)
+        except BaseException:
+            for k in started_on:
+                engines[k].stop(names[k], timeout_s=1)
+                engines[k].rm(names[k])
+            raise
+        record: StartedRecord = {"container": names[0], "container_spec": specs[0].to_record()}
+        ran = engines[0].container_image(names[0])
+        if ran is not None:
+            record["image_ran"] = ran
+        return record
+
+    def rank_outputs(self, launch: LaunchRecord) -> list[tuple[int, Host, str]]:
+        """Rank r's folder on the host of its node (node 0's, where that host shares node 0's folder)."""
+        topology = launch.get("topology")
+        per_node = topology.get("procs_per_node") if isinstance(topology, dict) else None
+        dirs = launch.get("node_dirs")
+        if not isinstance(per_node, int) or per_node < 1 or not isinstance(dirs, list) or len(dirs) != len(self.parts):
+            raise UsageError(f"run {launch.get('run_id')}'s launch record lacks its layout or its directory on each "
+                             "host", "the run's launch.json was changed by hand")
+        found: list[tuple[int, Host, str]] = []
+        for rank, host, folder in super().rank_outputs(launch):
+            node = rank // per_node
+            if rank and dirs[node] is not None:
+                host, folder = self.parts[node].host, f"{remote_outputs(str(dirs[node]))}/{RANKS}/{rank}"
+            found.append((rank, host, folder))
+        return found
 
     def state(self, launch: LaunchRecord) -> RunState | None:
         name = str(launch.get("container"))

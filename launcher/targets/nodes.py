@@ -4,16 +4,18 @@ container, its log the console), and the first node to fail stops the others, so
 rest waiting in a collective.
 
 Used by :class:`launcher.targets.placement.DirectPlacement` for a job with a topology of more than one node;
-the nodes' containers and the network are named in the launch record (``node_containers``, ``network``).
+the nodes' containers and the network are named in the launch record (``node_containers``, ``network``), and
+each node's container as it was started (``node_specs``), so that ``launcher resume`` starts them all again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import cast
 
-from launcher.errors import CommandFailed
+from launcher.errors import CommandFailed, NotResumable
+from launcher.hosts.containerspec import ContainerSpec, SpecRecord
 from launcher.hosts.engine import ContainerState, Engine
 from launcher.records.records import LaunchRecord, RunState, StartedRecord
 from launcher.runtime.distributed import RANKS
@@ -33,6 +35,7 @@ def start(engine: Engine, job: ContainerJob, where: str) -> StartedRecord:
         raise CommandFailed(f"the network for {job.run_id}'s nodes could not be made on {where}: "
                             f"{made.last_error_line()}", "check Docker on the host (`docker network ls`)")
     names: list[str] = []
+    specs: list[SpecRecord] = []
     record: StartedRecord | None = None
     host.makedirs(f"{job.host_out}/{RANKS}")
     try:
@@ -41,6 +44,7 @@ def start(engine: Engine, job: ContainerJob, where: str) -> StartedRecord:
             host.makedirs(node_outputs(job.host_out, node))
             spec = container_spec(one)
             names.append(one.name)
+            specs.append(spec.to_record())
             started = engine.run(spec)
             if started.returncode != 0:
                 raise CommandFailed(f"node {node}'s container for {job.run_id} did not start on {where}: "
@@ -53,6 +57,47 @@ def start(engine: Engine, job: ContainerJob, where: str) -> StartedRecord:
     assert record is not None
     record["node_containers"] = names
     record["network"] = net
+    record["node_specs"] = specs
+    return record
+
+
+def node_specs(launch: LaunchRecord) -> list[ContainerSpec]:
+    """Each node's container as it was started; NotResumable for a record without them (or changed by hand)."""
+    names = containers(launch)
+    specs = launch.get("node_specs")
+    if not isinstance(specs, list) or len(specs) != len(names) or not all(isinstance(s, dict) for s in specs):
+        raise NotResumable(f"the launch record of {launch['run_id']} does not hold each node's container (a run "
+                           "started before launcher recorded them, or a record changed by hand)",
+                           "start it again with `launcher run`")
+    return [ContainerSpec.from_record(s) for s in specs]
+
+
+def restart(engine: Engine, launch: LaunchRecord, env: Mapping[str, str], where: str) -> StartedRecord:
+    """Every node's container started again as it was, with env added, on a network made again (``launcher
+    resume``): those left from before removed first; if one cannot start, those started are removed and
+    CommandFailed raised."""
+    specs = [s.with_env(env) for s in node_specs(launch)]
+    names = containers(launch)
+    net = str(launch.get("network") or network_name(str(launch["run_id"])))
+    remove(engine, names, net, force=True)
+    made = engine.network_create(net, {RUN_LABEL + ".network": str(launch["run_id"])})
+    if made.returncode != 0:
+        raise CommandFailed(f"the network for {launch['run_id']}'s nodes could not be made again on {where}: "
+                            f"{made.last_error_line()}", "check Docker on the host (`docker network ls`)")
+    try:
+        for node, spec in enumerate(specs):
+            started = engine.run(spec)
+            if started.returncode != 0:
+                raise CommandFailed(f"node {node}'s container for {launch['run_id']} did not start again on {where}: "
+                                    f"{started.last_error_line()}", "check the image and Docker on the host")
+    except BaseException:
+        remove(engine, names, net, force=True)
+        raise
+    record: StartedRecord = {"container": names[0], "container_spec": specs[0].to_record(),
+                             "node_containers": names, "network": net}
+    ran = engine.container_image(names[0])
+    if ran is not None:
+        record["image_ran"] = ran
     return record
 
 

@@ -34,6 +34,7 @@ from launcher.records.records import (
     RunState,
     StartedRecord,
 )
+from launcher.runtime.distributed import RANKS
 from launcher.specs.container import (
     RUN_LABEL,
     SECRET_ENV_FILE,
@@ -93,6 +94,12 @@ class Placement(ABC):
         """Outputs of the run held elsewhere than ``outputs()`` (nodes on other hosts): each as (host, folder there,
         folder under the run's outputs). None by default."""
         return []
+
+    def rank_outputs(self, launch: LaunchRecord) -> list[tuple[int, Host, str]]:
+        """Where each rank of the run writes its records, as (rank, host, folder there): rank 0 in ``outputs()``,
+        rank r beside it under ranks/<r>/ (a run of one process: rank 0 alone)."""
+        out = self.outputs(launch)
+        return [(r, self.host, out if r == 0 else f"{out}/{RANKS}/{r}") for r in range(world_size(launch))]
 
     def record(self) -> PlacementRecord:  # a target's own fields (SlurmPlacement adds its own)
         """What the launch record keeps to reopen this placement (see targets/registry.py)."""
@@ -277,8 +284,8 @@ class DirectPlacement(Placement):
 
     def restart(self, launch: LaunchRecord, env: Mapping[str, str]) -> StartedRecord:
         if nodes.containers(launch):
-            raise NotResumable(f"run {launch['run_id']} ran on several nodes: launcher resumes runs of one node only "
-                               "so far", "start it again with `launcher run`")
+            self._ended.pop(self._container(launch), None)
+            return nodes.restart(self.engine, launch, env, self.name)
         spec = launch_spec(launch)
         if spec is None:
             raise NotResumable(f"the launch record of {launch['run_id']} lacks the container's command",
@@ -386,6 +393,13 @@ def gpu_ready(host: Host, engine: Engine | None = None) -> None:
             f"Docker on {host.name} has no NVIDIA runtime",
             f"run `launcher provision --host {host.name} --gpu --install`",
         )
+
+
+def world_size(launch: LaunchRecord) -> int:
+    """The run's number of ranks (1 for a run of one process)."""
+    topology = launch.get("topology")
+    size = topology.get("world_size") if isinstance(topology, dict) else None
+    return size if isinstance(size, int) and size > 0 else 1
 
 
 def output_owner(host: Host, engine: Engine | None = None, options: list[str] | None = None) -> str | None:

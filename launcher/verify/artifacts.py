@@ -62,6 +62,7 @@ VOLATILE = (
     "outputs/nodes/*/logs/train.log",
     "outputs/ranks/*/_launcher/*",
     "outputs/ranks/*/logs/train.log",
+    "outputs/ranks/*/checkpoints/*",
 )
 # Why each who leaves files out: said once per who, not once per file.
 IGNORED_WHY = {

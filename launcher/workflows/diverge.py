@@ -210,7 +210,10 @@ def _start_points(ws: Workspace, result: Divergence, ms: list[Manifest], launche
     for m, launch in zip(ms, launches, strict=True):
         point = None
         checkpoint = launch.get("checkpoint")
-        if checkpoint and checkpoint.get("every"):
+        if checkpoint and checkpoint.get("every") and launch.get("topology"):
+            result.not_from_checkpoint.append(f"{m.run_id} ran as several processes, whose re-executions start "
+                                              "from the start (every rank from its own checkpoint is not done yet)")
+        elif checkpoint and checkpoint.get("every"):
             rows = read_steps(m.file("outputs"))
             point = rewind.start_point(m, agree_until, max(rows, default=None))
             if point is None and (why := rewind.why_none(m, agree_until)):

@@ -1,13 +1,16 @@
 """PyTorch: ``torch.manual_seed`` (CPU and every CUDA device), deterministic algorithms and cuDNN
 settings, the thread pools; step fingerprints of whatever the code trains (launcher.runtime.steps);
-and with checkpoints asked for, a refusal at the first optimizer step of code that does not use the
-checkpoint api (launcher.runtime.api.resume_point and api.checkpoint)."""
+with checkpoints asked for, a refusal at the first optimizer step of code that does not use the
+checkpoint api (launcher.runtime.api.resume_point and api.checkpoint); in a rank of several, DDP's
+gradients summed over the ranks as one tensor in parameter order (launcher.runtime.reduction.pin_ddp)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from launcher.runtime.distributed import ENV as DISTRIBUTED
 from launcher.runtime.frameworks.base import DETERMINISTIC, Framework
 
 if TYPE_CHECKING:
@@ -57,6 +60,13 @@ def torch_imported(rt: Any, torch: Any) -> None:
               file=sys.stderr, flush=True)
     if rt.rec.checkpoints.active:
         _refuse_unresumable_torch(rt.rec)
+    if os.environ.get(DISTRIBUTED) and rt.profile in DETERMINISTIC:  # one rank of several
+        from launcher.runtime import reduction
+
+        try:
+            reduction.pin_ddp(torch)
+        except ImportError:  # a torch without torch.distributed
+            pass
 
 
 def _refuse_unresumable_torch(rec: Recorder) -> None:
