@@ -285,7 +285,8 @@ def resume_cmd(
     checkpoint (an epoch end), in a new container started as the first one was, on the host it ran on,
     or with --host on another one (its outputs so far, image, sent data and code go there). It ends
     with the bits an uninterrupted run of the same seed ends with; the manifest lists each container
-    as a segment."""
+    as a segment. A PyTorch run of several processes resumes every rank from the newest checkpoint
+    that all ranks hold, every node's container started again where it ran."""
     from launcher.records.store import resolve_run_id
     from launcher.runs import resume as resume_mod
 

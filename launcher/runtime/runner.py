@@ -457,8 +457,9 @@ def run(args: argparse.Namespace) -> int:
         tee = Tee(log)
         if resumed_from is not None:
             folder, state = resumed_from
-            tee.say(f"resuming from checkpoint {folder.name}: {state['next_epoch']} epochs and "
-                    f"{state['step']} steps done")
+            epochs, steps = state["next_epoch"], state["step"]
+            tee.say(f"resuming from checkpoint {folder.name}: {epochs} epoch{'s' if epochs != 1 else ''} and "
+                    f"{steps} step{'s' if steps != 1 else ''} done")
         try:
             rc = run_prepared(args, tee)
         except RunError as exc:
