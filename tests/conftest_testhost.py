@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,31 @@ def _need_host_tools() -> None:
         pytest.fail(f"required test component missing in CI: a test host container: {why}")
     if why:
         pytest.skip(f"needs a test host container: {why}")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A head start: when a selected test will ask for a test host, their root filesystems are made (debootstrap)
+    and imported in the background from the start, while the first tests wait on image builds; the fixtures then
+    find them made (rootfs_tarball waits for one being made). A failure here is left to the fixture to meet."""
+    marked = {m.name for item in session.items for m in item.iter_markers()}
+    if session.config.option.collectonly or "testhost" not in marked or _docker_ok() is not None or \
+            shutil.which("debootstrap") is None:
+        return
+    wanted = [(th.HOST_PACKAGES, "launcher-testhost")]
+    if "cluster" in marked:
+        wanted.append((th.HOST_PACKAGES, "launcher-slurmnode"))
+    if any(item.path.name == "test_hosts_provision.py" for item in session.items):  # a host without Docker
+        wanted.append((th.BARE_PACKAGES, "launcher-testhost"))
+
+    def make() -> None:
+        for packages, name in wanted:
+            try:
+                th.import_image(th.rootfs_tarball(packages), name)
+            except Exception:  # the fixture that needs it makes it again, and says why if it cannot
+                return
+
+    # not a daemon: a session that ends first waits for it, so no debootstrap is left running half-way
+    threading.Thread(target=make, name="testhost-rootfs").start()
 
 
 @pytest.fixture(scope="session")

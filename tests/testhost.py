@@ -8,6 +8,7 @@ a missing or damaged cache is rebuilt.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -15,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -61,10 +63,17 @@ def _file_sha256(path: Path) -> str:
 
 
 def rootfs_tarball(packages: tuple[str, ...], cache_dir: Path | None = None) -> Path:
-    """A debootstrap minbase rootfs with the packages, as a tar file; cached by its inputs."""
+    """A debootstrap minbase rootfs with the packages, as a tar file; cached by its inputs. Made under a lock:
+    a caller that asks while another makes it (conftest_testhost's head start) waits for that one."""
     cache = (cache_dir or default_cache_dir()) / "testhost"
     cache.mkdir(parents=True, exist_ok=True)
     key = hashlib.sha256(json.dumps(["minbase", SUITE, sorted(packages)]).encode()).hexdigest()[:16]
+    with open(cache / f"rootfs-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _rootfs_locked(packages, cache, key)
+
+
+def _rootfs_locked(packages: tuple[str, ...], cache: Path, key: str) -> Path:
     tarball, sidecar = cache / f"rootfs-{key}.tar", cache / f"rootfs-{key}.sha256"
     if tarball.exists() and sidecar.exists() and _file_sha256(tarball) == sidecar.read_text().strip():
         return tarball
@@ -88,12 +97,16 @@ def rootfs_tarball(packages: tuple[str, ...], cache_dir: Path | None = None) -> 
     return tarball
 
 
+_IMPORTING = threading.Lock()  # one docker import at a time in this process: a second asker finds the first's
+
+
 def import_image(tarball: Path, name: str) -> str:
     """docker import the tarball once; the tag carries the tarball's content hash."""
     tag = f"{name}:{_file_sha256(tarball)[:12]}"
-    if subprocess.run(["docker", "image", "inspect", tag], capture_output=True, check=False).returncode != 0:
-        with open(tarball, "rb") as f:
-            subprocess.run(["docker", "import", "-", tag], stdin=f, capture_output=True, check=True)
+    with _IMPORTING:
+        if subprocess.run(["docker", "image", "inspect", tag], capture_output=True, check=False).returncode != 0:
+            with open(tarball, "rb") as f:
+                subprocess.run(["docker", "import", "-", tag], stdin=f, capture_output=True, check=True)
     return tag
 
 
