@@ -101,10 +101,11 @@ DDP = Path(__file__).parent / "fixtures/ddp/train.py"
 
 
 def ddp(out: Path, port: int, *extra: str) -> list[str]:
-    """The DDP fixture as 4 ranks on this machine (torchrun, Gloo over loopback), 4 epochs of 6 steps: a world above
-    2, where the order in which the ranks' gradients are added shows in the bits."""
+    """The DDP fixture as 4 ranks on this machine (torchrun, Gloo over loopback), 4 epochs of 6 steps through
+    launcher's micro-batches (dropout keyed by the step and the micro-batch): a world above 2, where the order in
+    which the ranks' gradients are added shows in the bits."""
     return [torch_python(), "-m", "launcher.runtime", "run", "--script", str(DDP), "--out", str(out),
-            "--procs-per-node", "4", "--master", f"127.0.0.1:{port}", "--", "--epochs", "4", *extra]
+            "--procs-per-node", "4", "--master", f"127.0.0.1:{port}", "--", "--epochs", "4", "--micro", "4", *extra]
 
 
 def free_port() -> int:
@@ -121,8 +122,8 @@ def test_every_rank_resumes_from_the_checkpoint_they_all_hold_to_the_bits_of_an_
     """Rank 1 of 4 dies in epoch 3 (after every rank wrote epoch-0002), and, as if it had died while writing
     epoch-0002, its copy is taken away: the others still hold epoch-0001 beside their latest (a rank of several
     keeps the checkpoint before the latest), so all resume from epoch-0001 and end with the bits of a run never
-    stopped (DDP's gradients all-reduced one parameter at a time: its first step after the resume adds them in the
-    order the run never stopped added them)."""
+    stopped: the whole gradient summed in parameter order (DDP's first step after the resume adds it as the run never
+    stopped did), the micro-batches' dropout keyed from the checkpoint's step on."""
     from launcher.runs.resume import common_checkpoint
 
     whole, cut = tmp_path / "whole", tmp_path / "cut"
