@@ -94,18 +94,20 @@ SCHEDULER_PANEL = "Cluster options"
 SchedulerName: Any = Literal.__getitem__(tuple(targets.scheduler_names()))
 SchedulerOpt = Annotated[SchedulerName | None, typer.Option(
     "--scheduler", rich_help_panel=SCHEDULER_PANEL,
-    help="Place the runs through the cluster's scheduler, reached at --host (its login node): the replicates "
-    "become one job array; the image goes by the cluster's registry, else once to its shared filesystem. "
+    help="Place the runs through the cluster's scheduler, reached at --host (Slurm: its login node, the replicates "
+    "one job array; Ray: its head, the replicates one Ray job of tasks spread over the nodes); the image goes by "
+    "the cluster's registry, else once to its shared filesystem (Slurm) or the head (Ray). "
     "Default: containers on --host itself.")]
 PartitionOpt = Annotated[str | None, typer.Option(
     "--partition", metavar="NAME", rich_help_panel=SCHEDULER_PANEL,
     help="Slurm partition (default: the cluster's default partition).")]
 SlurmOpt = Annotated[list[str] | None, typer.Option(
-    "--slurm-opt", metavar="KEY=VALUE", rich_help_panel=SCHEDULER_PANEL,
-    help="An sbatch option for the job array, e.g. time=00:30:00 or gres=gpu:a100:1; repeatable.")]
+    "--slurm-opt", "--ray-opt", metavar="KEY=VALUE", rich_help_panel=SCHEDULER_PANEL,
+    help="Slurm: an sbatch option for the job array, e.g. time=00:30:00 or gres=gpu:a100:1. Ray: each replicate's "
+    "task resources, num_cpus=2, num_gpus=1 or memory=8G (default one CPU, one GPU for a GPU variant). Repeatable.")]
 MaxParallelOpt = Annotated[int | None, typer.Option(
     "--max-parallel", metavar="K", rich_help_panel=SCHEDULER_PANEL,
-    help="Run at most K replicates of the array at once (sbatch --array=0-N%K).")]
+    help="Run at most K replicates at once (Slurm: sbatch --array=0-N%K; Ray: the job submits K tasks at a time).")]
 
 
 def _options_given(partition: str | None, slurm_opt: list[str] | None,

@@ -55,6 +55,9 @@ def facts_text(result: Result[ProvisionListing]) -> None:
 
 
 def cluster_text(result: Result[dict[str, Any]]) -> None:  # the target's own data (targets.registry.Provisioned)
+    if "ray" in result.data:
+        ray_text(result)
+        return
     c = result.data["cluster"]
     stdout.print(f"{c['slurm_version']} at {result.data['host']}; launcher's area {c['shared_area']} "
                  "(must be shared with the nodes)", markup=False)
@@ -77,4 +80,29 @@ def cluster_text(result: Result[dict[str, Any]]) -> None:  # the target's own da
     where = (f"pushed to {s['registry']}, pulled by digest on each node" if s.get("registry")
              else f"an archive on the shared filesystem ({c['shared_area']}/images), loaded on each node")
     stdout.print(f"runs get the image: {where}; containers run by {s.get('runtime') or 'docker'}", markup=False)
+    stdout.print(result.summary, markup=False)
+
+
+def ray_text(result: Result[dict[str, Any]]) -> None:
+    """`provision --scheduler ray`: the Ray cluster's nodes as Ray and a task on each see them, and its settings."""
+    c = result.data["ray"]
+    stdout.print(f"Ray {c.get('ray_version')} at {result.data['host']} (job API {c['address']}, Python {c['python']})",
+                 markup=False)
+    if c.get("version_note"):
+        stdout.print(c["version_note"], markup=False)
+    reg = c.get("registry")
+    t = Table("node ID", "address", "head", "cpus", "memory", "gpus", "docker", "nvidia runtime",
+              *(["reaches registry"] if reg else []))
+    for n in c["nodes"]:
+        t.add_row(*(Text(str(x)) for x in (
+            str(n["node_id"])[:12], n.get("address") or "-", "yes" if n.get("head") else "",
+            n.get("cpus") if n.get("cpus") is not None else "-", _size((n.get("memory_mb") or 0) << 20),
+            n.get("gpus") or "-", n.get("docker") or n.get("probe_error") or "no",
+            "yes" if n.get("nvidia_runtime") else "no",
+            *([{True: "yes", False: "no"}.get(n.get("reaches_registry"), "-")] if reg else []))))
+    stdout.print(t)
+    s = c.get("settings") or {}
+    where = (f"pushed to {s['registry']}, pulled by digest on each node" if s.get("registry")
+             else "an archive in the head's launcher area, streamed to each node that lacks it")
+    stdout.print(f"runs get the image: {where}", markup=False)
     stdout.print(result.summary, markup=False)

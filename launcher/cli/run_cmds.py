@@ -90,9 +90,10 @@ def provision_cmd(
     registry: Annotated[
         str | None,
         typer.Option("--registry", metavar="ADDRESS", rich_help_panel="Cluster options",
-                     help="With --scheduler slurm: a registry the compute nodes pull from (HOST:PORT). Checked from "
-                     "every node, then kept in the cluster's settings: runs push the image there and each node "
-                     "pulls it by digest. `none` forgets it (the image goes by the shared filesystem again)."),
+                     help="With --scheduler slurm or ray: a registry the compute nodes pull from (HOST:PORT). Checked "
+                     "from every node, then kept in the cluster's settings: runs push the image there and each node "
+                     "pulls it by digest. `none` forgets it (the image goes by the shared filesystem, or the head, "
+                     "again)."),
     ] = None,
     container_runtime: Annotated[
         Literal["docker", "pyxis"] | None,
@@ -100,16 +101,24 @@ def provision_cmd(
                      help="With --scheduler slurm: run each replicate with the node's Docker engine (default) or "
                      "with Pyxis/enroot (`srun --container-image`, needs --registry); kept in the cluster's settings."),
     ] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option("--ray-address", metavar="URL", rich_help_panel="Cluster options",
+                     help="With --scheduler ray: the cluster's job API (Ray's dashboard) as the head reaches it, "
+                     "kept in the cluster's settings (default http://127.0.0.1:8265)."),
+    ] = None,
 ) -> None:
     """Inspect a host (OS, CPU, RAM, disk, Docker, GPU) and install Docker / the NVIDIA toolkit.
     With --scheduler slurm: the cluster behind the login node (partitions, nodes, Docker on each),
-    and its settings (--registry, --container-runtime)."""
+    and its settings (--registry, --container-runtime). With --scheduler ray: every alive node of the Ray
+    cluster behind the head (a probe task on each: Docker, NVIDIA runtime, the registry), and its settings
+    (--registry, --ray-address)."""
     from launcher.cli.provision_text import cluster_text, facts_text
     from launcher.hosts import provision
 
     ws = workspace_of(ctx)
     request = targets.ProvisionRequest(gpu=gpu, install=install, dry_run=dry_run, registry=registry,
-                                       runtime=container_runtime)
+                                       runtime=container_runtime, address=ray_address)
     if (cluster := targets.provision(scheduler, request, lambda: _open(ctx, host))) is not None:
         render(ctx, Result("provision", cluster.data, summary=cluster.summary), cluster_text)  # the target's own
         return

@@ -361,7 +361,7 @@ def assemble(launch: LaunchRecord, outputs: Path, files: Mapping[str, PulledFile
             exit_rec["started_at"] = first
     placement: ManifestPlacement = {"kind": str(placement_kind(launch))}
     if state is not None and state.info is not None:
-        placement.update(state.info)  # its keys after "kind", as the target gave them
+        placement.update(cast(ManifestPlacement, state.info))  # its keys after "kind", as the target gave them
     data: ManifestData = {
         "schema_version": SCHEMA_VERSION,
         "run_id": launch["run_id"],

@@ -202,6 +202,30 @@ class SlurmRunInfo(TypedDict):
     node_facts: NotRequired[HostFacts | NoFacts]
 
 
+class RayRunInfo(TypedDict):
+    """What a replicate's manifest records of its Ray task (``RunState.info``, the manifest's placement;
+    launcher.targets.ray.RayPlacement.state): the Ray job, the task, the node by ID and address, its facts."""
+
+    kind: str
+    job_id: str | None  # the Ray job's submission ID
+    image_source: ImageSource
+    task_id: NotRequired[str | None]
+    node_id: NotRequired[str | None]
+    node: NotRequired[str | None]  # the node's address as Ray names it
+    error: NotRequired[str | None]
+    node_facts: NotRequired[HostFacts | NoFacts]
+
+
+class RayTask(TypedDict):
+    """The ``ray`` of launch.json: the run's task in the Ray job of its group (targets.ray.RayPlacement.start_array)."""
+
+    job_id: str  # the Ray job's submission ID
+    index: int
+    array_size: int
+    array_dir: str  # the group's folder on the head (job.json, driver.py, runs.txt)
+    run_dir: str
+
+
 class SlurmJob(TypedDict):
     """The ``slurm`` of launch.json: the run's task in its job array (targets.slurm.SlurmPlacement.start_array)."""
 
@@ -226,7 +250,7 @@ class RunState:
     finished_at: str | None = None
     status: str | None = None
     image_ran: str | None = None
-    info: SlurmRunInfo | None = None  # a cluster's task; None where the target adds nothing (a direct run)
+    info: SlurmRunInfo | RayRunInfo | None = None  # a cluster's task; None where the target adds nothing (direct)
 
 
 class PlacementRecord(TypedDict):
@@ -239,6 +263,7 @@ class PlacementRecord(TypedDict):
     max_parallel: NotRequired[int | None]
     image_source: NotRequired[ImageSource]
     runtime: NotRequired[str]
+    resources: NotRequired[dict[str, float]]  # a Ray target: each replicate's task resources (num_cpus, ...)
     hosts: NotRequired[list[HostRecord]]  # one node per host: each node's host, as HostSpec.to_record() keeps it
 
 
@@ -249,6 +274,7 @@ class StartedRecord(TypedDict):
     container_spec: NotRequired[SpecRecord]
     image_ran: NotRequired[str]
     slurm: NotRequired[SlurmJob]
+    ray: NotRequired[RayTask]
     node_containers: NotRequired[list[str]]  # a run of several nodes: each node's container, node 0's first
     network: NotRequired[str]  # and the private network launcher made for them ("host": one node per host)
     node_dirs: NotRequired[list[str | None]]  # one node per host: the run's directory on each node's host
@@ -267,6 +293,8 @@ class ManifestPlacement(TypedDict):
     image_source: NotRequired[ImageSource]
     runtime: NotRequired[str]
     node: NotRequired[str | None]
+    node_id: NotRequired[str | None]  # a Ray task's node, by Ray's ID
+    task_id: NotRequired[str | None]
     error: NotRequired[str | None]
     node_facts: NotRequired[HostFacts | NoFacts]
 
@@ -326,6 +354,7 @@ class LaunchRecord(TypedDict):
     argv: NotRequired[list[str]]  # version 1's: the rendered command line (read back into container_spec)
     image_ran: NotRequired[str]
     slurm: NotRequired[SlurmJob]
+    ray: NotRequired[RayTask]
     node_containers: NotRequired[list[str]]
     network: NotRequired[str]
     node_dirs: NotRequired[list[str | None]]

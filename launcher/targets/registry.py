@@ -26,14 +26,14 @@ from launcher.workspace import Workspace
 
 # the built-in scheduled targets by name, and the module that registers each when imported (only once a
 # command names one, or reopens a run placed by one: a run on one host imports none)
-BUILTIN = {"slurm": "launcher.targets.slurm_target"}
+BUILTIN = {"slurm": "launcher.targets.slurm_target", "ray": "launcher.targets.ray_target"}
 # targets no --scheduler names, imported only to reopen a run they placed: one node per host (--host repeated)
 REOPENED = {"hosts": "launcher.targets.hostnodes"}
 
 
 @dataclass(frozen=True)
 class TargetOptions:
-    """The target options a command was given (the CLI's --partition, --slurm-opt, --max-parallel)."""
+    """The target options a command was given (the CLI's --partition, --slurm-opt or --ray-opt, --max-parallel)."""
 
     partition: str | None = None
     settings: Sequence[str] = ()  # KEY=VALUE
@@ -53,6 +53,7 @@ class ProvisionRequest:
     dry_run: bool = False
     registry: str | None = None
     runtime: str | None = None
+    address: str | None = None  # a Ray cluster's job API, as its head reaches it
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,8 @@ def select(scheduler: str | None, options: TargetOptions) -> Target | None:
     names = scheduler_names()
     if scheduler is None:
         if options.given():
-            raise UsageError(f"--partition, --slurm-opt and --max-parallel need --scheduler {' or '.join(names)}",
+            raise UsageError(f"--partition, --slurm-opt/--ray-opt and --max-parallel need --scheduler "
+                             f"{' or '.join(names)}",
                              f"add --scheduler {names[0] if names else 'NAME'}, or drop them")
         return None
     chosen = targets().get(scheduler)
@@ -167,9 +169,9 @@ def provision(scheduler: str | None, request: ProvisionRequest,
 
 def check_host_provision(request: ProvisionRequest) -> None:
     """provision of one host (no --scheduler): a target's settings do not apply."""
-    if request.registry or request.runtime:
-        raise UsageError("--registry and --container-runtime are cluster settings",
-                         "give them with --scheduler slurm and the login node as --host")
+    if request.registry or request.runtime or request.address:
+        raise UsageError("--registry, --container-runtime and --ray-address are cluster settings",
+                         "give them with --scheduler slurm (the login node as --host) or --scheduler ray (the head)")
 
 
 def open_placement(ws: Workspace, launch: LaunchRecord) -> Placement:
