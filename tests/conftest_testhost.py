@@ -56,10 +56,18 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     wanted = [(th.HOST_PACKAGES, "launcher-testhost")]
     if "cluster" in marked:
         wanted.append((th.HOST_PACKAGES, "launcher-slurmnode"))
+    ray = any("ray_cluster" in getattr(item, "fixturenames", ()) for item in session.items)
     if any(item.path.name == "test_hosts_provision.py" for item in session.items):  # a host without Docker
         wanted.append((th.BARE_PACKAGES, "launcher-testhost"))
 
     def make() -> None:
+        if ray:  # Ray from PyPI, into the cache (raycluster.ray_site), while debootstrap is not yet busy
+            try:
+                import raycluster
+
+                raycluster.ray_site()
+            except Exception:
+                pass
         for packages, name in wanted:
             try:
                 th.import_image(th.rootfs_tarball(packages), name)
@@ -79,6 +87,19 @@ def testhost(tmp_path_factory: pytest.TempPathFactory) -> Iterator[th.TestHost]:
         yield host
     finally:
         host.stop()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Two test hosts running a real Ray cluster, Ray from PyPI (tests/raycluster.py); the first is its head."""
+    _need_host_tools()
+    import raycluster
+
+    cluster = raycluster.start_cluster(tmp_path_factory.mktemp("ray"))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture(scope="session")

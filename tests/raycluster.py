@@ -11,10 +11,12 @@ Everything is removed by ``stop()``.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -42,10 +44,20 @@ BOOT = (
 RAY_FLAGS = ("--num-cpus", str(NODE_CPUS), "--object-store-memory", str(200 << 20), "--disable-usage-stats")
 
 
+_made = threading.Lock()  # the collection's background thread and the fixture: one installs, the other waits
+
+
 def ray_site(cache_dir: Path | None = None) -> Path:
     """ray[default]==RAY_VERSION installed from PyPI into a folder of launcher's cache (made once; kept by version,
     checked by importing it)."""
     site = (cache_dir or default_cache_dir()) / "testhost" / f"ray-{RAY_VERSION}"
+    site.parent.mkdir(parents=True, exist_ok=True)
+    with _made, open(site.with_name(f"{site.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _site_locked(site)
+
+
+def _site_locked(site: Path) -> Path:
     probe = [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(site)!r}); import ray; "
              f"assert ray.__version__ == {RAY_VERSION!r}; import ray.dashboard, aiohttp"]
     if (site / ".complete").is_file() and subprocess.run(probe, capture_output=True).returncode == 0:

@@ -7,7 +7,7 @@ classified without anybody listing it. Its tier is the most expensive thing it n
   fast     none of the markers below: no root, no Docker, no training (`--tier fast`)
   local    Docker, images, training, the package index, or longer than a few seconds, on this machine
   hosts    SSH test host containers
-  cluster  a test cluster (Slurm: several test hosts)
+  cluster  a test cluster (Slurm, Ray: several test hosts)
 
 `--tier NAME` runs that tier and those above it in this list (default: all). `--lane local|hosts` runs the
 tests of one lane, the fast tier left out: scripts/test.sh runs the fast tier on two workers, then the two
@@ -53,6 +53,7 @@ FIXTURE_MARKERS: dict[str, tuple[str, ...]] = {
     "cpu_image": ("docker", "registry", "tfimage", "image", "slow"),
     "testhost": ("docker", "testhost", "slow"),
     "slurm_cluster": ("docker", "testhost", "cluster", "slow"),
+    "ray_cluster": ("docker", "testhost", "cluster", "slow", "network"),  # Ray installed from PyPI
 }
 # Session fixtures of the conftest files that need no infrastructure.
 HARMLESS_FIXTURES = frozenset({"repo_workspace", "azure_sdk"})

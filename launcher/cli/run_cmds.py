@@ -254,6 +254,7 @@ def _run(ctx: typer.Context, ws: Workspace, request: RunRequest, hosts: list[Hos
         raise UsageError(f"{len(hosts)} hosts given (--host) for a run of {nodes} node{'s' if nodes != 1 else ''}: "
                          "launcher places one node on each host", f"give --nodes {len(hosts)}, or drop --nodes")
     runs.load_recipe(ws, request.recipe, entry=request.entry)
+    check_cluster_options(*placing)  # a target's option it refuses, before any host is reached
     opts = options(ctx)
     # --quiet hides progress bars, not the training log the run streams (--json keeps stdout for the JSON)
     sink = None if opts.json else (lambda line: stdout.print(line, markup=False, highlight=False))

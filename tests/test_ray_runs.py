@@ -1,0 +1,176 @@
+"""Runs placed by a real Ray cluster (Ray from PyPI on two test host containers, each with its own sshd and Docker
+engine, sharing no files), reached only through the head over SSH, exactly as a user runs them:
+`launcher run RECIPE --host HEAD --scheduler ray`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from raycluster import RayCluster
+from testhost import TestHost
+from typer.testing import CliRunner
+
+from launcher.cli import app
+from launcher.errors import ExitCode
+
+pytestmark = [pytest.mark.docker, pytest.mark.testhost]
+runner = CliRunner()
+
+
+def _cli(ws: Path, *args: str) -> tuple[int, str]:
+    res = runner.invoke(app, ["--workspace", str(ws), "--quiet", *args])
+    return res.exit_code, res.output
+
+
+def _on(host: TestHost) -> list[str]:
+    return ["--host", host.alias, "--ssh-config", str(host.ssh_config)]
+
+
+def _manifests(ws: Path) -> list[dict[str, Any]]:
+    found = [json.loads(p.read_text()) for p in (ws / "runs").glob("*/manifest.json")]
+    return sorted(found, key=lambda m: m["replicate"])
+
+
+def _run_ids(ws: Path) -> list[str]:
+    launches = [json.loads(p.read_text()) for p in (ws / "runs").glob("*/launch.json")]
+    return [rec["run_id"] for rec in sorted(launches, key=lambda rec: rec["replicate"])]
+
+
+def _containers(cluster: RayCluster) -> dict[str, TestHost]:
+    """launcher's containers running on the cluster's nodes, by name."""
+    out = {}
+    for node in cluster.nodes:
+        for name in node.exec("docker", "ps", "--format", "{{.Names}}", check=False).split():
+            if name.startswith("launcher-"):
+                out[name] = node
+    return out
+
+
+def test_replicates_spread_over_both_nodes_verify_identical_and_the_image_is_loaded_once_per_node(
+        ray_cluster: RayCluster, tiny_workspace: Path) -> None:
+    code, out = _cli(tiny_workspace, "run", "tiny", *_on(ray_cluster.head), "--scheduler", "ray", "--runs", "4",
+                     "--seed", "7", "--param", "sleep=1")
+    assert code == 0, out
+    manifests = _manifests(tiny_workspace)
+    assert [m["status"] for m in manifests] == ["succeeded"] * 4
+    placed = [m["placement"] for m in manifests]
+    assert {p["kind"] for p in placed} == {"ray"} and len({p["job_id"] for p in placed}) == 1
+    nodes = ray_cluster.node_ids()
+    assert {p["node_id"] for p in placed} == set(nodes)  # SPREAD put replicates on both nodes
+    assert all(p["node"] == nodes[p["node_id"]] for p in placed)
+    assert len({p["task_id"] for p in placed}) == 4 and all(p["node_facts"].get("cpu_cores") for p in placed)
+    assert {p["image_source"]["kind"] for p in placed} == {"head"}
+    image = manifests[0]["image"]["id"]
+    assert {m["image"]["id"] for m in manifests} == {image}
+    for node in ray_cluster.nodes:  # loaded from the head's archive into each node's own engine
+        assert node.exec("docker", "image", "inspect", "--format", "{{.Id}}", image).strip() == image
+    # the worker has no launcher area of its own but the node copy, emptied of the runs once they are sent back
+    assert ray_cluster.worker.exec("sh", "-c", "ls /root/.launcher/ray-node/runs").strip() == ""
+    assert ray_cluster.worker.exec("sh", "-c", "ls /root/.launcher/runs 2>/dev/null || true").strip() == ""
+    code, out = _cli(tiny_workspace, "verify", "checksums", "--group", manifests[0]["group"])
+    # tiny imports no known framework: no difference, but no determinism guaranteed either
+    assert code == ExitCode.INCONCLUSIVE, out
+    assert "inconclusive: identical outputs" in out
+    code, out = _cli(tiny_workspace, "logs", manifests[0]["run_id"])
+    assert code == 0 and "tiny: seed 7" in out and "tiny: done" in out
+
+
+def test_a_container_killed_on_its_node_fails_that_replicate_alone_and_stop_cancels_a_group(
+        ray_cluster: RayCluster, tiny_workspace: Path) -> None:
+    code, out = _cli(tiny_workspace, "run", "tiny", *_on(ray_cluster.head), "--scheduler", "ray", "--runs", "2",
+                     "--param", "sleep=9", "--detach")
+    assert code == 0, out
+    first, second = _run_ids(tiny_workspace)
+    deadline = time.monotonic() + 90
+    while f"launcher-{first}" not in (running := _containers(ray_cluster)):
+        assert time.monotonic() < deadline, "the first replicate's container never ran"
+        time.sleep(0.3)
+    killed = running[f"launcher-{first}"]
+    killed.exec("docker", "kill", f"launcher-{first}")
+    code, out = _cli(tiny_workspace, "attach", first)
+    assert code == ExitCode.RUN_FAILED, out
+    code, out = _cli(tiny_workspace, "attach", second)
+    assert code == 0, out
+    bad, good = _manifests(tiny_workspace)
+    assert (bad["status"], bad["exit_code"], good["status"]) == ("failed", 137, "succeeded")
+    assert bad["placement"]["node"] == killed.ip and "killed by signal 9" in bad["placement"]["error"]
+    assert "tiny: seed" in (tiny_workspace / "runs" / first / "outputs" / "logs" / "train.log").read_text()
+
+    # a group still running, stopped: every replicate cancelled, no container left on either node
+    code, out = _cli(tiny_workspace, "run", "tiny", *_on(ray_cluster.head), "--scheduler", "ray", "--runs", "3",
+                     "--param", "sleep=300", "--detach")
+    assert code == 0, out
+    group = [r for r in _run_ids(tiny_workspace) if r not in (first, second)]
+    while len(_containers(ray_cluster)) < 2:
+        assert time.monotonic() < deadline + 60, "the group's containers never ran"
+        time.sleep(0.3)
+    res = runner.invoke(app, ["--workspace", str(tiny_workspace), "--json", "ps", *_on(ray_cluster.head),
+                              "--scheduler", "ray"])
+    rows = {r["run_id"]: r for r in json.loads(res.stdout)["data"]["runs"]}
+    assert any("Ray job launcher-" in str(rows[r].get("container_status")) for r in group), rows
+    code, out = _cli(tiny_workspace, "stop", group[0])
+    assert code == 0, out
+    stopped = [m for m in _manifests(tiny_workspace) if m["run_id"] in group]
+    assert sorted(m["run_id"] for m in stopped) == sorted(group)
+    assert [m["status"] for m in stopped] == ["cancelled"] * 3
+    assert _containers(ray_cluster) == {}
+
+
+FAILS_ON_SEED_2 = """import hashlib, json, os, sys, time
+seed = int(os.environ["LAUNCHER_SEED"])
+token = os.environ.get("TOKEN", "")
+data = open(os.path.join(os.environ["LAUNCHER_DATA"], "x.txt")).read()
+json.dump({"mode": os.environ.get("MODE"), "data": data, "token_sha256": hashlib.sha256(token.encode()).hexdigest()},
+          open("env.json", "w"))
+print("seed", seed, flush=True)
+if seed == 2:
+    time.sleep(2)
+    sys.exit(4)
+time.sleep(60)
+"""
+
+
+def test_a_script_with_data_and_secrets_runs_on_the_nodes_and_a_failure_cancels_the_rest(
+        ray_cluster: RayCluster, tiny_workspace: Path, tmp_path: Path) -> None:
+    project, data = tmp_path / "rayproj", tmp_path / "data"
+    project.mkdir()
+    data.mkdir()
+    (project / "train.py").write_text(FAILS_ON_SEED_2)
+    (data / "x.txt").write_text("from the dataset\n")
+    res = runner.invoke(app, ["--workspace", str(tiny_workspace), "--json", "--quiet", "run",
+                              str(project / "train.py"), "--data-from", str(data), *_on(ray_cluster.head),
+                              "--scheduler", "ray", "--seed", "1", "--seed", "2", "--seed", "3",
+                              "--env", "MODE=on nodes", "--secret-env", "TOKEN=hunter2 s3cr3t"])
+    assert res.exit_code == ExitCode.RUN_FAILED, res.output
+    failure = json.loads(res.stdout)["data"]["failure"]
+    by_replicate = {m["replicate"]: m for m in json.loads(res.stdout)["data"]["runs"]}
+    assert (failure["replicate"], failure["exit_code"]) == (1, 4) and "seed 2" in failure["log_tail"]
+    assert {by_replicate[0]["status"], by_replicate[2]["status"]} == {"cancelled"}  # they sleep a minute
+    seen = json.loads((tiny_workspace / "runs" / failure["run_id"] / "outputs" / "env.json").read_text())
+    assert seen == {"mode": "on nodes", "data": "from the dataset\n",
+                    "token_sha256": hashlib.sha256(b"hunter2 s3cr3t").hexdigest()}
+    for node in ray_cluster.nodes:  # no job file, node copy or env file left holding the secret
+        assert node.exec("sh", "-c", "grep -rl s3cr3t /root/.launcher /tmp 2>/dev/null || true").strip() == ""
+
+
+def test_provision_probes_every_node_and_a_head_without_ray_is_refused(
+        ray_cluster: RayCluster, testhost: TestHost, tiny_workspace: Path) -> None:
+    res = runner.invoke(app, ["--workspace", str(tiny_workspace), "--json", "provision", *_on(ray_cluster.head),
+                              "--scheduler", "ray"])
+    assert res.exit_code == 0, res.output
+    facts = json.loads(res.stdout)["data"]["ray"]
+    assert facts["ray_version"] == "2.60.0"
+    assert {n["node_id"]: n["address"] for n in facts["nodes"]} == ray_cluster.node_ids()
+    assert all(n["docker"] and n["cpus"] == 2 for n in facts["nodes"])
+    assert [n["head"] for n in facts["nodes"] if n["address"] == ray_cluster.head.ip] == [True]
+    code, out = _cli(tiny_workspace, "provision", *_on(ray_cluster.head), "--scheduler", "ray")
+    assert code == 0 and "2 nodes alive, 2 with a usable Docker engine" in out
+    code, out = _cli(tiny_workspace, "run", "tiny", "--host", testhost.alias, "--ssh-config", str(testhost.ssh_config),
+                     "--scheduler", "ray")
+    assert code == ExitCode.NO_SCHEDULER, out
+    assert "has no Ray with its job API" in out and "Traceback" not in out

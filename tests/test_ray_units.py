@@ -1,0 +1,213 @@
+"""The Ray target without a cluster: the outputs stream a node sends the head (and what a hostile one cannot do),
+the head's side of the tasks, --ray-opt, the task the driver gets, the states read back, the usage errors."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from launcher.cli import app
+from launcher.errors import ExitCode, UsageError
+from launcher.hosts.local import LocalHost
+from launcher.hosts.scripts import ray_job
+from launcher.runtime.recipespec import RecipeSpec
+from launcher.specs.container import ContainerJob
+from launcher.specs.recipes import Recipe
+from launcher.targets import ray as ray_target
+from launcher.targets.ray import RayPlacement, parse_ray_opts
+
+runner = CliRunner()
+
+
+def _tar(members: list[tuple[tarfile.TarInfo, bytes | None]]) -> io.BytesIO:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for info, data in members:
+            if data is not None:
+                info.size = len(data)
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    buf.seek(0)
+    return buf
+
+
+def _member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.linkname = link
+    info.mode = 0o644
+    return info
+
+
+def test_outputs_travel_whole_links_as_links_and_hard_links_as_files(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    (out / "model").mkdir(parents=True)
+    (out / "model" / "w.bin").write_bytes(b"\x00weights" * 1000)
+    os.link(out / "model" / "w.bin", out / "model" / "same.bin")  # a hard link: sent as a second whole file
+    (out / "passwd").symlink_to("/etc/passwd")  # a link the training code left: kept a link, never followed
+    os.mkfifo(out / "pipe")  # neither file, folder nor link: left out
+    stream = io.BytesIO()
+    ray_job.pack(str(out), stream)
+    stream.seek(0)
+    names = {m.name: m for m in tarfile.open(fileobj=io.BytesIO(stream.getvalue()))}
+    assert set(names) == {"model", "model/w.bin", "model/same.bin", "passwd"}
+    assert names["model/same.bin"].isreg() and names["passwd"].issym()
+    back = tmp_path / "back"
+    back.mkdir()
+    assert ray_job.unpack(stream, str(back)) == 4
+    assert (back / "model" / "same.bin").read_bytes() == (out / "model" / "w.bin").read_bytes()
+    assert os.readlink(back / "passwd") == "/etc/passwd"
+
+
+@pytest.mark.parametrize("members, why", [
+    ([(_member("/etc/cron.d/x"), b"pwned")], "not a plain relative path"),
+    ([(_member("../outside"), b"pwned")], "not a plain relative path"),
+    ([(_member("a/../../outside"), b"pwned")], "not a plain relative path"),
+    ([(_member("link", tarfile.SYMTYPE, "/tmp"), None), (_member("link/x"), b"pwned")], "on its way is a symlink"),
+    ([(_member("link", tarfile.SYMTYPE, "../victim"), None), (_member("link"), b"pwned")], "already a symlink"),
+    ([(_member("f"), b"one"), (_member("f", tarfile.SYMTYPE, "/etc/passwd"), None)], "a symlink over a file"),
+    ([(_member("hard", tarfile.LNKTYPE, "../victim"), None)], "not a folder, file or symlink"),
+    ([(_member("dev", tarfile.CHRTYPE), None)], "not a folder, file or symlink"),
+])
+def test_a_hostile_outputs_stream_writes_nothing_outside_its_folder(
+        tmp_path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]], why: str) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("untouched\n")
+    folder = tmp_path / "run" / "out"
+    folder.mkdir(parents=True)
+    with pytest.raises(ray_job.Refused, match=why):
+        ray_job.unpack(_tar(members), str(folder))
+    assert victim.read_text() == "untouched\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "victim"]
+
+
+def _head(tmp_path: Path) -> tuple[ray_job.HeadFiles, Path]:
+    area = tmp_path / "area"
+    run_dir = area / "runs" / "r1"
+    (run_dir / "out").mkdir(parents=True)
+    (area / "data" / "d1").mkdir(parents=True)
+    (area / "data" / "d1" / "x.txt").write_text("data\n")
+    (run_dir / "secret.env").write_text("TOKEN=s3cr3t\n")
+    (area / "images").mkdir()
+    (area / "images" / "img.tar").write_bytes(b"image bytes")
+    job = {"area": str(area), "tasks": [{"run_id": "r1", "run_dir": str(run_dir),
+                                         "image_archive": str(area / "images" / "img.tar"),
+                                         "inputs": {"data": "data/d1", "secret": "runs/r1/secret.env"}}]}
+    return ray_job.HeadFiles(job), run_dir
+
+
+def test_the_head_serves_only_the_inputs_of_its_runs_and_checks_what_comes_back(tmp_path: Path) -> None:
+    head, run_dir = _head(tmp_path)
+    token, sha, size = head.open("r1", "image")
+    assert head.read(token, 0, 100) == b"image bytes" and sha == hashlib.sha256(b"image bytes").hexdigest()
+    token, sha, size = head.open("r1", "data")  # a folder: packed once, then served
+    assert ray_job.unpack(io.BytesIO(head.read(token, 0, size)), str(tmp_path)) == 1
+    assert (tmp_path / "x.txt").read_text() == "data\n"
+    for run_id, which in (("r1", "../../etc"), ("r1", "code"), ("r2", "data")):
+        with pytest.raises(KeyError):
+            head.open(run_id, which)
+    with pytest.raises(KeyError):
+        head.read("/etc/shadow", 0, 100)  # only what it served
+    head.open("r1", "secret")
+    head.forget_secret("r1")
+    assert not (run_dir / "secret.env").exists()
+
+    stream = io.BytesIO()
+    ray_job.pack(str(tmp_path / "area" / "data"), stream)
+    data = stream.getvalue()
+    path = head.begin_outputs("r1")
+    head.put("r1", path, data[:10])
+    why = head.end_outputs("r1", path, hashlib.sha256(data).hexdigest(), len(data))  # cut short on the way
+    assert "arrived damaged" in why and not os.path.exists(path) and os.listdir(run_dir / "out") == []
+    path = head.begin_outputs("r1")
+    head.put("r1", path, data)
+    assert head.end_outputs("r1", path, hashlib.sha256(data).hexdigest(), len(data)) == ""
+    assert (run_dir / "out" / "d1" / "x.txt").read_text() == "data\n"
+    with pytest.raises(KeyError):
+        head.put("r1", str(tmp_path / "victim.tar"), b"x")  # a stream outside the run's folder
+    head.cleanup()
+
+
+def test_ray_opts_are_task_resources() -> None:
+    assert parse_ray_opts(["num_cpus=2", "num-gpus=1", "memory=8G"]) == {
+        "num_cpus": 2.0, "num_gpus": 1.0, "memory": float(8 << 30)}
+    for bad, said in (("partition=debug", "not a task resource"), ("num_cpus=two", "not a number"),
+                      ("memory=-1", "not a number")):
+        with pytest.raises(UsageError, match=said):
+            parse_ray_opts([bad])
+
+
+def _job(host: LocalHost, **kw: Any) -> ContainerJob:
+    run_dir = host.run_dir("r1")
+    recipe = Recipe(RecipeSpec(Path("/r/tiny"), "tiny", "none", "train.py"), "sha256:" + "0" * 64)
+    return ContainerJob(run_id="r1", image_id="sha256:" + "ab" * 32, env={"PYTHONHASHSEED": "0"},
+                        host_out=f"{run_dir}/out", recipe=recipe, params={}, **kw)
+
+
+def test_a_task_names_the_nodes_area_by_a_mark_and_fetches_only_what_is_in_the_heads(tmp_path: Path) -> None:
+    host = LocalHost(tmp_path)
+    placement = RayPlacement(host, resources={"num_cpus": 2.0})
+    job = _job(host, data=host.area("data", "d1"), host_code=host.area("code", "c1"), code_entry="train.py",
+               env_file=f"{host.run_dir('r1')}/secret.env", secret_env={"TOKEN": "s3cr3t"})
+    task = placement._task(job)
+    area = host.area()
+    runs = host.runs_root()[len(area) + 1:]  # the runs' folder in the area ("runs" on an SSH host)
+    assert task["inputs"] == {"data": "data/d1", "code": "code/c1", "secret": f"{runs}/r1/secret.env"}
+    assert task["outputs"] == f"{runs}/r1/out" and task["run_dir"] == host.run_dir("r1")
+    argv = " ".join(task["argv"])
+    assert area not in argv and f"@AREA@/{runs}/r1/out:/launcher/out" in argv and "LAUNCHER_OWNER=@OWNER@" in argv
+    assert f"--env-file @AREA@/{runs}/r1/secret.env" in argv and "s3cr3t" not in json.dumps(task)
+    filled = ray_job.fill(task["argv"], "/home/u/.launcher/ray-node", "1000:1000")
+    assert "/home/u/.launcher/ray-node/data/d1:/launcher/data:ro" in filled and "LAUNCHER_OWNER=1000:1000" in filled
+    # a data path outside launcher's area is one every node is taken to have: mounted as it is, not fetched
+    task = placement._task(_job(host, data="/mnt/shared/imagenet"))
+    assert "data" not in task["inputs"] and "/mnt/shared/imagenet:/launcher/data:ro" in task["argv"]
+
+
+def test_states_come_from_task_json_else_from_the_ray_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    host = LocalHost(tmp_path)
+    run_dir = Path(host.run_dir("r1"))
+    run_dir.mkdir(parents=True)
+    placement = RayPlacement(host)
+    placement.python = "python3"
+    answers = {"status": {"status": "RUNNING"}}
+    monkeypatch.setattr(ray_target, "call", lambda _h, _p, cmd, *a, **k: answers[cmd])
+    launch: Any = {"run_id": "r1", "ray": {"job_id": "launcher-r1", "index": 0, "array_size": 1,
+                                           "array_dir": host.area("ray", "r1"), "run_dir": str(run_dir)}}
+    state = placement.state(launch)
+    assert state is not None and state.running and not state.ended
+    answers["status"] = {"status": "STOPPED", "message": "Job was intentionally stopped.\n"}
+    (run_dir / "placed.json").write_text(json.dumps({"node_id": "n1", "node": "10.0.0.2", "task_id": "t1"}))
+    state = placement.state(launch)
+    assert state is not None and state.ended and state.status == "cancelled" and state.info is not None
+    assert state.info["node_id"] == "n1" and "ended STOPPED" in str(state.info["error"])
+    (run_dir / "task.json").write_text(json.dumps({"exit_code": 137, "status": "failed", "node": "10.0.0.2",
+                                                   "node_id": "n1", "task_id": "t1", "image_ran": "sha256:x",
+                                                   "error": "the container exited 137 (killed by signal 9)"}))
+    state = placement.state(launch)
+    assert state is not None and (state.exit_code, state.status, state.image_ran) == (137, "failed", "sha256:x")
+    assert state.info is not None and state.info["kind"] == "ray" and "signal 9" in str(state.info["error"])
+    launch["ray"] = {"job_id": "launcher-r1"}
+    with pytest.raises(Exception, match="without index, array_dir, run_dir"):
+        placement.state(launch)
+
+
+def test_the_ray_target_refuses_what_it_cannot_do(tmp_path: Path) -> None:
+    run = ["run", "mnist_convnet", "--host", "head.invalid", "--scheduler", "ray"]  # no host is reached
+    res = runner.invoke(app, [*run, "--partition", "gpu"])
+    assert res.exit_code == ExitCode.USAGE and "--partition is a Slurm option" in res.output
+    res = runner.invoke(app, [*run, "--ray-opt", "cpus=2"])
+    assert res.exit_code == ExitCode.USAGE and "not a task resource" in res.output
+    res = runner.invoke(app, ["provision", "--host", "head.invalid", "--ray-address", "http://127.0.0.1:8265"])
+    assert res.exit_code == ExitCode.USAGE and "are cluster settings" in res.output
+    with pytest.raises(UsageError, match="several nodes on a Ray cluster"):
+        from launcher.specs.topology import Topology
+
+        RayPlacement(LocalHost(tmp_path)).topology_for(Topology(nodes=2, procs_per_node=1))
