@@ -89,13 +89,13 @@ def testhost(tmp_path_factory: pytest.TempPathFactory) -> Iterator[th.TestHost]:
         host.stop()
 
 
-@pytest.fixture(scope="session")
-def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """Two test hosts running a real Ray cluster, Ray from PyPI (tests/raycluster.py); the first is its head."""
-    _need_host_tools()
+@pytest.fixture(scope="module")
+def ray_cluster(slurm_cluster: Any) -> Iterator[Any]:
+    """A real Ray cluster, Ray from PyPI, on the Slurm test cluster's two nodes (tests/raycluster.py): the head on
+    the first, a worker with a home of its own on the second; Ray stopped when the module's tests end."""
     import raycluster
 
-    cluster = raycluster.start_cluster(tmp_path_factory.mktemp("ray"))
+    cluster = raycluster.start_cluster(slurm_cluster)
     try:
         yield cluster
     finally:

@@ -1,12 +1,15 @@
-"""A real two-node Ray cluster for tests: Ray from PyPI at a pinned version, on two SSH test hosts.
+"""A real two-node Ray cluster for tests: Ray from PyPI at a pinned version, on the two nodes of the Slurm test
+cluster (tests/slurmcluster.py), each an SSH test host with its own sshd and Docker engine.
 
-Two containers in the style of the SSH test host (tests/testhost.py), each with its own sshd and its own
-dockerd, on a Docker network of their own, sharing nothing: the first runs Ray's head (GCS, dashboard and job
-API on 127.0.0.1:8265 as the head sees it), the second a Ray worker joined to it. launcher reaches the head alone,
-over SSH. Ray (``ray[default]``, RAY_VERSION) is installed by this set-up from PyPI with this machine's pip into a
-folder kept in launcher's cache by its version (a second session reuses it; a damaged one is made again) and
-mounted read-only into both hosts, where the system python3 finds it (a .pth file) and ``ray`` runs it.
-Everything is removed by ``stop()``.
+The head runs as root on the first node; the worker runs as another user on the second node, with a home of its
+own, so the two share no files launcher uses (the Slurm nodes' shared volume is root's home): whatever a task on
+the worker needs comes from the head through Ray, as on a cluster of VMs. launcher reaches the head alone, over
+SSH; the job API listens on 127.0.0.1:8265 as the head sees it. Running beside the Slurm daemons, the nodes keep
+the images earlier tests left in their engines and the archives in the head's area.
+
+Ray (``ray[default]``, RAY_VERSION) is installed by this set-up from PyPI with this machine's pip into a folder kept
+in launcher's cache by its version (a second session reuses it; a damaged one is made again), copied into both
+nodes, where the system python3 finds it (a .pth file) and ``ray`` runs it. ``stop()`` stops Ray on both nodes.
 """
 
 from __future__ import annotations
@@ -22,26 +25,22 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from testhost import HOST_PACKAGES, LABEL, RUN_FLAGS, TestHost, _sh, _wait_port, import_image, rootfs_tarball
+from slurmcluster import SlurmCluster
+from testhost import TestHost, _sh
 
 from launcher.workspace import default_cache_dir
 
 RAY_VERSION = "2.60.0"
-RAY_SITE = "/opt/ray-site"  # where the hosts see the installed Ray
-DASHBOARD = "http://127.0.0.1:8265"
-NODE_CPUS = 2  # each node offers two CPUs to Ray: two replicates at once on each
-
-BOOT = (
-    "set -e; ssh-keygen -A >/dev/null; mkdir -p /run/sshd /root/.ssh; chmod 700 /root/.ssh; "
-    'printf "%s\\n" "$AUTHORIZED_KEY" > /root/.ssh/authorized_keys; chmod 600 /root/.ssh/authorized_keys; '
+RAY_SITE = "/opt/ray-site"  # where the nodes see the installed Ray
+WORKER_USER = "alice"  # the worker's user on the second node: a home of its own, in the docker group
+INSTALL = (
     f"echo {RAY_SITE} > /usr/lib/python3/dist-packages/ray-site.pth; "
     "printf '#!/usr/bin/python3\\nimport sys\\nfrom ray.scripts.scripts import main\\nsys.exit(main())\\n' "
-    "> /usr/local/bin/ray; chmod +x /usr/local/bin/ray; "
-    "/usr/sbin/sshd -o ClientAliveInterval=0 -o MaxStartups=50:30:100 -o MaxSessions=50; "
-    "exec dockerd >/var/log/dockerd.log 2>&1"
+    "> /usr/local/bin/ray; chmod +x /usr/local/bin/ray"
 )
-# what Ray's processes need besides the CPUs: a small object store (the machine runs other tests beside them)
-RAY_FLAGS = ("--num-cpus", str(NODE_CPUS), "--object-store-memory", str(200 << 20), "--disable-usage-stats")
+# two CPUs for Ray's tasks on each node (two replicates at once on each), and a small object store (the machine
+# runs other tests beside them)
+RAY_FLAGS = ("--num-cpus", "2", "--object-store-memory", str(100 << 20), "--disable-usage-stats")
 
 
 _made = threading.Lock()  # the collection's background thread and the fixture: one installs, the other waits
@@ -80,11 +79,19 @@ class RayCluster:
 
     head: TestHost
     worker: TestHost
-    network: str
+    worker_user: str = WORKER_USER
 
     @property
     def nodes(self) -> list[TestHost]:
         return [self.head, self.worker]
+
+    @property
+    def worker_area(self) -> str:
+        """launcher's folder on the worker node, under its user's own home."""
+        return f"/home/{self.worker_user}/.launcher"
+
+    def as_worker(self, *argv: str, check: bool = True) -> str:
+        return self.worker.exec("runuser", "-u", self.worker_user, "--", *argv, check=check, timeout=120)
 
     def status(self) -> str:
         return self.head.exec("ray", "status", check=False)
@@ -95,68 +102,40 @@ class RayCluster:
                              "{n['NodeID']: n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']}))")
         return dict(json.loads(out.strip().splitlines()[-1]))
 
-    def logs(self) -> str:
-        return "\n".join(h.exec("sh", "-c", "tail -n 30 /tmp/ray/session_latest/logs/raylet.out 2>/dev/null",
-                                check=False) for h in self.nodes)
-
     def stop(self) -> None:
-        for host in self.nodes:
-            host.stop()
-        subprocess.run(["docker", "network", "rm", self.network], capture_output=True, check=False)
+        """Stop Ray on both nodes, in the background: the tests after these need the nodes, not Ray's end."""
+        for node, user in ((self.head, "root"), (self.worker, self.worker_user)):
+            subprocess.run(["docker", "exec", "-d", "-u", user, node.container, "ray", "stop", "--force"],
+                           capture_output=True, check=False)
 
 
-def start_cluster(workdir: Path, cache_dir: Path | None = None, timeout: float = 90) -> RayCluster:
-    """Start the head and the worker; return once Ray counts both nodes alive."""
+def _copy_site(site: Path, node: TestHost) -> None:
+    """The installed Ray into the node's root filesystem (the running container cannot mount it)."""
+    node.exec("sh", "-c", f"rm -rf {RAY_SITE} && mkdir -p {RAY_SITE}")
+    tar = subprocess.Popen(["tar", "-C", str(site), "-cf", "-", "."], stdout=subprocess.PIPE)
+    subprocess.run(["docker", "exec", "-i", node.container, "tar", "-C", RAY_SITE, "-xf", "-"], stdin=tar.stdout,
+                   check=True, capture_output=True)
+    if tar.wait() != 0:
+        raise RuntimeError(f"tar of {site} failed")
+    node.exec("sh", "-c", INSTALL)
+
+
+def start_cluster(slurm: SlurmCluster, cache_dir: Path | None = None, timeout: float = 90) -> RayCluster:
+    """Start Ray's head on the Slurm cluster's first node (root) and a worker on its second (WORKER_USER); return
+    once Ray counts both nodes alive."""
     site = ray_site(cache_dir)
-    image = import_image(rootfs_tarball(HOST_PACKAGES, cache_dir), "launcher-slurmnode")
-    workdir.mkdir(parents=True, exist_ok=True)
-    prefix = f"launcher-ray-{uuid.uuid4().hex[:8]}"
-    network = f"{prefix}-net"
-    key = workdir / "id_ed25519"
-    known_hosts, ssh_config = workdir / "known_hosts", workdir / "ssh_config"
-    _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "launcher-test", "-f", str(key))
-    pub = key.with_suffix(".pub").read_text().strip()
-    hosts: list[TestHost] = []
+    head, worker = slurm.nodes
+    threads = [threading.Thread(target=_copy_site, args=(site, node)) for node in (head, worker)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    worker.exec("sh", "-c", f"id {WORKER_USER} >/dev/null 2>&1 || useradd -m -s /bin/sh -G docker {WORKER_USER}")
+    cluster = RayCluster(head=head, worker=worker)
     try:
-        _sh("docker", "network", "create", "--label", LABEL, network)
-        for name in ("head", "worker"):
-            container = f"{prefix}-{name}"
-            host = TestHost(container=container, ip="", key=key, known_hosts=known_hosts, ssh_config=ssh_config,
-                            alias=container, host_key_fingerprint="", volume=f"{container}-docker",
-                            extra={"ray_role": name})
-            hosts.append(host)
-            _sh("docker", "volume", "create", "--label", LABEL, host.volume)
-            _sh("docker", "run", "-d", "--init", "--name", container, "--hostname", f"ray-{name}",
-                "--network", network, "--label", LABEL, *RUN_FLAGS,
-                "-v", f"{host.volume}:/var/lib/docker", "-v", f"{site}:{RAY_SITE}:ro",
-                "--shm-size", "512m", "-e", f"AUTHORIZED_KEY={pub}", image, "/bin/sh", "-c", BOOT)
-        deadline = time.monotonic() + 60
-        known, config = [], []
-        for host in hosts:
-            host.ip = _sh("docker", "inspect", "-f",
-                          f'{{{{(index .NetworkSettings.Networks "{network}").IPAddress}}}}', host.container).strip()
-            _wait_port(host.ip, 22, deadline)
-            host_pub = host.exec("cat", "/etc/ssh/ssh_host_ed25519_key.pub").split()
-            known.append(f"{host.ip} {host_pub[0]} {host_pub[1]}\n")
-            config.append(f"Host {host.alias}\n  HostName {host.ip}\n  User root\n  Port 22\n  IdentityFile {key}\n"
-                          f"  IdentitiesOnly yes\n  UserKnownHostsFile {known_hosts}\n  StrictHostKeyChecking yes\n")
-        known_hosts.write_text("".join(known))
-        ssh_config.write_text("".join(config))
-        fingerprints = _sh("ssh-keygen", "-l", "-E", "sha256", "-f", str(known_hosts)).splitlines()
-        for host, line in zip(hosts, fingerprints, strict=True):
-            host.host_key_fingerprint = line.split()[1]
-        for host in hosts:
-            while host.exec("docker", "info", "--format", "{{.ServerVersion}}", check=False).strip() == "":
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"dockerd in {host.container} did not start: "
-                                       + host.exec("tail", "/var/log/dockerd.log"))
-                time.sleep(0.5)
-        head, worker = hosts
         head.exec("ray", "start", "--head", f"--node-ip-address={head.ip}", "--port=6379",
                   "--dashboard-host=127.0.0.1", "--dashboard-port=8265", *RAY_FLAGS, timeout=120)
-        worker.exec("ray", "start", f"--address={head.ip}:6379", f"--node-ip-address={worker.ip}", *RAY_FLAGS,
-                    timeout=120)
-        cluster = RayCluster(head=head, worker=worker, network=network)
+        cluster.as_worker("ray", "start", f"--address={head.ip}:6379", f"--node-ip-address={worker.ip}", *RAY_FLAGS)
         deadline = time.monotonic() + timeout
         while len(cluster.node_ids()) < 2:
             if time.monotonic() > deadline:
@@ -164,7 +143,5 @@ def start_cluster(workdir: Path, cache_dir: Path | None = None, timeout: float =
             time.sleep(1)
         return cluster
     except BaseException:
-        for host in hosts:
-            host.stop()
-        subprocess.run(["docker", "network", "rm", network], capture_output=True, check=False)
+        cluster.stop()
         raise

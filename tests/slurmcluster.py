@@ -185,6 +185,7 @@ def start_cluster(workdir: Path, cache_dir: Path | None = None, timeout: float =
                 "-v", f"{host.volume}:/var/lib/docker",
                 "-v", f"{shared_volume}:{SHARED}",
                 "-e", f"AUTHORIZED_KEY={pub}",
+                "--shm-size", "256m",  # Ray's object store, when the Ray tests start Ray on these nodes
                 image, "/bin/sh", "-c", BOOT,
             )  # fmt: skip
         deadline = time.monotonic() + 60

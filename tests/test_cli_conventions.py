@@ -75,7 +75,7 @@ def test_no_help_shows_a_python_type_and_flags_show_no_value(ws: Path) -> None:
 
 def test_choices_are_listed_in_help(ws: Path) -> None:
     run = runner.invoke(app, ["run", "--help"], env=WIDE).output
-    assert "[cpu|gpu]" in run and "[strict|deterministic|seeded|off]" in run and "[slurm]" in run
+    assert "[cpu|gpu]" in run and "[strict|deterministic|seeded|off]" in run and "[slurm|ray]" in run
     assert "[cpu|gpu|all]" in runner.invoke(app, ["lock", "--help"], env=WIDE).output
     assert "[same|different|both]" in runner.invoke(app, ["experiment", "--help"], env=WIDE).output
     assert "[mlflow|tensorboard]" in runner.invoke(app, ["export", "--help"], env=WIDE).output

@@ -1,5 +1,6 @@
-"""Runs placed by a real Ray cluster (Ray from PyPI on two test host containers, each with its own sshd and Docker
-engine, sharing no files), reached only through the head over SSH, exactly as a user runs them:
+"""Runs placed by a real Ray cluster (Ray from PyPI on the two nodes of the Slurm test cluster, each with its own
+sshd and Docker engine; the worker as a user whose home is its own, so head and worker share no files launcher
+uses), reached only through the head over SSH, exactly as a user runs them:
 `launcher run RECIPE --host HEAD --scheduler ray`."""
 
 from __future__ import annotations
@@ -52,7 +53,9 @@ def _containers(cluster: RayCluster) -> dict[str, TestHost]:
 
 
 def test_replicates_spread_over_both_nodes_verify_identical_and_the_image_is_loaded_once_per_node(
-        ray_cluster: RayCluster, tiny_workspace: Path) -> None:
+        ray_cluster: RayCluster, tiny_workspace: Path, tiny_image: dict[str, Any]) -> None:
+    for node in ray_cluster.nodes:  # neither node has the image: each gets it from the head
+        node.exec("docker", "rmi", "-f", tiny_image["id"], check=False)
     code, out = _cli(tiny_workspace, "run", "tiny", *_on(ray_cluster.head), "--scheduler", "ray", "--runs", "4",
                      "--seed", "7", "--param", "sleep=1")
     assert code == 0, out
@@ -69,9 +72,8 @@ def test_replicates_spread_over_both_nodes_verify_identical_and_the_image_is_loa
     assert {m["image"]["id"] for m in manifests} == {image}
     for node in ray_cluster.nodes:  # loaded from the head's archive into each node's own engine
         assert node.exec("docker", "image", "inspect", "--format", "{{.Id}}", image).strip() == image
-    # the worker has no launcher area of its own but the node copy, emptied of the runs once they are sent back
-    assert ray_cluster.worker.exec("sh", "-c", "ls /root/.launcher/ray-node/runs").strip() == ""
-    assert ray_cluster.worker.exec("sh", "-c", "ls /root/.launcher/runs 2>/dev/null || true").strip() == ""
+    # the worker's copy of the runs' folders, emptied once their outputs were sent back to the head
+    assert ray_cluster.as_worker("ls", f"{ray_cluster.worker_area}/ray-node/runs").strip() == ""
     code, out = _cli(tiny_workspace, "verify", "checksums", "--group", manifests[0]["group"])
     # tiny imports no known framework: no difference, but no determinism guaranteed either
     assert code == ExitCode.INCONCLUSIVE, out
@@ -80,34 +82,15 @@ def test_replicates_spread_over_both_nodes_verify_identical_and_the_image_is_loa
     assert code == 0 and "tiny: seed 7" in out and "tiny: done" in out
 
 
-def test_a_container_killed_on_its_node_fails_that_replicate_alone_and_stop_cancels_a_group(
+def test_ps_lists_a_running_group_and_stop_cancels_every_replicate(
         ray_cluster: RayCluster, tiny_workspace: Path) -> None:
-    code, out = _cli(tiny_workspace, "run", "tiny", *_on(ray_cluster.head), "--scheduler", "ray", "--runs", "2",
-                     "--param", "sleep=9", "--detach")
-    assert code == 0, out
-    first, second = _run_ids(tiny_workspace)
-    deadline = time.monotonic() + 90
-    while f"launcher-{first}" not in (running := _containers(ray_cluster)):
-        assert time.monotonic() < deadline, "the first replicate's container never ran"
-        time.sleep(0.3)
-    killed = running[f"launcher-{first}"]
-    killed.exec("docker", "kill", f"launcher-{first}")
-    code, out = _cli(tiny_workspace, "attach", first)
-    assert code == ExitCode.RUN_FAILED, out
-    code, out = _cli(tiny_workspace, "attach", second)
-    assert code == 0, out
-    bad, good = _manifests(tiny_workspace)
-    assert (bad["status"], bad["exit_code"], good["status"]) == ("failed", 137, "succeeded")
-    assert bad["placement"]["node"] == killed.ip and "killed by signal 9" in bad["placement"]["error"]
-    assert "tiny: seed" in (tiny_workspace / "runs" / first / "outputs" / "logs" / "train.log").read_text()
-
-    # a group still running, stopped: every replicate cancelled, no container left on either node
     code, out = _cli(tiny_workspace, "run", "tiny", *_on(ray_cluster.head), "--scheduler", "ray", "--runs", "3",
                      "--param", "sleep=300", "--detach")
     assert code == 0, out
-    group = [r for r in _run_ids(tiny_workspace) if r not in (first, second)]
+    group = _run_ids(tiny_workspace)
+    deadline = time.monotonic() + 90
     while len(_containers(ray_cluster)) < 2:
-        assert time.monotonic() < deadline + 60, "the group's containers never ran"
+        assert time.monotonic() < deadline, "the group's containers never ran"
         time.sleep(0.3)
     res = runner.invoke(app, ["--workspace", str(tiny_workspace), "--json", "ps", *_on(ray_cluster.head),
                               "--scheduler", "ray"])
@@ -115,9 +98,8 @@ def test_a_container_killed_on_its_node_fails_that_replicate_alone_and_stop_canc
     assert any("Ray job launcher-" in str(rows[r].get("container_status")) for r in group), rows
     code, out = _cli(tiny_workspace, "stop", group[0])
     assert code == 0, out
-    stopped = [m for m in _manifests(tiny_workspace) if m["run_id"] in group]
-    assert sorted(m["run_id"] for m in stopped) == sorted(group)
-    assert [m["status"] for m in stopped] == ["cancelled"] * 3
+    assert [m["status"] for m in _manifests(tiny_workspace)] == ["cancelled"] * 3
+    assert sorted(m["run_id"] for m in _manifests(tiny_workspace)) == sorted(group)
     assert _containers(ray_cluster) == {}
 
 
@@ -155,7 +137,8 @@ def test_a_script_with_data_and_secrets_runs_on_the_nodes_and_a_failure_cancels_
     assert seen == {"mode": "on nodes", "data": "from the dataset\n",
                     "token_sha256": hashlib.sha256(b"hunter2 s3cr3t").hexdigest()}
     for node in ray_cluster.nodes:  # no job file, node copy or env file left holding the secret
-        assert node.exec("sh", "-c", "grep -rl s3cr3t /root/.launcher /tmp 2>/dev/null || true").strip() == ""
+        grep = f"grep -rl s3cr3t /root/.launcher {ray_cluster.worker_area} /tmp 2>/dev/null || true"
+        assert node.exec("sh", "-c", grep).strip() == ""
 
 
 def test_provision_probes_every_node_and_a_head_without_ray_is_refused(
@@ -174,3 +157,78 @@ def test_provision_probes_every_node_and_a_head_without_ray_is_refused(
                      "--scheduler", "ray")
     assert code == ExitCode.NO_SCHEDULER, out
     assert "has no Ray with its job API" in out and "Traceback" not in out
+
+
+WHEEL = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+DDP = Path(__file__).parent / "fixtures/ddp/train.py"
+
+
+@pytest.mark.tfimage
+def test_two_nodes_of_two_processes_reserved_together_verify_identical(
+        ray_cluster: RayCluster, make_workspace: Any, tmp_path: Path) -> None:
+    """--nodes 2 on Ray: a placement group of two bundles, one per node (STRICT_SPREAD); node 0's address handed to
+    node 1; each node's records sent back to the head; the DDP script's replicates bit-identical. (After
+    tests/test_multinode_hosts.py, both nodes and the head's area already hold the torch-cpu image: nothing ships.)"""
+    import shutil
+
+    from conftest import need
+
+    wheels = Path("/opt/wheels")
+    need((wheels / WHEEL).is_file(), f"no {WHEEL} in {wheels} (download.pytorch.org serves it)")
+    ws = make_workspace(tmp_path / "ws")
+    code, out = _cli(ws.root, "build", "--variant", "torch-cpu", "--find-links", str(wheels))
+    assert code == 0, out
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(DDP, project / "train.py")
+    code, out = _cli(ws.root, "run", str(project / "train.py"), "--variant", "torch-cpu", *_on(ray_cluster.head),
+                     "--scheduler", "ray", "--nodes", "2", "--procs-per-node", "2", "--runs", "2", "--", "--steps", "8")
+    assert code == 0, out
+    manifests = _manifests(ws.root)
+    nodes = ray_cluster.node_ids()
+    for m in manifests:
+        p = m["placement"]
+        assert m["status"] == "succeeded" and m["topology"]["world_size"] == 4
+        assert sorted(p["node_ids"]) == sorted(nodes) and p["nodes"] == [nodes[i] for i in p["node_ids"]]
+        assert p["node"] == p["nodes"][0]
+        outputs = ws.root / "runs" / m["run_id"] / "outputs"
+        assert sorted(d.name for d in (outputs / "ranks").iterdir()) == ["1", "2", "3"]  # node 1's ranks came back
+    code, out = _cli(ws.root, "verify", "checksums", "--group", manifests[0]["group"])
+    assert code == 0 and "identical: all 2 runs are bit-identical" in out, out
+
+
+def test_a_container_killed_fails_its_replicate_alone_and_a_node_lost_fails_those_it_ran(
+        ray_cluster: RayCluster, tiny_workspace: Path) -> None:
+    """Four replicates, two on each node: one container killed on the head fails that replicate alone (exit 137);
+    then Ray on the worker stopped (as a VM lost would be) fails the two it ran, naming the node that left; the last
+    finishes. Last in this file: the cluster keeps one node after it."""
+    code, out = _cli(tiny_workspace, "run", "tiny", *_on(ray_cluster.head), "--scheduler", "ray", "--runs", "4",
+                     "--param", "sleep=12", "--detach")
+    assert code == 0, out
+    deadline = time.monotonic() + 90
+    while len(running := _containers(ray_cluster)) < 4:
+        assert time.monotonic() < deadline, f"the four replicates never ran together: {running}"
+        time.sleep(0.3)
+    on_head = sorted(n.removeprefix("launcher-") for n, node in running.items() if node is ray_cluster.head)
+    on_worker = sorted(n.removeprefix("launcher-") for n, node in running.items() if node is ray_cluster.worker)
+    assert len(on_head) == len(on_worker) == 2  # SPREAD, two CPUs on each node
+    killed, kept = on_head
+    ray_cluster.head.exec("docker", "kill", f"launcher-{killed}")
+    ray_cluster.as_worker("ray", "stop", "--force")
+    for run_id in on_worker:  # the node is gone, its containers with it
+        ray_cluster.worker.exec("docker", "rm", "-f", f"launcher-{run_id}")
+    for run_id in _run_ids(tiny_workspace):
+        code, out = _cli(tiny_workspace, "attach", run_id)
+        assert code == (0 if run_id == kept else ExitCode.RUN_FAILED), out
+    by_id = {m["run_id"]: m for m in _manifests(tiny_workspace)}
+    bad = by_id[killed]
+    assert (bad["status"], bad["exit_code"]) == ("failed", 137) and "killed by signal 9" in bad["placement"]["error"]
+    assert bad["placement"]["node"] == ray_cluster.head.ip
+    assert "tiny: seed" in (tiny_workspace / "runs" / killed / "outputs" / "logs" / "train.log").read_text()
+    for run_id in on_worker:
+        gone = by_id[run_id]["placement"]
+        assert by_id[run_id]["status"] == "failed" and "left the cluster while it ran" in gone["error"]
+        assert ray_cluster.worker.ip in gone["error"]
+    assert by_id[kept]["status"] == "succeeded"
+    code, out = _cli(tiny_workspace, "verify", "checksums", "--group", bad["group"])
+    assert f"left out {killed}: failed (exit 137)" in out, out

@@ -160,15 +160,46 @@ def test_a_task_names_the_nodes_area_by_a_mark_and_fetches_only_what_is_in_the_h
     area = host.area()
     runs = host.runs_root()[len(area) + 1:]  # the runs' folder in the area ("runs" on an SSH host)
     assert task["inputs"] == {"data": "data/d1", "code": "code/c1", "secret": f"{runs}/r1/secret.env"}
-    assert task["outputs"] == f"{runs}/r1/out" and task["run_dir"] == host.run_dir("r1")
-    argv = " ".join(task["argv"])
-    assert area not in argv and f"@AREA@/{runs}/r1/out:/launcher/out" in argv and "LAUNCHER_OWNER=@OWNER@" in argv
-    assert f"--env-file @AREA@/{runs}/r1/secret.env" in argv and "s3cr3t" not in json.dumps(task)
-    filled = ray_job.fill(task["argv"], "/home/u/.launcher/ray-node", "1000:1000")
+    assert task["run_dir"] == host.run_dir("r1") and len(task["nodes"]) == 1
+    argv = " ".join(task["nodes"][0]["argv"])
+    assert area not in argv and "@RUN@/out:/launcher/out" in argv and "LAUNCHER_OWNER=@OWNER@" in argv
+    assert "@AREA@/data/d1:/launcher/data:ro" in argv and "@AREA@/code/c1:/launcher/code:ro" in argv
+    assert "--env-file @RUN@/secret.env" in argv and "s3cr3t" not in json.dumps(task)
+    (unit,) = ray_job.units(task)
+    assert unit["folder"] == "r1" and unit["container"] == "launcher-r1" and unit["node"] == 0
+    filled = ray_job.fill(unit["argv"], "/home/u/.launcher/ray-node", "1000:1000", "/home/u/.launcher/ray-node/runs/r1")
     assert "/home/u/.launcher/ray-node/data/d1:/launcher/data:ro" in filled and "LAUNCHER_OWNER=1000:1000" in filled
+    assert "/home/u/.launcher/ray-node/runs/r1/out:/launcher/out" in filled
     # a data path outside launcher's area is one every node is taken to have: mounted as it is, not fetched
     task = placement._task(_job(host, data="/mnt/shared/imagenet"))
-    assert "data" not in task["inputs"] and "/mnt/shared/imagenet:/launcher/data:ro" in task["argv"]
+    assert "data" not in task["inputs"] and "/mnt/shared/imagenet:/launcher/data:ro" in task["nodes"][0]["argv"]
+
+
+def test_a_run_of_two_nodes_is_a_task_per_node_in_its_own_folder_with_the_peers_filled_in(tmp_path: Path) -> None:
+    from launcher.specs.topology import Topology
+
+    host = LocalHost(tmp_path)
+    placement = RayPlacement(host)
+    topology = placement.topology_for(Topology(nodes=2, procs_per_node=2).for_framework("torch"))
+    assert topology is not None and topology.network == "host"
+    task = placement._task(_job(host, topology=topology))
+    zero, one = ray_job.units(task, ["10.0.0.5", "10.0.0.6"])
+    assert (zero["folder"], one["folder"]) == ("r1", "r1-node1") and one["container"] == "launcher-r1-node1"
+    assert one["make"] == ["out/nodes/1", "out/ranks"] and "--network" in one["argv"]
+    assert "@RUN@/out/nodes/1:/launcher/out" in one["argv"] and "@RUN@/out/ranks:/launcher/out/ranks" in one["argv"]
+    assert not any("@NODE" in a for a in zero["argv"] + one["argv"]) and "10.0.0.5" in " ".join(one["argv"])
+
+
+def test_a_runs_result_names_the_first_node_that_failed_and_every_node() -> None:
+    ok = {"status": "succeeded", "exit_code": 0, "node": "10.0.0.5", "node_id": "a", "task_id": "t0"}
+    dead = {"status": "failed", "exit_code": 137, "node": "10.0.0.6", "node_id": "b", "error": "exited 137"}
+    stopped = {"status": "cancelled", "exit_code": 143, "node": "10.0.0.5", "node_id": "a"}
+    assert ray_job.merge(1, [(0, dead)]) == dead
+    merged = ray_job.merge(2, [(1, dead), (0, stopped)])
+    assert (merged["status"], merged["exit_code"], merged["error"]) == ("failed", 137, "node 1: exited 137")
+    assert merged["nodes"] == ["10.0.0.5", "10.0.0.6"] and merged["node_id"] == "a"
+    assert ray_job.merge(2, [(0, ok), (1, {**ok, "node": "10.0.0.6"})])["status"] == "succeeded"
+    assert ray_job.merge(2, [(0, stopped), (1, {**stopped, "node": "10.0.0.6"})])["status"] == "cancelled"
 
 
 def test_states_come_from_task_json_else_from_the_ray_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -207,7 +238,3 @@ def test_the_ray_target_refuses_what_it_cannot_do(tmp_path: Path) -> None:
     assert res.exit_code == ExitCode.USAGE and "not a task resource" in res.output
     res = runner.invoke(app, ["provision", "--host", "head.invalid", "--ray-address", "http://127.0.0.1:8265"])
     assert res.exit_code == ExitCode.USAGE and "are cluster settings" in res.output
-    with pytest.raises(UsageError, match="several nodes on a Ray cluster"):
-        from launcher.specs.topology import Topology
-
-        RayPlacement(LocalHost(tmp_path)).topology_for(Topology(nodes=2, procs_per_node=1))

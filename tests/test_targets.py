@@ -75,13 +75,13 @@ def test_without_the_module_the_target_is_unknown(ws: Workspace) -> None:
     assert "toy" not in targets.scheduler_names()
     with pytest.raises(UsageError, match="unknown scheduler 'toy'") as err:
         targets.select("toy", TargetOptions())
-    assert err.value.hint == "the one scheduler launcher drives is slurm"
+    assert err.value.hint == "the schedulers launcher drives: slurm, ray"
     with pytest.raises(UsageError, match="placed by 'toy'"):
         targets.open_placement(ws, {"run_id": "r1", "placement": {"kind": "toy"}})
 
 
 def test_the_builtin_targets() -> None:
-    assert targets.scheduler_names() == ["slurm"]
+    assert targets.scheduler_names() == ["slurm", "ray"]
     assert targets.targets()["direct"].scheduled is False
     assert targets.place(LocalHost(), HostSpec(), None, TargetOptions()).kind == "local"  # the host itself
     slurm = targets.place(LocalHost(), HostSpec(), "slurm", TargetOptions(partition="gpu", settings=("time=1:00",),

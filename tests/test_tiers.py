@@ -141,7 +141,8 @@ def session_fixtures(path: Path) -> set[str]:
         if isinstance(node, ast.FunctionDef):
             for deco in node.decorator_list:
                 if isinstance(deco, ast.Call) and ast.unparse(deco.func) == "pytest.fixture" and any(
-                        k.arg == "scope" and ast.literal_eval(k.value) == "session" for k in deco.keywords):
+                        k.arg == "scope" and ast.literal_eval(k.value) in ("session", "module")
+                        for k in deco.keywords):
                     names.add(node.name)
     return names
 

@@ -212,6 +212,8 @@ class RayRunInfo(TypedDict):
     task_id: NotRequired[str | None]
     node_id: NotRequired[str | None]
     node: NotRequired[str | None]  # the node's address as Ray names it
+    nodes: NotRequired[list[str]]  # a run of several nodes: every node's address, node 0's first
+    node_ids: NotRequired[list[str]]
     error: NotRequired[str | None]
     node_facts: NotRequired[HostFacts | NoFacts]
 
@@ -294,6 +296,8 @@ class ManifestPlacement(TypedDict):
     runtime: NotRequired[str]
     node: NotRequired[str | None]
     node_id: NotRequired[str | None]  # a Ray task's node, by Ray's ID
+    node_ids: NotRequired[list[str]]
+    nodes: NotRequired[list[str]]
     task_id: NotRequired[str | None]
     error: NotRequired[str | None]
     node_facts: NotRequired[HostFacts | NoFacts]

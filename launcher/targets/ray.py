@@ -42,9 +42,10 @@ from launcher.records.records import (
     RunState,
     StartedRecord,
 )
-from launcher.specs.container import ContainerJob, container_spec
-from launcher.specs.topology import Topology
-from launcher.targets.placement import ListedRun, Placement
+from launcher.runtime.distributed import RANKS
+from launcher.specs.container import NODES, ContainerJob, container_spec
+from launcher.specs.topology import HOST, Topology
+from launcher.targets.placement import REMOTE_OUT, ListedRun, Placement
 from launcher.transfers.ship import SHIP_REPO, ShipResult, push_to_registry, save_to_archive
 
 if TYPE_CHECKING:
@@ -188,14 +189,16 @@ class RayPlacement(Placement):
                 "image_source": self.image_source}
 
     def topology_for(self, topology: Topology | None) -> Topology | None:
-        if topology is not None and topology.nodes > 1:
-            raise UsageError("runs of several nodes on a Ray cluster are not supported yet",
-                             "give --nodes 1 (one node, several --procs-per-node), or run the nodes with "
-                             "--host repeated or --scheduler slurm")
-        return topology
+        """A run of several nodes: Ray reserves its nodes together (a placement group, one node each), each node's
+        container on its node's network, node 0's address given to the others."""
+        if topology is None or topology.nodes == 1:
+            return topology
+        return replace(topology, network=HOST)
 
     def node_names(self, count: int) -> list[str]:
-        return [f"{self.name}: a node Ray picks" for _ in range(count)]
+        """Not known before Ray places them (the manifest's placement names them)."""
+        return [f"{self.name}: node {k} of the Ray placement group" if count > 1 else f"{self.name}: a node Ray picks"
+                for k in range(count)]
 
     @property
     def address(self) -> str:
@@ -256,26 +259,32 @@ class RayPlacement(Placement):
         return path[len(root):] if path and path.startswith(root) else None
 
     def _task(self, job: ContainerJob) -> dict[str, Any]:
-        """One replicate's task for the driver: its container's argv with the node's area and owner as marks, the
-        inputs it fetches from the head's area, and where its outputs go."""
+        """One replicate's task for the driver: each node's container argv with the node's area, its run folder,
+        owner and (several nodes) the nodes' addresses as marks; the inputs its nodes fetch from the head's area."""
         def node_path(path: str | None) -> str | None:
             rel = self._relative(path)
             return f"{ray_job.AREA_MARK}/{rel}" if rel is not None else path
 
-        out_rel = self._relative(job.host_out)
-        if out_rel is None:
+        if self._relative(job.host_out) is None:
             raise CommandFailed(f"the run's folder {job.run_dir} is outside launcher's area on {self.name}",
                                 "check the head's launcher area")
-        node_job = replace(job, host_out=f"{ray_job.AREA_MARK}/{out_rel}", data=node_path(job.data),
-                           host_code=node_path(job.host_code), env_file=node_path(job.env_file),
-                           owner=ray_job.OWNER_MARK)
+        secret = f"{ray_job.RUN_MARK}/{job.env_file.rsplit('/', 1)[-1]}" if job.env_file else None
+        on_node = replace(job, host_out=f"{ray_job.RUN_MARK}/{REMOTE_OUT}", data=node_path(job.data),
+                          host_code=node_path(job.host_code), env_file=secret, owner=ray_job.OWNER_MARK)
+        count = job.topology.nodes if job.topology is not None else 1
+        nodes = []
+        for k in range(count):
+            node_job = on_node if count == 1 else replace(
+                on_node, node=k, network=HOST, peers=tuple(ray_job.NODE_MARK.format(j) for j in range(count)))
+            make = [] if k == 0 else [f"{REMOTE_OUT}/{NODES}/{k}", f"{REMOTE_OUT}/{RANKS}"]
+            nodes.append({"container": node_job.name, "argv": engine.render(container_spec(node_job, detach=True)),
+                          "make": make})
         inputs = {which: rel for which, path in (("data", job.data), ("code", job.host_code),
                                                   ("secret", job.env_file))
                   if (rel := self._relative(path)) is not None}
-        return {"run_id": job.run_id, "container": job.name, "image_id": job.image_id,
-                "image_source": dict(self.image_source), "image_archive": self.image_archive(job.image_id),
-                "argv": engine.render(container_spec(node_job, detach=True)), "inputs": inputs,
-                "outputs": out_rel, "run_dir": job.run_dir}
+        return {"run_id": job.run_id, "image_id": job.image_id, "image_source": dict(self.image_source),
+                "image_archive": self.image_archive(job.image_id), "inputs": inputs, "nodes": nodes,
+                "run_dir": job.run_dir}
 
     def start_array(self, jobs: Sequence[ContainerJob]) -> list[StartedRecord]:
         self._ready()
@@ -345,6 +354,9 @@ class RayPlacement(Placement):
                 return RunState(running=False, ended=True, exit_code=None,
                                 status="cancelled" if known == "STOPPED" else "failed", info=info)
         info = self._info(r, task)
+        if isinstance(task.get("nodes"), list):  # a run of several nodes: every node's address, node 0's first
+            info["nodes"] = [str(n) for n in task["nodes"]]
+            info["node_ids"] = [str(n) for n in task.get("node_ids") or []]
         info["error"] = str(task.get("error") or "") or None
         info["node_facts"] = self._node_facts(r)
         code = task.get("exit_code")

@@ -282,7 +282,9 @@ class VerifyReport:
         skipped = [a for a in self.artifacts if not a.checked
                    and any(c["status"] not in (REFERENCE, IDENTICAL) for c in a.cells.values())]
         names = [a.path.removeprefix("outputs/") for a in skipped]
-        tail = (f"; {len(skipped)} files left out of the comparison differ in bytes ({', '.join(names[:3])}"
+        files = "1 file" if len(skipped) == 1 else f"{len(skipped)} files"
+        tail = (f"; {files} left out of the comparison differ{'s' if len(skipped) == 1 else ''} in bytes "
+                f"({', '.join(names[:3])}"
                 + (f" and {len(names) - 3} more" if len(names) > 3 else "") + ")") if skipped else ""
         tail += self._code_tail()
         if not self.identical:

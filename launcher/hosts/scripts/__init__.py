@@ -27,6 +27,10 @@ never evaluates them.
 - ``slurm_array.sh``: a Slurm job array (bash), written as ``array.sh`` and given to sbatch with
   its options on the command line; task i runs the i-th task script listed in ``tasks``
   (``launcher.targets.slurm``).
+- ``ray_job.py``: the exception to the rule above: it runs on a Ray cluster's head under the Python that has Ray
+  (imported inside its functions only): the job API's calls (submit, status, list, stop), and, written as
+  ``driver.py`` into a group's folder, the Ray job that runs its replicates as tasks on the nodes
+  (``launcher.targets.ray``).
 """
 
 from __future__ import annotations

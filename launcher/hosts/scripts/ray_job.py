@@ -48,7 +48,10 @@ PLACED_FILE = "placed.json"  # in each run's folder on the head: where its task 
 LOG_FILE = "task.log"  # in each run's folder on the head: the container's output
 FACTS_FILE = "node-facts.txt"  # in each run's folder on the head: the node's fact sheet (facts.sh)
 AREA_MARK = "@AREA@"  # in a task's argv: the node's own launcher area
+RUN_MARK = "@RUN@"  # in a task's argv: the run's folder on the node (one per node of a run of several)
 OWNER_MARK = "@OWNER@"  # in a task's argv: the node user's UID:GID (who gets the outputs)
+NODE_MARK = "@NODE{}@"  # in a task's argv: node J's address (a run of several nodes), filled in by the driver
+PLACEMENT_WAIT_S = 120.0  # how long a run of several nodes waits for Ray to reserve them
 NODE_AREA = "~/.launcher/ray-node"  # a node's own area: the inputs fetched from the head, the run's outputs
 CHUNK = 4 << 20
 JOB_PREFIX = "launcher-"
@@ -68,9 +71,15 @@ def write_json(path: str, data: Any) -> None:
     os.replace(part, path)
 
 
-def fill(argv: list[str], area: str, owner: str) -> list[str]:
-    """A task's container argv with the node's area and owner in place of their marks."""
-    return [a.replace(AREA_MARK, area).replace(OWNER_MARK, owner) for a in argv]
+def fill(argv: list[str], area: str, owner: str, run: str) -> list[str]:
+    """A task's container argv with the node's area, owner and run folder in place of their marks."""
+    return [a.replace(RUN_MARK, run).replace(AREA_MARK, area).replace(OWNER_MARK, owner) for a in argv]
+
+
+def node_file(name: str, node: int) -> str:
+    """A run folder's file of node k (task.log, placed.json, node-facts.txt): node 0's by its own name."""
+    stem, dot, ext = name.rpartition(".")
+    return name if node == 0 else f"{stem}-node{node}{dot}{ext}"
 
 
 # -- the outputs' tar stream: made on the node, checked and unpacked on the head
@@ -192,29 +201,28 @@ class HeadFiles:
             return f.read(size)
 
     def forget_secret(self, run_id: str) -> None:
-        """The secrets' file of a run, once its task has it (docker reads it when it creates the container)."""
+        """The secrets' file of a run, once its task ended on every node (each node's docker read it)."""
         if "secret" in self.runs[run_id]["inputs"]:
             path = self._input(run_id, "secret")
             with self.lock:
-                gone = self.packed.pop(path, None)
-            for p in {path, gone[0] if gone else path}:
-                try:
-                    os.unlink(p)
-                except OSError:
-                    pass
+                self.packed.pop(path, None)
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
     def _run_file(self, run_id: str, name: str) -> str:
         return os.path.join(self.runs[run_id]["run_dir"], name)
 
-    def placed(self, run_id: str, where: dict[str, Any]) -> None:
-        write_json(self._run_file(run_id, PLACED_FILE), where)
+    def placed(self, run_id: str, where: dict[str, Any], node: int = 0) -> None:
+        write_json(self._run_file(run_id, node_file(PLACED_FILE, int(node))), where)
 
-    def facts(self, run_id: str, text: str) -> None:
-        with open(self._run_file(run_id, FACTS_FILE), "w") as f:
+    def facts(self, run_id: str, text: str, node: int = 0) -> None:
+        with open(self._run_file(run_id, node_file(FACTS_FILE, int(node))), "w") as f:
             f.write(text)
 
-    def log(self, run_id: str, data: bytes) -> None:
-        with open(self._run_file(run_id, LOG_FILE), "ab") as f:
+    def log(self, run_id: str, data: bytes, node: int = 0) -> None:
+        with open(self._run_file(run_id, node_file(LOG_FILE, int(node))), "ab") as f:
             f.write(data)
 
     def begin_outputs(self, run_id: str) -> str:
@@ -329,20 +337,20 @@ def _unpack_input(head: Any, ray: Any, run_id: str, which: str, target: str) -> 
 
 
 def run_task(head: Any, task: dict[str, Any], facts: str) -> dict[str, Any]:
-    """One replicate on the node this task landed on; returns its task.json fields (the driver writes them)."""
+    """One replicate (or node ``task["node"]`` of one) on the node this task landed on; returns its task.json fields
+    (the driver writes them). The run's folder on the node holds its outputs and secrets only while it runs."""
     import ray
 
     ctx = ray.get_runtime_context()
-    node_id = ctx.get_node_id()
     node_ip = ray.util.get_node_ip_address()
-    run_id, name = task["run_id"], task["container"]
-    result: dict[str, Any] = {"node_id": node_id, "node": node_ip, "task_id": ctx.get_task_id(), "image_ran": "",
-                                "exit_code": None, "status": "failed", "error": ""}
+    run_id, name, node = task["run_id"], task["container"], int(task.get("node", 0))
+    result: dict[str, Any] = {"node_id": ctx.get_node_id(), "node": node_ip, "task_id": ctx.get_task_id(),
+                              "image_ran": "", "exit_code": None, "status": "failed", "error": ""}
     area = os.path.expanduser(NODE_AREA)
-    run_dir = os.path.join(area, "runs", run_id)
-    ray.get(head.placed.remote(run_id, {k: result[k] for k in ("node_id", "node", "task_id")} | {"started_at": now()}))
-    facts_text = subprocess.run(["sh", "-c", facts], capture_output=True, text=True).stdout
-    head.facts.remote(run_id, facts_text)
+    run_dir = os.path.join(area, "runs", str(task.get("folder") or run_id))
+    ray.get(head.placed.remote(run_id, {k: result[k] for k in ("node_id", "node", "task_id")}
+                               | {"started_at": now()}, node))
+    head.facts.remote(run_id, subprocess.run(["sh", "-c", facts], capture_output=True, text=True).stdout, node)
     secret = ""
     try:
         have = _ensure_image(head, ray, task, area)
@@ -351,31 +359,29 @@ def run_task(head: Any, task: dict[str, Any], facts: str) -> dict[str, Any]:
                                                f"(it has: {have or 'none'}); nothing was run")
             return result
         result["image_ran"] = have
+        os.makedirs(run_dir, exist_ok=True)
         for which, rel in sorted(task["inputs"].items()):
-            if which == "secret":
-                secret = os.path.join(area, rel)
-                os.makedirs(os.path.dirname(secret), exist_ok=True)
+            if which == "secret":  # beside the run's outputs, readable by this user alone
+                secret = os.path.join(run_dir, os.path.basename(rel))
                 fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
                 with os.fdopen(fd, "wb") as f:
                     _fetch(head, ray, run_id, which, f)
-                head.forget_secret.remote(run_id)
             else:
                 _unpack_input(head, ray, run_id, which, os.path.join(area, rel))
-        out = os.path.join(area, task["outputs"])
-        os.makedirs(out, exist_ok=True)
-        for sub in task.get("make", []):
-            os.makedirs(os.path.join(area, sub), exist_ok=True)
+        out = os.path.join(run_dir, "out")
+        for sub in ["out", *task.get("make", [])]:
+            os.makedirs(os.path.join(run_dir, sub), exist_ok=True)
         subprocess.run(["docker", "rm", "-f", name], capture_output=True)
-        argv = fill(task["argv"], area, f"{os.getuid()}:{os.getgid()}")
+        argv = fill(task["argv"], area, f"{os.getuid()}:{os.getgid()}", run_dir)
         started = subprocess.run(argv, capture_output=True, text=True)
-        if secret:
+        if secret:  # docker read it when it created the container
             os.unlink(secret)
             secret = ""
         if started.returncode != 0:
             result.update(exit_code=started.returncode,
                           error=f"the container did not start on {node_ip}: {started.stderr.strip()[-300:]}")
             return result
-        code = _wait(head, run_id, name)
+        code = _wait(head, run_id, name, node)
         subprocess.run(["docker", "rm", name], capture_output=True)
         result["exit_code"] = code
         why = _send_outputs(head, ray, run_id, out)
@@ -397,7 +403,7 @@ def run_task(head: Any, task: dict[str, Any], facts: str) -> dict[str, Any]:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _wait(head: Any, run_id: str, name: str) -> int | None:
+def _wait(head: Any, run_id: str, name: str, node: int) -> int | None:
     """The container's exit code, its log streamed to the head meanwhile. The task's own thread only waits in short
     steps, so that a cancel (Ray raises KeyboardInterrupt in it) is seen within half a second."""
     ended: dict[str, int | None] = {}
@@ -407,7 +413,7 @@ def _wait(head: Any, run_id: str, name: str) -> int | None:
         text = done.stdout.strip()
         ended["code"] = int(text) if text.lstrip("-").isdigit() else None
 
-    follower = threading.Thread(target=_stream_logs, args=(head, run_id, name), daemon=True)
+    follower = threading.Thread(target=_stream_logs, args=(head, run_id, name, node), daemon=True)
     waiter = threading.Thread(target=wait, daemon=True)
     follower.start()
     waiter.start()
@@ -417,7 +423,7 @@ def _wait(head: Any, run_id: str, name: str) -> int | None:
     return ended.get("code")
 
 
-def _stream_logs(head: Any, run_id: str, name: str) -> None:
+def _stream_logs(head: Any, run_id: str, name: str, node: int) -> None:
     """The container's output to the head's task.log as it comes, in pieces of about a second."""
     import ray
 
@@ -429,10 +435,10 @@ def _stream_logs(head: Any, run_id: str, name: str) -> None:
     for line in iter(follow.stdout.readline, b""):
         pending.append(line)
         if time.monotonic() - last > 1.0 or sum(map(len, pending)) > 65536:
-            sent.append(head.log.remote(run_id, b"".join(pending)))
+            sent.append(head.log.remote(run_id, b"".join(pending), node))
             pending, last = [], time.monotonic()
     if pending:
-        sent.append(head.log.remote(run_id, b"".join(pending)))
+        sent.append(head.log.remote(run_id, b"".join(pending), node))
     follow.wait()
     ray.get(sent)
 
@@ -458,7 +464,7 @@ def stop_container(name: str) -> bool:
 
 # -- the driver: the Ray job of one array
 
-def _failure(exc: BaseException, task: dict[str, Any], placed: dict[str, Any]) -> dict[str, Any]:
+def _failure(exc: BaseException, placed: dict[str, Any]) -> dict[str, Any]:
     """task.json's fields of a task that raised: cancelled, its node lost, or an error in launcher's task."""
     import ray
 
@@ -475,11 +481,50 @@ def _failure(exc: BaseException, task: dict[str, Any], placed: dict[str, Any]) -
     return {**result, "status": "failed", "error": f"{kind} on {where}: {text[-1] if text else ''}"[:500]}
 
 
+def units(task: dict[str, Any], peers: list[str] | None = None) -> list[dict[str, Any]]:
+    """The task of each node of a run (one for a run of one node): node k's container and argv, node J's address in
+    place of @NODE<J>@, its own folder on its node (a home the nodes share keeps them apart)."""
+    base = {k: v for k, v in task.items() if k != "nodes"}
+    out = []
+    for k, spec in enumerate(task["nodes"]):
+        argv = list(spec["argv"])
+        for j, address in enumerate(peers or []):
+            argv = [a.replace(NODE_MARK.format(j), address) for a in argv]
+        out.append({**base, **spec, "node": k, "argv": argv,
+                    "folder": task["run_id"] if k == 0 else f"{task['run_id']}-node{k}"})
+    return out
+
+
+def merge(count: int, ended: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
+    """A run's task.json from its nodes' results, in the order they ended: node 0's placement, every node's address;
+    the first node that failed names the failure (the others were stopped because of it)."""
+    if count == 1 and ended:
+        return dict(ended[0][1])
+    by_node = dict(ended)
+    first = by_node.get(0, {})
+    merged: dict[str, Any] = {key: first.get(key) for key in ("node_id", "node", "task_id", "image_ran")}
+    merged["nodes"] = [by_node.get(k, {}).get("node") for k in range(count)]
+    merged["node_ids"] = [by_node.get(k, {}).get("node_id") for k in range(count)]
+    failed = [(k, r) for k, r in ended if r.get("status") == "failed"]
+    if failed:
+        k, r = failed[0]
+        merged.update(status="failed", exit_code=r.get("exit_code"), error=f"node {k}: {r.get('error') or 'failed'}")
+    elif any(r.get("status") == "cancelled" for _, r in ended) or len(ended) < count:
+        merged.update(status="cancelled", exit_code=None, error="cancelled (launcher stop)")
+    else:
+        merged.update(status="succeeded", exit_code=0, error="")
+    return merged
+
+
 def drive(array_dir: str) -> int:
-    """The Ray job of an array: every replicate one task, spread over the nodes (at most max_parallel at once), each
-    run's task.json written as its task ends; a cancel file in the array's folder (or SIGTERM) cancels the rest."""
+    """The Ray job of an array: every replicate one task (a run of several nodes: one task per node, on nodes Ray
+    reserves together in a placement group, one node each), spread over the nodes (at most max_parallel replicates
+    at once; runs of several nodes one at a time, their nodes on their hosts' ports), each run's task.json written
+    as it ends; the first node of a run to fail stops its others; a cancel file in the array's folder (or SIGTERM)
+    cancels the rest."""
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
     with open(os.path.join(array_dir, JOB_FILE)) as f:
         job = json.load(f)
@@ -487,34 +532,69 @@ def drive(array_dir: str) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     ray.init(log_to_driver=False)
     here = ray.get_runtime_context().get_node_id()
-    Head = ray.remote(HeadFiles)
-    head = Head.options(num_cpus=0, max_concurrency=16,
-                        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False)).remote(job)
+    head = ray.remote(HeadFiles).options(
+        num_cpus=0, max_concurrency=16,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False)).remote(job)
     remote_task = ray.remote(run_task)
     res = job.get("resources") or {}
+    need = {"num_cpus": res.get("num_cpus", 1), "num_gpus": res.get("num_gpus", 0), "memory": res.get("memory")}
+    bundle = {"CPU": need["num_cpus"], **({"GPU": need["num_gpus"]} if need["num_gpus"] else {}),
+              **({"memory": need["memory"]} if need["memory"] else {})}
     todo = list(job["tasks"])
-    limit = int(job.get("max_parallel") or len(todo))
-    running: dict[Any, dict[str, Any]] = {}
+    several = any(len(t["nodes"]) > 1 for t in todo)
+    limit = 1 if several else int(job.get("max_parallel") or len(todo))
+    runs: dict[str, dict[str, Any]] = {}  # run ID -> its task, its nodes' results as they end, its placement group
+    running: dict[Any, tuple[str, dict[str, Any]]] = {}  # a node's task -> its run ID and its unit
     cancelled: set[Any] = set()
 
-    def stop_on_node(task: dict[str, Any], placed: dict[str, Any]) -> None:
+    def finish(run_id: str, result: dict[str, Any]) -> None:
+        run = runs.pop(run_id)
+        result.update(ended_at=now(), job_id=job["job_id"])
+        write_json(os.path.join(run["task"]["run_dir"], TASK_FILE), result)
+        ray.get(head.forget_secret.remote(run_id))
+        if run["pg"] is not None:
+            remove_placement_group(run["pg"])
+
+    def stop_on_node(unit: dict[str, Any]) -> None:
         """Remove a cancelled task's container on its node (the task removes it itself when it sees the cancel)."""
+        placed = _read(os.path.join(unit["run_dir"], node_file(PLACED_FILE, unit["node"])))
         if placed.get("node_id"):
             strategy = NodeAffinitySchedulingStrategy(node_id=placed["node_id"], soft=False)
             try:
                 ray.get(ray.remote(stop_container).options(num_cpus=0, scheduling_strategy=strategy)
-                        .remote(task["container"]), timeout=60)
+                        .remote(unit["container"]), timeout=60)
             except Exception:  # noqa: S110 - a node gone takes its containers with it
                 pass
 
+    def start(task: dict[str, Any]) -> None:
+        count, pg = len(task["nodes"]), None
+        runs[task["run_id"]] = {"task": task, "ended": [], "pg": None}
+        if count == 1:
+            strategies: list[Any] = ["SPREAD"]
+            peers = None
+        else:
+            pg = placement_group([dict(bundle) for _ in range(count)], strategy="STRICT_SPREAD")
+            runs[task["run_id"]]["pg"] = pg
+            ready, _ = ray.wait([pg.ready()], timeout=PLACEMENT_WAIT_S)
+            if not ready:
+                finish(task["run_id"], {"status": "failed", "exit_code": None, "error": (
+                    f"Ray could not reserve {count} nodes with {bundle} each, one task per node, in "
+                    f"{PLACEMENT_WAIT_S:.0f} s: the cluster has fewer nodes with that much free")})
+                return
+            where = placement_group_table(pg)["bundles_to_node_id"]
+            address = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+            peers = [address[where[k]] for k in range(count)]
+            strategies = [PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=k)
+                          for k in range(count)]
+        for unit, strategy in zip(units(task, peers), strategies, strict=True):
+            ref = remote_task.options(**need, scheduling_strategy=strategy, max_retries=0,
+                                      name=f"launcher:{unit['folder']}").remote(head, unit, job["facts"])
+            running[ref] = (task["run_id"], unit)
+
     try:
         while todo or running:
-            while todo and len(running) < limit and not stopping.is_set():
-                task = todo.pop(0)
-                ref = remote_task.options(num_cpus=res.get("num_cpus", 1), num_gpus=res.get("num_gpus", 0),
-                                          memory=res.get("memory"), scheduling_strategy="SPREAD", max_retries=0,
-                                          name=f"launcher:{task['run_id']}").remote(head, task, job["facts"])
-                running[ref] = task
+            while todo and len(runs) < limit and not stopping.is_set():
+                start(todo.pop(0))
             if stopping.is_set() or os.path.exists(os.path.join(array_dir, CANCEL_FILE)):
                 stopping.set()
                 for task in todo:
@@ -527,27 +607,37 @@ def drive(array_dir: str) -> int:
                     cancelled.add(ref)
             done, _ = ray.wait(list(running), num_returns=1, timeout=1.0)
             for ref in done:
-                task = running.pop(ref)
-                placed = _read(os.path.join(task["run_dir"], PLACED_FILE))
+                run_id, unit = running.pop(ref)
                 try:
                     result = ray.get(ref)
                 except BaseException as exc:
-                    result = _failure(exc, task, placed)
+                    result = _failure(exc, _read(os.path.join(unit["run_dir"], node_file(PLACED_FILE, unit["node"]))))
                     if result["status"] == "cancelled":
-                        stop_on_node(task, placed)
-                result.update(ended_at=now(), job_id=job["job_id"])
-                write_json(os.path.join(task["run_dir"], TASK_FILE), result)
+                        stop_on_node(unit)
+                run = runs[run_id]
+                run["ended"].append((unit["node"], result))
+                others = [r for r, (rid, _) in running.items() if rid == run_id]
+                if result.get("status") == "failed":  # the first node to fail stops the others
+                    for other in set(others) - cancelled:
+                        ray.cancel(other)
+                        cancelled.add(other)
+                if not others:
+                    finish(run_id, merge(len(run["task"]["nodes"]), run["ended"]))
     finally:  # the driver itself stopped (Ray's SIGKILL aside): no run is left without its result
-        for ref, task in running.items():
+        for ref, (_, unit) in running.items():
             ray.cancel(ref, force=True)
-            stop_on_node(task, _read(os.path.join(task["run_dir"], PLACED_FILE)))
+            stop_on_node(unit)
         raised = sys.exc_info()[1]
         why = f"{type(raised).__name__}: {raised}" if raised is not None else "it ended"
-        for task in [*running.values(), *todo]:
+        for task in [*(r["task"] for r in runs.values()), *todo]:
             if not os.path.exists(os.path.join(task["run_dir"], TASK_FILE)):
                 write_json(os.path.join(task["run_dir"], TASK_FILE),
                            {"status": "failed", "exit_code": None, "ended_at": now(), "job_id": job["job_id"],
                             "error": f"launcher's Ray driver stopped before the task ended ({why})"[:500]})
+        for run in runs.values():
+            if run["pg"] is not None:
+                remove_placement_group(run["pg"])
+        ray.get([head.forget_secret.remote(run_id) for run_id in list(runs)])
     ray.get(head.cleanup.remote())
     return 0
 
