@@ -238,3 +238,91 @@ def test_the_ray_target_refuses_what_it_cannot_do(tmp_path: Path) -> None:
     assert res.exit_code == ExitCode.USAGE and "not a task resource" in res.output
     res = runner.invoke(app, ["provision", "--host", "head.invalid", "--ray-address", "http://127.0.0.1:8265"])
     assert res.exit_code == ExitCode.USAGE and "are cluster settings" in res.output
+
+
+def test_a_hand_made_launch_record_names_no_other_folder_on_the_head(tmp_path: Path) -> None:
+    """A cloned workspace's launch.json is someone else's file: `stop` writes its cancel file only into a group's
+    folder launcher makes, and state reads task.json only from the run's own folder."""
+    from launcher.errors import Corrupt
+
+    host = LocalHost(tmp_path)
+    placement = RayPlacement(host)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    good = {"job_id": "launcher-r1", "index": 0, "array_size": 1, "array_dir": host.area("ray", "r1"),
+            "run_dir": host.run_dir("r1")}
+    for bad in ({"array_dir": str(victim)}, {"array_dir": host.area("ray", "..")}, {"run_dir": str(victim)},
+                {"job_id": "launcher-other"}, {"run_dir": host.run_dir("r2")}):
+        launch: Any = {"run_id": "r1", "ray": {**good, **bad}}
+        with pytest.raises(Corrupt, match="launcher does not make"):
+            placement.stop(launch)
+        with pytest.raises(Corrupt, match="launcher does not make"):
+            placement.state(launch)
+    assert list(victim.iterdir()) == []
+
+
+class _Head:
+    """A head that answers find_python's two questions: the `ray` command's first line, and which Python has Ray."""
+
+    name = "head"
+
+    def __init__(self, shebang: str, with_ray: set[str]) -> None:
+        self.shebang, self.with_ray, self.asked = shebang, with_ray, []
+
+    def run(self, argv: list[str], check: bool = False, timeout: float | None = None) -> Any:
+        from launcher.proc import Completed
+
+        if argv[0] == "sh":
+            return Completed(tuple(argv), 0, self.shebang.encode(), b"")
+        self.asked.append(argv[0])
+        ok = argv[0] in self.with_ray
+        return Completed(tuple(argv), 0 if ok else 1, b"2.60.0\n" if ok else b"", b"" if ok else b"No module 'ray'")
+
+
+def test_the_heads_python_is_the_one_its_ray_command_runs() -> None:
+    from launcher.errors import NoScheduler
+    from launcher.targets.ray import find_python
+
+    head: Any = _Head("/opt/venv/bin/python3.11", {"/opt/venv/bin/python3.11"})
+    assert find_python(head, {}) == ("/opt/venv/bin/python3.11", "2.60.0")
+    head = _Head("/usr/bin/env -S python3", {"python3"})
+    assert find_python(head, {}) == ("python3", "2.60.0") and head.asked == ["python3"]
+    head = _Head("", {"/srv/ray/bin/python"})
+    assert find_python(head, {"python": "/srv/ray/bin/python"})[0] == "/srv/ray/bin/python"
+    with pytest.raises(NoScheduler, match="has no Ray with its job API"):
+        find_python(_Head("", set()), {})
+
+
+def test_provision_keeps_the_address_and_a_registry_every_node_reaches(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import contextlib
+
+    from launcher.errors import RegistryUnavailable
+    from launcher.targets import ray_target
+    from launcher.targets.registry import ProvisionRequest
+
+    host = LocalHost(tmp_path)
+    reach = {"10.0.0.5": True, "10.0.0.6": True}
+    seen: list[Any] = []
+
+    def facts(head: Any, settings: Any, registry: str | None) -> dict[str, Any]:
+        seen.append((dict(settings), registry))
+        return {"ray_version": "2.60.0", "python": "/usr/bin/python3", "address": settings.get("address"),
+                "nodes": [{"node_id": a, "address": a, "docker": "24.0", "reaches_registry": r}
+                          for a, r in reach.items()]}
+
+    monkeypatch.setattr(ray_target, "cluster_facts", facts)
+    opened = lambda: contextlib.nullcontext(host)  # noqa: E731
+    done = ray_target.provision(opened, ProvisionRequest(address="http://10.0.0.5:8265", registry="10.0.0.9:5000"))
+    assert "2 nodes alive, 2 with a usable Docker engine" in done.summary
+    kept = json.loads(Path(host.area("ray.json")).read_text())
+    assert kept == {"address": "http://10.0.0.5:8265", "python": "/usr/bin/python3", "registry": "10.0.0.9:5000"}
+    reach["10.0.0.6"] = False
+    with pytest.raises(RegistryUnavailable, match=r"10\.0\.0\.6 cannot reach registry 10\.0\.0\.8:5000"):
+        ray_target.provision(opened, ProvisionRequest(registry="10.0.0.8:5000"))
+    assert json.loads(Path(host.area("ray.json")).read_text()) == kept  # nothing was changed
+    ray_target.provision(opened, ProvisionRequest(registry="none"))
+    assert "registry" not in json.loads(Path(host.area("ray.json")).read_text())
+    assert seen[1] == (kept, "10.0.0.8:5000")  # the probe used the kept address, and the registry asked about
+    with pytest.raises(UsageError, match="not Ray cluster settings"):
+        ray_target.provision(opened, ProvisionRequest(install=True))

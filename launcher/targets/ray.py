@@ -18,6 +18,7 @@ placed.json, node-facts.txt, task.json).
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -61,6 +62,7 @@ HEAD_VIA = "head"  # the image source of tasks that load the archive from the he
 REGISTRY_VIA = "registry"
 RESOURCES = ("num_cpus", "num_gpus", "memory")  # what --ray-opt may set, per replicate
 ACTIVE = ("PENDING", "RUNNING")
+IDENTIFIER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a run ID, as a group's folder is named
 STOP_WAIT_S = 45.0
 
 
@@ -133,7 +135,10 @@ def find_python(head: Host, settings: RaySettings) -> tuple[str, str]:
     the head's PATH runs, else python3. NoScheduler where none has Ray with its job API."""
     found = head.run(["sh", "-c", 'r=$(command -v ray) && head -n 1 "$r" | sed -n "s/^#![[:space:]]*//p"'],
                      check=False).out.strip()
-    candidates = [c for c in (settings.get("python"), found.split()[0] if found else None, "python3") if c]
+    words = found.split()
+    if words and words[0].endswith("/env"):  # #!/usr/bin/env [-S] python3
+        words = [w for w in words[1:] if not w.startswith("-")]
+    candidates = [c for c in (settings.get("python"), words[0] if words else None, "python3") if c]
     for python in dict.fromkeys(candidates):
         done = head.run([python, "-c", "import ray, ray.job_submission; print(ray.__version__)"], check=False)
         if done.returncode == 0 and done.out.strip():
@@ -308,17 +313,24 @@ class RayPlacement(Placement):
         self.host.write_atomic(path, data.encode() if isinstance(data, str) else data)
 
     # -- watching and collecting
-    @staticmethod
-    def _ray(launch: LaunchRecord) -> RayTask:
+    def _ray(self, launch: LaunchRecord) -> RayTask:
+        """The run's Ray task as its launch record names it, checked against where launcher puts such files: a
+        launch.json edited by hand (or a cloned workspace's) names no other folder on the head to read or write."""
         rec = launch.get("ray")
         if not isinstance(rec, Mapping):
             raise UsageError(f"run {launch.get('run_id')} has no Ray task in its launch record",
                              "it was not started on a Ray cluster")
         missing = [k for k in ("job_id", "index", "array_dir", "run_dir") if k not in rec]
+        fix = "the run's launch.json was changed by hand; stop the job with `ray job stop` on the head"
         if missing:
             raise Corrupt(f"run {launch.get('run_id')}'s launch record names its Ray task without "
-                          f"{', '.join(missing)}", "the run's launch.json was changed by hand; stop the job with "
-                          "`ray job stop` on the head")
+                          f"{', '.join(missing)}", fix)
+        key = str(rec["array_dir"]).rsplit("/", 1)[-1]
+        ok = (rec["run_dir"] == self.host.run_dir(str(launch.get("run_id"))) and IDENTIFIER.fullmatch(key) is not None
+              and rec["array_dir"] == self.host.area(RAY_AREA, key) and rec["job_id"] == f"{ray_job.JOB_PREFIX}{key}")
+        if not ok:
+            raise Corrupt(f"run {launch.get('run_id')}'s launch record names a Ray job or folders launcher does not "
+                          f"make ({rec['job_id']}, {rec['array_dir']}, {rec['run_dir']})", fix)
         return rec
 
     def _json(self, path: str) -> dict[str, Any] | None:
