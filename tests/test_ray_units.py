@@ -210,6 +210,7 @@ def test_states_come_from_task_json_else_from_the_ray_job(tmp_path: Path, monkey
     placement.python = "python3"
     answers = {"status": {"status": "RUNNING"}}
     monkeypatch.setattr(ray_target, "call", lambda _h, _p, cmd, *a, **k: answers[cmd])
+    monkeypatch.setattr(ray_target, "STATUS_TTL_S", -1.0)  # every state asks (a group's replicates share answers)
     launch: Any = {"run_id": "r1", "ray": {"job_id": "launcher-r1", "index": 0, "array_size": 1,
                                            "array_dir": host.area("ray", "r1"), "run_dir": str(run_dir)}}
     state = placement.state(launch)
@@ -326,3 +327,19 @@ def test_provision_keeps_the_address_and_a_registry_every_node_reaches(
     assert seen[1] == (kept, "10.0.0.8:5000")  # the probe used the kept address, and the registry asked about
     with pytest.raises(UsageError, match="not Ray cluster settings"):
         ray_target.provision(opened, ProvisionRequest(install=True))
+
+
+def test_the_replicates_of_a_group_share_one_question_to_the_job_api(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    host = LocalHost(tmp_path)
+    placement = RayPlacement(host)
+    placement.python = "python3"
+    asked: list[str] = []
+    monkeypatch.setattr(ray_target, "call", lambda _h, _p, cmd, *a, **k: asked.append(cmd) or {"status": "RUNNING"})
+    for run_id in ("r1", "r2", "r3"):  # three replicates of one Ray job, still running
+        Path(host.run_dir(run_id)).mkdir(parents=True)
+        launch: Any = {"run_id": run_id, "ray": {"job_id": "launcher-r1", "index": 0, "array_size": 3,
+                                                 "array_dir": host.area("ray", "r1"), "run_dir": host.run_dir(run_id)}}
+        state = placement.state(launch)
+        assert state is not None and state.running
+    assert asked == ["status"]

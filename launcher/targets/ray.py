@@ -64,6 +64,7 @@ RESOURCES = ("num_cpus", "num_gpus", "memory")  # what --ray-opt may set, per re
 ACTIVE = ("PENDING", "RUNNING")
 IDENTIFIER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a run ID, as a group's folder is named
 STOP_WAIT_S = 45.0
+STATUS_TTL_S = 2.0
 
 
 class RaySettings(TypedDict, total=False):
@@ -179,6 +180,7 @@ class RayPlacement(Placement):
         self.settings: RaySettings = {}
         self.python = ""
         self.image_source: ImageSource = {"kind": HEAD_VIA}
+        self._status: dict[str, tuple[float, dict[str, Any]]] = {}  # a Ray job's last status, by submission ID
 
     @classmethod
     def reopen(cls, host: Host, host_spec: HostSpec, record: PlacementRecord) -> Placement:
@@ -313,6 +315,17 @@ class RayPlacement(Placement):
         self.host.write_atomic(path, data.encode() if isinstance(data, str) else data)
 
     # -- watching and collecting
+    def _job_status(self, job_id: str, *, fresh: bool = False) -> dict[str, Any]:
+        """The Ray job's status and message; the replicates of a group share one job, so an answer serves them all
+        for STATUS_TTL_S (the head's Python imports Ray for each question)."""
+        now = time.monotonic()
+        kept = self._status.get(job_id)
+        if kept is None or fresh or now - kept[0] > STATUS_TTL_S:
+            answer = self._call("status", self.address, job_id)
+            kept = (now, answer if isinstance(answer, dict) else {})
+            self._status[job_id] = kept
+        return kept[1]
+
     def _ray(self, launch: LaunchRecord) -> RayTask:
         """The run's Ray task as its launch record names it, checked against where launcher puts such files: a
         launch.json edited by hand (or a cloned workspace's) names no other folder on the head to read or write."""
@@ -352,7 +365,7 @@ class RayPlacement(Placement):
         r = self._ray(launch)
         task = self._json(f"{r['run_dir']}/{ray_job.TASK_FILE}")
         if task is None:
-            status = self._call("status", self.address, r["job_id"])
+            status = self._job_status(r["job_id"])
             if status.get("status") in ACTIVE:
                 return RunState(running=True, ended=False)
             task = self._json(f"{r['run_dir']}/{ray_job.TASK_FILE}")  # it may have ended between the two reads
@@ -402,7 +415,7 @@ class RayPlacement(Placement):
         self._write(f"{r['array_dir']}/{ray_job.CANCEL_FILE}", b"")
         deadline = time.monotonic() + STOP_WAIT_S
         while time.monotonic() < deadline:
-            if self._call("status", self.address, r["job_id"]).get("status") not in ACTIVE:
+            if self._job_status(r["job_id"], fresh=True).get("status") not in ACTIVE:
                 return self.state(launch)
             time.sleep(1.0)
         if not self._call("stop", self.address, r["job_id"]).get("stopped"):
