@@ -94,7 +94,12 @@ def ray_cluster(slurm_cluster: Any) -> Iterator[Any]:
     """A real Ray cluster, Ray from PyPI, on the Slurm test cluster's two nodes (tests/raycluster.py): the head on
     the first, a worker with a home of its own on the second; Ray stopped when the module's tests end."""
     import raycluster
+    from conftest import need
 
+    try:
+        raycluster.ray_site()
+    except Exception as exc:  # no PyPI here: said, and a failure in CI
+        need(False, f"Ray {raycluster.RAY_VERSION} cannot be installed from PyPI: {str(exc)[-300:]}")
     cluster = raycluster.start_cluster(slurm_cluster)
     try:
         yield cluster
