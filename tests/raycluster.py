@@ -80,6 +80,7 @@ class RayCluster:
     head: TestHost
     worker: TestHost
     worker_user: str = WORKER_USER
+    archives: frozenset[str] = frozenset()  # the head area's image archives before (the Slurm tests count theirs)
 
     @property
     def nodes(self) -> list[TestHost]:
@@ -102,8 +103,14 @@ class RayCluster:
                              "{n['NodeID']: n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']}))")
         return dict(json.loads(out.strip().splitlines()[-1]))
 
+    def images(self) -> set[str]:
+        return set(self.head.exec("sh", "-c", "ls /root/.launcher/images 2>/dev/null || true").split())
+
     def stop(self) -> None:
-        """Stop Ray on both nodes, in the background: the tests after these need the nodes, not Ray's end."""
+        """Stop Ray on both nodes, in the background: the tests after these need the nodes, not Ray's end. The image
+        archives the Ray runs left in the head's area (root's, the Slurm cluster's shared home) go."""
+        for name in self.images() - self.archives:
+            self.head.exec("rm", "-f", f"/root/.launcher/images/{name}")
         for node, user in ((self.head, "root"), (self.worker, self.worker_user)):
             subprocess.run(["docker", "exec", "-d", "-u", user, node.container, "ray", "stop", "--force"],
                            capture_output=True, check=False)
@@ -132,6 +139,7 @@ def start_cluster(slurm: SlurmCluster, cache_dir: Path | None = None, timeout: f
         t.join()
     worker.exec("sh", "-c", f"id {WORKER_USER} >/dev/null 2>&1 || useradd -m -s /bin/sh -G docker {WORKER_USER}")
     cluster = RayCluster(head=head, worker=worker)
+    cluster.archives = frozenset(cluster.images())
     try:
         head.exec("ray", "start", "--head", f"--node-ip-address={head.ip}", "--port=6379",
                   "--dashboard-host=127.0.0.1", "--dashboard-port=8265", *RAY_FLAGS, timeout=120)

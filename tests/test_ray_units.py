@@ -327,6 +327,8 @@ def test_provision_keeps_the_address_and_a_registry_every_node_reaches(
     assert seen[1] == (kept, "10.0.0.8:5000")  # the probe used the kept address, and the registry asked about
     with pytest.raises(UsageError, match="not Ray cluster settings"):
         ray_target.provision(opened, ProvisionRequest(install=True))
+    with pytest.raises(UsageError, match="is not the job API's URL"):
+        ray_target.provision(opened, ProvisionRequest(address="127.0.0.1:8265"))
 
 
 def test_the_replicates_of_a_group_share_one_question_to_the_job_api(
@@ -343,3 +345,43 @@ def test_the_replicates_of_a_group_share_one_question_to_the_job_api(
         state = placement.state(launch)
         assert state is not None and state.running
     assert asked == ["status"]
+
+
+def test_without_an_archive_the_head_saves_the_image_its_engine_holds_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    head, _run_dir = _head(tmp_path)
+    os.unlink(head.runs["r1"]["image_archive"])  # launcher found the image in the head's engine and sent none
+    head.runs["r1"]["image_id"] = "sha256:" + "ab" * 32
+    with pytest.raises(RuntimeError, match="its engine cannot save it"):  # no docker here
+        head.open("r1", "image")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    (bin_dir / "docker").write_text(f'#!/bin/sh\necho "$@" >> {calls}\nprintf "saved %s" "$4" > "$3"\n')
+    (bin_dir / "docker").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    for _ in range(2):
+        token, sha, size = head.open("r1", "image")
+        saved = head.read(token, 0, size)
+        assert saved == b"saved sha256:" + b"ab" * 32 and sha == hashlib.sha256(saved).hexdigest()
+    assert calls.read_text().count("save -o") == 1
+    head.cleanup()
+
+
+def test_provision_prints_the_ray_clusters_nodes(capsys: pytest.CaptureFixture[str]) -> None:
+    from launcher.cli.provision_text import cluster_text
+    from launcher.result import Result
+
+    facts = {"ray_version": "2.60.0", "address": "http://127.0.0.1:8265", "python": "/usr/bin/python3",
+             "registry": "10.0.0.9:5000", "settings": {"registry": "10.0.0.9:5000"},
+             "nodes": [{"node_id": "67a0fe3b327f91d6", "address": "10.0.0.5", "head": True, "cpus": 2.0, "gpus": 0,
+                        "memory_mb": 2048, "docker": "24.0.7", "nvidia_runtime": False, "reaches_registry": True},
+                       {"node_id": "fe05573bfbe4aa", "address": "10.0.0.6", "head": False, "cpus": 8.0, "gpus": 1.0,
+                        "memory_mb": None, "docker": None, "probe_error": "GetTimeoutError: no answer",
+                        "reaches_registry": False}]}
+    cluster_text(Result("provision", {"host": "head", "ray": facts}, summary="Ray 2.60.0: 2 nodes alive"))
+    out = capsys.readouterr().out
+    assert "Ray 2.60.0 at head (job API http://127.0.0.1:8265, Python /usr/bin/python3)" in out
+    assert "67a0fe3b*" in out and "10.0.0.6" in out and "(* the head node)" in out  # whole at 80 columns
+    assert "node fe05573b (10.0.0.6): its probe failed: GetTimeoutError: no answer" in out
+    assert "pushed to 10.0.0.9:5000, pulled by digest on each node" in out

@@ -121,13 +121,15 @@ def test_off_profile_is_unseeded(tmp_path: Path) -> None:
 
 def test_the_exit_code_and_output_of_a_plain_script_come_through(tmp_path: Path) -> None:
     script = tmp_path / "fails.py"
-    script.write_text("import sys\nprint('to stdout')\nprint('to stderr', file=sys.stderr)\n"
-                      "print('args', sys.argv[1:])\nprint('hash', hash('launcher'))\nsys.exit(3)\n")
-    env = profile_env("seeded", 5)
+    script.write_text("import os, sys\nprint('to stdout')\nprint('to stderr', file=sys.stderr)\n"
+                      "print('args', sys.argv[1:])\nprint('hash', hash('launcher'))\n"
+                      "print('owner', os.environ.get('LAUNCHER_OWNER'))\nsys.exit(3)\n")
+    env = {**profile_env("seeded", 5), "LAUNCHER_OWNER": "1000:1000"}  # whom the outputs go to: not the script's
     res = runtime(tmp_path / "o1", "--script", str(script), "--", "--lr", "0.1", env=env)
     assert res.returncode == 3
     log = (tmp_path / "o1/logs/train.log").read_text()
     assert "to stdout" in log and "to stderr" in log and "args ['--lr', '0.1']" in log
+    assert "owner None" in log  # the node's user differs from node to node: the training never sees it
     assert "to stdout" in res.stdout
     assert json.loads((tmp_path / "o1/_launcher/exit.json").read_text())["exit_code"] == 3
     again = runtime(tmp_path / "o2", "--script", str(script), env=env)

@@ -91,18 +91,32 @@ def ray_text(result: Result[dict[str, Any]]) -> None:
     if c.get("version_note"):
         stdout.print(c["version_note"], markup=False)
     reg = c.get("registry")
-    t = Table("node ID", "address", "head", "cpus", "memory", "gpus", "docker", "nvidia runtime",
-              *(["reaches registry"] if reg else []))
+    t = Table()
+    for name in ("node", "address", "cpus", "gpus", "memory", "docker", "nvidia", *(["registry"] if reg else [])):
+        t.add_column(name, no_wrap=name in ("node", "address", "docker"))  # what names the node stays whole
     for n in c["nodes"]:
         t.add_row(*(Text(str(x)) for x in (
-            str(n["node_id"])[:12], n.get("address") or "-", "yes" if n.get("head") else "",
-            n.get("cpus") if n.get("cpus") is not None else "-", _size((n.get("memory_mb") or 0) << 20),
-            n.get("gpus") or "-", n.get("docker") or n.get("probe_error") or "no",
+            str(n["node_id"])[:8] + ("*" if n.get("head") else ""), n.get("address") or "-",
+            _count(n.get("cpus")), _count(n.get("gpus")),
+            _size((n.get("memory_mb") or 0) << 20), n.get("docker") or ("probe failed" if n.get("probe_error")
+                                                                           else "no"),
             "yes" if n.get("nvidia_runtime") else "no",
             *([{True: "yes", False: "no"}.get(n.get("reaches_registry"), "-")] if reg else []))))
     stdout.print(t)
+    stdout.print("(* the head node)", markup=False)
+    for n in c["nodes"]:
+        if n.get("probe_error"):
+            stdout.print(f"node {str(n['node_id'])[:8]} ({n.get('address')}): its probe failed: {n['probe_error']}",
+                         markup=False)
     s = c.get("settings") or {}
     where = (f"pushed to {s['registry']}, pulled by digest on each node" if s.get("registry")
              else "an archive in the head's launcher area, streamed to each node that lacks it")
     stdout.print(f"runs get the image: {where}", markup=False)
     stdout.print(result.summary, markup=False)
+
+
+def _count(value: Any) -> str:
+    """Ray's resource counts (floats) as a person writes them: 2, 0.5, - for none."""
+    if not isinstance(value, int | float) or not value:
+        return "-"
+    return str(int(value)) if float(value).is_integer() else str(value)

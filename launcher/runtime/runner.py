@@ -435,6 +435,8 @@ def run_prepared(args: argparse.Namespace, tee: Tee) -> int:
 
 def run(args: argparse.Namespace) -> int:
     out: Path = args.out
+    # who gets the outputs at the end: launcher's, not the training's (a node's user must not reach its outputs)
+    owner = os.environ.pop("LAUNCHER_OWNER", "")
     started = _now()
     resume = os.environ.get(checkpoint.ENV_RESUME) == "1"
     resumed_from = None
@@ -476,7 +478,7 @@ def run(args: argparse.Namespace) -> int:
             fp.write_json(out / EXIT_JSON,
                           {"exit_code": rc, "started_at": started, "ended_at": _now()})
         tee.say(f"exit code {rc}")
-    hand_over(out, os.environ.get("LAUNCHER_OWNER", ""))
+    hand_over(out, owner)
     return rc
 
 

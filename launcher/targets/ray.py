@@ -251,7 +251,8 @@ class RayPlacement(Placement):
             return ShipResult(image_id=image_id, skipped=False, seconds=time.monotonic() - started)
         self.image_source = {"kind": HEAD_VIA}
         archive = self.image_archive(image_id)
-        if self.host.exists(archive):
+        if self.host.exists(archive) or engine.Engine(self.host).has_image(image_id):
+            # there already; or the head's own engine has that image ID: a node that lacks it gets it saved there
             return ShipResult(image_id=image_id, skipped=True)
         return save_to_archive(self.host, image_id, archive, reporter, where=f"the Ray head {self.name}")
 

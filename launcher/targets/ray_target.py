@@ -85,6 +85,9 @@ def provision(open_host: Callable[[], AbstractContextManager[Host]], request: Pr
     if request.gpu or request.install or request.dry_run or request.runtime:
         raise UsageError("--gpu, --install, --dry-run and --container-runtime are not Ray cluster settings",
                          "provision each node by its own --host, or drop them")
+    if request.address and not request.address.startswith(("http://", "https://")):
+        raise UsageError(f"--ray-address {request.address!r} is not the job API's URL",
+                         "give it as the head reaches Ray's dashboard, e.g. http://127.0.0.1:8265")
     with open_host() as h:
         settings = read_settings(h)
         if request.address:

@@ -167,11 +167,29 @@ class HeadFiles:
 
     def _input(self, run_id: str, which: str) -> str:
         task = self.runs[run_id]
-        if which == "image":
-            return str(task["image_archive"])
+        if which == "image":  # the archive launcher left, else the head's engine saves the image once
+            archive = str(task["image_archive"])
+            return archive if os.path.exists(archive) else self._saved(str(task["image_id"]))
         if which not in task["inputs"]:
             raise KeyError(f"{which} is not an input of {run_id}")
         return os.path.join(str(self.job["area"]), str(task["inputs"][which]))
+
+    def _saved(self, image_id: str) -> str:
+        """`docker save` of an image ID the head's engine holds (launcher sent no archive: it found the image
+        there), once per job, into the actor's own folder."""
+        path = os.path.join(self.tmp, f"{image_id.removeprefix('sha256:')}.tar")
+        with self.lock:
+            if not os.path.exists(path):
+                try:
+                    done = subprocess.run(["docker", "save", "-o", f"{path}.part", image_id], capture_output=True,
+                                          text=True)
+                    why = "" if done.returncode == 0 else done.stderr.strip()[-300:] or f"exit {done.returncode}"
+                except OSError as exc:
+                    why = str(exc)
+                if why:
+                    raise RuntimeError(f"the head has no archive of {image_id} and its engine cannot save it: {why}")
+                os.replace(f"{path}.part", path)
+        return path
 
     def open(self, run_id: str, which: str) -> tuple[str, str, int]:
         """An input as (token, sha256, size): the image archive as it is, a folder packed into a stream once."""
@@ -699,12 +717,76 @@ def probe(out: str, registry: list[str]) -> int:
     return 0
 
 
-# -- the job API, for launcher over SSH
+# -- the job API, for launcher over SSH: Ray's REST API with the standard library (no Ray imported for a question a
+# group's watcher asks every second or two), Ray's own client where the cluster asks for its authentication
 
-def _client(address: str) -> Any:
+class Unauthorized(Exception):
+    pass
+
+
+def _rest(address: str, method: str, path: str, body: Any = None) -> Any:
+    """One call of the job API's REST interface; None for a job it does not know (404)."""
+    import urllib.error
+    import urllib.request
+
+    if not address.startswith(("http://", "https://")):
+        raise ValueError(f"the job API's address {address!r} is not http:// or https://")
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(address.rstrip("/") + path, data=data, method=method,  # noqa: S310 - checked above
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310 - http(s), checked above
+            text = resp.read()
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        if exc.code in (401, 403):
+            raise Unauthorized(str(exc.code)) from exc
+        raise RuntimeError(f"HTTP {exc.code} from {address}{path}: {exc.read()[:200].decode(errors='replace')}") \
+            from exc
+    return json.loads(text) if text.strip() else None
+
+
+def _by_client(address: str, cmd: str, args: list[str]) -> Any:
+    """The same call through Ray's JobSubmissionClient (it adds the cluster's authentication headers)."""
     from ray.job_submission import JobSubmissionClient
 
-    return JobSubmissionClient(address)
+    client = JobSubmissionClient(address)
+    if cmd == "submit":
+        client.submit_job(entrypoint=args[0], submission_id=args[1], entrypoint_num_cpus=0)
+        return {"submitted": args[1]}
+    if cmd == "status":
+        try:
+            info = client.get_job_info(args[0])
+        except RuntimeError:  # Ray does not know it
+            return {"status": None}
+        return {"status": str(info.status), "message": info.message or ""}
+    if cmd == "list":
+        return [{"id": j.submission_id, "status": str(j.status)} for j in client.list_jobs()
+                if (j.submission_id or "").startswith(JOB_PREFIX)]
+    return {"stopped": bool(client.stop_job(args[0]))}
+
+
+def api(address: str, cmd: str, args: list[str]) -> Any:
+    """submit ENTRYPOINT ID | status ID | list | stop ID, as JSON-ready answers."""
+    try:
+        if cmd == "submit":
+            _rest(address, "POST", "/api/jobs/", {"entrypoint": args[0], "submission_id": args[1],
+                                                  "entrypoint_num_cpus": 0})
+            return {"submitted": args[1]}
+        if cmd == "status":
+            info = _rest(address, "GET", f"/api/jobs/{args[0]}")
+            if not isinstance(info, dict):
+                return {"status": None}
+            return {"status": str(info.get("status") or "") or None, "message": str(info.get("message") or "")}
+        if cmd == "list":
+            jobs = _rest(address, "GET", "/api/jobs/") or []
+            return [{"id": j.get("submission_id"), "status": j.get("status")} for j in jobs
+                    if isinstance(j, dict) and str(j.get("submission_id") or "").startswith(JOB_PREFIX)]
+        answer = _rest(address, "POST", f"/api/jobs/{args[0]}/stop")
+        return {"stopped": bool(isinstance(answer, dict) and answer.get("stopped"))}
+    except Unauthorized:
+        return _by_client(address, cmd, args)
 
 
 def main(argv: list[str]) -> int:
@@ -713,32 +795,19 @@ def main(argv: list[str]) -> int:
         return drive(args[0])
     if cmd == "probe":
         return probe(args[0], args[1:3])
-    try:
-        client = _client(args[0])
-    except Exception as exc:
-        print(json.dumps({"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1:] or ''}"}))
-        return 3
-    if cmd == "submit":
-        job_id, script, rest = args[1], args[2], args[3:]
-        entry = " ".join(["exec", _quote(sys.executable), _quote(script), *map(_quote, rest)])
-        client.submit_job(entrypoint=entry, submission_id=job_id, entrypoint_num_cpus=0)
-        print(json.dumps({"submitted": job_id}))
-    elif cmd == "status":
-        try:
-            info = client.get_job_info(args[1])
-        except RuntimeError:  # Ray does not know it
-            print(json.dumps({"status": None}))
-            return 0
-        print(json.dumps({"status": str(info.status), "message": info.message or ""}))
-    elif cmd == "list":
-        jobs = [{"id": j.submission_id, "status": str(j.status)} for j in client.list_jobs()
-                if (j.submission_id or "").startswith(JOB_PREFIX)]
-        print(json.dumps(jobs))
-    elif cmd == "stop":
-        print(json.dumps({"stopped": bool(client.stop_job(args[1]))}))
-    else:
+    if cmd not in ("submit", "status", "list", "stop"):
         print(json.dumps({"error": f"unknown command {cmd}"}))
         return 2
+    address, rest = args[0], args[1:]
+    if cmd == "submit":  # ID SCRIPT ARGS...: the script run by this Python, the one that has Ray
+        entry = " ".join(["exec", _quote(sys.executable), *map(_quote, rest[1:])])
+        rest = [entry, rest[0]]
+    try:
+        print(json.dumps(api(address, cmd, rest)))
+    except Exception as exc:  # one line for launcher to name the problem
+        lines = str(exc).strip().splitlines()
+        print(json.dumps({"error": f"{type(exc).__name__}: {lines[-1] if lines else ''}"}))
+        return 3
     return 0
 
 
