@@ -84,7 +84,7 @@ def test_replicates_spread_over_both_nodes_verify_identical_and_the_image_is_loa
 
 def test_ps_lists_a_running_group_and_stop_cancels_every_replicate(
         ray_cluster: RayCluster, tiny_workspace: Path) -> None:
-    code, out = _cli(tiny_workspace, "run", "tiny", *_on(ray_cluster.head), "--scheduler", "ray", "--runs", "3",
+    code, out = _cli(tiny_workspace, "run", "tiny", *_on(ray_cluster.head), "--scheduler", "ray", "--runs", "2",
                      "--param", "sleep=300", "--detach")
     assert code == 0, out
     group = _run_ids(tiny_workspace)
@@ -98,7 +98,7 @@ def test_ps_lists_a_running_group_and_stop_cancels_every_replicate(
     assert any("Ray job launcher-" in str(rows[r].get("container_status")) for r in group), rows
     code, out = _cli(tiny_workspace, "stop", group[0])
     assert code == 0, out
-    assert [m["status"] for m in _manifests(tiny_workspace)] == ["cancelled"] * 3
+    assert [m["status"] for m in _manifests(tiny_workspace)] == ["cancelled"] * 2
     assert sorted(m["run_id"] for m in _manifests(tiny_workspace)) == sorted(group)
     assert _containers(ray_cluster) == {}
 
@@ -131,13 +131,13 @@ def test_a_script_with_data_and_secrets_runs_on_the_nodes_and_a_failure_cancels_
     (data / "x.txt").write_text("from the dataset\n")
     res = runner.invoke(app, ["--workspace", str(tiny_workspace), "--json", "--quiet", "run",
                               str(project / "train.py"), "--data-from", str(data), *_on(ray_cluster.head),
-                              "--scheduler", "ray", "--seed", "1", "--seed", "2", "--seed", "3",
+                              "--scheduler", "ray", "--seed", "2", "--seed", "1",
                               "--env", "MODE=on nodes", "--secret-env", "TOKEN=hunter2 s3cr3t"])
     assert res.exit_code == ExitCode.RUN_FAILED, res.output
     failure = json.loads(res.stdout)["data"]["failure"]
     by_replicate = {m["replicate"]: m for m in json.loads(res.stdout)["data"]["runs"]}
-    assert (failure["replicate"], failure["exit_code"]) == (1, 4) and "seed 2" in failure["log_tail"]
-    assert {by_replicate[0]["status"], by_replicate[2]["status"]} == {"cancelled"}  # they sleep a minute
+    assert (failure["replicate"], failure["exit_code"]) == (0, 4) and "seed 2" in failure["log_tail"]
+    assert by_replicate[1]["status"] == "cancelled"  # it sleeps a minute
     seen = json.loads((tiny_workspace / "runs" / failure["run_id"] / "outputs" / "env.json").read_text())
     assert seen == {"mode": "on nodes", "data": "from the dataset\n",
                     "token_sha256": hashlib.sha256(b"hunter2 s3cr3t").hexdigest()}
@@ -171,10 +171,11 @@ DDP = Path(__file__).parent / "fixtures/ddp/train.py"
 
 
 @pytest.mark.tfimage
-def test_two_nodes_of_two_processes_reserved_together_verify_identical(
+def test_two_nodes_reserved_together_verify_identical(
         ray_cluster: RayCluster, make_workspace: Any, tmp_path: Path) -> None:
     """--nodes 2 on Ray: a placement group of two bundles, one per node (STRICT_SPREAD); node 0's address handed to
-    node 1; each node's records sent back to the head; the DDP script's replicates bit-identical. (After
+    node 1; each node's records sent back to the head; the DDP script's replicates (2 x 1: its cost, on two cores)
+    bit-identical. (After
     tests/test_multinode_hosts.py, both nodes and the head's area already hold the torch-cpu image: nothing ships.)"""
     import shutil
 
@@ -189,17 +190,17 @@ def test_two_nodes_of_two_processes_reserved_together_verify_identical(
     project.mkdir()
     shutil.copy(DDP, project / "train.py")
     code, out = _cli(ws.root, "run", str(project / "train.py"), "--variant", "torch-cpu", *_on(ray_cluster.head),
-                     "--scheduler", "ray", "--nodes", "2", "--procs-per-node", "2", "--runs", "2", "--", "--steps", "8")
+                     "--scheduler", "ray", "--nodes", "2", "--runs", "2", "--", "--steps", "8")
     assert code == 0, out
     manifests = _manifests(ws.root)
     nodes = ray_cluster.node_ids()
     for m in manifests:
         p = m["placement"]
-        assert m["status"] == "succeeded" and m["topology"]["world_size"] == 4
+        assert m["status"] == "succeeded" and m["topology"]["world_size"] == 2
         assert sorted(p["node_ids"]) == sorted(nodes) and p["nodes"] == [nodes[i] for i in p["node_ids"]]
         assert p["node"] == p["nodes"][0]
         outputs = ws.root / "runs" / m["run_id"] / "outputs"
-        assert sorted(d.name for d in (outputs / "ranks").iterdir()) == ["1", "2", "3"]  # node 1's ranks came back
+        assert [d.name for d in (outputs / "ranks").iterdir()] == ["1"]  # node 1's rank came back
     code, out = _cli(ws.root, "verify", "checksums", "--group", manifests[0]["group"])
     assert code == 0 and "identical: all 2 runs are bit-identical" in out, out
 
