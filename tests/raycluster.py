@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurmcluster import SlurmCluster
@@ -81,6 +81,7 @@ class RayCluster:
     worker: TestHost
     worker_user: str = WORKER_USER
     archives: frozenset[str] = frozenset()  # the head area's image archives before (the Slurm tests count theirs)
+    ids: dict[str, str] = field(default_factory=dict)  # each alive node's Ray ID -> its address, once asked
 
     @property
     def nodes(self) -> list[TestHost]:
@@ -98,7 +99,12 @@ class RayCluster:
         return self.head.exec("ray", "status", check=False)
 
     def node_ids(self) -> dict[str, str]:
-        """Each alive node's Ray node ID -> its address."""
+        """Each alive node's Ray node ID -> its address (asked once: a driver's start on the head takes seconds)."""
+        if not self.ids:
+            self.ids = self.alive()
+        return dict(self.ids)
+
+    def alive(self) -> dict[str, str]:
         out = self.head.exec("python3", "-c", "import json, ray; ray.init(log_to_driver=False); print(json.dumps("
                              "{n['NodeID']: n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']}))")
         return dict(json.loads(out.strip().splitlines()[-1]))
@@ -145,7 +151,10 @@ def start_cluster(slurm: SlurmCluster, cache_dir: Path | None = None, timeout: f
                   "--dashboard-host=127.0.0.1", "--dashboard-port=8265", *RAY_FLAGS, timeout=120)
         cluster.as_worker("ray", "start", f"--address={head.ip}:6379", f"--node-ip-address={worker.ip}", *RAY_FLAGS)
         deadline = time.monotonic() + timeout
-        while len(cluster.node_ids()) < 2:
+        while len(cluster.ids) < 2:
+            cluster.ids = cluster.alive()
+            if len(cluster.ids) == 2:
+                break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"Ray counts fewer than two nodes after {timeout:.0f} s:\n{cluster.status()}")
             time.sleep(1)

@@ -181,6 +181,7 @@ class RayPlacement(Placement):
         self.python = ""
         self.image_source: ImageSource = {"kind": HEAD_VIA}
         self._status: dict[str, tuple[float, dict[str, Any]]] = {}  # a Ray job's last status, by submission ID
+        self._settings_read = False
 
     @classmethod
     def reopen(cls, host: Host, host_spec: HostSpec, record: PlacementRecord) -> Placement:
@@ -207,19 +208,28 @@ class RayPlacement(Placement):
         return [f"{self.name}: node {k} of the Ray placement group" if count > 1 else f"{self.name}: a node Ray picks"
                 for k in range(count)]
 
+    def _read_settings(self) -> RaySettings:
+        """The cluster's settings on the head (read once)."""
+        if self._settings_read is False:
+            self.settings = read_settings(self.host)
+            self._settings_read = True
+        return self.settings
+
     @property
     def address(self) -> str:
-        return self.settings.get("address") or DEFAULT_ADDRESS
+        return self._read_settings().get("address") or DEFAULT_ADDRESS
 
     def _ready(self) -> str:
-        """The head's Python that has Ray (found once)."""
+        """The head's Python that has Ray, checked (found once): what runs the driver a group is submitted as."""
         if not self.python:
-            self.settings = read_settings(self.host)
-            self.python, _ = find_python(self.host, self.settings)
+            self.python, _ = find_python(self.host, self._read_settings())
         return self.python
 
     def _call(self, *args: str, timeout: float = 60) -> Any:
-        return call(self.host, self._ready(), *args, timeout=timeout)
+        """A question to the job API (its REST interface, the standard library: any Python on the head will do; the
+        one that has Ray once known)."""
+        python = self.python or self._read_settings().get("python") or "python3"
+        return call(self.host, python, *args, timeout=timeout)
 
     # -- checks before anything is sent
     def prepare(self, gpu: bool) -> None:
