@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -109,12 +110,35 @@ token = os.environ.get("TOKEN", "")
 data = open(os.path.join(os.environ["LAUNCHER_DATA"], "x.txt")).read()
 json.dump({"mode": os.environ.get("MODE"), "data": data, "token_sha256": hashlib.sha256(token.encode()).hexdigest()},
           open("env.json", "w"))
-print("seed", seed, flush=True)
-if seed == 2:
-    time.sleep(2)
+print("seed", seed, "in", os.getcwd(), flush=True)
+if seed == 2:  # fails once the test says both replicates run (each node had the image by then)
+    waited = time.monotonic()
+    while not os.path.exists("go") and time.monotonic() - waited < 150:
+        time.sleep(0.2)
     sys.exit(4)
 time.sleep(60)
 """
+
+
+def _say_go_once_both_run(cluster: RayCluster) -> threading.Thread:
+    """In the background: once two containers print their folder, a file "go" put there in each."""
+    def go() -> None:
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline:
+            said = {name: (node, node.exec("docker", "logs", name, check=False))
+                    for name, node in _containers(cluster).items()}
+            folders = {name: (node, line.split(" in ", 1)[1].strip())
+                       for name, (node, log) in said.items()
+                       for line in log.splitlines() if line.startswith("seed ") and " in /" in line}
+            if len(folders) == 2:
+                for name, (node, folder) in folders.items():
+                    node.exec("docker", "exec", name, "touch", f"{folder}/go", check=False)
+                return
+            time.sleep(0.3)
+
+    thread = threading.Thread(target=go, daemon=True)
+    thread.start()
+    return thread
 
 
 def test_a_script_with_data_and_secrets_runs_on_the_nodes_and_a_failure_cancels_the_rest(
@@ -129,10 +153,12 @@ def test_a_script_with_data_and_secrets_runs_on_the_nodes_and_a_failure_cancels_
     data.mkdir()
     (project / "train.py").write_text(FAILS_ON_SEED_2)
     (data / "x.txt").write_text("from the dataset\n")
+    go = _say_go_once_both_run(ray_cluster)
     res = runner.invoke(app, ["--workspace", str(tiny_workspace), "--json", "--quiet", "run",
                               str(project / "train.py"), "--data-from", str(data), *_on(ray_cluster.head),
                               "--scheduler", "ray", "--seed", "2", "--seed", "1",
                               "--env", "MODE=on nodes", "--secret-env", "TOKEN=hunter2 s3cr3t"])
+    go.join()
     assert res.exit_code == ExitCode.RUN_FAILED, res.output
     failure = json.loads(res.stdout)["data"]["failure"]
     by_replicate = {m["replicate"]: m for m in json.loads(res.stdout)["data"]["runs"]}

@@ -385,3 +385,25 @@ def test_provision_prints_the_ray_clusters_nodes(capsys: pytest.CaptureFixture[s
     assert "67a0fe3b*" in out and "10.0.0.6" in out and "(* the head node)" in out  # whole at 80 columns
     assert "node fe05573b (10.0.0.6): its probe failed: GetTimeoutError: no answer" in out
     assert "pushed to 10.0.0.9:5000, pulled by digest on each node" in out
+
+
+def test_with_a_registry_set_a_group_pushes_once_and_its_tasks_pull_by_digest(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from launcher.transfers import ship
+
+    placement = RayPlacement(LocalHost(tmp_path))
+    placement.settings = {"registry": "10.0.0.5:5000"}
+    pushed: list[str] = []
+    digest = "sha256:" + "cd" * 32
+    monkeypatch.setattr(ship, "push_to_registry", lambda image_id, registry: pushed.append(registry) or digest)
+    image: Any = {"id": "sha256:" + "ab" * 32}
+    first = placement.ship(image, via=None, reporter=None, cache_dir=tmp_path)
+    again = placement.ship(image, via=None, reporter=None, cache_dir=tmp_path)  # the group's next replicate
+    assert (first.skipped, again.skipped, pushed) == (False, True, ["10.0.0.5:5000"])
+    assert placement.image_source == {"kind": "registry", "registry": "10.0.0.5:5000", "image_id": image["id"],
+                                      "ref": f"10.0.0.5:5000/{ship.SHIP_REPO}@{digest}"}
+    archive = Path(placement.image_archive(image["id"]))  # --ship-via head: the archive there already is used
+    archive.parent.mkdir(parents=True)
+    archive.write_bytes(b"an image")
+    assert placement.ship(image, via="head", reporter=None, cache_dir=tmp_path).skipped
+    assert placement.image_source == {"kind": "head"} and pushed == ["10.0.0.5:5000"]

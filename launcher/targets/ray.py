@@ -32,7 +32,7 @@ from launcher.hosts.base import Host
 from launcher.hosts.hostspec import HostSpec
 from launcher.hosts.scripts import ray_job
 from launcher.hosts.scripts import text as host_script
-from launcher.progress import NullReporter, Reporter
+from launcher.progress import Reporter
 from launcher.records.records import (
     ImageRecord,
     ImageSource,
@@ -47,7 +47,7 @@ from launcher.runtime.distributed import RANKS
 from launcher.specs.container import NODES, ContainerJob, container_spec
 from launcher.specs.topology import HOST, Topology
 from launcher.targets.placement import REMOTE_OUT, ListedRun, Placement
-from launcher.transfers.ship import SHIP_REPO, ShipResult, push_to_registry, save_to_archive
+from launcher.transfers.ship import REGISTRY_SOURCE, ShipResult, push_for_nodes, save_to_archive
 
 if TYPE_CHECKING:
     from launcher.hosts.provision import HostFacts, NoFacts
@@ -59,7 +59,7 @@ JOBS = "jobs"  # under RAY_AREA: a file per submitted Ray job naming its group's
 RUNS_TABLE = "runs.txt"  # in a group's folder: "INDEX RUN_ID" per task
 DRIVER = "driver.py"  # in a group's folder: hosts/scripts/ray_job.py, the job's entry point
 HEAD_VIA = "head"  # the image source of tasks that load the archive from the head's area
-REGISTRY_VIA = "registry"
+REGISTRY_VIA = REGISTRY_SOURCE
 RESOURCES = ("num_cpus", "num_gpus", "memory")  # what --ray-opt may set, per replicate
 ACTIVE = ("PENDING", "RUNNING")
 IDENTIFIER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a run ID, as a group's folder is named
@@ -247,18 +247,8 @@ class RayPlacement(Placement):
         image_id = str(image["id"])
         registry = None if via == HEAD_VIA else (via or self.settings.get("registry"))
         if registry:
-            if self.image_source.get("image_id") == image_id and self.image_source.get("registry") == registry:
-                return ShipResult(image_id=image_id, skipped=True)
-            rep = reporter or NullReporter()
-            started = time.monotonic()
-            task = rep.task(f"image {image_id[7:19]} to registry {registry} (the nodes pull it by digest)")
-            try:
-                digest = push_to_registry(image_id, registry)
-            finally:
-                task.close()
-            self.image_source = {"kind": REGISTRY_VIA, "registry": registry,
-                                 "ref": f"{registry}/{SHIP_REPO}@{digest}", "image_id": image_id}
-            return ShipResult(image_id=image_id, skipped=False, seconds=time.monotonic() - started)
+            shipped, self.image_source = push_for_nodes(image_id, registry, self.image_source, reporter)
+            return shipped
         self.image_source = {"kind": HEAD_VIA}
         archive = self.image_archive(image_id)
         if self.host.exists(archive) or engine.Engine(self.host).has_image(image_id):

@@ -40,7 +40,7 @@ from launcher.hosts import engine
 from launcher.hosts.base import Host
 from launcher.hosts.hostspec import HostSpec
 from launcher.hosts.scripts import text as host_script
-from launcher.progress import NullReporter, Reporter
+from launcher.progress import Reporter
 from launcher.records.records import (
     ImageRecord,
     ImageSource,
@@ -63,7 +63,7 @@ from launcher.targets.cluster import (
     require_slurm,
 )
 from launcher.targets.placement import ListedRun, Placement
-from launcher.transfers.ship import SHIP_REPO, ShipResult, push_to_registry, save_to_archive
+from launcher.transfers.ship import REGISTRY_SOURCE, ShipResult, push_for_nodes, save_to_archive
 
 if TYPE_CHECKING:
     from launcher.hosts.provision import HostFacts, NoFacts
@@ -74,7 +74,7 @@ TASK_FILE = "task.json"
 NODE_FACTS = "node-facts.txt"
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING")
 SHARED_VIA = "shared"  # --ship-via shared: the image archive on the shared filesystem, even with a registry set
-REGISTRY_VIA = "registry"  # the image source of tasks that pull from the cluster's registry by digest
+REGISTRY_VIA = REGISTRY_SOURCE  # the image source of tasks that pull from the cluster's registry by digest
 SLURM_AREA = "slurm"  # launcher's area on the login node for job arrays: one folder per array, and JOBS
 JOBS = "jobs"  # under SLURM_AREA: a file per submitted job ID naming its array's folder
 RUNS_TABLE = "runs.txt"  # in an array's folder: "INDEX RUN_ID" per task
@@ -230,8 +230,9 @@ class SlurmPlacement(Placement):
     def ship(self, image: ImageRecord, *, via: str | None, reporter: Reporter | None,
              cache_dir: Path) -> ShipResult:
         registry = None if via == SHARED_VIA else (via or self.settings.get("registry"))
-        if registry:
-            return self._ship_to_registry(str(image["id"]), registry, reporter)
+        if registry:  # pushed from here, once per placement; every task pulls it by manifest digest
+            shipped, self.image_source = push_for_nodes(str(image["id"]), registry, self.image_source, reporter)
+            return shipped
         if self.runtime == PYXIS_RUNTIME:
             raise UsageError("Pyxis runs images from a registry; this cluster has none set",
                              "run `launcher provision --scheduler slurm --registry ADDRESS`, or give --ship-via")
@@ -241,22 +242,6 @@ class SlurmPlacement(Placement):
         if self.host.exists(archive):
             return ShipResult(image_id=image_id, skipped=True)
         return save_to_archive(self.host, image_id, archive, reporter, where=f"{self.name}'s shared filesystem")
-
-    def _ship_to_registry(self, image_id: str, registry: str, reporter: Reporter | None) -> ShipResult:
-        """Push from here; every task pulls by manifest digest (the same digest names the same image ID).
-        Once per placement: the replicates of a group share one push."""
-        if self.image_source.get("image_id") == image_id and self.image_source.get("registry") == registry:
-            return ShipResult(image_id=image_id, skipped=True)
-        rep = reporter or NullReporter()
-        started = time.monotonic()
-        task = rep.task(f"image {image_id[7:19]} to registry {registry} (the nodes pull it by digest)")
-        try:
-            digest = push_to_registry(image_id, registry)
-        finally:
-            task.close()
-        self.image_source = {"kind": REGISTRY_VIA, "registry": registry, "ref": f"{registry}/{SHIP_REPO}@{digest}",
-                             "image_id": image_id}
-        return ShipResult(image_id=image_id, skipped=False, seconds=time.monotonic() - started)
 
     # -- the job array
     def start(self, job: ContainerJob) -> StartedRecord:

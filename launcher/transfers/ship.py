@@ -43,7 +43,7 @@ from launcher.hosts import engine
 from launcher.hosts.base import Host, write_atomic_argv
 from launcher.hosts.engine import Engine, chain_ids
 from launcher.progress import CountingReader, NullReporter, Reporter, Task
-from launcher.records.records import ShipRecord
+from launcher.records.records import ImageSource, ShipRecord
 
 if TYPE_CHECKING:
     import tarfile
@@ -476,6 +476,28 @@ def save_to_archive(host: Host, image_id: str, archive: str, reporter: Reporter 
         task.close()
         save.kill()  # only if still running
     return ShipResult(image_id=image_id, skipped=False, bytes_sent=sent, seconds=time.monotonic() - started)
+
+
+REGISTRY_SOURCE = "registry"  # an ImageSource's kind: the cluster's nodes pull the image by digest
+
+
+def push_for_nodes(image_id: str, registry: str, source: ImageSource,
+                   reporter: Reporter | None) -> tuple[ShipResult, ImageSource]:
+    """Push from here for a cluster's nodes to pull by manifest digest (the same digest names the same image ID):
+    the result, and the image source the tasks get. Once per placement: when ``source`` already names this image
+    in this registry (the replicates of a group share one push), nothing travels."""
+    if source.get("image_id") == image_id and source.get("registry") == registry:
+        return ShipResult(image_id=image_id, skipped=True), source
+    rep = reporter or NullReporter()
+    started = time.monotonic()
+    task = rep.task(f"image {image_id[7:19]} to registry {registry} (the nodes pull it by digest)")
+    try:
+        digest = push_to_registry(image_id, registry)
+    finally:
+        task.close()
+    pushed: ImageSource = {"kind": REGISTRY_SOURCE, "registry": registry, "ref": f"{registry}/{SHIP_REPO}@{digest}",
+                           "image_id": image_id}
+    return ShipResult(image_id=image_id, skipped=False, seconds=time.monotonic() - started), pushed
 
 
 def push_to_registry(image_id: str, registry: str) -> str:
