@@ -42,8 +42,8 @@ checks() {  # checks TIMED: ruff, mypy and shellcheck (the scripts launcher send
   return $rc
 }
 
-# The whole suite: three things side by side. The checks and the fast tier on two workers (pytest-xdist), which
-# need no Docker, into a file printed when they end; and the other tiers in two lanes, two pytest processes
+# The whole suite: three things side by side. The checks and the fast tier (one pytest process), which need no
+# Docker, into a file printed when they end; and the other tiers in two lanes, two pytest processes
 # sharing the Docker engine and its images (tests/tiers.py): lane "local" prints as it goes, lane "hosts" (test
 # hosts, cluster) into a file printed when it ends. The lanes' first minutes wait on the base's bootstrap and the
 # image builds (the network, the disk), which leaves a core to the fast tier.
@@ -80,7 +80,8 @@ else
     }
     fast_rc=0
     checks beside || fast_rc=1
-    LAUNCHER_TIER_REPORT=$fast_report beside fast .venv/bin/pytest --durations=5 --tier fast -n 2 \
+    # one process: beside the lanes both cores are busy, and a second worker would only collect the suite again
+    LAUNCHER_TIER_REPORT=$fast_report beside fast .venv/bin/pytest --durations=5 --tier fast \
       -p no:cacheprovider || fast_rc=1
     exit $fast_rc
   ) >"$fast_log" 2>&1 &
