@@ -28,6 +28,8 @@ base digest lives there.
 from __future__ import annotations
 
 import json
+import os
+import stat
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -89,13 +91,33 @@ class Area:
         return {"name": self.name, "path": str(self.path), "files": self.files, "bytes": self.bytes}
 
 
-def _walk(path: Path) -> Iterable[Path]:
-    if path.is_file():
-        yield path
-    elif path.is_dir():
-        for p in path.rglob("*"):
-            if p.is_file() and not p.is_symlink():
-                yield p
+def _walk(path: Path) -> Iterable[tuple[Path, int]]:
+    """The regular files under path and their sizes: not through a symlink, not into another filesystem mounted
+    below it (a root filesystem being bootstrapped in the cache has /proc mounted in it), what cannot be read
+    passed over."""
+    try:
+        top = path.lstat()
+    except OSError:
+        return
+    if stat.S_ISREG(top.st_mode):
+        yield path, top.st_size
+        return
+    if not stat.S_ISDIR(top.st_mode):
+        return
+    for root, dirs, files in os.walk(path):  # os.walk follows no symlink and skips folders it cannot list
+        for name in list(dirs):
+            try:
+                if os.lstat(os.path.join(root, name)).st_dev != top.st_dev:
+                    dirs.remove(name)
+            except OSError:
+                dirs.remove(name)
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(root, name))
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                yield Path(root, name), st.st_size
 
 
 ENGINE_LABEL = "org.launcher.version"  # on every image launcher builds (the environment and the image on it)
@@ -136,7 +158,7 @@ def usage(cache_dir: Path) -> list[Area]:
     for name in (*AREAS, *others):
         path = cache_dir / name
         files = list(_walk(path))
-        areas.append(Area(name, path, len(files), sum(p.stat().st_size for p in files)))
+        areas.append(Area(name, path, len(files), sum(size for _, size in files)))
     return areas
 
 

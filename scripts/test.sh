@@ -34,20 +34,15 @@ timed() {  # timed NAME COMMAND...: run it, keep its wall time for the summary
 }
 
 if [ "$tier" = fast ]; then timed setup bash scripts/setup.sh --fast; else timed setup bash scripts/setup.sh; fi
-checks() {  # checks TIMED: ruff, mypy and shellcheck (the scripts launcher sends to hosts), each through TIMED
-  local rc=0
-  "$1" ruff .venv/bin/ruff check launcher tests benchmarks || rc=1
-  "$1" mypy .venv/bin/mypy || rc=1
-  "$1" shellcheck find launcher -name '*.sh' -exec shellcheck {} + || rc=1
-  return $rc
-}
+timed ruff .venv/bin/ruff check launcher tests benchmarks
+timed mypy .venv/bin/mypy
+# the scripts launcher sends to hosts (launcher/hosts/scripts, launcher/vms)
+timed shellcheck find launcher -name '*.sh' -exec shellcheck {} +
 
-# The whole suite: three things side by side. The checks and the fast tier (one pytest process), which need no
-# Docker, into a file printed when they end; and the other tiers in two lanes, two pytest processes
-# sharing the Docker engine and its images (tests/tiers.py): lane "local" prints as it goes, lane "hosts" (test
-# hosts, cluster) into a file printed when it ends. The lanes' first minutes wait on the base's bootstrap and the
-# image builds (the network, the disk), which leaves a core to the fast tier.
-# --fast, --serial, or a selection of tests given: the checks, then one pytest process, in order.
+# The fast tier on two workers (pytest-xdist): its tests share nothing but the CPU. Then the other tiers in
+# two lanes side by side, two pytest processes sharing the Docker engine and its images (tests/tiers.py):
+# lane "local" prints as it goes, lane "hosts" (test hosts, cluster) into a file printed when it ends.
+# With --serial, or a selection of tests given, one pytest process runs everything in order.
 reports=()
 rc=0
 lanes=
@@ -59,33 +54,12 @@ pytest_step() {  # pytest_step NAME ARGS...: one pytest run, its tier report kep
   LAUNCHER_TIER_REPORT=$report timed "$name" .venv/bin/pytest "$@"
 }
 if [ "$tier" = fast ] || [ "$serial" = 1 ] || [ ${#args[@]} -gt 0 ]; then
-  checks timed || rc=1
   workers=()
   [ "$tier" = fast ] && [ "$serial" = 0 ] && workers=(-n 2)
   pytest_step pytest --durations=15 --tier "$tier" "${workers[@]}" "${args[@]}" || rc=$?
 else
   lanes=1
-  fast_log=$(mktemp)
-  fast_report=$(mktemp)
-  fast_times=$(mktemp)
-  reports+=("$fast_report")
-  (
-    beside() {  # beside NAME COMMAND...: timed into a file (this runs in a subshell)
-      local name=$1 start rc=0
-      shift
-      start=$(date +%s%N)
-      "$@" || rc=$?
-      echo "$name $((($(date +%s%N) - start) / 1000000))" >>"$fast_times"
-      return $rc
-    }
-    fast_rc=0
-    checks beside || fast_rc=1
-    # one process: beside the lanes both cores are busy, and a second worker would only collect the suite again
-    LAUNCHER_TIER_REPORT=$fast_report beside fast .venv/bin/pytest --durations=5 --tier fast \
-      -p no:cacheprovider || fast_rc=1
-    exit $fast_rc
-  ) >"$fast_log" 2>&1 &
-  fast_pid=$!
+  pytest_step fast --durations=5 --tier fast -n 2 || rc=$?
   hosts_log=$(mktemp)
   hosts_report=$(mktemp)
   hosts_ms=$(mktemp)
@@ -101,19 +75,14 @@ else
   ) &
   hosts_pid=$!
   pytest_step lane-local --durations=15 --tier "$tier" --lane local || [ $? = 5 ] || rc=1
-  wait "$fast_pid" || rc=1
   wait "$hosts_pid" || rc=1
-  while read -r entry; do times+=("$entry"); done <"$fast_times"
   times+=("lane-hosts $(cat "$hosts_ms")")
-  echo "=== the checks and the fast tier (ran beside the lanes) ==="
-  cat "$fast_log"
-  rm -f "$fast_log" "$fast_times"
   echo "=== lane hosts (ran beside lane local) ==="
   cat "$hosts_log"
   rm -f "$hosts_ms"
   rm -f "$hosts_log"
 fi
-echo "scripts/test.sh --tier $tier: wall time of each step${lanes:+ (the checks and fast, lane-local, lane-hosts side by side)}"
+echo "scripts/test.sh --tier $tier: wall time of each step${lanes:+ (lane-local and lane-hosts side by side)}"
 for entry in "${times[@]}"; do
   ms=${entry#* }
   printf '  %-11s %6d.%d s\n' "${entry% *}" $((ms / 1000)) $((ms % 1000 / 100))

@@ -93,6 +93,25 @@ def test_usage_counts_every_area_and_unknown_ones(tmp_path: Path) -> None:
     assert areas["wheels"].files == 0
 
 
+def test_usage_counts_no_file_through_a_link_and_passes_over_what_it_cannot_read(tmp_path: Path) -> None:
+    """A root filesystem being bootstrapped in the cache (a test host's) holds links into /proc: /proc/1/cwd
+    cannot be stat'ed even by root here, and a link may point at a big file or folder outside the cache."""
+    cache_dir, outside = tmp_path / "cache", tmp_path / "outside"
+    outside.mkdir()
+    (outside / "big").write_bytes(b"x" * 4096)
+    rootfs = cache_dir / "testhost" / "rootfs-1" / "root"
+    rootfs.mkdir(parents=True)
+    (rootfs / "real").write_bytes(b"abc")
+    (rootfs / "cwd").symlink_to("/proc/1/cwd")
+    (rootfs / "big").symlink_to(outside / "big")
+    (rootfs / "folder").symlink_to(outside)
+    os.mkfifo(rootfs / "fifo")
+    areas = {a.name: a for a in cache.usage(cache_dir)}
+    assert (areas["testhost"].files, areas["testhost"].bytes) == (1, 3)
+    done = _cli(cache_dir, "--json", "cache", "ls")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def _cli(cache_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "LAUNCHER_CACHE": str(cache_dir)}
     return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True,

@@ -165,7 +165,7 @@ def test_a_tier_is_the_most_expensive_thing_a_test_needs(markers: tuple[str, ...
 
 
 def test_a_lane_runs_its_tests_without_the_fast_tier(tmp_path: Path) -> None:
-    """What scripts/test.sh runs beside each other and beside the fast tier: lane "local" has the local tests of
+    """What scripts/test.sh runs beside each other after the fast tier: lane "local" has the local tests of
     files not listed for the other lane; lane "hosts" the test hosts' and the listed files'."""
     outcomes, out = run_suite(tmp_path, "--lane", "local")
     assert outcomes == {"test_framework_marked_slow": "passed", "test_docker_marked": "passed",

@@ -10,8 +10,8 @@ classified without anybody listing it. Its tier is the most expensive thing it n
   cluster  a test cluster (Slurm, Ray: several test hosts)
 
 `--tier NAME` runs that tier and those above it in this list (default: all). `--lane local|hosts` runs the
-tests of one lane, the fast tier left out: scripts/test.sh runs the fast tier on two workers beside the two
-lanes, three pytest processes side by side. Lane "hosts" has the SSH test hosts and the cluster and the
+tests of one lane, the fast tier left out: scripts/test.sh runs the fast tier on two workers, then the two
+lanes side by side, in two pytest processes. Lane "hosts" has the SSH test hosts and the cluster and the
 local-tier files listed in HOSTS_LANE_LOCAL; lane "local" the other local-tier tests. A run is mostly one
 core busy and the other waiting on a build, a container or TensorFlow starting, so the lanes overlap;
 what both use (the base, the TensorFlow image) is made once, the other lane waiting for it
